@@ -1,0 +1,8 @@
+//! gpumem: see and script how GPU memory behaves.
+//!
+//! Data flows one way: script text ([`script`]) creates tensors ([`tensor`]) whose storage comes
+//! from the caching allocator ([`alloc`]), which draws whole segments from a device
+//! ([`device`]): a real CUDA GPU or a simulated one.
+
+pub mod alloc;
+pub mod device;
