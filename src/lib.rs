@@ -6,3 +6,6 @@
 
 pub mod alloc;
 pub mod device;
+pub mod script;
+pub mod session;
+pub mod tensor;

@@ -10,21 +10,37 @@ use gpumem::device::sim::SimDevice;
 use serde_json::Value;
 
 /// Counters the fixture counts from the start of each trace rather than of the process.
-const PER_TRACE: [&str; 4] = ["num_alloc_retries", "num_device_alloc", "num_device_free", "num_ooms"];
+const PER_TRACE: [&str; 4] = [
+    "num_alloc_retries",
+    "num_device_alloc",
+    "num_device_free",
+    "num_ooms",
+];
 
 fn replay(file: &str) -> Vec<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch-traces").join(file);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/pytorch-traces")
+        .join(file);
     let text = std::fs::read_to_string(&path).expect("fixture readable");
     let fixture: Value = serde_json::from_str(&text).expect("fixture is JSON");
     let total = fixture["total_memory"].as_u64().expect("total_memory");
-    let conf = AllocConf::parse(fixture["alloc_conf"].as_str().expect("alloc_conf")).expect("config");
-    let mut allocator = CachingAllocator::new(Box::new(SimDevice::new(total)), conf).expect("allocator");
-    let fraction = fixture["memory_fraction"].as_f64().expect("memory_fraction");
+    let conf =
+        AllocConf::parse(fixture["alloc_conf"].as_str().expect("alloc_conf")).expect("config");
+    let mut allocator =
+        CachingAllocator::new(Box::new(SimDevice::new(total)), conf).expect("allocator");
+    let fraction = fixture["memory_fraction"]
+        .as_f64()
+        .expect("memory_fraction");
     if fraction < 1.0 {
         allocator.set_memory_fraction(fraction).expect("fraction");
     }
     let mut mismatches = Vec::new();
-    for (trace_index, trace) in fixture["traces"].as_array().expect("traces").iter().enumerate() {
+    for (trace_index, trace) in fixture["traces"]
+        .as_array()
+        .expect("traces")
+        .iter()
+        .enumerate()
+    {
         let mut slots: BTreeMap<u64, Allocation> = BTreeMap::new();
         let base: BTreeMap<&str, i64> = PER_TRACE
             .iter()
@@ -60,7 +76,10 @@ fn replay(file: &str) -> Vec<String> {
                 other => panic!("unknown op {other}"),
             }
             for (key, expected) in step["stats"].as_object().expect("stats") {
-                let mut actual = allocator.stats().get(key).unwrap_or_else(|| panic!("no stat {key}"));
+                let mut actual = allocator
+                    .stats()
+                    .get(key)
+                    .unwrap_or_else(|| panic!("no stat {key}"));
                 if let Some(start) = base.get(key.as_str()) {
                     actual -= start;
                 }
@@ -88,12 +107,15 @@ fn replay(file: &str) -> Vec<String> {
                     .iter()
                     .filter_map(|s| Some((s[0].as_u64()?, s[1].as_u64()?)))
                     .collect();
-                let mut actual: Vec<(u64, u64)> = allocator.segments().map(|(p, s, _)| (p, s)).collect();
+                let mut actual: Vec<(u64, u64)> =
+                    allocator.segments().map(|(p, s, _)| (p, s)).collect();
                 actual.sort_unstable();
                 let mut expected_sorted = expected.clone();
                 expected_sorted.sort_unstable();
                 if actual != expected_sorted {
-                    mismatches.push(format!("{at}: segments {actual:?}, PyTorch {expected_sorted:?}"));
+                    mismatches.push(format!(
+                        "{at}: segments {actual:?}, PyTorch {expected_sorted:?}"
+                    ));
                 }
             }
         }
@@ -113,7 +135,12 @@ fn check(file: &str) {
         mismatches.is_empty(),
         "{} mismatches, first ones:\n{}",
         mismatches.len(),
-        mismatches.iter().take(12).cloned().collect::<Vec<_>>().join("\n")
+        mismatches
+            .iter()
+            .take(12)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }
 

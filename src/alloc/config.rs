@@ -279,7 +279,9 @@ impl AllocConf {
     /// `k` covers `[2^(20+k), 2^(21+k))`, the last one everything from 32 GiB up.
     pub fn divisions_for(&self, size: u64) -> u64 {
         let log_size = 63 - u64::from(size.max(1).leading_zeros());
-        let index = log_size.saturating_sub(20).min(ROUNDUP_POWER2_INTERVALS as u64 - 1);
+        let index = log_size
+            .saturating_sub(20)
+            .min(ROUNDUP_POWER2_INTERVALS as u64 - 1);
         self.roundup_power2_divisions[index as usize]
     }
 }

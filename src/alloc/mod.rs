@@ -319,7 +319,11 @@ impl CachingAllocator {
 
     /// Asks the device for a new segment (PyTorch's `alloc_block`). `Ok(None)` means refused
     /// for lack of memory (by the device or the fraction cap).
-    fn alloc_block(&mut self, request: Request, is_retry: bool) -> Result<Option<BlockId>, AllocError> {
+    fn alloc_block(
+        &mut self,
+        request: Request,
+        is_retry: bool,
+    ) -> Result<Option<BlockId>, AllocError> {
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
@@ -397,14 +401,18 @@ impl CachingAllocator {
             if already_split {
                 self.stats.inactive_split_bytes.decrease(pool, size as i64);
             } else {
-                self.stats.inactive_split_bytes.increase(pool, rest_size as i64);
+                self.stats
+                    .inactive_split_bytes
+                    .increase(pool, rest_size as i64);
                 self.stats.inactive_split.increase(pool, 1);
             }
             piece
         } else {
             if already_split {
                 let block_size = self.blocks.at(id).size;
-                self.stats.inactive_split_bytes.decrease(pool, block_size as i64);
+                self.stats
+                    .inactive_split_bytes
+                    .decrease(pool, block_size as i64);
                 self.stats.inactive_split.decrease(pool, 1);
             }
             id
@@ -504,7 +512,9 @@ impl CachingAllocator {
         }
         let (other_ptr, other_size, other_pool) = (other.ptr, other.size, other.pool);
         let (other_prev, other_next) = (other.prev, other.next);
-        self.pool_mut(other_pool).blocks.remove(&(other_size, other_ptr));
+        self.pool_mut(other_pool)
+            .blocks
+            .remove(&(other_size, other_ptr));
         self.blocks.remove(neighbour);
         let block = self.blocks.at_mut(id);
         if block.prev == neighbour {

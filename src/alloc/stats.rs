@@ -327,7 +327,10 @@ mod tests {
         assert_eq!(entries.len(), 122);
         assert_eq!(entries[0].0, "active.all.allocated");
         assert_eq!(entries[4].0, "active.large_pool.allocated");
-        assert_eq!(entries.last().map(|e| e.0.as_str()), Some("segment.small_pool.peak"));
+        assert_eq!(
+            entries.last().map(|e| e.0.as_str()),
+            Some("segment.small_pool.peak")
+        );
         let index = |key: &str| entries.iter().position(|e| e.0 == key);
         assert!(index("max_split_size") < index("num_alloc_retries"));
         assert!(index("oversize_segments.peak") < index("requested_bytes.all.allocated"));

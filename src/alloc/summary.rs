@@ -39,7 +39,10 @@ fn format_count(mut count: i64, pref: i64) -> String {
     format!("{count:7} {unit} ")
 }
 
-fn row(label: &str, stat: &Stat, pref: &Stat, format: fn(i64, i64) -> String) -> String {
+/// Formats one value against the "all" row's value of the same column.
+type Formatter = fn(i64, i64) -> String;
+
+fn row(label: &str, stat: &Stat, pref: &Stat, format: Formatter) -> String {
     format!(
         " {label:<21} | {} | {} | {} | {} ",
         format(stat.current, pref.current),
@@ -56,7 +59,10 @@ pub fn memory_summary(stats: &DeviceStats, device: usize, abbreviated: bool) -> 
     let equals = "=".repeat(WIDTH);
     let mut lines = vec![
         equals.clone(),
-        format!(" {:16} PyTorch CUDA memory summary, device ID {device:<17} ", ""),
+        format!(
+            " {:16} PyTorch CUDA memory summary, device ID {device:<17} ",
+            ""
+        ),
         dashes.clone(),
         format!(
             "  {:9} CUDA OOMs: {:<12} | {:6} cudaMalloc retries: {:<8}  ",
@@ -65,12 +71,16 @@ pub fn memory_summary(stats: &DeviceStats, device: usize, abbreviated: bool) -> 
         equals.clone(),
         "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ".to_string(),
     ];
-    let metrics: [(&StatArray, &str, fn(i64, i64) -> String); 9] = [
+    let metrics: [(&StatArray, &str, Formatter); 9] = [
         (&stats.allocated_bytes, "Allocated memory", format_size),
         (&stats.active_bytes, "Active memory", format_size),
         (&stats.requested_bytes, "Requested memory", format_size),
         (&stats.reserved_bytes, "GPU reserved memory", format_size),
-        (&stats.inactive_split_bytes, "Non-releasable memory", format_size),
+        (
+            &stats.inactive_split_bytes,
+            "Non-releasable memory",
+            format_size,
+        ),
         (&stats.allocation, "Allocations", format_count),
         (&stats.active, "Active allocs", format_count),
         (&stats.segment, "GPU reserved segments", format_count),
@@ -80,8 +90,18 @@ pub fn memory_summary(stats: &DeviceStats, device: usize, abbreviated: bool) -> 
         lines.push(dashes.clone());
         lines.push(row(label, &array.all, &array.all, format));
         if !abbreviated {
-            lines.push(row("      from large pool", &array.large, &array.all, format));
-            lines.push(row("      from small pool", &array.small, &array.all, format));
+            lines.push(row(
+                "      from large pool",
+                &array.large,
+                &array.all,
+                format,
+            ));
+            lines.push(row(
+                "      from small pool",
+                &array.small,
+                &array.all,
+                format,
+            ));
         }
     }
     for (stat, label) in [

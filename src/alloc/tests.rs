@@ -31,7 +31,10 @@ fn segment_sizes_follow_the_pools() {
     assert_eq!(CachingAllocator::allocation_size(512), SMALL_BUFFER);
     assert_eq!(CachingAllocator::allocation_size(MIB), SMALL_BUFFER);
     assert_eq!(CachingAllocator::allocation_size(MIB + 512), LARGE_BUFFER);
-    assert_eq!(CachingAllocator::allocation_size(10 * MIB - 512), LARGE_BUFFER);
+    assert_eq!(
+        CachingAllocator::allocation_size(10 * MIB - 512),
+        LARGE_BUFFER
+    );
     assert_eq!(CachingAllocator::allocation_size(10 * MIB), 10 * MIB);
     assert_eq!(CachingAllocator::allocation_size(11 * MIB + 512), 12 * MIB);
 }
@@ -59,24 +62,42 @@ fn probe_sequence_matches_pytorch() {
     // §14 of the reference notes: 5 MiB, 15 MiB, 12 MiB, 11 MiB + 1, 1 MiB, 1 MiB + 1.
     let mut a = allocator("");
     let five = a.malloc(5 * MIB).expect("5");
-    assert_eq!(get(&a, "inactive_split_bytes.large_pool.current"), 15 * MIB as i64);
+    assert_eq!(
+        get(&a, "inactive_split_bytes.large_pool.current"),
+        15 * MIB as i64
+    );
     let fifteen = a.malloc(15 * MIB).expect("15");
     assert_eq!(get(&a, "inactive_split.all.current"), 0);
     assert_eq!(get(&a, "segment.all.current"), 1);
     let _twelve = a.malloc(12 * MIB).expect("12");
     assert_eq!(get(&a, "reserved_bytes.all.current"), 33_554_432);
     let _eleven = a.malloc(11 * MIB + 1).expect("11+1");
-    assert_eq!(get(&a, "requested_bytes.all.current"), (32 * MIB + 11 * MIB + 1) as i64);
+    assert_eq!(
+        get(&a, "requested_bytes.all.current"),
+        (32 * MIB + 11 * MIB + 1) as i64
+    );
     let _one = a.malloc(MIB).expect("1");
-    assert_eq!(get(&a, "inactive_split_bytes.small_pool.current"), MIB as i64);
+    assert_eq!(
+        get(&a, "inactive_split_bytes.small_pool.current"),
+        MIB as i64
+    );
     let _one_plus = a.malloc(MIB + 1).expect("1+1");
-    assert_eq!(get(&a, "inactive_split_bytes.large_pool.current"), 19_922_432);
+    assert_eq!(
+        get(&a, "inactive_split_bytes.large_pool.current"),
+        19_922_432
+    );
     a.free(five).expect("free 5");
     assert_eq!(get(&a, "inactive_split.large_pool.current"), 2);
-    assert_eq!(get(&a, "inactive_split_bytes.large_pool.current"), 25_165_312);
+    assert_eq!(
+        get(&a, "inactive_split_bytes.large_pool.current"),
+        25_165_312
+    );
     a.free(fifteen).expect("free 15");
     assert_eq!(get(&a, "inactive_split.large_pool.current"), 1);
-    assert_eq!(get(&a, "inactive_split_bytes.large_pool.current"), 19_922_432);
+    assert_eq!(
+        get(&a, "inactive_split_bytes.large_pool.current"),
+        19_922_432
+    );
     let merged = a
         .snapshot()
         .into_iter()

@@ -26,8 +26,6 @@ const VA_TOP: u64 = 0x7FAA_DA00_0000;
 /// Address space below the top that is taken before the first `cudaMalloc` in a PyTorch
 /// process on the H200 (context, modules), except two ranges described in `AddressSpace::new`.
 const VA_PRETAKEN: u64 = 512 * MIB;
-/// How far below the top the window reaches; far more than any device's memory.
-const VA_SPAN: u64 = 1 << 44;
 
 /// One range of virtual address space the driver reserved, from which segments are carved.
 #[derive(Debug, Clone)]
@@ -135,7 +133,7 @@ impl AddressSpace {
             .copied()
             .chain(self.chunks.iter().map(|chunk| (chunk.base, chunk.size)))
             .collect();
-        used.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        used.sort_unstable_by_key(|range| std::cmp::Reverse(range.0));
         let mut gap_top = VA_TOP;
         for (base, length) in used {
             let end = base + length;

@@ -132,7 +132,10 @@ mod tests {
         assert_eq!(parse_size("512 MiB"), Ok(512 << 20));
         assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
         assert_eq!(parse_size("2GB"), Ok(2_000_000_000));
-        assert!(matches!(parse_size("12 parsecs"), Err(SpecError::BadSize(_))));
+        assert!(matches!(
+            parse_size("12 parsecs"),
+            Err(SpecError::BadSize(_))
+        ));
         assert!(matches!(parse_size("0"), Err(SpecError::SizeOutOfRange(_))));
         assert!(matches!(
             parse_size("99999999999TiB"),

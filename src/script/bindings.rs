@@ -1,0 +1,49 @@
+//! Registers every binding scripts see, grouped by topic.
+
+use std::rc::Rc;
+
+use rhai::{Dynamic, Engine, EvalAltResult};
+
+use super::{memory_api, tensor_api, values_api};
+use crate::tensor::Runtime;
+
+/// A binding's error: the function's name and what was wrong.
+pub type BindingResult<T> = Result<T, Box<EvalAltResult>>;
+
+/// Builds a script error naming the function.
+pub fn fail<T>(function: &str, message: impl std::fmt::Display) -> BindingResult<T> {
+    Err(format!("{function}: {message}").into())
+}
+
+/// Reads an integer argument that must be non-negative.
+pub fn non_negative(function: &str, what: &str, value: i64) -> BindingResult<u64> {
+    u64::try_from(value).or_else(|_| {
+        fail(
+            function,
+            format!("{what} must be non-negative, got {value}"),
+        )
+    })
+}
+
+/// Reads a number given as an integer or a float.
+pub fn number(function: &str, what: &str, value: &Dynamic) -> BindingResult<f64> {
+    if let Ok(int) = value.as_int() {
+        Ok(int as f64)
+    } else if let Ok(float) = value.as_float() {
+        Ok(float)
+    } else if let Ok(flag) = value.as_bool() {
+        Ok(f64::from(u8::from(flag)))
+    } else {
+        fail(
+            function,
+            format!("{what} must be a number, got {}", value.type_name()),
+        )
+    }
+}
+
+/// Registers the tensor and memory bindings.
+pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
+    tensor_api::register(engine, runtime);
+    memory_api::register(engine, runtime);
+    values_api::register(engine, runtime);
+}

@@ -1,0 +1,155 @@
+//! Memory functions named as in `torch.cuda`: `memory_stats()`, `memory_summary()`,
+//! `empty_cache()`, `set_per_process_memory_fraction(f)`, ...
+
+use std::rc::Rc;
+
+use rhai::{Array, Dynamic, Engine, Map, INT};
+
+use super::bindings::{fail, number, BindingResult};
+use crate::alloc::summary::memory_summary;
+use crate::tensor::Runtime;
+
+/// Registers the memory functions.
+pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
+    let stat = |runtime: &Rc<Runtime>, key: &'static str| {
+        let rt = Rc::clone(runtime);
+        move || -> INT { rt.allocator().stats().get(key).unwrap_or(0) }
+    };
+    engine.register_fn(
+        "memory_allocated",
+        stat(runtime, "allocated_bytes.all.current"),
+    );
+    engine.register_fn(
+        "memory_reserved",
+        stat(runtime, "reserved_bytes.all.current"),
+    );
+    engine.register_fn(
+        "max_memory_allocated",
+        stat(runtime, "allocated_bytes.all.peak"),
+    );
+    engine.register_fn(
+        "max_memory_reserved",
+        stat(runtime, "reserved_bytes.all.peak"),
+    );
+
+    let rt = Rc::clone(runtime);
+    engine.register_fn("memory_stats", move || -> Map {
+        rt.allocator()
+            .stats()
+            .entries()
+            .into_iter()
+            .map(|(key, value)| (key.into(), Dynamic::from(value)))
+            .collect()
+    });
+    let rt = Rc::clone(runtime);
+    engine.register_fn("memory_summary", move || -> String {
+        let allocator = rt.allocator();
+        memory_summary(allocator.stats(), allocator.device().index(), false)
+    });
+    let rt = Rc::clone(runtime);
+    engine.register_fn("memory_summary", move |abbreviated: bool| -> String {
+        let allocator = rt.allocator();
+        memory_summary(allocator.stats(), allocator.device().index(), abbreviated)
+    });
+    let rt = Rc::clone(runtime);
+    engine.register_fn("empty_cache", move || -> BindingResult<()> {
+        rt.with_allocator(|a| a.empty_cache())
+            .or_else(|error| fail("empty_cache", error))
+    });
+    let rt = Rc::clone(runtime);
+    engine.register_fn("reset_peak_memory_stats", move || {
+        rt.with_allocator(|a| a.reset_peak_stats())
+    });
+    let rt = Rc::clone(runtime);
+    engine.register_fn("reset_accumulated_memory_stats", move || {
+        rt.with_allocator(|a| a.reset_accumulated_stats())
+    });
+    let rt = Rc::clone(runtime);
+    engine.register_fn(
+        "set_per_process_memory_fraction",
+        move |fraction: Dynamic| -> BindingResult<()> {
+            let fraction = number("set_per_process_memory_fraction", "fraction", &fraction)?;
+            rt.with_allocator(|a| a.set_memory_fraction(fraction))
+                .or_else(|error| fail("set_per_process_memory_fraction", error))
+        },
+    );
+    let rt = Rc::clone(runtime);
+    engine.register_fn("get_per_process_memory_fraction", move || -> f64 {
+        rt.allocator().memory_fraction()
+    });
+    let rt = Rc::clone(runtime);
+    engine.register_fn("mem_get_info", move || -> BindingResult<Array> {
+        let info = rt.allocator().device().mem_get_info();
+        match info {
+            Ok((free, total)) => Ok(vec![
+                Dynamic::from(free as INT),
+                Dynamic::from(total as INT),
+            ]),
+            Err(error) => fail("mem_get_info", error),
+        }
+    });
+    let rt = Rc::clone(runtime);
+    engine.register_fn("memory_snapshot", move || -> Array {
+        rt.allocator()
+            .snapshot()
+            .into_iter()
+            .map(|segment| {
+                let mut map = Map::new();
+                map.insert("address".into(), Dynamic::from(segment.address as INT));
+                map.insert(
+                    "total_size".into(),
+                    Dynamic::from(segment.total_size as INT),
+                );
+                map.insert(
+                    "allocated_size".into(),
+                    Dynamic::from(segment.allocated_size as INT),
+                );
+                map.insert(
+                    "active_size".into(),
+                    Dynamic::from(segment.active_size as INT),
+                );
+                map.insert(
+                    "requested_size".into(),
+                    Dynamic::from(segment.requested_size as INT),
+                );
+                map.insert(
+                    "segment_type".into(),
+                    Dynamic::from(segment.segment_type.to_string()),
+                );
+                let blocks: Array = segment
+                    .blocks
+                    .into_iter()
+                    .map(|block| {
+                        let mut map = Map::new();
+                        map.insert("address".into(), Dynamic::from(block.address as INT));
+                        map.insert("size".into(), Dynamic::from(block.size as INT));
+                        map.insert(
+                            "requested_size".into(),
+                            Dynamic::from(block.requested_size as INT),
+                        );
+                        map.insert(
+                            "state".into(),
+                            Dynamic::from(block.state.name().to_string()),
+                        );
+                        Dynamic::from(map)
+                    })
+                    .collect();
+                map.insert("blocks".into(), Dynamic::from(blocks));
+                Dynamic::from(map)
+            })
+            .collect()
+    });
+    let rt = Rc::clone(runtime);
+    engine.register_fn("manual_seed", move |seed: INT| -> BindingResult<()> {
+        if seed < 0 {
+            return fail(
+                "manual_seed",
+                format!("seed must be non-negative, got {seed}"),
+            );
+        }
+        rt.manual_seed(seed as u64);
+        Ok(())
+    });
+    // One stream, synchronous device calls: nothing is ever pending.
+    engine.register_fn("synchronize", || {});
+}

@@ -1,0 +1,118 @@
+//! Tensor creation and properties: `randn`, `empty`, `zeros`, `ones`, `full`, `t.shape`, ...
+
+use std::rc::Rc;
+
+use rhai::{Array, Dynamic, Engine, ImmutableString, INT};
+
+use super::bindings::{fail, number, BindingResult};
+use crate::tensor::{shape, DType, Runtime, Tensor};
+
+/// Converts a shape argument — an integer or an array of integers — into dimensions.
+pub fn shape_arg(function: &str, value: &Dynamic) -> BindingResult<Vec<usize>> {
+    let dims: Vec<i64> = if let Ok(single) = value.as_int() {
+        vec![single]
+    } else if let Some(array) = value.read_lock::<Array>() {
+        let mut dims = Vec::with_capacity(array.len());
+        for (index, item) in array.iter().enumerate() {
+            match item.as_int() {
+                Ok(dim) => dims.push(dim),
+                Err(kind) => {
+                    return fail(
+                        function,
+                        format!("shape element {index} must be an integer, got {kind}"),
+                    )
+                }
+            }
+        }
+        dims
+    } else {
+        return fail(
+            function,
+            format!(
+                "shape must be an integer or an array of integers, got {}",
+                value.type_name()
+            ),
+        );
+    };
+    shape::validate(&dims).or_else(|error| fail(function, error))
+}
+
+/// Converts a dtype argument.
+pub fn dtype_arg(function: &str, name: &str) -> BindingResult<DType> {
+    name.parse().or_else(|error| fail(function, error))
+}
+
+/// A tensor constructor taking a shape and a dtype.
+type Maker = fn(&Rc<Runtime>, &[usize], DType) -> Result<Tensor, crate::tensor::TensorError>;
+
+fn create(
+    function: &'static str,
+    runtime: &Rc<Runtime>,
+    shape: &Dynamic,
+    dtype: &str,
+    make: Maker,
+) -> BindingResult<Tensor> {
+    let shape = shape_arg(function, shape)?;
+    let dtype = dtype_arg(function, dtype)?;
+    make(runtime, &shape, dtype).or_else(|error| fail(function, error))
+}
+
+/// Registers creation functions and tensor properties.
+pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
+    engine
+        .register_type_with_name::<Tensor>("Tensor")
+        .register_fn("to_string", |t: &mut Tensor| t.to_string())
+        .register_fn("to_debug", |t: &mut Tensor| t.to_string())
+        .register_get("shape", |t: &mut Tensor| -> Array {
+            t.shape().iter().map(|&d| Dynamic::from(d as INT)).collect()
+        })
+        .register_get("dtype", |t: &mut Tensor| t.dtype().name().to_string())
+        .register_get("numel", |t: &mut Tensor| t.numel() as INT)
+        .register_get("nbytes", |t: &mut Tensor| t.nbytes() as INT)
+        .register_get("device", |t: &mut Tensor| t.device().to_string())
+        .register_get("data_ptr", |t: &mut Tensor| t.data_ptr() as INT);
+
+    let makers: [(&'static str, Maker); 4] = [
+        ("randn", Tensor::randn),
+        ("empty", Tensor::empty),
+        ("zeros", |rt, shape, dtype| {
+            Tensor::full(rt, shape, 0.0, dtype)
+        }),
+        ("ones", |rt, shape, dtype| {
+            Tensor::full(rt, shape, 1.0, dtype)
+        }),
+    ];
+    for (name, make) in makers {
+        let rt = Rc::clone(runtime);
+        engine.register_fn(name, move |shape: Dynamic| {
+            create(name, &rt, &shape, "float32", make)
+        });
+        let rt = Rc::clone(runtime);
+        engine.register_fn(name, move |shape: Dynamic, dtype: ImmutableString| {
+            create(name, &rt, &shape, &dtype, make)
+        });
+    }
+    let rt = Rc::clone(runtime);
+    engine.register_fn("full", move |shape: Dynamic, value: Dynamic| {
+        full(&rt, &shape, &value, "float32")
+    });
+    let rt = Rc::clone(runtime);
+    engine.register_fn(
+        "full",
+        move |shape: Dynamic, value: Dynamic, dtype: ImmutableString| {
+            full(&rt, &shape, &value, &dtype)
+        },
+    );
+}
+
+fn full(
+    runtime: &Rc<Runtime>,
+    shape: &Dynamic,
+    value: &Dynamic,
+    dtype: &str,
+) -> BindingResult<Tensor> {
+    let shape = shape_arg("full", shape)?;
+    let value = number("full", "fill value", value)?;
+    let dtype = dtype_arg("full", dtype)?;
+    Tensor::full(runtime, &shape, value, dtype).or_else(|error| fail("full", error))
+}

@@ -1,0 +1,343 @@
+//! Tensors: a shape and dtype over shared storage whose memory comes from the caching
+//! allocator. The storage returns its block when the last tensor (or view) referring to it is
+//! dropped, which is what makes `y = randn(..)` in a script free the old `y` exactly as Python
+//! does.
+
+pub mod dtype;
+pub mod shape;
+
+use std::cell::{Cell, Ref, RefCell};
+use std::fmt;
+use std::rc::Rc;
+
+use thiserror::Error;
+
+use crate::alloc::format::format_size;
+use crate::alloc::{AllocError, Allocation, CachingAllocator};
+pub use dtype::DType;
+
+/// Seed of the random generator until `manual_seed` is called (PyTorch's default seed).
+pub const DEFAULT_SEED: u64 = 67_280_421_310_721;
+
+/// What went wrong creating or using a tensor.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum TensorError {
+    /// A dtype name that is not one of [`DType::ALL`].
+    #[error("unknown dtype '{0}'; expected one of float32, float16, bfloat16, float64, int64, int32, uint8, bool")]
+    UnknownDType(String),
+    /// A shape that is negative, overflows, or does not fit the operation.
+    #[error("invalid shape: {0}")]
+    BadShape(String),
+    /// An index or range outside the tensor.
+    #[error("out of range: {0}")]
+    OutOfRange(String),
+    /// The allocator refused (out of memory, or a device failure).
+    #[error("{0}")]
+    Alloc(#[from] AllocError),
+    /// The operation is not available for this tensor or device.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// The state every tensor of a session shares: the allocator and the random generator.
+pub struct Runtime {
+    allocator: RefCell<CachingAllocator>,
+    label: String,
+    seed: Cell<u64>,
+    philox_offset: Cell<u64>,
+}
+
+impl Runtime {
+    /// A runtime over `allocator`, with the default seed.
+    pub fn new(allocator: CachingAllocator) -> Rc<Runtime> {
+        let label = allocator.device().label();
+        Rc::new(Runtime {
+            allocator: RefCell::new(allocator),
+            label,
+            seed: Cell::new(DEFAULT_SEED),
+            philox_offset: Cell::new(0),
+        })
+    }
+
+    /// Read access to the allocator (stats, snapshots, summaries).
+    pub fn allocator(&self) -> Ref<'_, CachingAllocator> {
+        self.allocator.borrow()
+    }
+
+    /// Runs `f` with the allocator borrowed mutably. `f` must not drop tensors.
+    pub fn with_allocator<R>(&self, f: impl FnOnce(&mut CachingAllocator) -> R) -> R {
+        f(&mut self.allocator.borrow_mut())
+    }
+
+    /// The device's label (`sim`, `cuda:0`).
+    pub fn device_label(&self) -> &str {
+        &self.label
+    }
+
+    /// `torch.manual_seed(seed)`: restarts the generator's stream at `seed`.
+    pub fn manual_seed(&self, seed: u64) {
+        self.seed.set(seed);
+        self.philox_offset.set(0);
+    }
+
+    /// The current seed.
+    pub fn seed(&self) -> u64 {
+        self.seed.get()
+    }
+
+    /// Reserves `count` random values from the generator's stream: returns the (seed, offset)
+    /// a counter-based generator starts from, and advances the offset past them.
+    pub fn take_random(&self, count: u64) -> (u64, u64) {
+        let offset = self.philox_offset.get();
+        self.philox_offset.set(offset.wrapping_add(count));
+        (self.seed.get(), offset)
+    }
+}
+
+/// What a storage holds, as far as gpumem knows it without reading the device. On the
+/// simulated device this is the only source of values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Contents {
+    /// Never written (`empty`).
+    Uninitialized,
+    /// Standard normal values from the counter-based generator at (seed, offset).
+    Normal {
+        /// Generator seed.
+        seed: u64,
+        /// Index of the first value in the generator's stream.
+        offset: u64,
+    },
+    /// Every element equal to this value (`zeros`, `ones`, `full`).
+    Constant(f64),
+    /// Written by a computation whose result only the device holds.
+    Computed,
+}
+
+/// A block of device memory owned by one or more tensors.
+pub struct Storage {
+    runtime: Rc<Runtime>,
+    allocation: Allocation,
+    nbytes: u64,
+    contents: Cell<Contents>,
+}
+
+impl Storage {
+    /// The device address of the first byte (0 for an empty tensor).
+    pub fn data_ptr(&self) -> u64 {
+        self.allocation.ptr
+    }
+
+    /// Bytes the tensor asked for (unrounded).
+    pub fn nbytes(&self) -> u64 {
+        self.nbytes
+    }
+
+    /// What the storage holds.
+    pub fn contents(&self) -> Contents {
+        self.contents.get()
+    }
+
+    /// Records what the storage now holds.
+    pub fn set_contents(&self, contents: Contents) {
+        self.contents.set(contents);
+    }
+
+    /// The runtime whose allocator owns the block.
+    pub fn runtime(&self) -> &Rc<Runtime> {
+        &self.runtime
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        let allocation = self.allocation;
+        // A storage is dropped only from script code, never while the allocator is borrowed;
+        // if that ever happened the block would stay allocated, which stats would show.
+        if let Ok(mut allocator) = self.runtime.allocator.try_borrow_mut() {
+            if let Err(error) = allocator.free(allocation) {
+                eprintln!("gpumem: internal error returning a tensor's block: {error}");
+            }
+        } else {
+            eprintln!("gpumem: internal error: a tensor was dropped while the allocator was busy");
+        }
+    }
+}
+
+/// A view of storage: shape, dtype and the element offset where the view starts.
+#[derive(Clone)]
+pub struct Tensor {
+    storage: Rc<Storage>,
+    shape: Vec<usize>,
+    dtype: DType,
+    offset: usize,
+}
+
+impl Tensor {
+    /// Allocates an uninitialised tensor (`torch.empty`).
+    pub fn empty(
+        runtime: &Rc<Runtime>,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor, TensorError> {
+        let nbytes = shape::nbytes(shape, dtype.size())?;
+        let allocation = runtime.with_allocator(|allocator| allocator.malloc(nbytes))?;
+        Ok(Tensor {
+            storage: Rc::new(Storage {
+                runtime: Rc::clone(runtime),
+                allocation,
+                nbytes,
+                contents: Cell::new(Contents::Uninitialized),
+            }),
+            shape: shape.to_vec(),
+            dtype,
+            offset: 0,
+        })
+    }
+
+    /// A tensor with every element `value` (`torch.full`; `zeros`/`ones` are 0 and 1).
+    pub fn full(
+        runtime: &Rc<Runtime>,
+        shape: &[usize],
+        value: f64,
+        dtype: DType,
+    ) -> Result<Tensor, TensorError> {
+        let tensor = Tensor::empty(runtime, shape, dtype)?;
+        tensor.storage.set_contents(Contents::Constant(value));
+        Ok(tensor)
+    }
+
+    /// Standard normal values from the session's generator (`torch.randn`). Floating dtypes
+    /// only, as in PyTorch.
+    pub fn randn(
+        runtime: &Rc<Runtime>,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor, TensorError> {
+        if !dtype.is_float() {
+            return Err(TensorError::Unsupported(format!(
+                "randn is only defined for floating dtypes, not {dtype}"
+            )));
+        }
+        let tensor = Tensor::empty(runtime, shape, dtype)?;
+        let (seed, offset) = runtime.take_random(tensor.numel() as u64);
+        tensor
+            .storage
+            .set_contents(Contents::Normal { seed, offset });
+        Ok(tensor)
+    }
+
+    /// The dimensions.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Bytes of this view's elements.
+    pub fn nbytes(&self) -> u64 {
+        (self.numel() * self.dtype.size()) as u64
+    }
+
+    /// Address of this view's first element.
+    pub fn data_ptr(&self) -> u64 {
+        if self.storage.data_ptr() == 0 {
+            0
+        } else {
+            self.storage.data_ptr() + (self.offset * self.dtype.size()) as u64
+        }
+    }
+
+    /// Element offset of this view into its storage.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The storage this tensor views.
+    pub fn storage(&self) -> &Rc<Storage> {
+        &self.storage
+    }
+
+    /// Whether the view covers its whole storage from the start.
+    pub fn is_whole_storage(&self) -> bool {
+        self.offset == 0 && self.nbytes() == self.storage.nbytes
+    }
+
+    /// The device label (`sim`, `cuda:0`).
+    pub fn device(&self) -> &str {
+        self.storage.runtime.device_label()
+    }
+
+    /// A view with another shape of the same element count, sharing storage.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor, TensorError> {
+        if shape::numel(shape)? != self.numel() {
+            return Err(TensorError::BadShape(format!(
+                "cannot reshape a tensor of {} elements ({:?}) into {:?}",
+                self.numel(),
+                self.shape,
+                shape
+            )));
+        }
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            ..self.clone()
+        })
+    }
+
+    /// A view of `start..end` along dimension 0 sharing storage (PyTorch's `narrow` on the
+    /// outermost dimension; inner dimensions would not be contiguous).
+    pub fn slice(&self, dim: usize, start: usize, end: usize) -> Result<Tensor, TensorError> {
+        if dim >= self.shape.len() {
+            return Err(TensorError::OutOfRange(format!(
+                "dimension {dim} of a tensor with {} dimensions",
+                self.shape.len()
+            )));
+        }
+        if dim != 0 && self.shape[..dim].iter().any(|&d| d != 1) {
+            return Err(TensorError::Unsupported(
+                "slice supports dimension 0 (or a dimension preceded only by size-1 dimensions), which keeps the view contiguous".into(),
+            ));
+        }
+        let size = self.shape[dim];
+        if start > end || end > size {
+            return Err(TensorError::OutOfRange(format!(
+                "slice {start}..{end} of dimension {dim} with size {size}"
+            )));
+        }
+        let inner: usize = self.shape[dim + 1..].iter().product();
+        let mut shape = self.shape.clone();
+        shape[dim] = end - start;
+        Ok(Tensor {
+            storage: Rc::clone(&self.storage),
+            shape,
+            dtype: self.dtype,
+            offset: self.offset + start * inner,
+        })
+    }
+}
+
+impl fmt::Display for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "tensor(shape={:?}, dtype={}, device={}, {})",
+            self.shape,
+            self.dtype,
+            self.device(),
+            format_size(self.nbytes())
+        )
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
