@@ -8,6 +8,7 @@
 pub mod block;
 pub mod config;
 pub mod format;
+mod invariants;
 pub mod snapshot;
 pub mod stats;
 pub mod summary;

@@ -1,0 +1,151 @@
+//! Property tests: random operation sequences under random configs keep the allocator
+//! consistent — no overlaps, segments tiled exactly, every counter equal to a recount — and
+//! freeing everything then `empty_cache()` returns every segment.
+
+use gpumem::alloc::{AllocConf, AllocError, Allocation, CachingAllocator};
+use gpumem::device::sim::SimDevice;
+use gpumem::device::DeviceMemory;
+use proptest::prelude::*;
+
+const MIB: u64 = 1 << 20;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc { slot: usize, size: u64 },
+    Free { slot: usize },
+    EmptyCache,
+    ResetPeak,
+}
+
+fn size_strategy() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        0_u64..=2048,
+        (1_u64..=2048).prop_map(|k| k * 512),
+        (MIB - 1024)..=(MIB + 1024),
+        (MIB + 1)..(10 * MIB),
+        (10 * MIB)..(120 * MIB),
+    ]
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0_usize..16, size_strategy()).prop_map(|(slot, size)| Op::Alloc { slot, size }),
+        4 => (0_usize..16).prop_map(|slot| Op::Free { slot }),
+        1 => Just(Op::EmptyCache),
+        1 => Just(Op::ResetPeak),
+    ]
+}
+
+fn config_strategy() -> impl Strategy<Value = (String, Option<f64>)> {
+    let conf = prop_oneof![
+        Just(String::new()),
+        Just("max_split_size_mb:20".to_string()),
+        Just("max_split_size_mb:64".to_string()),
+        Just("roundup_power2_divisions:4".to_string()),
+        Just("roundup_power2_divisions:[1:2,4:4,>:8]".to_string()),
+        Just("garbage_collection_threshold:0.6".to_string()),
+        Just("garbage_collection_threshold:0.3,max_split_size_mb:40".to_string()),
+    ];
+    let fraction = prop_oneof![Just(None), (0.0005_f64..0.004).prop_map(Some)];
+    (conf, fraction)
+}
+
+/// A device that counts what is outstanding so the test can see every segment came back.
+struct Tracked {
+    inner: SimDevice,
+    outstanding: std::rc::Rc<std::cell::Cell<i64>>,
+}
+
+impl DeviceMemory for Tracked {
+    fn malloc(&mut self, bytes: u64) -> Result<u64, gpumem::device::DeviceError> {
+        let ptr = self.inner.malloc(bytes)?;
+        self.outstanding.set(self.outstanding.get() + 1);
+        Ok(ptr)
+    }
+    fn free(&mut self, address: u64) -> Result<(), gpumem::device::DeviceError> {
+        self.inner.free(address)?;
+        self.outstanding.set(self.outstanding.get() - 1);
+        Ok(())
+    }
+    fn mem_get_info(&self) -> Result<(u64, u64), gpumem::device::DeviceError> {
+        self.inner.mem_get_info()
+    }
+    fn total_memory(&self) -> u64 {
+        self.inner.total_memory()
+    }
+    fn index(&self) -> usize {
+        0
+    }
+    fn process_memory(&self) -> Vec<gpumem::device::ProcessMemory> {
+        self.inner.process_memory()
+    }
+    fn label(&self) -> String {
+        "tracked".into()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_sequences_keep_the_allocator_consistent(
+        (conf, fraction) in config_strategy(),
+        device_gib in prop_oneof![Just(1_u64), Just(2), Just(140)],
+        ops in proptest::collection::vec(op_strategy(), 1..160),
+    ) {
+        let outstanding = std::rc::Rc::new(std::cell::Cell::new(0));
+        let device = Tracked { inner: SimDevice::new(device_gib << 30), outstanding: outstanding.clone() };
+        let conf = AllocConf::parse(&conf).expect("valid config");
+        let mut allocator = CachingAllocator::new(Box::new(device), conf).expect("allocator");
+        if let Some(fraction) = fraction {
+            allocator.set_memory_fraction(fraction).expect("fraction");
+        }
+        let mut slots: Vec<Option<Allocation>> = vec![None; 16];
+        for op in &ops {
+            match *op {
+                Op::Alloc { slot, size } => match allocator.malloc(size) {
+                    Ok(new) => {
+                        prop_assert!(new.size >= size);
+                        if let Some(old) = slots[slot].replace(new) {
+                            allocator.free(old).expect("free old");
+                        }
+                    }
+                    Err(AllocError::OutOfMemory(oom)) => {
+                        prop_assert!(oom.message.starts_with("CUDA out of memory. Tried to allocate"));
+                    }
+                    Err(other) => prop_assert!(false, "unexpected error {other}"),
+                },
+                Op::Free { slot } => {
+                    if let Some(old) = slots[slot].take() {
+                        allocator.free(old).expect("free");
+                    }
+                }
+                Op::EmptyCache => allocator.empty_cache().expect("empty_cache"),
+                Op::ResetPeak => allocator.reset_peak_stats(),
+            }
+            if let Err(violation) = allocator.check_invariants() {
+                prop_assert!(false, "after {op:?}: {violation}");
+            }
+            let live: Vec<Allocation> = slots.iter().flatten().filter(|a| !a.is_null()).copied().collect();
+            for (i, a) in live.iter().enumerate() {
+                for b in &live[i + 1..] {
+                    prop_assert!(a.ptr + a.size <= b.ptr || b.ptr + b.size <= a.ptr, "{a:?} overlaps {b:?}");
+                }
+            }
+            let stats = allocator.stats();
+            prop_assert!(stats.allocated_bytes.all.peak >= stats.allocated_bytes.all.current);
+            prop_assert!(stats.reserved_bytes.all.current >= stats.allocated_bytes.all.current);
+        }
+        for slot in slots.iter_mut() {
+            if let Some(allocation) = slot.take() {
+                allocator.free(allocation).expect("final free");
+            }
+        }
+        allocator.empty_cache().expect("final empty_cache");
+        prop_assert_eq!(allocator.stats().reserved_bytes.all.current, 0);
+        prop_assert_eq!(allocator.stats().segment.all.current, 0);
+        prop_assert_eq!(outstanding.get(), 0);
+        prop_assert_eq!(allocator.stats().num_device_alloc, allocator.stats().num_device_free);
+        prop_assert!(allocator.check_invariants().is_ok());
+    }
+}
