@@ -47,7 +47,10 @@ impl CachingAllocator {
                     return Err(format!("block {:#x}: prev link is wrong", block.ptr));
                 }
                 if block.pool != pool {
-                    return Err(format!("block {:#x}: pool differs from its segment", block.ptr));
+                    return Err(format!(
+                        "block {:#x}: pool differs from its segment",
+                        block.ptr
+                    ));
                 }
                 cursor += block.size;
                 previous = id;
@@ -62,7 +65,10 @@ impl CachingAllocator {
             }
             for pair in pieces.windows(2) {
                 if self.blocks.at(pair[0]).next != pair[1] {
-                    return Err(format!("block {:#x}: next link is wrong", self.blocks.at(pair[0]).ptr));
+                    return Err(format!(
+                        "block {:#x}: next link is wrong",
+                        self.blocks.at(pair[0]).ptr
+                    ));
                 }
             }
             if let Some(&last) = pieces.last() {
@@ -80,14 +86,20 @@ impl CachingAllocator {
                 let cached = pool_set.get(&(block.size, block.ptr)) == Some(&id);
                 if block.allocated {
                     if cached {
-                        return Err(format!("allocated block {:#x} is in the free pool", block.ptr));
+                        return Err(format!(
+                            "allocated block {:#x} is in the free pool",
+                            block.ptr
+                        ));
                     }
                     count.allocation += 1;
                     count.allocated_bytes += block.size as i64;
                     count.requested_bytes += block.requested_size as i64;
                 } else {
                     if !cached {
-                        return Err(format!("free block {:#x} is missing from its pool", block.ptr));
+                        return Err(format!(
+                            "free block {:#x} is missing from its pool",
+                            block.ptr
+                        ));
                     }
                     if split {
                         count.inactive_split += 1;
@@ -97,7 +109,10 @@ impl CachingAllocator {
             }
         }
         if index != blocks.len() {
-            return Err(format!("{} blocks lie outside every segment", blocks.len() - index));
+            return Err(format!(
+                "{} blocks lie outside every segment",
+                blocks.len() - index
+            ));
         }
         let free_blocks = blocks.iter().filter(|(_, block)| !block.allocated).count();
         if free_blocks != self.small.blocks.len() + self.large.blocks.len() {
@@ -124,7 +139,10 @@ impl CachingAllocator {
             if stats.active.pool(pool).current != count.allocation
                 || stats.active_bytes.pool(pool).current != count.allocated_bytes
             {
-                return Err(format!("{} pool active counters differ from allocated", pool.name()));
+                return Err(format!(
+                    "{} pool active counters differ from allocated",
+                    pool.name()
+                ));
             }
         }
         for (name, array) in [
