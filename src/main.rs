@@ -37,6 +37,22 @@ enum Command {
         /// The `.rhai` script.
         file: PathBuf,
     },
+    /// Measure gpumem itself (for comparisons with PyTorch; see benches/compare/).
+    #[command(subcommand)]
+    Bench(BenchTarget),
+}
+
+#[derive(Subcommand)]
+enum BenchTarget {
+    /// Median ns per malloc+free pair: a cached 1 MiB pair and 1000 live mixed-size blocks.
+    Alloc {
+        /// Samples per pattern.
+        #[arg(long, default_value_t = 101)]
+        rounds: usize,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -47,6 +63,9 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Some(Command::Run { file }) => run(&options, &file),
+        Some(Command::Bench(BenchTarget::Alloc { rounds, json })) => {
+            bench_alloc(&options, rounds, json)
+        }
         None => {
             eprintln!("gpumem: the REPL is not available yet; use `gpumem run FILE.rhai`");
             ExitCode::from(EXIT_USAGE)
@@ -74,6 +93,42 @@ fn run(options: &SessionOptions, file: &std::path::Path) -> ExitCode {
         }
         Err(error) => {
             eprintln!("{error}");
+            ExitCode::from(EXIT_SCRIPT_ERROR)
+        }
+    }
+}
+
+fn bench_alloc(options: &SessionOptions, rounds: usize, json: bool) -> ExitCode {
+    let session = match session::open(options) {
+        Ok(session) => session,
+        Err(error) => {
+            eprintln!("gpumem: {error}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let timings = session
+        .runtime
+        .with_allocator(|allocator| gpumem::bench::time_patterns(allocator, rounds));
+    match timings {
+        Ok(t) if json => {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "device": session.device.to_string(),
+                    "cached_pair_ns": t.cached_pair_ns,
+                    "mixed_pair_ns": t.mixed_pair_ns,
+                })
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(t) => {
+            println!("device {}", session.device);
+            println!("cached 1 MiB malloc+free       {:8.1} ns", t.cached_pair_ns);
+            println!("1000 live mixed, per pair      {:8.1} ns", t.mixed_pair_ns);
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("gpumem: {error}");
             ExitCode::from(EXIT_SCRIPT_ERROR)
         }
     }
