@@ -379,19 +379,19 @@ impl CachingAllocator {
         let handed_out = if split {
             // The allocated piece takes the low end; the remainder keeps the old block's id
             // and goes back to the pool.
-            let remainder = self.blocks.at(id).clone();
+            let (front, before) = (block.ptr, block.prev);
             let piece = self.blocks.insert(Block {
-                ptr: remainder.ptr,
+                ptr: front,
                 size,
                 requested_size: 0,
                 pool,
                 allocated: false,
-                prev: remainder.prev,
+                prev: before,
                 next: id,
                 gc_count_base: 0,
             });
-            if remainder.prev != NIL {
-                self.blocks.at_mut(remainder.prev).next = piece;
+            if before != NIL {
+                self.blocks.at_mut(before).next = piece;
             }
             let rest = self.blocks.at_mut(id);
             rest.prev = piece;
