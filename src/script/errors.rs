@@ -43,6 +43,7 @@ impl ScriptError {
         let position = error.take_position();
         let message = match &error {
             EvalAltResult::ErrorRuntime(value, _) => value.to_string(),
+            EvalAltResult::ErrorTerminated(value, _) => value.to_string(),
             other => other.to_string(),
         };
         ScriptError::Script {
