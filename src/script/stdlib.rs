@@ -44,8 +44,12 @@ impl ModuleResolver for EmbeddedResolver {
         }
         let Some((_, _, source)) = MODULES.iter().find(|(name, _, _)| *name == path) else {
             let known: Vec<&str> = MODULES.iter().map(|(name, _, _)| *name).collect();
-            return Err(EvalAltResult::ErrorModuleNotFound(
-                format!("{path} (gpumem's modules are: {})", known.join(", ")),
+            return Err(EvalAltResult::ErrorRuntime(
+                format!(
+                    "import: no module named '{path}'; gpumem's modules are: {} (scripts cannot import files)",
+                    known.join(", ")
+                )
+                .into(),
                 position,
             )
             .into());
