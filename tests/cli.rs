@@ -178,12 +178,12 @@ fn colon_commands_work_when_piped() {
 
 #[test]
 fn piped_repl_frees_rebound_tensors_and_continues_blocks() {
-    let input = "let x = empty(1048576, \"uint8\");\nlet x = empty(1048576, \"uint8\");\nmemory_allocated()\nfor i in 0..2 {\n  print(`i=${i}`);\n}\nfn twice(v) { v * 2 }\ntwice(21)\nx\n";
+    let input = "let x = empty(1048576, \"uint8\");\nlet x = empty(2097152, \"uint8\");\nmemory_allocated()\nfor i in 0..2 {\n  print(`i=${i}`);\n}\nfn twice(v) { v * 2 }\ntwice(21)\nx\n";
     let (stdout, stderr, code) = repl(input);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(
         stdout,
-        "1048576\ni=0\ni=1\n42\ntensor(shape=[1048576], dtype=uint8, device=sim, 1024.00 KiB)\n"
+        "2097152\ni=0\ni=1\n42\ntensor(shape=[2097152], dtype=uint8, device=sim, 2.00 MiB)\n"
     );
 }
 

@@ -173,7 +173,8 @@ impl Repl {
 pub fn dedupe(scope: &mut Scope<'static>) {
     let mut seen = HashSet::new();
     let mut keep: Vec<(String, bool, Dynamic)> = Vec::with_capacity(scope.len());
-    for (name, constant, value) in scope.iter_raw().collect::<Vec<_>>().into_iter().rev() {
+    // `iter_raw` yields the newest entries first.
+    for (name, constant, value) in scope.iter_raw() {
         if seen.insert(name.to_string()) {
             keep.push((name.to_string(), constant, value.clone()));
         }
@@ -279,5 +280,22 @@ fn save_history(editor: &mut Editor<ReplHelper, DefaultHistory>, path: &Path) {
     }
     if let Err(error) = editor.save_history(path) {
         eprintln!("gpumem: cannot save history to {}: {error}", path.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dedupe_keeps_the_newest_value_of_each_name_in_order() {
+        let mut scope = Scope::new();
+        scope.push("a", 1_i64).push("b", 2_i64).push("a", 3_i64);
+        dedupe(&mut scope);
+        let entries: Vec<(String, i64)> = scope
+            .iter()
+            .map(|(name, _, value)| (name.to_string(), value.as_int().unwrap_or(-1)))
+            .collect();
+        assert_eq!(entries, [("b".to_string(), 2), ("a".to_string(), 3)]);
     }
 }
