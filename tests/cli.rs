@@ -286,3 +286,15 @@ fn stdlib_is_embedded_not_read_from_disk() {
     assert_eq!(code, 1);
     assert!(stderr.contains("no module named 'stdlib/mem'"), "{stderr}");
 }
+
+#[test]
+fn errors_inside_functions_show_where_and_the_calls() {
+    let (_, stderr, code) = run_script(&[], "fn g(n) { randn(n) }\nfn f(n) {\n  g(n)\n}\nf(-2);\n");
+    assert_eq!(code, 1);
+    assert!(stderr.contains(":1:11: error: randn: invalid shape: dimension 0 is -2; sizes must be non-negative\n1 | fn g(n) { randn(n) }\n  |           ^\n  in g(), called at "), "{stderr}");
+    assert!(stderr.contains(":3:3\n  in f(), called at "), "{stderr}");
+    let (_, stderr, code) =
+        run_script(&[], "import \"check\" as check;\ncheck::eq(1, 2, \"x\");\n");
+    assert_eq!(code, 1);
+    assert!(stderr.contains(":2:8: error: check::eq failed for x: expected 2 (i64), got 1 (i64)\n2 | check::eq(1, 2, \"x\");\n  |        ^\n  raised in eq() at stdlib/check.rhai:"), "{stderr}");
+}
