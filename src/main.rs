@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use gpumem::device::DeviceSpec;
-use gpumem::script::{Host, PrintSink, ScriptError};
+use gpumem::script::{Host, Limits, PrintSink, ScriptError};
 use gpumem::session::{self, SessionOptions};
 
 /// Exit code for a script that failed (syntax or runtime error, uncaught OOM).
@@ -26,6 +26,9 @@ struct Cli {
     /// PYTORCH_CUDA_ALLOC_CONF environment variable.
     #[arg(long, global = true, value_name = "CONF")]
     alloc_conf: Option<String>,
+    /// Sandbox limits of the script engine.
+    #[command(flatten)]
+    limits: Limits,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -62,18 +65,16 @@ fn main() -> ExitCode {
         alloc_conf: cli.alloc_conf.clone(),
     };
     match cli.command {
-        Some(Command::Run { file }) => run(&options, &file),
+        Some(Command::Run { file }) => run(&options, cli.limits, &file),
         Some(Command::Bench(BenchTarget::Alloc { rounds, json })) => {
             bench_alloc(&options, rounds, json)
         }
-        None => {
-            eprintln!("gpumem: the REPL is not available yet; use `gpumem run FILE.rhai`");
-            ExitCode::from(EXIT_USAGE)
-        }
+        None => repl(&options, cli.limits),
     }
 }
 
-fn run(options: &SessionOptions, file: &std::path::Path) -> ExitCode {
+/// `gpumem` without a subcommand: the REPL (exit 1 when a piped transcript had errors).
+fn repl(options: &SessionOptions, limits: Limits) -> ExitCode {
     let session = match session::open(options) {
         Ok(session) => session,
         Err(error) => {
@@ -84,7 +85,28 @@ fn run(options: &SessionOptions, file: &std::path::Path) -> ExitCode {
     if let Some(notice) = &session.notice {
         eprintln!("{notice}");
     }
-    let host = Host::new(session.runtime, PrintSink::Stdout);
+    match gpumem::repl::run(session.runtime, limits) {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::from(EXIT_SCRIPT_ERROR),
+        Err(error) => {
+            eprintln!("gpumem: {error}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+fn run(options: &SessionOptions, limits: Limits, file: &std::path::Path) -> ExitCode {
+    let session = match session::open(options) {
+        Ok(session) => session,
+        Err(error) => {
+            eprintln!("gpumem: {error}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    if let Some(notice) = &session.notice {
+        eprintln!("{notice}");
+    }
+    let host = Host::with_limits(session.runtime, PrintSink::Stdout, limits);
     match host.run_file(file) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error @ ScriptError::Io { .. }) => {

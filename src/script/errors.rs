@@ -38,15 +38,52 @@ impl ScriptError {
         }
     }
 
-    /// An uncaught runtime error.
-    pub fn runtime(name: &str, source: &str, mut error: EvalAltResult) -> ScriptError {
+    /// An uncaught runtime error. An error raised inside a script function is shown where it
+    /// was raised when that is in this source (with the chain of calls below it), else at the
+    /// call in this source that led to it (naming the module file and line it came from).
+    pub fn runtime(name: &str, source: &str, error: EvalAltResult) -> ScriptError {
+        // Peel the call frames: (function, the source defining it, the call's position).
+        let mut frames: Vec<(String, String, Position)> = Vec::new();
+        let mut error = error;
+        while let EvalAltResult::ErrorInFunctionCall(function, fn_source, inner, call) = error {
+            frames.push((function, fn_source, call));
+            error = *inner;
+        }
         let position = error.take_position();
         let message = match &error {
             EvalAltResult::ErrorRuntime(value, _) => value.to_string(),
+            EvalAltResult::ErrorTerminated(value, _) => value.to_string(),
             other => other.to_string(),
         };
+        let is_here = |src: &str| src.is_empty() || src == name;
+        let raised_in = frames.last().map_or(name, |(_, src, _)| src.as_str());
+        let rendered = if is_here(raised_in) {
+            let mut text = render(name, source, position, &message);
+            for (function, _, call) in frames.iter().rev() {
+                text.push_str(&format!(
+                    "\n  in {function}(), called at {}",
+                    at(name, *call)
+                ));
+            }
+            text
+        } else {
+            // The deepest call made from this source.
+            let callers = std::iter::once(name).chain(frames.iter().map(|(_, s, _)| s.as_str()));
+            let call = callers
+                .zip(&frames)
+                .filter(|(caller, _)| is_here(caller))
+                .map(|(_, (_, _, call))| *call)
+                .last()
+                .unwrap_or(position);
+            let function = frames.last().map_or("", |(f, _, _)| f.as_str());
+            format!(
+                "{}\n  raised in {function}() at {}",
+                render(name, source, call, &message),
+                at(raised_in, position)
+            )
+        };
         ScriptError::Script {
-            rendered: render(name, source, position, &message),
+            rendered,
             message,
             is_parse: false,
         }
@@ -58,6 +95,15 @@ impl ScriptError {
             ScriptError::Io { .. } => self.to_string(),
             ScriptError::Script { message, .. } => message.clone(),
         }
+    }
+}
+
+/// `name:line:column`, or just `name` when the position is unknown.
+fn at(name: &str, position: Position) -> String {
+    match (position.line(), position.position()) {
+        (Some(line), Some(column)) => format!("{name}:{line}:{column}"),
+        (Some(line), None) => format!("{name}:{line}"),
+        _ => name.to_string(),
     }
 }
 

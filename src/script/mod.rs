@@ -3,19 +3,30 @@
 //! [`crate::tensor`] or [`crate::alloc`].
 
 pub mod bindings;
+pub mod docs;
 pub mod errors;
+pub mod limits;
 pub mod memory_api;
+pub mod stdlib;
 pub mod tensor_api;
 pub mod values_api;
 
 use std::cell::RefCell;
+use std::io::Write as _;
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-use rhai::{Engine, Scope, AST};
+use rhai::{Dynamic, Engine, Scope, AST};
 
 use crate::tensor::Runtime;
 pub use errors::ScriptError;
+pub use limits::Limits;
+
+/// The value an interrupted script is terminated with; [`ScriptError`] renders it as
+/// "interrupted".
+pub const INTERRUPTED: &str = "interrupted (Ctrl-C)";
 
 /// Where `print` output goes.
 #[derive(Clone)]
@@ -30,7 +41,10 @@ impl PrintSink {
     /// Writes one printed line.
     pub fn line(&self, text: &str) {
         match self {
-            PrintSink::Stdout => println!("{text}"),
+            // A closed pipe (`gpumem run x.rhai | head`) is not the script's error: drop output.
+            PrintSink::Stdout => {
+                let _ = writeln!(std::io::stdout().lock(), "{text}");
+            }
             PrintSink::Buffer(buffer) => {
                 let mut buffer = buffer.borrow_mut();
                 buffer.push_str(text);
@@ -47,16 +61,18 @@ pub struct Host {
 }
 
 impl Host {
-    /// An engine with every binding registered, printing to `sink`.
+    /// An engine with every binding registered, printing to `sink`, under the default
+    /// [`Limits`].
     pub fn new(runtime: Rc<Runtime>, sink: PrintSink) -> Host {
+        Host::with_limits(runtime, sink, Limits::DEFAULT)
+    }
+
+    /// An engine with every binding registered, printing to `sink`, under `limits`. Imports
+    /// resolve only to the embedded standard library ([`stdlib`]).
+    pub fn with_limits(runtime: Rc<Runtime>, sink: PrintSink, limits: Limits) -> Host {
         let mut engine = Engine::new();
-        // Explicit limits so debug and release builds behave alike (Rhai's defaults differ).
-        engine
-            .set_max_call_levels(64)
-            .set_max_expr_depths(64, 64)
-            .set_max_string_size(16 << 20)
-            .set_max_array_size(1 << 24)
-            .set_max_map_size(1 << 20);
+        limits.apply(&mut engine);
+        engine.set_module_resolver(stdlib::EmbeddedResolver::default());
         let print_sink = sink.clone();
         engine.on_print(move |text| print_sink.line(text));
         engine.on_debug(move |text, _source, position| {
@@ -74,6 +90,48 @@ impl Host {
     /// The engine, for callers that compile or evaluate themselves (the REPL).
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Makes running scripts stop with an "interrupted" error as soon as `flag` is set (the
+    /// REPL's Ctrl-C handler sets it). The flag is cleared when the script stops.
+    pub fn set_interrupt(&mut self, flag: Arc<AtomicBool>) {
+        self.engine.on_progress(move |_| {
+            if flag.swap(false, Ordering::Relaxed) {
+                Some(Dynamic::from(INTERRUPTED))
+            } else {
+                None
+            }
+        });
+    }
+
+    /// Compiles and evaluates `source` in `scope`, keeping its variables, adding its function
+    /// definitions to `functions` (so they persist across REPL lines), and returning the
+    /// value of the last expression.
+    pub fn eval_in(
+        &self,
+        scope: &mut Scope<'static>,
+        functions: &mut AST,
+        name: &str,
+        source: &str,
+    ) -> Result<Dynamic, ScriptError> {
+        let ast = self.compile(name, source)?;
+        let merged = functions.merge(&ast);
+        let result = self.engine.eval_ast_with_scope::<Dynamic>(scope, &merged);
+        *functions = merged.clone_functions_only();
+        result.map_err(|error| ScriptError::runtime(name, source, *error))
+    }
+
+    /// Makes every embedded module available as `NAME::function` without an `import` (the
+    /// REPL's convenience: an `import` lasts only for the line it is on).
+    pub fn preload_stdlib(&mut self) -> Result<(), ScriptError> {
+        for (name, _, source) in stdlib::MODULES {
+            let file = format!("stdlib/{name}.rhai");
+            let ast = self.compile(&file, source)?;
+            let module = rhai::Module::eval_ast_as_new(Scope::new(), &ast, &self.engine)
+                .map_err(|error| ScriptError::runtime(&file, source, *error))?;
+            self.engine.register_static_module(name, module.into());
+        }
+        Ok(())
     }
 
     /// Compiles `source`, naming it `name` in errors.

@@ -1,0 +1,301 @@
+//! The interactive REPL: a rustyline editor ([`helper`]) over a [`Repl`] that evaluates lines in
+//! one long-lived scope, runs `:` commands ([`commands`]) and prints results ([`display`]).
+//!
+//! When standard input is not a terminal, lines are read without prompts or colours, so a
+//! transcript can be piped in (`gpumem --device sim < steps.rhai`).
+
+pub mod commands;
+pub mod display;
+pub mod helper;
+
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use rhai::{Dynamic, Scope, AST};
+use rustyline::error::ReadlineError;
+use rustyline::history::DefaultHistory;
+use rustyline::{CompletionType, Config, Editor};
+
+use crate::script::{Host, Limits, PrintSink};
+use crate::tensor::Runtime;
+use helper::ReplHelper;
+
+/// Environment variable naming the history file (tests point it at a temporary file).
+pub const HISTORY_VARIABLE: &str = "GPUMEM_HISTORY";
+
+/// What the loop does after a line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Read the next line.
+    Continue,
+    /// Leave the REPL.
+    Quit,
+}
+
+/// The REPL's state: the engine, the variables and functions defined so far, and where output
+/// goes. Independent of the line editor, so tests can drive it directly.
+pub struct Repl {
+    host: Host,
+    scope: Scope<'static>,
+    functions: AST,
+    out: PrintSink,
+    errors: usize,
+    lines: usize,
+}
+
+impl Repl {
+    /// A REPL over `runtime`, printing to `out`, with the standard modules preloaded.
+    pub fn new(
+        runtime: Rc<Runtime>,
+        out: PrintSink,
+        limits: Limits,
+    ) -> Result<Repl, crate::script::ScriptError> {
+        let mut host = Host::with_limits(runtime, out.clone(), limits);
+        host.preload_stdlib()?;
+        Ok(Repl {
+            host,
+            scope: Scope::new(),
+            functions: AST::empty(),
+            out,
+            errors: 0,
+            lines: 0,
+        })
+    }
+
+    /// Stops running scripts when `flag` is set (Ctrl-C).
+    pub fn set_interrupt(&mut self, flag: Arc<AtomicBool>) {
+        self.host.set_interrupt(flag);
+    }
+
+    /// How many inputs failed so far.
+    pub fn errors(&self) -> usize {
+        self.errors
+    }
+
+    /// Names of the variables in scope, for completion.
+    pub fn variable_names(&self) -> Vec<String> {
+        self.scope
+            .iter_raw()
+            .map(|(name, _, _)| name.to_string())
+            .collect()
+    }
+
+    /// Handles one input: a `:` command or script text.
+    pub fn handle(&mut self, input: &str) -> Flow {
+        let trimmed = input.trim();
+        if trimmed.is_empty() {
+            return Flow::Continue;
+        }
+        if let Some(command) = trimmed.strip_prefix(':') {
+            return self.command(command);
+        }
+        self.lines += 1;
+        let name = format!("input{}", self.lines);
+        self.eval(&name, input);
+        Flow::Continue
+    }
+
+    fn eval(&mut self, name: &str, source: &str) {
+        let result = self
+            .host
+            .eval_in(&mut self.scope, &mut self.functions, name, source);
+        // `let x = ..` again shadows the old `x`; drop the hidden one now so its tensor is
+        // freed, as rebinding a name in Python would.
+        dedupe(&mut self.scope);
+        match result {
+            Ok(value) if value.is_unit() => {}
+            Ok(value) => self.out.line(&display::show(&value)),
+            Err(error) => self.error(&error.to_string()),
+        }
+    }
+
+    fn error(&mut self, text: &str) {
+        self.errors += 1;
+        match &self.out {
+            PrintSink::Stdout => eprintln!("{text}"),
+            PrintSink::Buffer(_) => self.out.line(text),
+        }
+    }
+
+    fn command(&mut self, command: &str) -> Flow {
+        let (name, argument) = command
+            .split_once(char::is_whitespace)
+            .map_or((command, ""), |(name, rest)| (name, rest.trim()));
+        let runtime = Rc::clone(self.host.runtime());
+        match (name, argument) {
+            ("quit" | "q" | "exit", _) => return Flow::Quit,
+            ("help" | "h", "") => self.out.line(&commands::help()),
+            ("help" | "h", topic) => match commands::help_for(topic) {
+                Ok(text) => self.out.line(&text),
+                Err(text) => self.error(&text),
+            },
+            ("vars", _) => self.out.line(&commands::vars(&self.scope)),
+            ("mem", _) => self.out.line(&commands::mem(&runtime)),
+            ("summary", _) => self.out.line(&commands::summary(&runtime)),
+            ("load", "") => self.error(":load: which file? usage: :load FILE"),
+            ("load", file) => self.load(Path::new(file)),
+            ("reset", _) => self.reset(),
+            _ => self.error(&format!(
+                "unknown command ':{name}'; :help lists the commands"
+            )),
+        }
+        Flow::Continue
+    }
+
+    fn load(&mut self, path: &Path) {
+        match std::fs::read_to_string(path) {
+            Ok(source) => self.eval(&path.display().to_string(), &source),
+            Err(error) => self.error(&format!(":load: cannot read {}: {error}", path.display())),
+        }
+    }
+
+    fn reset(&mut self) {
+        self.scope.clear();
+        self.functions = AST::empty();
+        let runtime = Rc::clone(self.host.runtime());
+        match runtime.with_allocator(|allocator| allocator.empty_cache()) {
+            Ok(()) => self.out.line(&format!(
+                "reset: every variable dropped, cache emptied ({})",
+                commands::mem(&runtime)
+            )),
+            Err(error) => self.error(&format!(":reset: empty_cache failed: {error}")),
+        }
+    }
+}
+
+/// Keeps only the newest variable of each name (Rhai's `let` shadows instead of replacing), in
+/// their original order; the hidden older values are dropped.
+pub fn dedupe(scope: &mut Scope<'static>) {
+    let mut seen = HashSet::new();
+    let mut keep: Vec<(String, bool, Dynamic)> = Vec::with_capacity(scope.len());
+    // `iter_raw` yields the newest entries first.
+    for (name, constant, value) in scope.iter_raw() {
+        if seen.insert(name.to_string()) {
+            keep.push((name.to_string(), constant, value.clone()));
+        }
+    }
+    if keep.len() == scope.len() {
+        return;
+    }
+    let mut fresh = Scope::new();
+    for (name, constant, value) in keep.into_iter().rev() {
+        if constant {
+            fresh.push_constant_dynamic(name, value);
+        } else {
+            fresh.push_dynamic(name, value);
+        }
+    }
+    *scope = fresh;
+}
+
+/// Where history is kept: `$GPUMEM_HISTORY`, else `$XDG_STATE_HOME/gpumem_history`, else
+/// `~/.gpumem_history`.
+pub fn history_path() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(HISTORY_VARIABLE) {
+        return Some(PathBuf::from(path));
+    }
+    if let Some(state) = std::env::var_os("XDG_STATE_HOME").filter(|s| !s.is_empty()) {
+        return Some(PathBuf::from(state).join("gpumem_history"));
+    }
+    std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".gpumem_history"))
+}
+
+/// Why the REPL could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplError {
+    /// The line editor failed.
+    #[error("line editor: {0}")]
+    Editor(#[from] ReadlineError),
+    /// The standard library did not load.
+    #[error("{0}")]
+    Script(#[from] crate::script::ScriptError),
+}
+
+/// Runs the REPL on standard input until `:quit` or end of input. Returns how many piped inputs
+/// failed (a transcript with errors makes `gpumem` exit 1); always 0 when interactive.
+pub fn run(runtime: Rc<Runtime>, limits: Limits) -> Result<usize, ReplError> {
+    let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
+    let color = interactive && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    if !color {
+        colored::control::set_override(false);
+    }
+    let mut repl = Repl::new(runtime, PrintSink::Stdout, limits)?;
+    let interrupt = Arc::new(AtomicBool::new(false));
+    let handler_flag = Arc::clone(&interrupt);
+    if let Err(error) = ctrlc::set_handler(move || handler_flag.store(true, Ordering::Relaxed)) {
+        eprintln!("gpumem: Ctrl-C will not interrupt scripts: {error}");
+    }
+    repl.set_interrupt(Arc::clone(&interrupt));
+
+    let config = Config::builder()
+        .completion_type(CompletionType::List)
+        .auto_add_history(false)
+        .history_ignore_dups(true)?
+        .max_history_size(10_000)?
+        .build();
+    let variables = Rc::new(RefCell::new(Vec::new()));
+    let mut editor: Editor<ReplHelper, DefaultHistory> = Editor::with_config(config)?;
+    editor.set_helper(Some(ReplHelper::new(Rc::clone(&variables), color)));
+    let history = if interactive { history_path() } else { None };
+    if let Some(path) = &history {
+        // A missing file just means a first session.
+        let _ = editor.load_history(path);
+    }
+    if interactive {
+        println!("gpumem REPL — :help lists commands and bindings, Ctrl-D leaves");
+    }
+    loop {
+        match editor.readline("gpumem> ") {
+            Ok(line) => {
+                if interactive && !line.trim().is_empty() {
+                    let _ = editor.add_history_entry(line.as_str());
+                    if let Some(path) = &history {
+                        save_history(&mut editor, path);
+                    }
+                }
+                interrupt.store(false, Ordering::Relaxed);
+                let flow = repl.handle(&line);
+                *variables.borrow_mut() = repl.variable_names();
+                if flow == Flow::Quit {
+                    break;
+                }
+            }
+            // Ctrl-C at the prompt abandons the line being typed.
+            Err(ReadlineError::Interrupted) => continue,
+            Err(ReadlineError::Eof) => break,
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(if interactive { 0 } else { repl.errors() })
+}
+
+fn save_history(editor: &mut Editor<ReplHelper, DefaultHistory>, path: &Path) {
+    if let Some(parent) = path.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    if let Err(error) = editor.save_history(path) {
+        eprintln!("gpumem: cannot save history to {}: {error}", path.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dedupe_keeps_the_newest_value_of_each_name_in_order() {
+        let mut scope = Scope::new();
+        scope.push("a", 1_i64).push("b", 2_i64).push("a", 3_i64);
+        dedupe(&mut scope);
+        let entries: Vec<(String, i64)> = scope
+            .iter()
+            .map(|(name, _, value)| (name.to_string(), value.as_int().unwrap_or(-1)))
+            .collect();
+        assert_eq!(entries, [("b".to_string(), 2), ("a".to_string(), 3)]);
+    }
+}

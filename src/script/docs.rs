@@ -1,0 +1,109 @@
+//! One table describing every binding scripts see. The REPL's `:help` prints it and its tab
+//! completion offers its names, so the two never disagree; a test runs every example.
+
+/// How a binding is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A free function: `randn([2, 3])`.
+    Function,
+    /// A method on a tensor: `t.reshape([6])`.
+    Method,
+    /// A read-only tensor property: `t.shape`.
+    Property,
+}
+
+/// A binding's documentation.
+#[derive(Debug, Clone, Copy)]
+pub struct BindingDoc {
+    /// The name scripts call.
+    pub name: &'static str,
+    /// How it is called.
+    pub kind: Kind,
+    /// The call with its arguments, as `:help` shows it.
+    pub signature: &'static str,
+    /// One line: what it does.
+    pub summary: &'static str,
+    /// A snippet that uses it (run by a test on the simulated device; `t` is a tensor there).
+    pub example: &'static str,
+}
+
+const fn doc(
+    name: &'static str,
+    kind: Kind,
+    signature: &'static str,
+    summary: &'static str,
+    example: &'static str,
+) -> BindingDoc {
+    BindingDoc {
+        name,
+        kind,
+        signature,
+        summary,
+        example,
+    }
+}
+
+use Kind::{Function, Method, Property};
+
+/// Every binding, grouped as `:help` lists them.
+#[rustfmt::skip]
+pub const BINDINGS: &[BindingDoc] = &[
+    doc("randn", Function, "randn(shape[, dtype])", "standard normal values (floating dtypes)", "randn([2, 3])"),
+    doc("empty", Function, "empty(shape[, dtype])", "uninitialised memory (torch.empty)", "empty(1024, \"uint8\")"),
+    doc("zeros", Function, "zeros(shape[, dtype])", "every element 0", "zeros([4, 4], \"int64\")"),
+    doc("ones", Function, "ones(shape[, dtype])", "every element 1", "ones(8, \"float16\")"),
+    doc("full", Function, "full(shape, value[, dtype])", "every element `value`", "full([2, 2], 7, \"int32\")"),
+    doc("shape", Property, "t.shape", "dimensions, an array of integers", "t.shape"),
+    doc("dtype", Property, "t.dtype", "element type name, e.g. \"float32\"", "t.dtype"),
+    doc("numel", Property, "t.numel", "number of elements", "t.numel"),
+    doc("nbytes", Property, "t.nbytes", "bytes of the elements (unrounded)", "t.nbytes"),
+    doc("device", Property, "t.device", "where the tensor lives: \"sim\" or \"cuda:N\"", "t.device"),
+    doc("data_ptr", Property, "t.data_ptr", "device address of the first element", "t.data_ptr"),
+    doc("reshape", Method, "t.reshape(shape)", "a view with another shape, sharing storage", "t.reshape([3, 2])"),
+    doc("slice", Method, "t.slice(dim, start, end)", "a view of start..end along dim, sharing storage", "t.slice(0, 0, 1)"),
+    doc("memory_allocated", Function, "memory_allocated()", "bytes held by live tensors (rounded blocks)", "memory_allocated()"),
+    doc("memory_reserved", Function, "memory_reserved()", "bytes the allocator holds from the device", "memory_reserved()"),
+    doc("max_memory_allocated", Function, "max_memory_allocated()", "peak of memory_allocated() since the last reset", "max_memory_allocated()"),
+    doc("max_memory_reserved", Function, "max_memory_reserved()", "peak of memory_reserved() since the last reset", "max_memory_reserved()"),
+    doc("memory_stats", Function, "memory_stats()", "every counter, keyed as PyTorch keys them", "memory_stats()[\"allocated_bytes.all.current\"]"),
+    doc("memory_summary", Function, "memory_summary([abbreviated])", "PyTorch's memory_summary() table", "memory_summary(true)"),
+    doc("memory_snapshot", Function, "memory_snapshot()", "segments and their blocks (address, size, state)", "memory_snapshot().len()"),
+    doc("empty_cache", Function, "empty_cache()", "return wholly free cached segments to the device", "empty_cache()"),
+    doc("reset_peak_memory_stats", Function, "reset_peak_memory_stats()", "every peak becomes the current value", "reset_peak_memory_stats()"),
+    doc("reset_accumulated_memory_stats", Function, "reset_accumulated_memory_stats()", "totals and event counters go to zero", "reset_accumulated_memory_stats()"),
+    doc("set_per_process_memory_fraction", Function, "set_per_process_memory_fraction(f)", "cap the allocator at f × total memory", "set_per_process_memory_fraction(0.5)"),
+    doc("get_per_process_memory_fraction", Function, "get_per_process_memory_fraction()", "the cap in force (1.0 when none)", "get_per_process_memory_fraction()"),
+    doc("mem_get_info", Function, "mem_get_info()", "[free, total] bytes as the driver reports them", "mem_get_info()"),
+    doc("manual_seed", Function, "manual_seed(seed)", "restart the random generator at seed", "manual_seed(0)"),
+    doc("synchronize", Function, "synchronize()", "wait for the device (a no-op: one synchronous stream)", "synchronize()"),
+];
+
+/// The dtype names scripts may pass, for completion.
+pub const DTYPES: [&str; 8] = [
+    "float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool",
+];
+
+/// The bindings named `name` (functions may have several overloads documented once).
+pub fn find(name: &str) -> Option<&'static BindingDoc> {
+    BINDINGS.iter().find(|doc| doc.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::DType;
+
+    #[test]
+    fn names_are_unique_and_dtypes_match_the_tensor_layer() {
+        for (index, doc) in BINDINGS.iter().enumerate() {
+            assert!(
+                BINDINGS[..index].iter().all(|other| other.name != doc.name),
+                "{} documented twice",
+                doc.name
+            );
+            assert!(doc.signature.contains(doc.name));
+        }
+        let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
+        assert_eq!(names, DTYPES);
+    }
+}

@@ -1,0 +1,143 @@
+//! In-process tests of the script layer: every documented binding runs, values of the memory
+//! functions, and the embedded `mem` and `check` modules.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use gpumem::alloc::format::format_size;
+use gpumem::alloc::{AllocConf, CachingAllocator};
+use gpumem::device::sim::SimDevice;
+use gpumem::script::docs::BINDINGS;
+use gpumem::script::{Host, PrintSink};
+use gpumem::tensor::Runtime;
+
+/// Runs `source` on a fresh simulated H200; returns what it printed or the error text.
+fn run(source: &str) -> Result<String, String> {
+    let allocator = CachingAllocator::new(
+        Box::new(SimDevice::h200()),
+        AllocConf::parse("").expect("empty config"),
+    )
+    .expect("allocator");
+    let buffer = Rc::new(RefCell::new(String::new()));
+    let host = Host::new(
+        Runtime::new(allocator),
+        PrintSink::Buffer(Rc::clone(&buffer)),
+    );
+    host.run_source("test", source)
+        .map_err(|error| error.to_string())?;
+    let printed = buffer.borrow().clone();
+    Ok(printed)
+}
+
+#[test]
+fn every_documented_binding_runs_its_example() {
+    for doc in BINDINGS {
+        let source = format!(
+            "let t = randn([2, 3]);\nlet value = {};\nprint(type_of(value));",
+            doc.example
+        );
+        let printed = run(&source).unwrap_or_else(|error| panic!("{}: {error}", doc.name));
+        assert!(!printed.is_empty(), "{}", doc.name);
+    }
+}
+
+#[test]
+fn tensor_properties_and_views() {
+    let printed = run(
+        "let t = randn([2, 3], \"float16\");\nprint(t.shape); print(t.dtype); print(t.numel); print(t.nbytes); print(t.device);\nlet v = t.reshape([3, 2]); print(v.data_ptr == t.data_ptr);\nlet s = t.slice(0, 1, 2); print(s.data_ptr - t.data_ptr); print(s);",
+    )
+    .expect("runs");
+    assert_eq!(
+        printed,
+        "[2, 3]\nfloat16\n6\n12\nsim\ntrue\n6\ntensor(shape=[1, 3], dtype=float16, device=sim, 6 bytes)\n"
+    );
+}
+
+#[test]
+fn memory_functions_report_the_allocator() {
+    let printed = run(
+        "let a = empty(1000, \"uint8\");\nprint(memory_allocated()); print(memory_reserved());\na = ();\nprint(max_memory_allocated()); reset_peak_memory_stats(); print(max_memory_allocated());\nprint(memory_stats()[\"num_device_alloc\"]); reset_accumulated_memory_stats(); print(memory_stats()[\"num_device_alloc\"]);\nprint(memory_snapshot()[0].total_size); empty_cache(); print(memory_snapshot().len()); print(memory_reserved());\nset_per_process_memory_fraction(0.25); print(get_per_process_memory_fraction());\nlet info = mem_get_info(); print(info[1]); print(info[0] < info[1]);\nsynchronize(); manual_seed(1); print(memory_summary().contains(\"memory summary\"));",
+    )
+    .expect("runs");
+    assert_eq!(
+        printed,
+        "1024\n2097152\n1024\n0\n1\n0\n2097152\n0\n0\n0.25\n150109880320\ntrue\ntrue\n"
+    );
+}
+
+#[test]
+fn mem_format_size_matches_pytorchs() {
+    let mut values: Vec<u64> = vec![
+        0,
+        1,
+        1023,
+        1024,
+        1025,
+        1152,
+        1536,
+        1 << 20,
+        (1 << 20) + 1,
+        300 << 20,
+        1 << 30,
+        (1 << 30) + 1,
+        150_109_880_320,
+        3_006_477_107,
+    ];
+    let mut x: u64 = 12345;
+    for _ in 0..300 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        values.push((x >> 20) % (1 << 42));
+    }
+    let source: String = std::iter::once("import \"mem\" as mem;\n".to_string())
+        .chain(
+            values
+                .iter()
+                .map(|v| format!("print(mem::format_size({v}));\n")),
+        )
+        .collect();
+    let printed = run(&source).expect("runs");
+    let expected: String = values
+        .iter()
+        .map(|&v| format!("{}\n", format_size(v)))
+        .collect();
+    assert_eq!(printed, expected);
+}
+
+#[test]
+fn mem_status_fill_and_fragmentation() {
+    let printed = run(
+        "import \"mem\" as mem;\nlet a = empty(4096, \"uint8\");\nprint(mem::status());\nset_per_process_memory_fraction(0.001);\nlet f = mem::fill_until_oom(10485760);\nprint(f.count); print(f.error.contains(\"CUDA out of memory\"));\nf = (); a = (); empty_cache();\nlet b = [];\nfor i in 0..5 { b.push(empty(4194304, \"uint8\")); }\nb[1] = (); b[3] = ();\nlet g = mem::fragmentation(); print(g.free); print(g.largest_free_block); print(g.free_blocks); print(g.ratio);",
+    )
+    .expect("runs");
+    let lines: Vec<&str> = printed.lines().collect();
+    assert!(
+        lines[0].starts_with("allocated 4.00 KiB, reserved 2.00 MiB, driver used "),
+        "{printed}"
+    );
+    assert_eq!(
+        lines[1], "14",
+        "150109880320 * 0.001 = 150 MB holds 14 chunks of 10 MiB"
+    );
+    assert_eq!(&lines[2..], ["true", "8388608", "4194304", "2", "0.5"]);
+}
+
+#[test]
+fn check_failures_show_both_sides() {
+    let cases = [
+        ("check::eq(1, 2, \"count\")", "check::eq failed for count: expected 2 (i64), got 1 (i64)"),
+        ("check::eq(\"a\", 1)", "check::eq failed for value: expected 1 (i64), got a (string)"),
+        ("check::in_range(5, 1, 3, \"x\")", "check::in_range failed for x: expected 1 ..= 3, got 5"),
+        ("check::is_true(1 > 2, \"order\")", "check::is_true failed: order (got false)"),
+        ("check::fails(|| 1, \"boom\")", "check::fails failed: expected an error containing \"boom\", but the call succeeded"),
+        ("check::fails(|| randn(-1), \"dtype\")", "check::fails failed: expected an error containing \"dtype\", got \"randn: invalid shape"),
+    ];
+    for (call, expected) in cases {
+        let error = run(&format!("import \"check\" as check;\n{call};")).expect_err(call);
+        assert!(error.contains(expected), "{call}: {error}");
+    }
+    let printed = run("import \"check\" as check;\ncheck::eq(2, 2); check::in_range(2, 1, 3); check::is_true(true, \"t\");\nprint(check::fails(|| empty(4, \"x\"), \"unknown dtype\"));")
+        .expect("passing checks");
+    assert!(printed.starts_with("empty: unknown dtype 'x'"), "{printed}");
+}

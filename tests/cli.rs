@@ -1,0 +1,300 @@
+//! End-to-end tests of the `gpumem` binary on the simulated device: piped REPL transcripts,
+//! `:` commands, the experiment scripts, every error class and the exit codes.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn gpumem(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(args)
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("PYTORCH_ALLOC_CONF")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gpumem starts");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("gpumem finishes")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Pipes `input` into the REPL on sim; returns (stdout, stderr, exit code).
+fn repl(input: &str) -> (String, String, i32) {
+    let output = gpumem(&["--device", "sim"], input);
+    (
+        text(&output.stdout),
+        text(&output.stderr),
+        output.status.code().unwrap_or(-1),
+    )
+}
+
+/// Runs a script file on sim; returns (stdout, stderr, exit code).
+fn run_script(extra: &[&str], source: &str) -> (String, String, i32) {
+    let dir = std::env::temp_dir().join(format!("gpumem-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(format!("s{}.rhai", source.len() ^ extra.len() << 20));
+    std::fs::write(&path, source).expect("write script");
+    let path = path.display().to_string();
+    let mut args = vec!["run", "--device", "sim"];
+    args.extend_from_slice(extra);
+    args.push(&path);
+    let output = gpumem(&args, "");
+    (
+        text(&output.stdout),
+        text(&output.stderr),
+        output.status.code().unwrap_or(-1),
+    )
+}
+
+#[test]
+fn piped_seed_walkthrough_prints_pytorchs_counters() {
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string("tests/fixtures/pytorch-seed-walkthrough.json").expect("fixture"),
+    )
+    .expect("fixture is JSON");
+    let steps = fixture["steps"].as_array().expect("steps");
+    let mut input = String::new();
+    for step in steps {
+        input.push_str(step["rhai"].as_str().expect("rhai step"));
+        input.push('\n');
+        for key in step["stats"].as_object().expect("stats").keys() {
+            input.push_str(&format!("print(\"{key}=\" + memory_stats()[\"{key}\"]);\n"));
+        }
+        input.push_str("print(\"--\");\n");
+    }
+    for line in fixture["summary_steps_rhai"]
+        .as_array()
+        .expect("summary steps")
+    {
+        input.push_str(line.as_str().expect("summary step"));
+        input.push('\n');
+    }
+    let (stdout, stderr, code) = repl(&input);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    let mut blocks = stdout.split("--\n");
+    for (index, step) in steps.iter().enumerate() {
+        let block = blocks.next().expect("one block per step");
+        for (key, expected) in step["stats"].as_object().expect("stats") {
+            let line = format!("{key}={expected}");
+            assert!(
+                block.lines().any(|l| l == line),
+                "step {index} ({}): expected {line}, got:\n{block}",
+                step["rhai"]
+            );
+        }
+    }
+    let summary = blocks.next().expect("the summary");
+    assert_eq!(
+        summary.trim_end(),
+        fixture["memory_summary"]
+            .as_str()
+            .expect("summary")
+            .trim_end()
+    );
+}
+
+#[test]
+fn every_experiment_script_runs_on_sim() {
+    let mut scripts: Vec<_> = std::fs::read_dir("scripts")
+        .expect("scripts/")
+        .map(|entry| entry.expect("entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "rhai"))
+        .collect();
+    scripts.sort();
+    assert!(scripts.len() >= 4, "{scripts:?}");
+    for script in &scripts {
+        let header = std::fs::read_to_string(script).expect("script");
+        assert!(
+            header.starts_with("//!"),
+            "{} lacks a //! header",
+            script.display()
+        );
+        for conf in [None, Some("max_split_size_mb:256")] {
+            let path = script.display().to_string();
+            let mut args = vec!["run", "--device", "sim"];
+            if let Some(conf) = conf {
+                args.extend(["--alloc-conf", conf]);
+            }
+            args.push(&path);
+            let output = gpumem(&args, "");
+            assert!(
+                output.status.success(),
+                "{path} with {conf:?} failed:\n{}{}",
+                text(&output.stdout),
+                text(&output.stderr)
+            );
+        }
+    }
+}
+
+#[test]
+fn colon_commands_work_when_piped() {
+    let dir = std::env::temp_dir().join(format!("gpumem-load-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("load.rhai");
+    std::fs::write(&file, "let loaded = empty(4096, \"uint8\");\n").expect("write");
+    let input = format!(
+        ":help\n:help slice\nlet small = empty(1024, \"uint8\");\nlet big = empty([1024, 1024]);\nlet many = [empty(2048, \"uint8\")];\n:vars\n:mem\n:summary\n:load {}\nloaded.nbytes\n:reset\n:vars\nmemory_reserved()\n:bogus\n:quit\nprint(\"not reached\");\n",
+        file.display()
+    );
+    let (stdout, stderr, code) = repl(&input);
+    assert!(stdout.contains("Commands:") && stdout.contains("memory_snapshot()"));
+    assert!(stdout.contains("t.slice(dim, start, end)\n  a view of start..end"));
+    let vars: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("big "))
+        .take(3)
+        .collect();
+    assert!(
+        vars[0].starts_with("big ") && vars[0].contains("4.00 MiB"),
+        "{vars:?}"
+    );
+    assert!(vars[1].starts_with("many[0] "), "{vars:?}");
+    assert!(vars[2].starts_with("small "), "{vars:?}");
+    assert!(stdout.contains("allocated 4.00 MiB, reserved 22.00 MiB, driver used"));
+    assert!(stdout.contains("PyTorch CUDA memory summary, device ID 0"));
+    assert!(stdout.contains("\n4096\n"), "{stdout}");
+    assert!(stdout.contains(
+        "reset: every variable dropped, cache emptied (allocated 0 bytes, reserved 0 bytes"
+    ));
+    assert!(stdout.contains("no live tensors\n0\n"), "{stdout}");
+    assert!(stderr.contains("unknown command ':bogus'"), "{stderr}");
+    assert!(!stdout.contains("not reached"));
+    assert_eq!(code, 1, "a piped transcript with an error exits 1");
+}
+
+#[test]
+fn piped_repl_frees_rebound_tensors_and_continues_blocks() {
+    let input = "let x = empty(1048576, \"uint8\");\nlet x = empty(2097152, \"uint8\");\nmemory_allocated()\nfor i in 0..2 {\n  print(`i=${i}`);\n}\nfn twice(v) { v * 2 }\ntwice(21)\nx\n";
+    let (stdout, stderr, code) = repl(input);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stdout,
+        "2097152\ni=0\ni=1\n42\ntensor(shape=[2097152], dtype=uint8, device=sim, 2.00 MiB)\n"
+    );
+}
+
+#[test]
+fn script_errors_are_located_with_a_caret_and_exit_1() {
+    let (_, stderr, code) = run_script(&[], "let a = 1;\nlet t = randn([2, -3]);\n");
+    assert_eq!(code, 1);
+    assert!(stderr.contains(":2:9: error: randn: invalid shape: dimension 1 is -3; sizes must be non-negative\n2 | let t = randn([2, -3]);\n  |         ^"), "{stderr}");
+
+    let (_, stderr, code) = run_script(&[], "let x = ;\n");
+    assert_eq!(code, 1);
+    assert!(stderr.contains(":1:9: error: syntax error:"), "{stderr}");
+    assert!(stderr.contains("1 | let x = ;\n  |         ^"), "{stderr}");
+}
+
+#[test]
+fn every_error_class_names_the_function_and_argument() {
+    let cases = [
+        ("randn([2, -3])", "randn: invalid shape: dimension 1 is -3; sizes must be non-negative"),
+        ("zeros([2, 1.5])", "zeros: shape element 1 must be an integer, got f64"),
+        ("empty([1 << 62, 1 << 62])", "empty: invalid shape: the number of elements of"),
+        ("ones(\"big\")", "ones: shape must be an integer or an array of integers, got string"),
+        ("empty(4, \"float8\")", "empty: unknown dtype 'float8'; expected one of float32"),
+        ("full(4, \"x\")", "full: fill value must be a number, got string"),
+        ("randn(4, \"int64\")", "randn: randn is only defined for floating dtypes"),
+        ("randn([2, 3]).reshape([7])", "reshape: invalid shape: cannot reshape a tensor of 6 elements"),
+        ("randn([2, 3]).slice(0, -1, 1)", "slice: start must be non-negative, got -1"),
+        ("randn([2, 3]).slice(0, 1, 5)", "slice: out of range: slice 1..5 of dimension 0 with size 2"),
+        ("set_per_process_memory_fraction(\"half\")", "set_per_process_memory_fraction: fraction must be a number, got string"),
+        ("set_per_process_memory_fraction(1.5)", "set_per_process_memory_fraction:"),
+        ("manual_seed(-1)", "manual_seed: seed must be non-negative, got -1"),
+        ("empty(200 * 1073741824, \"uint8\")", "empty: CUDA out of memory. Tried to allocate 200.00 GiB. GPU 0 has a total capacity of 139.80 GiB"),
+        ("memory_allocated(1)", "Function not found: memory_allocated (i64)"),
+        ("import \"os\" as os;", "import: no module named 'os'; gpumem's modules are: mem, check"),
+        ("mem::format_size(-1)", "mem::format_size: bytes must be non-negative, got -1"),
+    ];
+    for (source, expected) in cases {
+        let (_, stderr, code) = run_script(&[], &format!("import \"mem\" as mem;\n{source};\n"));
+        assert_eq!(code, 1, "{source}");
+        assert!(
+            stderr.contains(expected),
+            "{source}: expected '{expected}' in:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn uncaught_oom_exits_1_and_caught_oom_keeps_tensors() {
+    let (stdout, stderr, code) = run_script(
+        &[],
+        "let a = empty(1073741824, \"uint8\");\ntry { let b = empty(500 * 1073741824, \"uint8\"); } catch (e) { print(\"caught\"); }\nprint(memory_allocated());\nlet c = empty(500 * 1073741824, \"uint8\");\n",
+    );
+    assert_eq!(stdout, "caught\n1073741824\n");
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains(":4:9: error: empty: CUDA out of memory. Tried to allocate 500.00 GiB."),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let output = gpumem(&["run", "--device", "sim", "/nonexistent/x.rhai"], "");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("cannot read /nonexistent/x.rhai"));
+    let output = gpumem(&["--no-such-flag"], "");
+    assert_eq!(output.status.code(), Some(2));
+    let output = gpumem(&["--device", "sim", "--alloc-conf", "bogus_key:1"], "");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("invalid allocator config 'bogus_key:1'"));
+    let output = gpumem(&["--max-operations", "lots"], "");
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[test]
+fn limits_are_adjustable_from_the_command_line() {
+    let (_, stderr, code) = run_script(&["--max-operations", "1000"], "loop {}\n");
+    assert_eq!(code, 1);
+    assert!(stderr.contains("Too many operations"), "{stderr}");
+    let (_, stderr, code) = run_script(
+        &["--max-call-depth", "5"],
+        "fn down(n) { if n == 0 { 0 } else { down(n - 1) } }\ndown(10);\n",
+    );
+    assert_eq!(code, 1);
+    assert!(stderr.contains("Stack overflow"), "{stderr}");
+    let (_, stderr, code) = run_script(&["--max-array-size", "3"], "let a = [1, 2, 3, 4];\n");
+    assert_eq!(code, 1);
+    assert!(stderr.contains("Size of array"), "{stderr}");
+    let (stdout, _, code) = run_script(
+        &["--max-call-depth", "20"],
+        "fn down(n) { if n == 0 { 0 } else { down(n - 1) } }\nprint(down(10));\n",
+    );
+    assert_eq!((stdout.as_str(), code), ("0\n", 0));
+}
+
+#[test]
+fn stdlib_is_embedded_not_read_from_disk() {
+    assert!(Path::new("stdlib/mem.rhai").exists());
+    let (_, stderr, code) = run_script(&[], "import \"stdlib/mem\" as m;\n");
+    assert_eq!(code, 1);
+    assert!(stderr.contains("no module named 'stdlib/mem'"), "{stderr}");
+}
+
+#[test]
+fn errors_inside_functions_show_where_and_the_calls() {
+    let (_, stderr, code) = run_script(&[], "fn g(n) { randn(n) }\nfn f(n) {\n  g(n)\n}\nf(-2);\n");
+    assert_eq!(code, 1);
+    assert!(stderr.contains(":1:11: error: randn: invalid shape: dimension 0 is -2; sizes must be non-negative\n1 | fn g(n) { randn(n) }\n  |           ^\n  in g(), called at "), "{stderr}");
+    assert!(stderr.contains(":3:3\n  in f(), called at "), "{stderr}");
+    let (_, stderr, code) =
+        run_script(&[], "import \"check\" as check;\ncheck::eq(1, 2, \"x\");\n");
+    assert_eq!(code, 1);
+    assert!(stderr.contains(":2:8: error: check::eq failed for x: expected 2 (i64), got 1 (i64)\n2 | check::eq(1, 2, \"x\");\n  |        ^\n  raised in eq() at stdlib/check.rhai:"), "{stderr}");
+}
