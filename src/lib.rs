@@ -6,6 +6,7 @@
 
 pub mod alloc;
 pub mod device;
+pub mod golden;
 pub mod script;
 pub mod session;
 pub mod tensor;

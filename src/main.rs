@@ -37,6 +37,15 @@ enum Command {
         /// The `.rhai` script.
         file: PathBuf,
     },
+    /// Run golden tests: every X.rhai under the paths must print exactly X.out.
+    Test {
+        /// Scripts or folders (searched recursively).
+        #[arg(default_value = "tests/golden")]
+        paths: Vec<PathBuf>,
+        /// Write (create or update) the .out files instead of comparing.
+        #[arg(long)]
+        bless: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -47,6 +56,14 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Some(Command::Run { file }) => run(&options, &file),
+        Some(Command::Test { paths, bless }) => ExitCode::from(gpumem::golden::command(
+            &paths,
+            &gpumem::golden::Options {
+                device: cli.device,
+                alloc_conf: cli.alloc_conf,
+                bless,
+            },
+        )),
         None => {
             eprintln!("gpumem: the REPL is not available yet; use `gpumem run FILE.rhai`");
             ExitCode::from(EXIT_USAGE)
