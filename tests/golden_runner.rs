@@ -11,7 +11,8 @@ use libtest_mimic::{Arguments, Completion, Failed, Trial};
 fn main() {
     let args = Arguments::from_args();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    let scripts = golden::discover(std::slice::from_ref(&root)).expect("tests/golden holds scripts");
+    let scripts =
+        golden::discover(std::slice::from_ref(&root)).expect("tests/golden holds scripts");
     let options = Options {
         bless: std::env::var_os("GPUMEM_BLESS").is_some_and(|v| v == "1"),
         ..Options::default()

@@ -1,6 +1,6 @@
 //! Finding golden scripts: every `X.rhai` under the given files and folders.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
@@ -35,9 +35,10 @@ pub fn expected_path(script: &Path) -> PathBuf {
 }
 
 /// Every script under `paths` (files are taken as they are, folders searched recursively),
-/// sorted by path and without duplicates, so runs report in a stable order.
+/// sorted by path, so runs report in a stable order. A file reached twice (named directly and
+/// inside a folder, or through two spellings) is kept once, under the first path that reached it.
 pub fn discover(paths: &[PathBuf]) -> Result<Vec<PathBuf>, DiscoverError> {
-    let mut scripts = BTreeSet::new();
+    let mut scripts = Scripts::default();
     for path in paths {
         let metadata = std::fs::metadata(path).map_err(|error| DiscoverError::Unreadable {
             path: path.clone(),
@@ -51,18 +52,34 @@ pub fn discover(paths: &[PathBuf]) -> Result<Vec<PathBuf>, DiscoverError> {
             return Err(DiscoverError::NotAScript(path.clone()));
         }
     }
-    if scripts.is_empty() {
+    if scripts.sorted.is_empty() {
         let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
         return Err(DiscoverError::Empty(names.join(", ")));
     }
-    Ok(scripts.into_iter().collect())
+    Ok(scripts.sorted.into_iter().collect())
+}
+
+/// Scripts found so far: the paths to report, and the files they name.
+#[derive(Default)]
+struct Scripts {
+    sorted: BTreeSet<PathBuf>,
+    files: HashSet<PathBuf>,
+}
+
+impl Scripts {
+    fn insert(&mut self, path: PathBuf) {
+        let file = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+        if self.files.insert(file) {
+            self.sorted.insert(path);
+        }
+    }
 }
 
 fn is_script(path: &Path) -> bool {
     path.extension().is_some_and(|ext| ext == SCRIPT_EXTENSION)
 }
 
-fn walk(folder: &Path, scripts: &mut BTreeSet<PathBuf>) -> Result<(), DiscoverError> {
+fn walk(folder: &Path, scripts: &mut Scripts) -> Result<(), DiscoverError> {
     let unreadable = |error: std::io::Error| DiscoverError::Unreadable {
         path: folder.to_path_buf(),
         message: error.to_string(),
