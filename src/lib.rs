@@ -7,6 +7,7 @@
 pub mod alloc;
 pub mod bench;
 pub mod device;
+pub mod golden;
 pub mod repl;
 pub mod script;
 pub mod session;

@@ -40,6 +40,15 @@ enum Command {
         /// The `.rhai` script.
         file: PathBuf,
     },
+    /// Run golden tests: every X.rhai under the paths must print exactly X.out.
+    Test {
+        /// Scripts or folders (searched recursively).
+        #[arg(default_value = "tests/golden")]
+        paths: Vec<PathBuf>,
+        /// Write (create or update) the .out files instead of comparing.
+        #[arg(long)]
+        bless: bool,
+    },
     /// Measure gpumem itself (for comparisons with PyTorch; see benches/compare/).
     #[command(subcommand)]
     Bench(BenchTarget),
@@ -66,6 +75,14 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Some(Command::Run { file }) => run(&options, cli.limits, &file),
+        Some(Command::Test { paths, bless }) => ExitCode::from(gpumem::golden::command(
+            &paths,
+            &gpumem::golden::Options {
+                device: cli.device,
+                alloc_conf: cli.alloc_conf,
+                bless,
+            },
+        )),
         Some(Command::Bench(BenchTarget::Alloc { rounds, json })) => {
             bench_alloc(&options, rounds, json)
         }

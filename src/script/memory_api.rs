@@ -69,8 +69,9 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
         "set_per_process_memory_fraction",
         move |fraction: Dynamic| -> BindingResult<()> {
             let fraction = number("set_per_process_memory_fraction", "fraction", &fraction)?;
+            // The allocator's message already names the function.
             rt.with_allocator(|a| a.set_memory_fraction(fraction))
-                .or_else(|error| fail("set_per_process_memory_fraction", error))
+                .map_err(|error| error.to_string().into())
         },
     );
     let rt = Rc::clone(runtime);
