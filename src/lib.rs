@@ -5,6 +5,7 @@
 //! ([`device`]): a real CUDA GPU or a simulated one.
 
 pub mod alloc;
+pub mod bench;
 pub mod device;
 pub mod script;
 pub mod session;

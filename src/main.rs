@@ -37,6 +37,18 @@ enum Command {
         /// The `.rhai` script.
         file: PathBuf,
     },
+    /// Measure the randn kernel on a CUDA device (`gpumem bench randn`), next to PyTorch.
+    #[command(hide = true)]
+    Bench {
+        /// What to measure; only `randn` exists.
+        what: String,
+        /// Timed repetitions after the warm-up.
+        #[arg(long, default_value_t = 20)]
+        reps: u32,
+        /// The PyTorch comparison script.
+        #[arg(long, default_value = "benches/compare/randn_torch.py")]
+        torch_script: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -47,6 +59,11 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Some(Command::Run { file }) => run(&options, &file),
+        Some(Command::Bench {
+            what,
+            reps,
+            torch_script,
+        }) => bench(&options, &what, reps, &torch_script),
         None => {
             eprintln!("gpumem: the REPL is not available yet; use `gpumem run FILE.rhai`");
             ExitCode::from(EXIT_USAGE)
@@ -75,6 +92,31 @@ fn run(options: &SessionOptions, file: &std::path::Path) -> ExitCode {
         Err(error) => {
             eprintln!("{error}");
             ExitCode::from(EXIT_SCRIPT_ERROR)
+        }
+    }
+}
+
+fn bench(options: &SessionOptions, what: &str, reps: u32, torch_script: &std::path::Path) -> ExitCode {
+    if what != "randn" {
+        eprintln!("gpumem: unknown benchmark '{what}'; the only one is 'randn'");
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let index = match options.device {
+        None => 0,
+        Some(DeviceSpec::Cuda(index)) => index,
+        Some(DeviceSpec::Sim(_)) => {
+            eprintln!("gpumem: bench randn measures a CUDA device; use --device cuda[:N]");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    match gpumem::bench::randn(index, reps, torch_script) {
+        Ok(report) => {
+            println!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("gpumem: cannot use cuda:{index}: {error}");
+            ExitCode::from(EXIT_USAGE)
         }
     }
 }
