@@ -24,7 +24,7 @@ use super::{DeviceError, DeviceMemory, DriverMemory, ProcessMemory};
 pub const MIN_DRIVER_VERSION: i32 = 13_000;
 
 /// Driver entry points gpumem calls; each is checked before the first call.
-const DRIVER_SYMBOLS: [&str; 27] = [
+const DRIVER_SYMBOLS: [&str; 28] = [
     "cuInit",
     "cuDriverGetVersion",
     "cuGetErrorName",
@@ -50,6 +50,7 @@ const DRIVER_SYMBOLS: [&str; 27] = [
     "cuLaunchKernel",
     "cuEventCreate",
     "cuEventRecord",
+    "cuEventSynchronize",
     "cuEventElapsedTime_v2",
     "cuEventDestroy_v2",
 ];

@@ -33,13 +33,32 @@ const NVRTC_SYMBOLS: [&str; 7] = [
     "nvrtcGetProgramLog",
 ];
 
+/// The float32 randn kernels of `values.cu`: (name, blocks of four values per thread).
+/// Precise ones use correctly rounded log/sincospi (the CPU twin matches them); `fasttrig`
+/// and `fastlog` use the hardware approximations for one function, `fast` for both.
+pub const RANDN_F32_VARIANTS: [(&str, u32); 7] = [
+    ("randn_f32_precise_1", 1),
+    ("randn_f32_precise_2", 2),
+    ("randn_f32_fasttrig_1", 1),
+    ("randn_f32_fasttrig_2", 2),
+    ("randn_f32_fastlog_2", 2),
+    ("randn_f32_fast_1", 1),
+    ("randn_f32_fast_2", 2),
+];
+
+/// The variant tensors use (an index into [`RANDN_F32_VARIANTS`]).
+pub const RANDN_F32_DEFAULT: usize = 1;
+
+/// Blocks for the first reduction pass (the size of `moments_partials` in `values.cu`).
+const MOMENTS_MAX_BLOCKS: u64 = 1024;
+
 /// How `randn` stores each float32 normal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RandnFormat {
-    /// float32, correctly rounded math (the CPU twin matches it).
+    /// float32, with the default kernel ([`RANDN_F32_DEFAULT`]).
     F32,
-    /// float32 with the hardware's approximate log and sincos (faster, not twin-exact).
-    F32Fast,
+    /// float32 with one of [`RANDN_F32_VARIANTS`] (benchmarks).
+    F32Variant(usize),
     /// Converted to float64.
     F64,
     /// Converted to IEEE half.
@@ -74,14 +93,14 @@ pub enum Operands {
 
 /// The loaded module and its functions.
 pub struct Kernels {
-    randn_f32: sys::CUfunction,
-    randn_f32_fast: sys::CUfunction,
+    randn_f32: Vec<sys::CUfunction>,
     randn_f64: sys::CUfunction,
     randn_f16: sys::CUfunction,
     randn_bf16: sys::CUfunction,
     fills: [sys::CUfunction; 4],
     binary_f32: sys::CUfunction,
     moments_f32: sys::CUfunction,
+    moments_finish: sys::CUfunction,
     /// The module's `moments_scratch` (two doubles).
     scratch: u64,
 }
@@ -166,9 +185,12 @@ impl Kernels {
         // SAFETY: `handle` is a loaded module declaring `moments_scratch`.
         let (scratch, _) = unsafe { module::get_global(handle, scratch_name) }
             .map_err(|error| driver_error("cuModuleGetGlobal(moments_scratch)", error))?;
+        let randn_f32 = RANDN_F32_VARIANTS
+            .iter()
+            .map(|(name, _)| function(name))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Kernels {
-            randn_f32: function("randn_f32")?,
-            randn_f32_fast: function("randn_f32_fast")?,
+            randn_f32,
             randn_f64: function("randn_f64")?,
             randn_f16: function("randn_f16")?,
             randn_bf16: function("randn_bf16")?,
@@ -180,6 +202,7 @@ impl Kernels {
             ],
             binary_f32: function("binary_f32")?,
             moments_f32: function("moments_f32")?,
+            moments_finish: function("moments_finish")?,
             scratch,
         })
     }
@@ -226,14 +249,21 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let f = match format {
-            RandnFormat::F32 => self.randn_f32,
-            RandnFormat::F32Fast => self.randn_f32_fast,
-            RandnFormat::F64 => self.randn_f64,
-            RandnFormat::F16 => self.randn_f16,
-            RandnFormat::BF16 => self.randn_bf16,
+        let variant = |index: usize| {
+            self.randn_f32
+                .get(index)
+                .zip(RANDN_F32_VARIANTS.get(index))
+                .map(|(&f, &(_, ilp))| (f, ilp))
+                .ok_or_else(|| DeviceError::Driver(format!("no randn variant {index}")))
         };
-        let grid = n.div_ceil(4).div_ceil(u64::from(THREADS));
+        let (f, ilp) = match format {
+            RandnFormat::F32 => variant(RANDN_F32_DEFAULT)?,
+            RandnFormat::F32Variant(index) => variant(index)?,
+            RandnFormat::F64 => (self.randn_f64, 1),
+            RandnFormat::F16 => (self.randn_f16, 1),
+            RandnFormat::BF16 => (self.randn_bf16, 1),
+        };
+        let grid = n.div_ceil(4).div_ceil(u64::from(THREADS * ilp));
         let grid = u32::try_from(grid).map_err(|_| {
             DeviceError::Driver(format!("randn: {n} elements are too many for one launch"))
         })?;
@@ -281,19 +311,20 @@ impl Kernels {
         unsafe { launch(self.binary_f32, "binary_f32", grid_for(n), &mut params) }
     }
 
-    /// `(Σ (x − shift), Σ (x − shift)²)` over `n` float32 elements, accumulated in double.
+    /// `(Σ (x − shift), Σ (x − shift)²)` over `n` float32 elements, accumulated in double in
+    /// a fixed order (the same input always gives the same bits).
     pub fn moments_f32(&self, ptr: u64, n: u64, shift: f64) -> Result<(f64, f64), DeviceError> {
-        // SAFETY: the scratch is the module's 16-byte global.
-        unsafe { cu::memset_d8_sync(self.scratch, 0, 16) }
-            .map_err(|error| driver_error("cuMemsetD8", error))?;
-        if n > 0 {
-            let (mut ptr, mut n, mut shift) = (ptr, n, shift);
-            let mut params = [param(&mut ptr), param(&mut n), param(&mut shift)];
-            // SAFETY: (const float* x, u64 n, double shift); `ptr` holds n floats.
-            unsafe { launch(self.moments_f32, "moments_f32", grid_for(n), &mut params) }?;
-        }
+        let mut blocks = n.div_ceil(u64::from(THREADS)).clamp(1, MOMENTS_MAX_BLOCKS);
+        let (mut ptr, mut n, mut shift) = (ptr, n, shift);
+        let mut params = [param(&mut ptr), param(&mut n), param(&mut shift)];
+        // SAFETY: (const float* x, u64 n, double shift); `ptr` holds n floats; at most
+        // MOMENTS_MAX_BLOCKS blocks, the size of the partials array.
+        unsafe { launch(self.moments_f32, "moments_f32", blocks as u32, &mut params) }?;
+        let mut params = [param(&mut blocks)];
+        // SAFETY: (u64 blocks); reads the partials the previous launch wrote.
+        unsafe { launch(self.moments_finish, "moments_finish", 1, &mut params) }?;
         let mut result = [0f64; 2];
-        // SAFETY: copies the 16-byte scratch; synchronous, after the kernel on the same stream.
+        // SAFETY: copies the 16-byte scratch; synchronous, after the kernels on the same stream.
         unsafe { cu::memcpy_dtoh_sync(&mut result, self.scratch) }
             .map_err(|error| driver_error("cuMemcpyDtoH", error))?;
         Ok((result[0], result[1]))
@@ -323,7 +354,10 @@ impl Kernels {
             // SAFETY: as above.
             unsafe { event::record(stop, cu::stream::null()) }
                 .map_err(|error| driver_error("cuEventRecord", error))?;
-            // SAFETY: as above; elapsed synchronizes on `stop`.
+            // SAFETY: as above. The elapsed time is defined once `stop` has completed.
+            unsafe { event::synchronize(stop) }
+                .map_err(|error| driver_error("cuEventSynchronize", error))?;
+            // SAFETY: as above.
             unsafe { event::elapsed(start, stop) }
                 .map_err(|error| driver_error("cuEventElapsedTime", error))
         })();

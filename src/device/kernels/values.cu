@@ -25,32 +25,31 @@ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, u32 k0, u32 k1) {
     return c;
 }
 
-// u = w0 * 2^-32 + 2^-33 in (0, 1]; v = w1 * 2^-32. The precise variant uses correctly
-// rounded float32 functions (logf, sincospif, sqrtf), which the CPU twin reproduces within a
-// few ulps; the fast variant uses the hardware approximations (__logf, __sincosf).
-template <bool FAST>
+// u = w0 * 2^-32 + 2^-33 in (0, 1]; v = w1 * 2^-32. The precise functions (logf, sincospif,
+// sqrtf) are correctly rounded or within an ulp, which the CPU twin reproduces; the fast ones
+// are the hardware approximations (__logf, __sincosf). FAST_LOG / FAST_TRIG pick per function.
+template <bool FAST_LOG, bool FAST_TRIG>
 __device__ __forceinline__ float2 box_muller(u32 w0, u32 w1) {
     const float u = (float)w0 * 2.3283064365386963e-10f + 1.1641532182693481e-10f;
     const float v = (float)w1 * 2.3283064365386963e-10f;
-    float s, c, r;
-    if (FAST) {
-        r = sqrtf(-2.0f * __logf(u));
+    float s, c;
+    const float r = sqrtf(-2.0f * (FAST_LOG ? __logf(u) : logf(u)));
+    if (FAST_TRIG) {
         // __sincosf is accurate on [-pi, pi]: sin/cos(2*pi*v - pi) = -sin/cos(2*pi*v).
         __sincosf(6.2831853071795865f * v - 3.1415926535897932f, &s, &c);
         s = -s;
         c = -c;
     } else {
-        r = sqrtf(-2.0f * logf(u));
         sincospif(v + v, &s, &c);
     }
     return make_float2(r * c, r * s);
 }
 
-template <bool FAST>
+template <bool FAST_LOG, bool FAST_TRIG>
 __device__ __forceinline__ float4 normal4(u64 block, u32 k0, u32 k1) {
     const uint4 w = philox4x32_10(make_uint4((u32)block, (u32)(block >> 32), 0u, 0u), k0, k1);
-    const float2 a = box_muller<FAST>(w.x, w.y);
-    const float2 b = box_muller<FAST>(w.z, w.w);
+    const float2 a = box_muller<FAST_LOG, FAST_TRIG>(w.x, w.y);
+    const float2 b = box_muller<FAST_LOG, FAST_TRIG>(w.z, w.w);
     return make_float4(a.x, a.y, b.x, b.y);
 }
 
@@ -66,35 +65,46 @@ __device__ __forceinline__ u16 to_bfloat16(float x) {
     return (u16)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
-// One thread per block of four values: a single Philox call and one 16-byte store.
-// `out` is 16-byte aligned (allocator blocks are 512-byte aligned; randn writes whole tensors).
-template <bool FAST>
+// Each thread makes ILP blocks of four values (one Philox call and one 16-byte store each),
+// blockDim.x blocks apart so every store instruction of a warp is coalesced. `out` is 16-byte
+// aligned (allocator blocks are 512-byte aligned; randn writes whole tensors).
+template <bool FAST_LOG, bool FAST_TRIG, int ILP>
 __device__ __forceinline__ void randn_f32_body(float* out, u64 n, u64 block0, u32 k0, u32 k1) {
-    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (4 * i >= n) return;
-    const float4 v = normal4<FAST>(block0 + i, k0, k1);
-    if (4 * i + 4 <= n) {
-        reinterpret_cast<float4*>(out)[i] = v;
-    } else {
-        const float lanes[4] = {v.x, v.y, v.z, v.w};
-        for (u64 j = 4 * i; j < n; ++j) out[j] = lanes[j - 4 * i];
+    const u64 base = (u64)blockIdx.x * blockDim.x * ILP + threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < ILP; ++k) {
+        const u64 i = base + (u64)k * blockDim.x;
+        if (4 * i >= n) return;
+        const float4 v = normal4<FAST_LOG, FAST_TRIG>(block0 + i, k0, k1);
+        if (4 * i + 4 <= n) {
+            reinterpret_cast<float4*>(out)[i] = v;
+        } else {
+            const float lanes[4] = {v.x, v.y, v.z, v.w};
+            for (u64 j = 4 * i; j < n; ++j) out[j] = lanes[j - 4 * i];
+        }
     }
 }
 
-extern "C" __global__ void randn_f32(float* out, u64 n, u64 block0, u32 k0, u32 k1) {
-    randn_f32_body<false>(out, n, block0, k0, k1);
-}
-
-extern "C" __global__ void randn_f32_fast(float* out, u64 n, u64 block0, u32 k0, u32 k1) {
-    randn_f32_body<true>(out, n, block0, k0, k1);
-}
+// Variants: precise or fast log/trig, one or two blocks per thread. `randn_f32` (precise) is
+// what tensors use; the others exist for `gpumem bench randn` to compare.
+#define RANDN_F32(name, fast_log, fast_trig, ilp)                                          \
+    extern "C" __global__ void name(float* out, u64 n, u64 block0, u32 k0, u32 k1) {      \
+        randn_f32_body<fast_log, fast_trig, ilp>(out, n, block0, k0, k1);                 \
+    }
+RANDN_F32(randn_f32_precise_1, false, false, 1)
+RANDN_F32(randn_f32_precise_2, false, false, 2)
+RANDN_F32(randn_f32_fasttrig_1, false, true, 1)
+RANDN_F32(randn_f32_fasttrig_2, false, true, 2)
+RANDN_F32(randn_f32_fastlog_2, true, false, 2)
+RANDN_F32(randn_f32_fast_1, true, true, 1)
+RANDN_F32(randn_f32_fast_2, true, true, 2)
 
 // Other float dtypes: generated in float32 exactly as above, then converted per element.
 template <typename T, typename Convert>
 __device__ __forceinline__ void randn_other(T* out, u64 n, u64 block0, u32 k0, u32 k1, Convert convert) {
     const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (4 * i >= n) return;
-    const float4 v = normal4<false>(block0 + i, k0, k1);
+    const float4 v = normal4<false, false>(block0 + i, k0, k1);
     const float lanes[4] = {v.x, v.y, v.z, v.w};
     for (u64 j = 4 * i; j < n && j < 4 * i + 4; ++j) out[j] = convert(lanes[j - 4 * i]);
 }
@@ -151,19 +161,16 @@ extern "C" __global__ void binary_f32(const float* a, const float* b, float* out
 }
 
 // ---------------------------------------------------------------------------------------
-// Reductions: sum of (x - shift) and of its square, in double, into the module's scratch
-// (zeroed by the host first). std runs it twice: shift 0 for the mean, then shift = mean.
+// Reductions: sum of (x - shift) and of its square, in double. Each block writes its partial
+// sums to `moments_partials`; `moments_finish` adds them in a fixed order into
+// `moments_scratch`, so results are bit-for-bit reproducible (no floating-point atomics).
+// std runs it twice: shift 0 for the mean, then shift = mean.
 
+#define MOMENTS_MAX_BLOCKS 1024
+__device__ double moments_partials[2 * MOMENTS_MAX_BLOCKS];
 __device__ double moments_scratch[2];
 
-extern "C" __global__ void moments_f32(const float* x, u64 n, double shift) {
-    double s = 0.0, q = 0.0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
-        const double d = (double)x[i] - shift;
-        s += d;
-        q += d * d;
-    }
+__device__ __forceinline__ void block_sum2(double& s, double& q) {
     for (int offset = 16; offset > 0; offset >>= 1) {
         s += __shfl_down_sync(0xffffffffu, s, offset);
         q += __shfl_down_sync(0xffffffffu, q, offset);
@@ -183,9 +190,34 @@ extern "C" __global__ void moments_f32(const float* x, u64 n, double shift) {
             s += __shfl_down_sync(0xffffffffu, s, offset);
             q += __shfl_down_sync(0xffffffffu, q, offset);
         }
-        if (lane == 0) {
-            atomicAdd(&moments_scratch[0], s);
-            atomicAdd(&moments_scratch[1], q);
-        }
+    }
+}
+
+extern "C" __global__ void moments_f32(const float* x, u64 n, double shift) {
+    double s = 0.0, q = 0.0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        const double d = (double)x[i] - shift;
+        s += d;
+        q += d * d;
+    }
+    block_sum2(s, q);
+    if (threadIdx.x == 0) {
+        moments_partials[2 * blockIdx.x] = s;
+        moments_partials[2 * blockIdx.x + 1] = q;
+    }
+}
+
+// One block: adds the first `blocks` partials.
+extern "C" __global__ void moments_finish(u64 blocks) {
+    double s = 0.0, q = 0.0;
+    for (u64 b = threadIdx.x; b < blocks; b += blockDim.x) {
+        s += moments_partials[2 * b];
+        q += moments_partials[2 * b + 1];
+    }
+    block_sum2(s, q);
+    if (threadIdx.x == 0) {
+        moments_scratch[0] = s;
+        moments_scratch[1] = q;
     }
 }
