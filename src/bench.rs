@@ -125,7 +125,11 @@ pub fn randn(index: usize, reps: u32, torch_script: &Path) -> Result<String, Str
         == tensor.reduce(Reduction::Sum).map_err(bench_error)?;
     out.push(format!(
         "reproducible={}",
-        if sum == 0.0 && std == 0.0 { "yes" } else { "no" }
+        if sum == 0.0 && std == 0.0 {
+            "yes"
+        } else {
+            "no"
+        }
     ));
     out.push(format!(
         "deterministic_sum={}",
@@ -137,7 +141,10 @@ pub fn randn(index: usize, reps: u32, torch_script: &Path) -> Result<String, Str
 /// PyTorch's figure from `torch_script`, or why there is none.
 fn torch_figure(torch_script: &Path, reps: u32) -> String {
     if !torch_script.exists() {
-        return format!("PyTorch: not measured ({} not found)", torch_script.display());
+        return format!(
+            "PyTorch: not measured ({} not found)",
+            torch_script.display()
+        );
     }
     match Command::new("python3")
         .arg(torch_script)

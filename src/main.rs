@@ -96,7 +96,12 @@ fn run(options: &SessionOptions, file: &std::path::Path) -> ExitCode {
     }
 }
 
-fn bench(options: &SessionOptions, what: &str, reps: u32, torch_script: &std::path::Path) -> ExitCode {
+fn bench(
+    options: &SessionOptions,
+    what: &str,
+    reps: u32,
+    torch_script: &std::path::Path,
+) -> ExitCode {
     if what != "randn" {
         eprintln!("gpumem: unknown benchmark '{what}'; the only one is 'randn'");
         return ExitCode::from(EXIT_USAGE);

@@ -80,7 +80,12 @@ pub fn open(options: &SessionOptions) -> Result<Session, SessionError> {
         Some(spec @ DeviceSpec::Sim(size)) => sim_parts(sim_device(size), spec, None),
         Some(spec @ DeviceSpec::Cuda(index)) => match CudaGpu::open(index) {
             Ok(gpu) => cuda_parts(gpu, spec),
-            Err(reason) => return Err(SessionError::Cuda { device: spec, reason }),
+            Err(reason) => {
+                return Err(SessionError::Cuda {
+                    device: spec,
+                    reason,
+                })
+            }
         },
         None => match CudaGpu::open(0) {
             Ok(gpu) => cuda_parts(gpu, DeviceSpec::Cuda(0)),

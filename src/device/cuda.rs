@@ -170,8 +170,10 @@ impl CudaGpu {
             unsafe { cu::device::get_attribute(device, which) }
                 .map_err(fail("cuDeviceGetAttribute"))
         };
-        let major = attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-        let minor = attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let major =
+            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor =
+            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         Ok(Rc::new(CudaGpu {
             ordinal,
             device,
@@ -320,7 +322,9 @@ impl DeviceMemory for CudaDevice {
     fn driver_memory(&self) -> Result<DriverMemory, DeviceError> {
         match &self.driver_view {
             Ok(view) => view.read(),
-            Err(reason) => Err(DeviceError::Driver(format!("NVML is unavailable: {reason}"))),
+            Err(reason) => Err(DeviceError::Driver(format!(
+                "NVML is unavailable: {reason}"
+            ))),
         }
     }
 }

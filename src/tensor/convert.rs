@@ -136,7 +136,10 @@ mod tests {
     fn half_round_trips_and_rounds() {
         for value in [0.0f32, 1.0, -2.5, 65504.0, 6.1035156e-5, 5.9604645e-8, 0.1] {
             let back = f16_bits_to_f32(f32_to_f16_bits(value));
-            assert!((back - value).abs() <= value.abs() * 1e-3, "{value} -> {back}");
+            assert!(
+                (back - value).abs() <= value.abs() * 1e-3,
+                "{value} -> {back}"
+            );
         }
         assert_eq!(f32_to_f16_bits(1.0), 0x3c00);
         assert_eq!(f32_to_f16_bits(-2.0), 0xc000);
@@ -156,7 +159,10 @@ mod tests {
         for dtype in DType::ALL {
             let pattern = fill_pattern(dtype, 3.0);
             let bytes = pattern.to_le_bytes();
-            assert_eq!(decode(dtype, &bytes[..dtype.size()]), vec![stored_value(dtype, 3.0)]);
+            assert_eq!(
+                decode(dtype, &bytes[..dtype.size()]),
+                vec![stored_value(dtype, 3.0)]
+            );
         }
         assert_eq!(stored_value(DType::Int32, -2.7), -2.0);
         assert_eq!(stored_value(DType::Bool, 0.5), 1.0);

@@ -177,8 +177,14 @@ mod tests {
             second.to_values().expect("values")[0],
             f64::from(philox::normal_at(5, 4))
         );
-        let view = second.reshape(&[4]).and_then(|t| t.slice(0, 1, 2)).expect("view");
-        assert_eq!(view.item().expect("item"), f64::from(philox::normal_at(5, 5)));
+        let view = second
+            .reshape(&[4])
+            .and_then(|t| t.slice(0, 1, 2))
+            .expect("view");
+        assert_eq!(
+            view.item().expect("item"),
+            f64::from(philox::normal_at(5, 5))
+        );
         let copy = view.clone_values().expect("clone");
         assert_eq!(copy.item(), view.item());
         assert!(first.to_string().contains(", ["), "{first}");
