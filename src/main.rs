@@ -65,6 +65,15 @@ enum BenchTarget {
         #[arg(long)]
         json: bool,
     },
+    /// The randn kernel's throughput on a CUDA device, next to PyTorch's `normal_`.
+    Randn {
+        /// Timed repetitions after the warm-up.
+        #[arg(long, default_value_t = 20)]
+        reps: u32,
+        /// The PyTorch comparison script.
+        #[arg(long, default_value = "benches/compare/randn_torch.py")]
+        torch_script: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -85,6 +94,9 @@ fn main() -> ExitCode {
         )),
         Some(Command::Bench(BenchTarget::Alloc { rounds, json })) => {
             bench_alloc(&options, rounds, json)
+        }
+        Some(Command::Bench(BenchTarget::Randn { reps, torch_script })) => {
+            bench_randn(&options, reps, &torch_script)
         }
         None => repl(&options, cli.limits),
     }
@@ -169,6 +181,27 @@ fn bench_alloc(options: &SessionOptions, rounds: usize, json: bool) -> ExitCode 
         Err(error) => {
             eprintln!("gpumem: {error}");
             ExitCode::from(EXIT_SCRIPT_ERROR)
+        }
+    }
+}
+
+fn bench_randn(options: &SessionOptions, reps: u32, torch_script: &std::path::Path) -> ExitCode {
+    let index = match options.device {
+        None => 0,
+        Some(DeviceSpec::Cuda(index)) => index,
+        Some(DeviceSpec::Sim(_)) => {
+            eprintln!("gpumem: bench randn measures a CUDA device; use --device cuda[:N]");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    match gpumem::bench::randn::randn(index, reps, torch_script) {
+        Ok(report) => {
+            println!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("gpumem: cannot use cuda:{index}: {error}");
+            ExitCode::from(EXIT_USAGE)
         }
     }
 }

@@ -7,8 +7,11 @@ use std::rc::Rc;
 use thiserror::Error;
 
 use crate::alloc::{AllocConf, AllocError, CachingAllocator, ConfigError};
+use crate::device::cuda::{CudaDevice, CudaGpu};
 use crate::device::sim::SimDevice;
 use crate::device::{DeviceMemory, DeviceSpec};
+use crate::tensor::backend::{Backend, SimBackend};
+use crate::tensor::cuda_backend::CudaBackend;
 use crate::tensor::Runtime;
 
 /// Environment variables PyTorch reads the allocator config from, first present wins.
@@ -73,29 +76,59 @@ pub fn alloc_conf_text(flag: Option<&str>) -> String {
 pub fn open(options: &SessionOptions) -> Result<Session, SessionError> {
     let text = alloc_conf_text(options.alloc_conf.as_deref());
     let conf = AllocConf::parse(&text).map_err(|error| SessionError::Config { text, error })?;
-    let (device, notice): (Box<dyn DeviceMemory>, Option<String>) = match options.device {
-        Some(DeviceSpec::Sim(size)) => (Box::new(sim_device(size)), None),
-        Some(spec @ DeviceSpec::Cuda(_)) => {
-            return Err(SessionError::Cuda {
-                device: spec,
-                reason: "this build of gpumem has no CUDA backend".into(),
-            })
-        }
-        None => (
-            Box::new(SimDevice::h200()),
-            Some("gpumem: no CUDA backend in this build; using the simulated H200 (sim)".into()),
-        ),
-    };
-    let spec = match options.device {
-        Some(spec) => spec,
-        None => DeviceSpec::Sim(None),
+    let (device, backend, spec, notice) = match options.device {
+        Some(spec @ DeviceSpec::Sim(size)) => sim_parts(sim_device(size), spec, None),
+        Some(spec @ DeviceSpec::Cuda(index)) => match CudaGpu::open(index) {
+            Ok(gpu) => cuda_parts(gpu, spec),
+            Err(reason) => {
+                return Err(SessionError::Cuda {
+                    device: spec,
+                    reason,
+                })
+            }
+        },
+        None => match CudaGpu::open(0) {
+            Ok(gpu) => cuda_parts(gpu, DeviceSpec::Cuda(0)),
+            Err(reason) => sim_parts(
+                SimDevice::h200(),
+                DeviceSpec::Sim(None),
+                Some(format!(
+                    "gpumem: no usable CUDA device ({reason}); using the simulated H200 (sim)"
+                )),
+            ),
+        },
     };
     let allocator = CachingAllocator::new(device, conf)?;
     Ok(Session {
-        runtime: Runtime::new(allocator),
+        runtime: Runtime::with_backend(allocator, backend),
         device: spec,
         notice,
     })
+}
+
+/// The pieces a session is built from: the allocator's device, the value backend, the device
+/// actually used and the fallback notice.
+type Parts = (
+    Box<dyn DeviceMemory>,
+    Box<dyn Backend>,
+    DeviceSpec,
+    Option<String>,
+);
+
+fn sim_parts(device: SimDevice, spec: DeviceSpec, notice: Option<String>) -> Parts {
+    (Box::new(device), Box::new(SimBackend), spec, notice)
+}
+
+/// A CUDA device and a backend sharing one GPU handle (and so one context). Creating them
+/// makes no context yet: NVML's baseline is read first.
+fn cuda_parts(gpu: Rc<CudaGpu>, spec: DeviceSpec) -> Parts {
+    let device = CudaDevice::new(Rc::clone(&gpu));
+    (
+        Box::new(device),
+        Box::new(CudaBackend::new(gpu)),
+        spec,
+        None,
+    )
 }
 
 fn sim_device(size: Option<u64>) -> SimDevice {

@@ -6,6 +6,9 @@
 //! miss (`cudaMalloc`), returns them on `empty_cache` (`cudaFree`) and reads the driver's free and
 //! total figures for its OOM message (`cudaMemGetInfo`).
 
+pub mod cuda;
+pub mod kernels;
+pub mod nvml;
 pub mod sim;
 pub mod spec;
 
@@ -38,6 +41,30 @@ pub struct ProcessMemory {
     pub used_bytes: u64,
 }
 
+/// The driver's account of device memory: the figures `device_memory()` shows, explaining
+/// where memory went before any tensor exists (driver reservation, CUDA context).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverMemory {
+    /// How `process_bytes` was found: `"nvml-pid"` (NVML lists this process), `"device-delta"`
+    /// (the rise in the device's used memory since before the context was created, when NVML
+    /// does not list this pid, as inside some containers) or `"sim-model"`.
+    pub method: &'static str,
+    /// Installed memory.
+    pub total_bytes: u64,
+    /// NVML's version-1 "used" (total − free), the figure nvidia-smi shows.
+    pub used_bytes: u64,
+    /// NVML's version-2 "used", which leaves out what the driver reserves.
+    pub used_v2_bytes: u64,
+    /// Free memory.
+    pub free_bytes: u64,
+    /// Memory the driver keeps for itself before any process runs.
+    pub driver_reserved_bytes: u64,
+    /// This process's usage: its context, loaded modules and allocated segments.
+    pub process_bytes: u64,
+    /// Every other process's usage.
+    pub other_processes_bytes: u64,
+}
+
 /// A device the caching allocator can draw whole segments from.
 ///
 /// The calls mirror the CUDA runtime calls PyTorch's allocator makes: `cudaMalloc`,
@@ -60,4 +87,10 @@ pub trait DeviceMemory {
     fn process_memory(&self) -> Vec<ProcessMemory>;
     /// A short label such as `sim` or `cuda:0`, used in tensor displays.
     fn label(&self) -> String;
+    /// The driver's view of the whole device (NVML on a GPU, the model on sim).
+    fn driver_memory(&self) -> Result<DriverMemory, DeviceError> {
+        Err(DeviceError::Driver(
+            "this device has no driver view of memory".into(),
+        ))
+    }
 }

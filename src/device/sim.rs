@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{DeviceError, DeviceMemory, ProcessMemory};
+use super::{DeviceError, DeviceMemory, DriverMemory, ProcessMemory};
 
 const MIB: u64 = 1 << 20;
 
@@ -269,6 +269,24 @@ impl DeviceMemory for SimDevice {
 
     fn label(&self) -> String {
         "sim".into()
+    }
+
+    /// The model's account: the H200's driver reservation (at most a sixteenth of a smaller
+    /// simulated device), the context, and the segments' pages; no other processes.
+    fn driver_memory(&self) -> Result<DriverMemory, DeviceError> {
+        let reserved = H200_DRIVER_RESERVED_BYTES.min(self.total / 16);
+        let process = self.context_bytes + self.used;
+        let used = (reserved + process).min(self.total);
+        Ok(DriverMemory {
+            method: "sim-model",
+            total_bytes: self.total,
+            used_bytes: used,
+            used_v2_bytes: used - reserved.min(used),
+            free_bytes: self.total - used,
+            driver_reserved_bytes: reserved,
+            process_bytes: process,
+            other_processes_bytes: 0,
+        })
     }
 }
 

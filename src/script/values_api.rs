@@ -1,15 +1,79 @@
-//! Views and values: `t.reshape(shape)`, `t.slice(dim, start, end)`.
+//! Views and values: `t.reshape(shape)`, `t.slice(dim, start, end)`, `t.clone()`,
+//! `+ - * /` with tensors or numbers, `t.sum()`, `t.mean()`, `t.std()`, `t.item()`,
+//! `t.to_array()`, and `device_memory()` (the driver's view of the device).
 
 use std::rc::Rc;
 
-use rhai::{Dynamic, Engine, INT};
+use rhai::{Array, Dynamic, Engine, Map, FLOAT, INT};
 
 use super::bindings::{fail, non_negative, BindingResult};
 use super::tensor_api::shape_arg;
-use crate::tensor::{Runtime, Tensor};
+use crate::device::DriverMemory;
+use crate::tensor::backend::{BinaryOp, Reduction};
+use crate::tensor::ops::Arg;
+use crate::tensor::{DType, Runtime, Tensor};
+
+/// A value as Rhai sees it: integers for integer dtypes, booleans for bool, floats otherwise.
+fn to_dynamic(dtype: DType, value: f64) -> Dynamic {
+    match dtype {
+        DType::Bool => Dynamic::from(value != 0.0),
+        dtype if !dtype.is_float() => Dynamic::from(value as INT),
+        _ => Dynamic::from(value as FLOAT),
+    }
+}
+
+/// Registers `a op b` for tensor ⊕ tensor, tensor ⊕ number and number ⊕ tensor.
+fn register_operator(engine: &mut Engine, symbol: &'static str, op: BinaryOp) {
+    let run = move |lhs: Arg<'_>, rhs: Arg<'_>| -> BindingResult<Tensor> {
+        Tensor::binary(op, lhs, rhs).or_else(|error| fail(symbol, error))
+    };
+    engine.register_fn(symbol, move |a: &mut Tensor, b: Tensor| {
+        run(Arg::Tensor(a), Arg::Tensor(&b))
+    });
+    engine.register_fn(symbol, move |a: &mut Tensor, b: FLOAT| {
+        run(Arg::Tensor(a), Arg::Scalar(b))
+    });
+    engine.register_fn(symbol, move |a: &mut Tensor, b: INT| {
+        run(Arg::Tensor(a), Arg::Scalar(b as f64))
+    });
+    engine.register_fn(symbol, move |a: FLOAT, b: Tensor| {
+        run(Arg::Scalar(a), Arg::Tensor(&b))
+    });
+    engine.register_fn(symbol, move |a: INT, b: Tensor| {
+        run(Arg::Scalar(a as f64), Arg::Tensor(&b))
+    });
+}
+
+/// The `device_memory()` map: the driver's figures plus the allocator's reserved bytes and
+/// the context share they imply. Keys are a contract other scripts rely on.
+pub fn device_memory_map(device: &str, memory: &DriverMemory, allocator_reserved: u64) -> Map {
+    let mut map = Map::new();
+    let int = |value: u64| Dynamic::from(value as INT);
+    map.insert("device".into(), Dynamic::from(device.to_string()));
+    map.insert("method".into(), Dynamic::from(memory.method.to_string()));
+    map.insert("total_bytes".into(), int(memory.total_bytes));
+    map.insert("used_bytes".into(), int(memory.used_bytes));
+    map.insert("used_v2_bytes".into(), int(memory.used_v2_bytes));
+    map.insert("free_bytes".into(), int(memory.free_bytes));
+    map.insert(
+        "driver_reserved_bytes".into(),
+        int(memory.driver_reserved_bytes),
+    );
+    map.insert("process_bytes".into(), int(memory.process_bytes));
+    map.insert(
+        "other_processes_bytes".into(),
+        int(memory.other_processes_bytes),
+    );
+    map.insert("allocator_reserved_bytes".into(), int(allocator_reserved));
+    map.insert(
+        "context_bytes".into(),
+        int(memory.process_bytes.saturating_sub(allocator_reserved)),
+    );
+    map
+}
 
 /// Registers view and value functions on tensors.
-pub fn register(engine: &mut Engine, _runtime: &Rc<Runtime>) {
+pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
     engine.register_fn(
         "reshape",
         |t: &mut Tensor, shape: Dynamic| -> BindingResult<Tensor> {
@@ -27,4 +91,50 @@ pub fn register(engine: &mut Engine, _runtime: &Rc<Runtime>) {
                 .or_else(|error| fail("slice", error))
         },
     );
+    engine.register_fn("clone", |t: &mut Tensor| -> BindingResult<Tensor> {
+        t.clone_values().or_else(|error| fail("clone", error))
+    });
+    register_operator(engine, "+", BinaryOp::Add);
+    register_operator(engine, "-", BinaryOp::Sub);
+    register_operator(engine, "*", BinaryOp::Mul);
+    register_operator(engine, "/", BinaryOp::Div);
+    for (name, op) in [
+        ("sum", Reduction::Sum),
+        ("mean", Reduction::Mean),
+        ("std", Reduction::Std),
+    ] {
+        engine.register_fn(name, move |t: &mut Tensor| -> BindingResult<FLOAT> {
+            t.reduce(op).or_else(|error| fail(name, error))
+        });
+    }
+    engine.register_fn("item", |t: &mut Tensor| -> BindingResult<Dynamic> {
+        let dtype = t.dtype();
+        t.item()
+            .map(|value| to_dynamic(dtype, value))
+            .or_else(|error| fail("item", error))
+    });
+    engine.register_fn("to_array", |t: &mut Tensor| -> BindingResult<Array> {
+        let dtype = t.dtype();
+        t.to_values()
+            .map(|values| {
+                values
+                    .into_iter()
+                    .map(|value| to_dynamic(dtype, value))
+                    .collect()
+            })
+            .or_else(|error| fail("to_array", error))
+    });
+    let rt = Rc::clone(runtime);
+    engine.register_fn("device_memory", move || -> BindingResult<Map> {
+        let allocator = rt.allocator();
+        let reserved = allocator
+            .stats()
+            .get("reserved_bytes.all.current")
+            .unwrap_or(0)
+            .max(0) as u64;
+        match allocator.device().driver_memory() {
+            Ok(memory) => Ok(device_memory_map(rt.device_label(), &memory, reserved)),
+            Err(error) => fail("device_memory", error),
+        }
+    });
 }

@@ -3,7 +3,12 @@
 //! dropped, which is what makes `y = randn(..)` in a script free the old `y` exactly as Python
 //! does.
 
+pub mod backend;
+pub mod convert;
+pub mod cuda_backend;
 pub mod dtype;
+pub mod ops;
+pub mod philox;
 pub mod shape;
 
 use std::cell::{Cell, Ref, RefCell};
@@ -14,6 +19,7 @@ use thiserror::Error;
 
 use crate::alloc::format::format_size;
 use crate::alloc::{AllocError, Allocation, CachingAllocator};
+use backend::{Backend, SimBackend, Span};
 pub use dtype::DType;
 
 /// Seed of the random generator until `manual_seed` is called (PyTorch's default seed).
@@ -37,26 +43,47 @@ pub enum TensorError {
     /// The operation is not available for this tensor or device.
     #[error("{0}")]
     Unsupported(String),
+    /// The device failed a kernel launch, copy or read.
+    #[error("{0}")]
+    Device(#[from] crate::device::DeviceError),
 }
 
-/// The state every tensor of a session shares: the allocator and the random generator.
+/// The generator hands out values in blocks of four (one Philox4x32 call, one float4 store on
+/// the device), so every tensor's stream starts on a block boundary.
+const RANDOM_BLOCK: u64 = 4;
+
+/// The state every tensor of a session shares: the allocator, the random generator and the
+/// backend that computes values.
 pub struct Runtime {
     allocator: RefCell<CachingAllocator>,
+    backend: Box<dyn Backend>,
     label: String,
     seed: Cell<u64>,
     philox_offset: Cell<u64>,
 }
 
 impl Runtime {
-    /// A runtime over `allocator`, with the default seed.
+    /// A runtime over `allocator`, with the default seed and the simulated backend (values
+    /// come from the CPU twin of the generator).
     pub fn new(allocator: CachingAllocator) -> Rc<Runtime> {
+        Runtime::with_backend(allocator, Box::new(SimBackend))
+    }
+
+    /// A runtime whose values are computed by `backend` (the CUDA kernels on a real GPU).
+    pub fn with_backend(allocator: CachingAllocator, backend: Box<dyn Backend>) -> Rc<Runtime> {
         let label = allocator.device().label();
         Rc::new(Runtime {
             allocator: RefCell::new(allocator),
+            backend,
             label,
             seed: Cell::new(DEFAULT_SEED),
             philox_offset: Cell::new(0),
         })
+    }
+
+    /// The backend that computes values.
+    pub fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
     }
 
     /// Read access to the allocator (stats, snapshots, summaries).
@@ -86,10 +113,12 @@ impl Runtime {
     }
 
     /// Reserves `count` random values from the generator's stream: returns the (seed, offset)
-    /// a counter-based generator starts from, and advances the offset past them.
+    /// a counter-based generator starts from, and advances the offset past them, rounded up
+    /// to a whole block of four so the next tensor starts on a block boundary.
     pub fn take_random(&self, count: u64) -> (u64, u64) {
         let offset = self.philox_offset.get();
-        self.philox_offset.set(offset.wrapping_add(count));
+        let advance = count.div_ceil(RANDOM_BLOCK).wrapping_mul(RANDOM_BLOCK);
+        self.philox_offset.set(offset.wrapping_add(advance));
         (self.seed.get(), offset)
     }
 }
@@ -202,6 +231,7 @@ impl Tensor {
         dtype: DType,
     ) -> Result<Tensor, TensorError> {
         let tensor = Tensor::empty(runtime, shape, dtype)?;
+        runtime.backend().fill(&tensor.span(), value)?;
         tensor.storage.set_contents(Contents::Constant(value));
         Ok(tensor)
     }
@@ -220,6 +250,7 @@ impl Tensor {
         }
         let tensor = Tensor::empty(runtime, shape, dtype)?;
         let (seed, offset) = runtime.take_random(tensor.numel() as u64);
+        runtime.backend().randn(&tensor.span(), seed, offset)?;
         tensor
             .storage
             .set_contents(Contents::Normal { seed, offset });
@@ -263,6 +294,22 @@ impl Tensor {
     /// The storage this tensor views.
     pub fn storage(&self) -> &Rc<Storage> {
         &self.storage
+    }
+
+    /// The runtime the tensor belongs to.
+    pub fn runtime(&self) -> &Rc<Runtime> {
+        &self.storage.runtime
+    }
+
+    /// The elements this view covers, as the backend sees them.
+    pub fn span(&self) -> Span {
+        Span {
+            ptr: self.data_ptr(),
+            numel: self.numel(),
+            dtype: self.dtype,
+            contents: self.storage.contents(),
+            first: self.offset as u64,
+        }
     }
 
     /// Whether the view covers its whole storage from the start.
@@ -323,16 +370,32 @@ impl Tensor {
     }
 }
 
+/// How many leading values a tensor's display shows.
+const DISPLAY_VALUES: usize = 4;
+
 impl fmt::Display for Tensor {
+    /// `tensor(shape=[2, 3], dtype=float32, device=cuda:0, 24 bytes, [0.1234, -1.2345, ...])`;
+    /// the values appear only where the device can read them (never for `empty` tensors).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "tensor(shape={:?}, dtype={}, device={}, {})",
+            "tensor(shape={:?}, dtype={}, device={}, {}",
             self.shape,
             self.dtype,
             self.device(),
             format_size(self.nbytes())
-        )
+        )?;
+        if let Some(values) = self.leading_values(DISPLAY_VALUES) {
+            let mut parts: Vec<String> = values
+                .iter()
+                .map(|&value| ops::format_value(self.dtype, value))
+                .collect();
+            if self.numel() > values.len() {
+                parts.push("...".into());
+            }
+            write!(f, ", [{}]", parts.join(", "))?;
+        }
+        f.write_str(")")
     }
 }
 

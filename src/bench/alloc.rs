@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::alloc::{AllocError, CachingAllocator};
+use crate::alloc::{AllocError, Allocation, CachingAllocator};
 
 /// Size of the cached malloc+free pattern: 1 MiB, the largest small-pool request.
 pub const CACHED_PAIR_BYTES: u64 = 1 << 20;
@@ -39,7 +39,7 @@ pub fn cached_pair(allocator: &mut CachingAllocator, size: u64) -> Result<(), Al
 pub fn mixed_round(
     allocator: &mut CachingAllocator,
     sizes: &[u64],
-    live: &mut Vec<crate::alloc::Allocation>,
+    live: &mut Vec<Allocation>,
 ) -> Result<(), AllocError> {
     live.clear();
     for &size in sizes {

@@ -1,0 +1,254 @@
+//! How the tensor layer asks a device for values: fills, the random generator, copies,
+//! elementwise arithmetic, reductions and reads back to the host.
+//!
+//! Two implementations exist: [`SimBackend`], which launches nothing and answers reads from
+//! what the tensor layer recorded about a storage ([`Contents`]) with the CPU twin of the
+//! generator, and the CUDA one (`cuda_backend`), which runs NVRTC-compiled kernels.
+
+use super::convert::stored_value;
+use super::philox;
+use super::{Contents, DType, TensorError};
+
+/// A contiguous run of elements on the device, with what is known about them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Span {
+    /// Device address of the first element.
+    pub ptr: u64,
+    /// Number of elements.
+    pub numel: usize,
+    /// Element type.
+    pub dtype: DType,
+    /// What the storage holds.
+    pub contents: Contents,
+    /// Index of the first element within its storage (views start part-way in).
+    pub first: u64,
+}
+
+/// Elementwise arithmetic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinaryOp {
+    /// `a + b`
+    Add,
+    /// `a - b`
+    Sub,
+    /// `a * b`
+    Mul,
+    /// `a / b`
+    Div,
+}
+
+impl BinaryOp {
+    /// The operator's symbol, for messages.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "+",
+            BinaryOp::Sub => "-",
+            BinaryOp::Mul => "*",
+            BinaryOp::Div => "/",
+        }
+    }
+}
+
+/// One side of an elementwise operation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Operand {
+    /// A tensor of the result's shape.
+    Tensor(Span),
+    /// A number broadcast to every element.
+    Scalar(f64),
+}
+
+/// Reductions over every element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduction {
+    /// Sum of the elements.
+    Sum,
+    /// Arithmetic mean.
+    Mean,
+    /// Standard deviation with Bessel's correction (PyTorch's default, `correction=1`).
+    Std,
+}
+
+impl Reduction {
+    /// The method's name, for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reduction::Sum => "sum",
+            Reduction::Mean => "mean",
+            Reduction::Std => "std",
+        }
+    }
+}
+
+/// The device operations tensors need. Every call completes before it returns (one stream,
+/// synchronous reads), so callers never wait explicitly.
+pub trait Backend {
+    /// Sets every element of `dst` to `value` (cast to its dtype).
+    fn fill(&self, dst: &Span, value: f64) -> Result<(), TensorError>;
+    /// Writes generator values `offset .. offset + numel` of the stream `seed` into `dst`.
+    fn randn(&self, dst: &Span, seed: u64, offset: u64) -> Result<(), TensorError>;
+    /// Copies `src` into `dst` (same dtype and element count).
+    fn copy(&self, dst: &Span, src: &Span) -> Result<(), TensorError>;
+    /// `out = lhs op rhs` elementwise; at least one operand is a tensor.
+    fn binary(
+        &self,
+        op: BinaryOp,
+        lhs: Operand,
+        rhs: Operand,
+        out: &Span,
+    ) -> Result<(), TensorError>;
+    /// Reduces every element of `src` to one number.
+    fn reduce(&self, op: Reduction, src: &Span) -> Result<f64, TensorError>;
+    /// The first `count` elements of `src`, as numbers.
+    fn read(&self, src: &Span, count: usize) -> Result<Vec<f64>, TensorError>;
+}
+
+/// The simulated device's backend: nothing runs, values come from [`Contents`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SimBackend;
+
+/// Why the simulated device cannot produce values of `contents`.
+fn unreadable(contents: Contents) -> TensorError {
+    match contents {
+        Contents::Uninitialized => TensorError::Unsupported(
+            "the tensor was created with empty() and holds no defined values".into(),
+        ),
+        _ => TensorError::Unsupported(
+            "values of computed tensors are only available on a CUDA device".into(),
+        ),
+    }
+}
+
+/// The first `count` values of `span` computed from its recorded contents, where the CPU
+/// can compute them (generator output and constants).
+pub fn values_from_contents(span: &Span, count: usize) -> Result<Vec<f64>, TensorError> {
+    let count = count.min(span.numel);
+    match span.contents {
+        Contents::Constant(value) => Ok(vec![stored_value(span.dtype, value); count]),
+        Contents::Normal { seed, offset } => {
+            let mut values = vec![0f32; count];
+            philox::fill_normals(seed, offset + span.first, &mut values);
+            Ok(values
+                .into_iter()
+                .map(|value| stored_value(span.dtype, f64::from(value)))
+                .collect())
+        }
+        other => Err(unreadable(other)),
+    }
+}
+
+/// A reduction of `span` computed from its recorded contents.
+pub fn reduce_from_contents(op: Reduction, span: &Span) -> Result<f64, TensorError> {
+    let n = span.numel as f64;
+    let (sum, squares) = match span.contents {
+        Contents::Constant(value) => {
+            let value = stored_value(span.dtype, value);
+            (value * n, value * value * n)
+        }
+        Contents::Normal { seed, offset } => {
+            let (mut sum, mut squares) = (0f64, 0f64);
+            philox::for_each_normal(seed, offset + span.first, span.numel as u64, |value| {
+                let value = stored_value(span.dtype, f64::from(value));
+                sum += value;
+                squares += value * value;
+            });
+            (sum, squares)
+        }
+        other => return Err(unreadable(other)),
+    };
+    Ok(finish_reduction(op, n, sum, squares))
+}
+
+/// Turns a sum and a sum of squares over `n` elements into the reduction's result
+/// (PyTorch: the mean of nothing and the std of fewer than two elements are NaN).
+pub fn finish_reduction(op: Reduction, n: f64, sum: f64, squares: f64) -> f64 {
+    match op {
+        Reduction::Sum => sum,
+        Reduction::Mean => sum / n,
+        Reduction::Std if n < 2.0 => f64::NAN,
+        Reduction::Std => ((squares - sum * sum / n) / (n - 1.0)).max(0.0).sqrt(),
+    }
+}
+
+impl Backend for SimBackend {
+    fn fill(&self, _dst: &Span, _value: f64) -> Result<(), TensorError> {
+        Ok(())
+    }
+
+    fn randn(&self, _dst: &Span, _seed: u64, _offset: u64) -> Result<(), TensorError> {
+        Ok(())
+    }
+
+    fn copy(&self, _dst: &Span, _src: &Span) -> Result<(), TensorError> {
+        Ok(())
+    }
+
+    fn binary(
+        &self,
+        _op: BinaryOp,
+        _lhs: Operand,
+        _rhs: Operand,
+        _out: &Span,
+    ) -> Result<(), TensorError> {
+        Ok(())
+    }
+
+    fn reduce(&self, op: Reduction, src: &Span) -> Result<f64, TensorError> {
+        reduce_from_contents(op, src)
+    }
+
+    fn read(&self, src: &Span, count: usize) -> Result<Vec<f64>, TensorError> {
+        values_from_contents(src, count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(contents: Contents, numel: usize) -> Span {
+        Span {
+            ptr: 0,
+            numel,
+            dtype: DType::Float32,
+            contents,
+            first: 0,
+        }
+    }
+
+    #[test]
+    fn constants_reduce_in_closed_form() {
+        let ones = span(Contents::Constant(1.0), 10);
+        assert_eq!(SimBackend.reduce(Reduction::Sum, &ones), Ok(10.0));
+        assert_eq!(SimBackend.reduce(Reduction::Mean, &ones), Ok(1.0));
+        assert_eq!(SimBackend.reduce(Reduction::Std, &ones), Ok(0.0));
+        assert_eq!(SimBackend.read(&ones, 3), Ok(vec![1.0; 3]));
+    }
+
+    #[test]
+    fn normal_values_follow_the_view_offset() {
+        let contents = Contents::Normal { seed: 3, offset: 8 };
+        let whole = SimBackend.read(&span(contents, 16), 16).expect("values");
+        let view = Span {
+            first: 5,
+            ..span(contents, 11)
+        };
+        assert_eq!(SimBackend.read(&view, 11).expect("values"), whole[5..]);
+        let expected = f64::from(philox::normal_at(3, 13));
+        assert_eq!(whole[5], expected);
+    }
+
+    #[test]
+    fn computed_values_are_a_clear_error_on_sim() {
+        let error = SimBackend.read(&span(Contents::Computed, 4), 4);
+        assert_eq!(
+            error,
+            Err(TensorError::Unsupported(
+                "values of computed tensors are only available on a CUDA device".into()
+            ))
+        );
+        assert!(SimBackend
+            .reduce(Reduction::Sum, &span(Contents::Uninitialized, 4))
+            .is_err());
+    }
+}

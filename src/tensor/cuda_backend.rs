@@ -1,0 +1,140 @@
+//! The CUDA implementation of [`Backend`]: maps tensor operations onto the kernels of
+//! `device::kernels` for the session's GPU.
+
+use std::rc::Rc;
+
+use super::backend::{finish_reduction, Backend, BinaryOp, Operand, Reduction, Span};
+use super::convert::{decode, fill_pattern};
+use super::{DType, TensorError};
+use crate::device::cuda::CudaGpu;
+use crate::device::kernels::{self, ElementwiseOp, Kernels, Operands, RandnFormat};
+
+/// Runs tensor operations on a CUDA GPU.
+pub struct CudaBackend {
+    gpu: Rc<CudaGpu>,
+}
+
+impl CudaBackend {
+    /// A backend on `gpu` (the same handle the allocator's device uses).
+    pub fn new(gpu: Rc<CudaGpu>) -> CudaBackend {
+        CudaBackend { gpu }
+    }
+
+    fn kernels(&self) -> Result<&Kernels, TensorError> {
+        Ok(self.gpu.kernels()?)
+    }
+}
+
+/// How randn stores values of `dtype`.
+pub fn randn_format(dtype: DType) -> Result<RandnFormat, TensorError> {
+    match dtype {
+        DType::Float32 => Ok(RandnFormat::F32),
+        DType::Float64 => Ok(RandnFormat::F64),
+        DType::Float16 => Ok(RandnFormat::F16),
+        DType::BFloat16 => Ok(RandnFormat::BF16),
+        other => Err(TensorError::Unsupported(format!(
+            "randn is only defined for floating dtypes, not {other}"
+        ))),
+    }
+}
+
+fn elementwise(op: BinaryOp) -> ElementwiseOp {
+    match op {
+        BinaryOp::Add => ElementwiseOp::Add,
+        BinaryOp::Sub => ElementwiseOp::Sub,
+        BinaryOp::Mul => ElementwiseOp::Mul,
+        BinaryOp::Div => ElementwiseOp::Div,
+    }
+}
+
+fn float32_only(what: &str, span: &Span) -> Result<(), TensorError> {
+    if span.dtype == DType::Float32 {
+        Ok(())
+    } else {
+        Err(TensorError::Unsupported(format!(
+            "{what} on {} tensors is not supported yet (float32 only)",
+            span.dtype
+        )))
+    }
+}
+
+impl Backend for CudaBackend {
+    fn fill(&self, dst: &Span, value: f64) -> Result<(), TensorError> {
+        let pattern = fill_pattern(dst.dtype, value);
+        self.kernels()?
+            .fill(dst.ptr, dst.numel as u64, dst.dtype.size(), pattern)?;
+        Ok(())
+    }
+
+    fn randn(&self, dst: &Span, seed: u64, offset: u64) -> Result<(), TensorError> {
+        let format = randn_format(dst.dtype)?;
+        self.kernels()?
+            .randn(format, dst.ptr, dst.numel as u64, seed, offset)?;
+        Ok(())
+    }
+
+    fn copy(&self, dst: &Span, src: &Span) -> Result<(), TensorError> {
+        self.gpu.activate()?;
+        kernels::copy(dst.ptr, src.ptr, src.numel * src.dtype.size())?;
+        Ok(())
+    }
+
+    fn binary(
+        &self,
+        op: BinaryOp,
+        lhs: Operand,
+        rhs: Operand,
+        out: &Span,
+    ) -> Result<(), TensorError> {
+        let operands = match (lhs, rhs) {
+            (Operand::Tensor(a), Operand::Tensor(b)) => {
+                float32_only(op.symbol(), &a)?;
+                float32_only(op.symbol(), &b)?;
+                Operands::Tensors(a.ptr, b.ptr)
+            }
+            (Operand::Tensor(a), Operand::Scalar(s)) => {
+                float32_only(op.symbol(), &a)?;
+                Operands::TensorScalar(a.ptr, s as f32)
+            }
+            (Operand::Scalar(s), Operand::Tensor(b)) => {
+                float32_only(op.symbol(), &b)?;
+                Operands::ScalarTensor(s as f32, b.ptr)
+            }
+            (Operand::Scalar(_), Operand::Scalar(_)) => {
+                return Err(TensorError::Unsupported(format!(
+                    "'{}' needs at least one tensor",
+                    op.symbol()
+                )))
+            }
+        };
+        self.kernels()?
+            .binary_f32(elementwise(op), operands, out.ptr, out.numel as u64)?;
+        Ok(())
+    }
+
+    fn reduce(&self, op: Reduction, src: &Span) -> Result<f64, TensorError> {
+        float32_only(op.name(), src)?;
+        let kernels = self.kernels()?;
+        let n = src.numel as u64;
+        let (sum, squares) = kernels.moments_f32(src.ptr, n, 0.0)?;
+        if op != Reduction::Std || n < 2 {
+            return Ok(finish_reduction(op, n as f64, sum, squares));
+        }
+        // Second pass around the mean, so a large mean does not cancel the variance away.
+        let mean = sum / n as f64;
+        let (shifted_sum, shifted_squares) = kernels.moments_f32(src.ptr, n, mean)?;
+        Ok(finish_reduction(
+            Reduction::Std,
+            n as f64,
+            shifted_sum,
+            shifted_squares,
+        ))
+    }
+
+    fn read(&self, src: &Span, count: usize) -> Result<Vec<f64>, TensorError> {
+        self.gpu.activate()?;
+        let count = count.min(src.numel);
+        let bytes = kernels::read(src.ptr, count * src.dtype.size())?;
+        Ok(decode(src.dtype, &bytes))
+    }
+}

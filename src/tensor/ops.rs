@@ -1,0 +1,219 @@
+//! Value operations on tensors: copies, elementwise arithmetic, reductions and reads. Each
+//! allocates through the caching allocator like any tensor and asks the runtime's backend to
+//! compute; the contents it records let the simulated device answer reads where it can.
+
+use std::rc::Rc;
+
+use super::backend::{BinaryOp, Operand, Reduction};
+use super::{Contents, DType, Tensor, TensorError};
+
+/// The most elements `to_array()` copies to the host (4 MB of float32): larger reads are
+/// refused with a message rather than building a huge script array.
+pub const MAX_HOST_ELEMENTS: usize = 1_000_000;
+
+/// One side of an elementwise operation as a caller gives it.
+#[derive(Clone, Copy)]
+pub enum Arg<'a> {
+    /// A tensor.
+    Tensor(&'a Tensor),
+    /// A number.
+    Scalar(f64),
+}
+
+/// A number as a display shows it: integers plainly, floats with four decimals.
+pub fn format_value(dtype: DType, value: f64) -> String {
+    match dtype {
+        DType::Bool => (value != 0.0).to_string(),
+        dtype if !dtype.is_float() => format!("{value:.0}"),
+        _ => format!("{value:.4}"),
+    }
+}
+
+impl Tensor {
+    /// The first `count` values, when the device can read them; `None` for `empty` tensors,
+    /// zero-element tensors, and on sim for values it cannot compute.
+    pub fn leading_values(&self, count: usize) -> Option<Vec<f64>> {
+        if self.numel() == 0 || self.storage.contents() == Contents::Uninitialized {
+            return None;
+        }
+        self.runtime()
+            .backend()
+            .read(&self.span(), count.min(self.numel()))
+            .ok()
+    }
+
+    /// Every value, copied to the host; refused above [`MAX_HOST_ELEMENTS`].
+    pub fn to_values(&self) -> Result<Vec<f64>, TensorError> {
+        if self.numel() > MAX_HOST_ELEMENTS {
+            return Err(TensorError::Unsupported(format!(
+                "the tensor has {} elements; at most {MAX_HOST_ELEMENTS} can be copied to the host \
+                 (read part of it, e.g. t.reshape(t.numel).slice(0, 0, 1000).to_array())",
+                self.numel()
+            )));
+        }
+        self.runtime().backend().read(&self.span(), self.numel())
+    }
+
+    /// The single value of a one-element tensor (`t.item()`).
+    pub fn item(&self) -> Result<f64, TensorError> {
+        if self.numel() != 1 {
+            return Err(TensorError::BadShape(format!(
+                "item() needs a tensor with exactly one element, this one has {}",
+                self.numel()
+            )));
+        }
+        let values = self.runtime().backend().read(&self.span(), 1)?;
+        values
+            .first()
+            .copied()
+            .ok_or_else(|| TensorError::Unsupported("the device returned no value".into()))
+    }
+
+    /// A new tensor with its own storage holding the same values (`t.clone()`).
+    pub fn clone_values(&self) -> Result<Tensor, TensorError> {
+        let runtime = Rc::clone(self.runtime());
+        let copy = Tensor::empty(&runtime, &self.shape, self.dtype)?;
+        runtime.backend().copy(&copy.span(), &self.span())?;
+        // The copy starts at element 0 of its storage, so a generated view's offset moves in.
+        let contents = match self.storage.contents() {
+            Contents::Normal { seed, offset } => Contents::Normal {
+                seed,
+                offset: offset + self.offset as u64,
+            },
+            other => other,
+        };
+        copy.storage.set_contents(contents);
+        Ok(copy)
+    }
+
+    /// `lhs op rhs` into a new tensor: float32 tensors of equal shape, or a tensor and a number.
+    pub fn binary(op: BinaryOp, lhs: Arg<'_>, rhs: Arg<'_>) -> Result<Tensor, TensorError> {
+        let template = match (lhs, rhs) {
+            (Arg::Tensor(tensor), _) | (_, Arg::Tensor(tensor)) => tensor,
+            (Arg::Scalar(_), Arg::Scalar(_)) => {
+                return Err(TensorError::Unsupported(format!(
+                    "'{}' needs at least one tensor",
+                    op.symbol()
+                )))
+            }
+        };
+        for arg in [lhs, rhs] {
+            if let Arg::Tensor(tensor) = arg {
+                if tensor.dtype != DType::Float32 {
+                    return Err(TensorError::Unsupported(format!(
+                        "'{}' on {} tensors is not supported yet (float32 only)",
+                        op.symbol(),
+                        tensor.dtype
+                    )));
+                }
+                if tensor.shape != template.shape {
+                    return Err(TensorError::BadShape(format!(
+                        "'{}' needs tensors of equal shape, got {:?} and {:?}",
+                        op.symbol(),
+                        template.shape,
+                        tensor.shape
+                    )));
+                }
+                if !Rc::ptr_eq(tensor.runtime(), template.runtime()) {
+                    return Err(TensorError::Unsupported(
+                        "tensors of different sessions cannot be combined".into(),
+                    ));
+                }
+            }
+        }
+        let runtime = Rc::clone(template.runtime());
+        let out = Tensor::empty(&runtime, &template.shape, DType::Float32)?;
+        let operand = |arg: Arg<'_>| match arg {
+            Arg::Tensor(tensor) => Operand::Tensor(tensor.span()),
+            Arg::Scalar(value) => Operand::Scalar(value),
+        };
+        runtime
+            .backend()
+            .binary(op, operand(lhs), operand(rhs), &out.span())?;
+        out.storage.set_contents(Contents::Computed);
+        Ok(out)
+    }
+
+    /// Reduces every element to one number (`sum`, `mean`, `std`); float32 only for now.
+    pub fn reduce(&self, op: Reduction) -> Result<f64, TensorError> {
+        if self.dtype != DType::Float32 {
+            return Err(TensorError::Unsupported(format!(
+                "{}() of {} tensors is not supported yet (float32 only)",
+                op.name(),
+                self.dtype
+            )));
+        }
+        self.runtime().backend().reduce(op, &self.span())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::{AllocConf, CachingAllocator};
+    use crate::device::sim::SimDevice;
+    use crate::tensor::{philox, Runtime};
+
+    fn runtime() -> Rc<Runtime> {
+        let allocator = CachingAllocator::new(Box::new(SimDevice::h200()), AllocConf::default())
+            .expect("allocator");
+        Runtime::new(allocator)
+    }
+
+    #[test]
+    fn sim_reads_generated_values_through_the_twin() {
+        let rt = runtime();
+        rt.manual_seed(5);
+        let first = Tensor::randn(&rt, &[3], DType::Float32).expect("randn");
+        let second = Tensor::randn(&rt, &[2, 2], DType::Float32).expect("randn");
+        assert_eq!(
+            first.to_values().expect("values"),
+            (0..3)
+                .map(|i| f64::from(philox::normal_at(5, i)))
+                .collect::<Vec<_>>()
+        );
+        // The second tensor starts on the next block of four.
+        assert_eq!(
+            second.to_values().expect("values")[0],
+            f64::from(philox::normal_at(5, 4))
+        );
+        let view = second
+            .reshape(&[4])
+            .and_then(|t| t.slice(0, 1, 2))
+            .expect("view");
+        assert_eq!(
+            view.item().expect("item"),
+            f64::from(philox::normal_at(5, 5))
+        );
+        let copy = view.clone_values().expect("clone");
+        assert_eq!(copy.item(), view.item());
+        assert!(first.to_string().contains(", ["), "{first}");
+    }
+
+    #[test]
+    fn arithmetic_allocates_and_is_unreadable_on_sim() {
+        let rt = runtime();
+        let a = Tensor::full(&rt, &[4], 2.0, DType::Float32).expect("full");
+        assert_eq!(a.reduce(Reduction::Sum), Ok(8.0));
+        let before = rt.allocator().stats().get("allocation.all.current");
+        let b = Tensor::binary(BinaryOp::Mul, Arg::Tensor(&a), Arg::Scalar(3.0)).expect("mul");
+        assert_eq!(
+            rt.allocator().stats().get("allocation.all.current"),
+            before.map(|n| n + 1)
+        );
+        assert!(b.to_values().is_err());
+        assert!(!b.to_string().contains(", ["));
+        let other = Tensor::full(&rt, &[5], 1.0, DType::Float32).expect("full");
+        assert!(Tensor::binary(BinaryOp::Add, Arg::Tensor(&a), Arg::Tensor(&other)).is_err());
+        let ints = Tensor::full(&rt, &[4], 1.0, DType::Int32).expect("full");
+        assert!(ints.reduce(Reduction::Mean).is_err());
+        assert_eq!(ints.to_values(), Ok(vec![1.0; 4]));
+    }
+
+    #[test]
+    fn item_needs_one_element() {
+        let rt = runtime();
+        let a = Tensor::full(&rt, &[2], 1.0, DType::Float32).expect("full");
+        assert!(a.item().is_err());
+    }
+}

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# gpumem's GPU suite (issue 3 and later additions), run on the H200 machine.
+#
+# usage: tests/gpu/run.sh [GPUMEM]        (GPUMEM defaults to ./gpumem, then target/release/gpumem)
+# Run from the folder holding the release binary and this folder's files, e.g. after copying
+#   target/release/gpumem tests/gpu/* tests/fixtures/pytorch-seed-walkthrough.json
+#   benches/compare/randn_torch.py  into one folder:
+#   LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH bash run.sh
+# Each check prints its output and `PASS name` / `FAIL name`; the last line is `N passed, N failed`.
+# Add checks with `check NAME COMMAND...` (the command's exit status decides).
+
+cd "$(dirname "$0")"
+GPUMEM=${1:-./gpumem}
+[ -x "$GPUMEM" ] || GPUMEM=../../target/release/gpumem
+FIXTURE=pytorch-seed-walkthrough.json
+[ -f "$FIXTURE" ] || FIXTURE=../fixtures/pytorch-seed-walkthrough.json
+TORCH_SCRIPT=randn_torch.py
+[ -f "$TORCH_SCRIPT" ] || TORCH_SCRIPT=../../benches/compare/randn_torch.py
+export GPUMEM FIXTURE TORCH_SCRIPT
+passed=0
+failed=0
+
+check() {
+    local name=$1
+    shift
+    echo "=== $name"
+    if "$@"; then
+        echo "PASS $name"
+        passed=$((passed + 1))
+    else
+        echo "FAIL $name"
+        failed=$((failed + 1))
+    fi
+}
+
+# A script's output must contain no `FAIL` line and the run must succeed without a panic.
+script_ok() {
+    local out
+    out=$("$GPUMEM" --device "$1" run "$2" 2>&1)
+    local rc=$?
+    echo "$out"
+    [ $rc -eq 0 ] && ! grep -q '^FAIL' <<<"$out" && ! grep -q 'panicked' <<<"$out"
+}
+
+walkthrough() { python3 walkthrough.py "$GPUMEM" "$FIXTURE" "$1"; }
+
+walkthrough_same_on_sim() {
+    walkthrough sim:150109880320 >/dev/null
+    diff <(grep '^S ' walkthrough.cuda_0.out) <(grep '^S ' walkthrough.sim_150109880320.out) && echo "cuda and sim counters identical"
+}
+
+randn_bench() {
+    local out
+    out=$("$GPUMEM" --device cuda:0 bench randn --torch-script "$TORCH_SCRIPT" 2>&1)
+    local rc=$?
+    echo "$out"
+    [ $rc -eq 0 ] || return 1
+    BENCH_OUT=$out python3 - <<'PY'
+import os, re, sys
+out = os.environ["BENCH_OUT"]
+tbps = float(re.search(r"gpumem_tbps=([\d.]+)", out).group(1))
+mean, std = map(float, re.search(r"mean=(\S+) std=(\S+)", out).groups())
+over = int(re.search(r"twin_over=(\d+)", out).group(1))
+repro = re.search(r"reproducible=(\w+)", out).group(1)
+bad = []
+if tbps < 2.5: bad.append(f"throughput {tbps} TB/s < 2.5")
+if abs(mean) > 1e-3: bad.append(f"mean {mean}")
+if abs(std - 1) > 1e-3: bad.append(f"std {std}")
+if over: bad.append(f"{over} of the first 1e6 values differ from the CPU twin beyond 1e-6")
+if repro != "yes": bad.append("not reproducible")
+if re.search(r"deterministic_sum=(\w+)", out).group(1) != "yes": bad.append("sum() not deterministic")
+print("bench checks:", "; ".join(bad) if bad else "all met")
+sys.exit(1 if bad else 0)
+PY
+}
+
+oom_keeps_nine() {
+    local out
+    out=$("$GPUMEM" --device cuda:0 run oom.rhai 2>&1)
+    echo "$out"
+    grep -q '^kept=9$' <<<"$out" && grep -q 'GPU 0 has a total capacity of' <<<"$out"
+}
+
+no_panics() {
+    local out rc
+    out=$("$GPUMEM" --device cuda:0 run errors.rhai 2>&1); rc=$?
+    echo "$out"
+    [ $rc -eq 0 ] && ! grep -q '^FAIL\|panicked' <<<"$out" || return 1
+    out=$("$GPUMEM" --device cuda:9 run errors.rhai 2>&1); rc=$?
+    echo "cuda:9 -> exit $rc: $out"
+    [ $rc -eq 2 ] && ! grep -q panicked <<<"$out"
+}
+
+check walkthrough-cuda walkthrough cuda:0
+check walkthrough-cuda-equals-sim walkthrough_same_on_sim
+check values-cuda script_ok cuda:0 values.rhai
+check randn-bench randn_bench
+check oom-fraction-0.02 oom_keeps_nine
+check no-panics no_panics
+
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]
