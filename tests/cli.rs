@@ -215,7 +215,7 @@ fn every_error_class_names_the_function_and_argument() {
         ("set_per_process_memory_fraction(\"half\")", "set_per_process_memory_fraction: fraction must be a number, got string"),
         ("set_per_process_memory_fraction(1.5)", "set_per_process_memory_fraction:"),
         ("manual_seed(-1)", "manual_seed: seed must be non-negative, got -1"),
-        ("empty(200 * 1073741824, \"uint8\")", "empty: CUDA out of memory. Tried to allocate 200.00 GiB. GPU 0 has a total capacity of 139.80 GiB"),
+        ("empty(200 * 1073741824, \"uint8\")", "CUDA out of memory. Tried to allocate 200.00 GiB. GPU 0 has a total capacity of 139.80 GiB"),
         ("memory_allocated(1)", "Function not found: memory_allocated (i64)"),
         ("import \"os\" as os;", "import: no module named 'os'; gpumem's modules are: mem, check"),
         ("mem::format_size(-1)", "mem::format_size: bytes must be non-negative, got -1"),
@@ -239,7 +239,7 @@ fn uncaught_oom_exits_1_and_caught_oom_keeps_tensors() {
     assert_eq!(stdout, "caught\n1073741824\n");
     assert_eq!(code, 1);
     assert!(
-        stderr.contains(":4:9: error: empty: CUDA out of memory. Tried to allocate 500.00 GiB."),
+        stderr.contains(":4:9: error: CUDA out of memory. Tried to allocate 500.00 GiB."),
         "{stderr}"
     );
 }

@@ -129,14 +129,14 @@ fn a_script_error_is_shown_and_can_be_expected() {
     let (code, stdout, _) = gpumem_test(&dir, &["oom.rhai"]);
     assert_eq!(code, 1);
     assert!(
-        stdout.contains("the script stopped with an error:\n    oom.rhai:3:9: error: empty: CUDA out of memory. Tried to allocate 2.00 GiB."),
+        stdout.contains("the script stopped with an error:\n    oom.rhai:3:9: error: CUDA out of memory. Tried to allocate 2.00 GiB."),
         "{stdout}"
     );
     // Blessing pins the error; from then on the script passes.
     let (code, _, _) = gpumem_test(&dir, &["--bless", "oom.rhai"]);
     assert_eq!(code, 0);
     let expected = std::fs::read_to_string(dir.join("oom.out")).expect("read");
-    assert!(expected.starts_with("start\noom.rhai:3:9: error: empty: CUDA out of memory."));
+    assert!(expected.starts_with("start\noom.rhai:3:9: error: CUDA out of memory."));
     assert!(expected.ends_with("3 | let t = empty(2147483648, \"uint8\");\n  |         ^\n"));
     let (code, _, _) = gpumem_test(&dir, &["oom.rhai"]);
     assert_eq!(code, 0);

@@ -5,7 +5,8 @@ use std::rc::Rc;
 use rhai::{Dynamic, Engine, EvalAltResult};
 
 use super::{memory_api, tensor_api, values_api};
-use crate::tensor::Runtime;
+use crate::alloc::AllocError;
+use crate::tensor::{Runtime, TensorError};
 
 /// A binding's error: the function's name and what was wrong.
 pub type BindingResult<T> = Result<T, Box<EvalAltResult>>;
@@ -13,6 +14,16 @@ pub type BindingResult<T> = Result<T, Box<EvalAltResult>>;
 /// Builds a script error naming the function.
 pub fn fail<T>(function: &str, message: impl std::fmt::Display) -> BindingResult<T> {
     Err(format!("{function}: {message}").into())
+}
+
+/// Builds a script error from a tensor-layer error. PyTorch's out-of-memory text passes through
+/// unchanged — scripts read it as Python code reads `str(e)` of `torch.OutOfMemoryError` — while
+/// every other error names the function that failed.
+pub fn tensor_fail<T>(function: &str, error: TensorError) -> BindingResult<T> {
+    match error {
+        TensorError::Alloc(AllocError::OutOfMemory(oom)) => Err(oom.message.into()),
+        other => fail(function, other),
+    }
 }
 
 /// Reads an integer argument that must be non-negative.

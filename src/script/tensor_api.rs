@@ -4,7 +4,7 @@ use std::rc::Rc;
 
 use rhai::{Array, Dynamic, Engine, ImmutableString, INT};
 
-use super::bindings::{fail, number, BindingResult};
+use super::bindings::{fail, number, tensor_fail, BindingResult};
 use crate::tensor::{shape, DType, Runtime, Tensor};
 
 /// Converts a shape argument — an integer or an array of integers — into dimensions.
@@ -54,7 +54,7 @@ fn create(
 ) -> BindingResult<Tensor> {
     let shape = shape_arg(function, shape)?;
     let dtype = dtype_arg(function, dtype)?;
-    make(runtime, &shape, dtype).or_else(|error| fail(function, error))
+    make(runtime, &shape, dtype).or_else(|error| tensor_fail(function, error))
 }
 
 /// Registers creation functions and tensor properties.
@@ -114,5 +114,5 @@ fn full(
     let shape = shape_arg("full", shape)?;
     let value = number("full", "fill value", value)?;
     let dtype = dtype_arg("full", dtype)?;
-    Tensor::full(runtime, &shape, value, dtype).or_else(|error| fail("full", error))
+    Tensor::full(runtime, &shape, value, dtype).or_else(|error| tensor_fail("full", error))
 }

@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use rhai::{Array, Dynamic, Engine, Map, FLOAT, INT};
 
-use super::bindings::{fail, non_negative, BindingResult};
+use super::bindings::{fail, non_negative, tensor_fail, BindingResult};
 use super::tensor_api::shape_arg;
 use crate::device::DriverMemory;
 use crate::tensor::backend::{BinaryOp, Reduction};
@@ -25,7 +25,7 @@ fn to_dynamic(dtype: DType, value: f64) -> Dynamic {
 /// Registers `a op b` for tensor ⊕ tensor, tensor ⊕ number and number ⊕ tensor.
 fn register_operator(engine: &mut Engine, symbol: &'static str, op: BinaryOp) {
     let run = move |lhs: Arg<'_>, rhs: Arg<'_>| -> BindingResult<Tensor> {
-        Tensor::binary(op, lhs, rhs).or_else(|error| fail(symbol, error))
+        Tensor::binary(op, lhs, rhs).or_else(|error| tensor_fail(symbol, error))
     };
     engine.register_fn(symbol, move |a: &mut Tensor, b: Tensor| {
         run(Arg::Tensor(a), Arg::Tensor(&b))
@@ -92,7 +92,8 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
         },
     );
     engine.register_fn("clone", |t: &mut Tensor| -> BindingResult<Tensor> {
-        t.clone_values().or_else(|error| fail("clone", error))
+        t.clone_values()
+            .or_else(|error| tensor_fail("clone", error))
     });
     register_operator(engine, "+", BinaryOp::Add);
     register_operator(engine, "-", BinaryOp::Sub);
@@ -104,7 +105,7 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
         ("std", Reduction::Std),
     ] {
         engine.register_fn(name, move |t: &mut Tensor| -> BindingResult<FLOAT> {
-            t.reduce(op).or_else(|error| fail(name, error))
+            t.reduce(op).or_else(|error| tensor_fail(name, error))
         });
     }
     engine.register_fn("item", |t: &mut Tensor| -> BindingResult<Dynamic> {
