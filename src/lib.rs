@@ -4,6 +4,8 @@
 //! from the caching allocator ([`alloc`]), which draws whole segments from a device
 //! ([`device`]): a real CUDA GPU or a simulated one.
 
+#![warn(missing_docs)]
+
 pub mod alloc;
 pub mod bench;
 pub mod device;
