@@ -2,6 +2,8 @@
 # gpumem's GPU suite (issue 3 and later additions), run on the H200 machine.
 #
 # usage: tests/gpu/run.sh [GPUMEM]        (GPUMEM defaults to ./gpumem, then target/release/gpumem)
+# From a checkout on the GPU machine (the usual way; the release binary carried there):
+#   LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH bash tests/gpu/run.sh target/release/gpumem
 # Run from the folder holding the release binary and this folder's files, e.g. after copying
 #   target/release/gpumem tests/gpu/* tests/fixtures/pytorch-seed-walkthrough.json
 #   benches/compare/randn_torch.py  into one folder:
@@ -12,6 +14,9 @@
 cd "$(dirname "$0")"
 GPUMEM=${1:-./gpumem}
 [ -x "$GPUMEM" ] || GPUMEM=../../target/release/gpumem
+GPUMEM=$(realpath "$GPUMEM")
+# The repository root, for checks that use its golden scripts, scripts/ and benches/compare/.
+REPO=$(realpath ../..)
 FIXTURE=pytorch-seed-walkthrough.json
 [ -f "$FIXTURE" ] || FIXTURE=../fixtures/pytorch-seed-walkthrough.json
 TORCH_SCRIPT=randn_torch.py
@@ -91,12 +96,60 @@ no_panics() {
     [ $rc -eq 2 ] && ! grep -q panicked <<<"$out"
 }
 
+# Issue 5: every golden script prints on the GPU exactly what it prints on sim (the .out files
+# were blessed on sim; scripts pinned to sim by a directive still run on sim).
+golden_cuda() { (cd "$REPO" && "$GPUMEM" --device cuda:0 test tests/golden); }
+
+# Issue 4: every experiment script runs to completion on the GPU (they check themselves).
+scripts_cuda() {
+    local script ok=0
+    for script in "$REPO"/scripts/*.rhai; do
+        echo "--- $script"
+        script_ok cuda:0 "$script" || ok=1
+    done
+    return $ok
+}
+
+# Issue 2: PyTorch's allocator (raw_alloc/raw_delete, a C++ extension built here) against
+# `gpumem bench alloc --device cuda` on the same patterns; the goal is gpumem >= 4x faster.
+alloc_compare() {
+    local out
+    out=$(python3 "$REPO/benches/compare/alloc_compare.py" "$GPUMEM" 2>&1)
+    local rc=$?
+    echo "$out"
+    [ $rc -eq 0 ] && COMPARE_OUT=$out python3 - <<'PY'
+import os, re, sys
+ratios = [float(x) for x in re.findall(r"([\d.]+)x$", os.environ["COMPARE_OUT"], re.M)]
+print("speed-ups:", ratios)
+sys.exit(0 if len(ratios) == 2 and min(ratios) >= 4 else 1)
+PY
+}
+
+# Issue 4: the Python allocation loop vs gpumem's, and the seed walkthrough as whole processes
+# (python3 + import torch vs gpumem run, context creation included): gpumem >= 3x faster.
+script_compare() {
+    local out
+    out=$(cd "$REPO" && python3 benches/compare/script_compare.py --gpumem "$GPUMEM" --device cuda:0 2>&1)
+    local rc=$?
+    echo "$out"
+    [ $rc -eq 0 ] && COMPARE_OUT=$out python3 - <<'PY'
+import os, re, sys
+ratio = float(re.search(r"ratio:\s+([\d.]+)x", os.environ["COMPARE_OUT"]).group(1))
+print("walkthrough speed-up:", ratio)
+sys.exit(0 if ratio >= 3 else 1)
+PY
+}
+
 check walkthrough-cuda walkthrough cuda:0
 check walkthrough-cuda-equals-sim walkthrough_same_on_sim
 check values-cuda script_ok cuda:0 values.rhai
 check randn-bench randn_bench
 check oom-fraction-0.02 oom_keeps_nine
 check no-panics no_panics
+check golden-cuda-equals-sim golden_cuda
+check scripts-cuda scripts_cuda
+check alloc-vs-pytorch alloc_compare
+check script-vs-pytorch script_compare
 
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]

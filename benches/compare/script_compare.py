@@ -10,7 +10,7 @@
    each (best of REPEATS), context creation included.
 
 Usage (from the repository root, after `cargo build --release`):
-    python3 benches/compare/compare.py [--gpumem target/release/gpumem] [--device cuda:0]
+    python3 benches/compare/script_compare.py [--gpumem target/release/gpumem] [--device cuda:0]
 """
 
 import argparse
