@@ -102,18 +102,29 @@ fn main() -> ExitCode {
     }
 }
 
-/// `gpumem` without a subcommand: the REPL (exit 1 when a piped transcript had errors).
-fn repl(options: &SessionOptions, limits: Limits) -> ExitCode {
-    let session = match session::open(options) {
-        Ok(session) => session,
+/// Opens the session the options ask for, printing the fallback notice if there is one; on
+/// failure prints why and returns the usage-error exit code.
+fn open_session(options: &SessionOptions) -> Result<session::Session, ExitCode> {
+    match session::open(options) {
+        Ok(session) => {
+            if let Some(notice) = &session.notice {
+                eprintln!("{notice}");
+            }
+            Ok(session)
+        }
         Err(error) => {
             eprintln!("gpumem: {error}");
-            return ExitCode::from(EXIT_USAGE);
+            Err(ExitCode::from(EXIT_USAGE))
         }
-    };
-    if let Some(notice) = &session.notice {
-        eprintln!("{notice}");
     }
+}
+
+/// `gpumem` without a subcommand: the REPL (exit 1 when a piped transcript had errors).
+fn repl(options: &SessionOptions, limits: Limits) -> ExitCode {
+    let session = match open_session(options) {
+        Ok(session) => session,
+        Err(code) => return code,
+    };
     match gpumem::repl::run(session.runtime, limits) {
         Ok(0) => ExitCode::SUCCESS,
         Ok(_) => ExitCode::from(EXIT_SCRIPT_ERROR),
@@ -125,16 +136,10 @@ fn repl(options: &SessionOptions, limits: Limits) -> ExitCode {
 }
 
 fn run(options: &SessionOptions, limits: Limits, file: &std::path::Path) -> ExitCode {
-    let session = match session::open(options) {
+    let session = match open_session(options) {
         Ok(session) => session,
-        Err(error) => {
-            eprintln!("gpumem: {error}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(code) => return code,
     };
-    if let Some(notice) = &session.notice {
-        eprintln!("{notice}");
-    }
     let host = Host::with_limits(session.runtime, PrintSink::Stdout, limits);
     match host.run_file(file) {
         Ok(()) => ExitCode::SUCCESS,
@@ -150,12 +155,9 @@ fn run(options: &SessionOptions, limits: Limits, file: &std::path::Path) -> Exit
 }
 
 fn bench_alloc(options: &SessionOptions, rounds: usize, json: bool) -> ExitCode {
-    let session = match session::open(options) {
+    let session = match open_session(options) {
         Ok(session) => session,
-        Err(error) => {
-            eprintln!("gpumem: {error}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(code) => return code,
     };
     let timings = session
         .runtime

@@ -90,55 +90,10 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
         }
     });
     let rt = Rc::clone(runtime);
-    engine.register_fn("memory_snapshot", move || -> Array {
-        rt.allocator()
-            .snapshot()
-            .into_iter()
-            .map(|segment| {
-                let mut map = Map::new();
-                map.insert("address".into(), Dynamic::from(segment.address as INT));
-                map.insert(
-                    "total_size".into(),
-                    Dynamic::from(segment.total_size as INT),
-                );
-                map.insert(
-                    "allocated_size".into(),
-                    Dynamic::from(segment.allocated_size as INT),
-                );
-                map.insert(
-                    "active_size".into(),
-                    Dynamic::from(segment.active_size as INT),
-                );
-                map.insert(
-                    "requested_size".into(),
-                    Dynamic::from(segment.requested_size as INT),
-                );
-                map.insert(
-                    "segment_type".into(),
-                    Dynamic::from(segment.segment_type.to_string()),
-                );
-                let blocks: Array = segment
-                    .blocks
-                    .into_iter()
-                    .map(|block| {
-                        let mut map = Map::new();
-                        map.insert("address".into(), Dynamic::from(block.address as INT));
-                        map.insert("size".into(), Dynamic::from(block.size as INT));
-                        map.insert(
-                            "requested_size".into(),
-                            Dynamic::from(block.requested_size as INT),
-                        );
-                        map.insert(
-                            "state".into(),
-                            Dynamic::from(block.state.name().to_string()),
-                        );
-                        Dynamic::from(map)
-                    })
-                    .collect();
-                map.insert("blocks".into(), Dynamic::from(blocks));
-                Dynamic::from(map)
-            })
-            .collect()
+    // The snapshot types derive Serialize with PyTorch's key names, so Rhai's serde support
+    // turns them into maps directly.
+    engine.register_fn("memory_snapshot", move || -> BindingResult<Dynamic> {
+        rhai::serde::to_dynamic(rt.allocator().snapshot())
     });
     let rt = Rc::clone(runtime);
     engine.register_fn("manual_seed", move |seed: INT| -> BindingResult<()> {
