@@ -24,8 +24,9 @@ use super::{DeviceError, DeviceMemory, DriverMemory, ProcessMemory};
 pub const MIN_DRIVER_VERSION: i32 = 13_000;
 
 /// Driver entry points gpumem calls; each is checked before the first call.
-const DRIVER_SYMBOLS: [&str; 28] = [
+const DRIVER_SYMBOLS: [&str; 29] = [
     "cuInit",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
     "cuDriverGetVersion",
     "cuGetErrorName",
     "cuGetErrorString",
@@ -104,6 +105,8 @@ pub struct CudaGpu {
     uuid: String,
     total: u64,
     compute_capability: (i32, i32),
+    /// Streaming multiprocessors (sizes grid-stride launches).
+    multiprocessors: u32,
     context: OnceCell<sys::CUcontext>,
     kernels: OnceCell<Kernels>,
 }
@@ -174,6 +177,8 @@ impl CudaGpu {
             attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor =
             attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let multiprocessors =
+            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         Ok(Rc::new(CudaGpu {
             ordinal,
             device,
@@ -181,6 +186,7 @@ impl CudaGpu {
             uuid,
             total: total as u64,
             compute_capability: (major, minor),
+            multiprocessors: multiprocessors.max(1) as u32,
             context: OnceCell::new(),
             kernels: OnceCell::new(),
         }))
@@ -235,7 +241,7 @@ impl CudaGpu {
             return Ok(kernels);
         }
         self.activate()?;
-        let kernels = Kernels::load(self.compute_capability)?;
+        let kernels = Kernels::load(self.compute_capability, self.multiprocessors)?;
         Ok(self.kernels.get_or_init(|| kernels))
     }
 }

@@ -33,23 +33,101 @@ const NVRTC_SYMBOLS: [&str; 7] = [
     "nvrtcGetProgramLog",
 ];
 
-/// The float32 randn kernels of `values.cu`: (name, blocks of four values per thread).
-/// Precise ones use correctly rounded log/sincospi (the CPU twin matches them); `fasttrig`
-/// and `fastlog` use the hardware approximations for one function, `fast` for both.
-///
-/// Measured on the H200 (960 MB tensor, 20 reps): precise_1 1.85 TB/s with every one of the
-/// first 10⁶ values within 1e-6 of the twin; precise_2 1.78; fasttrig_1 2.23 (53 values
-/// beyond); fast_1 2.74 (670 beyond). Tensors use the precise kernel: correct values first.
-pub const RANDN_F32_VARIANTS: [(&str, u32); 5] = [
-    ("randn_f32_precise_1", 1),
-    ("randn_f32_precise_2", 2),
-    ("randn_f32_fasttrig_1", 1),
-    ("randn_f32_fastlog_1", 1),
-    ("randn_f32_fast_1", 1),
+/// How a randn kernel covers the tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RandnLaunch {
+    /// One thread per block of four values.
+    Each,
+    /// A grid that fills the device once (multiprocessors × resident blocks), each thread
+    /// looping over blocks of four values with a grid-sized stride.
+    Loop,
+}
+
+/// One float32 randn kernel of `values.cu`, as `gpumem bench randn` lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RandnVariant {
+    /// The kernel's name in `values.cu`.
+    pub name: &'static str,
+    /// How it is launched.
+    pub launch: RandnLaunch,
+    /// Whether it computes gpumem's generator (the values of the CPU twin,
+    /// `tensor::philox`); the others run the previous generator's arithmetic, kept as
+    /// timing references.
+    pub twin: bool,
+}
+
+/// The float32 randn kernels. The `twin` ones give identical values and differ only in how
+/// the work is laid out (`each`/`loop`, see [`RandnLaunch`]) or multiplied (`umulhi`:
+/// Philox's mulhilo as `__umulhi` plus a low multiply instead of one 32×32→64 multiply).
+/// `libm` and `libm_fast` run the previous generator's Box-Muller (CUDA's logf/sincospif,
+/// resp. __logf/__sincosf), which no CPU code can reproduce bit for bit.
+pub const RANDN_F32_VARIANTS: [RandnVariant; 6] = [
+    RandnVariant {
+        name: "randn_f32_each",
+        launch: RandnLaunch::Each,
+        twin: true,
+    },
+    RandnVariant {
+        name: "randn_f32_loop",
+        launch: RandnLaunch::Loop,
+        twin: true,
+    },
+    RandnVariant {
+        name: "randn_f32_umulhi_each",
+        launch: RandnLaunch::Each,
+        twin: true,
+    },
+    RandnVariant {
+        name: "randn_f32_umulhi_loop",
+        launch: RandnLaunch::Loop,
+        twin: true,
+    },
+    RandnVariant {
+        name: "randn_f32_libm_each",
+        launch: RandnLaunch::Each,
+        twin: false,
+    },
+    RandnVariant {
+        name: "randn_f32_libm_fast_each",
+        launch: RandnLaunch::Each,
+        twin: false,
+    },
 ];
 
-/// The variant tensors use (an index into [`RANDN_F32_VARIANTS`]).
-pub const RANDN_F32_DEFAULT: usize = 0;
+/// Philox4x32-10's round keys for `seed`, as `values.cu`'s `PhiloxKeys`: round r uses
+/// `(k[2r], k[2r+1]) = (lo + r·0x9E3779B9, hi + r·0xBB67AE85)` with `(lo, hi)` the seed's
+/// 32-bit halves. Computed once per launch on the host instead of in every thread.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PhiloxKeys {
+    /// Interleaved (k0, k1) of rounds 0..10.
+    pub k: [u32; 20],
+}
+
+impl PhiloxKeys {
+    /// The schedule for `seed`.
+    pub fn new(seed: u64) -> PhiloxKeys {
+        let mut k = [0u32; 20];
+        let (mut k0, mut k1) = (seed as u32, (seed >> 32) as u32);
+        for pair in k.chunks_exact_mut(2) {
+            pair[0] = k0;
+            pair[1] = k1;
+            k0 = k0.wrapping_add(0x9E37_79B9);
+            k1 = k1.wrapping_add(0xBB67_AE85);
+        }
+        PhiloxKeys { k }
+    }
+}
+
+/// The variant tensors use (an index into [`RANDN_F32_VARIANTS`]): the grid-stride loop,
+/// which pays per-thread setup and constant loads once rather than per block of values.
+///
+/// Measured on an NVIDIA H200 (960 MB tensor, 20 reps, CUDA events) with this arithmetic but
+/// before the key schedule moved to the host and the square root lost its branch: one block
+/// per thread 2.21 TB/s (two per thread 2.13, four 2.15, `umulhi` 2.24), every one of the
+/// first 10⁶ values bit-identical to the twin; `libm` 1.86, `libm_fast` 2.72; PyTorch's
+/// `normal_` 1.80. The current kernels were not timed yet (`gpumem bench randn` prints all).
+pub const RANDN_F32_DEFAULT: usize = 1;
 
 /// Blocks for the first reduction pass (the size of `moments_partials` in `values.cu`).
 const MOMENTS_MAX_BLOCKS: u64 = 1024;
@@ -95,7 +173,9 @@ pub enum Operands {
 
 /// The loaded module and its functions.
 pub struct Kernels {
-    randn_f32: Vec<sys::CUfunction>,
+    /// The [`RANDN_F32_VARIANTS`] kernels, each with its grid limit (`None`: one thread per
+    /// block of values; `Some(g)`: at most `g` thread blocks, looping).
+    randn_f32: Vec<(sys::CUfunction, Option<u64>)>,
     randn_f64: sys::CUfunction,
     randn_f16: sys::CUfunction,
     randn_bf16: sys::CUfunction,
@@ -114,6 +194,21 @@ fn launch_error(kernel: &str, error: cu::DriverError) -> DeviceError {
 /// Blocks for a grid-stride kernel over `n` elements.
 fn grid_for(n: u64) -> u32 {
     n.div_ceil(u64::from(THREADS)).clamp(1, MAX_GRID) as u32
+}
+
+/// Thread blocks of `f` that fill the device once: `multiprocessors` × the blocks of
+/// [`THREADS`] threads one multiprocessor holds at a time (the driver's occupancy figure).
+fn resident_grid(f: sys::CUfunction, name: &str, multiprocessors: u32) -> Result<u64, DeviceError> {
+    // SAFETY: `f` is a function of the loaded module.
+    let per_multiprocessor =
+        unsafe { cu::occupancy::max_active_block_per_multiprocessor(f, THREADS as i32, 0) }
+            .map_err(|error| {
+                driver_error(
+                    &format!("cuOccupancyMaxActiveBlocksPerMultiprocessor({name})"),
+                    error,
+                )
+            })?;
+    Ok(u64::from(multiprocessors) * u64::from(per_multiprocessor.max(1) as u32))
 }
 
 /// Launches `f` on the default stream.
@@ -144,8 +239,12 @@ fn param<T>(value: &mut T) -> *mut c_void {
 }
 
 impl Kernels {
-    /// Compiles `values.cu` for `compute_capability` and loads it into the current context.
-    pub fn load(compute_capability: (i32, i32)) -> Result<Kernels, DeviceError> {
+    /// Compiles `values.cu` for `compute_capability` and loads it into the current context;
+    /// `multiprocessors` sizes the grid-stride launches.
+    pub fn load(
+        compute_capability: (i32, i32),
+        multiprocessors: u32,
+    ) -> Result<Kernels, DeviceError> {
         // SAFETY: only tries to load the library.
         if !unsafe { nvrtc::sys::is_culib_present() } {
             return Err(DeviceError::Driver(
@@ -191,8 +290,15 @@ impl Kernels {
             .map_err(|error| driver_error("cuModuleGetGlobal(moments_scratch)", error))?;
         let randn_f32 = RANDN_F32_VARIANTS
             .iter()
-            .map(|(name, _)| function(name))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|variant| {
+                let f = function(variant.name)?;
+                let limit = match variant.launch {
+                    RandnLaunch::Each => None,
+                    RandnLaunch::Loop => Some(resident_grid(f, variant.name, multiprocessors)?),
+                };
+                Ok((f, limit))
+            })
+            .collect::<Result<Vec<_>, DeviceError>>()?;
         Ok(Kernels {
             randn_f32,
             randn_f64: function("randn_f64")?,
@@ -256,31 +362,32 @@ impl Kernels {
         let variant = |index: usize| {
             self.randn_f32
                 .get(index)
-                .zip(RANDN_F32_VARIANTS.get(index))
-                .map(|(&f, &(_, ilp))| (f, ilp))
+                .copied()
                 .ok_or_else(|| DeviceError::Driver(format!("no randn variant {index}")))
         };
-        let (f, ilp) = match format {
+        let (f, limit) = match format {
             RandnFormat::F32 => variant(RANDN_F32_DEFAULT)?,
             RandnFormat::F32Variant(index) => variant(index)?,
-            RandnFormat::F64 => (self.randn_f64, 1),
-            RandnFormat::F16 => (self.randn_f16, 1),
-            RandnFormat::BF16 => (self.randn_bf16, 1),
+            RandnFormat::F64 => (self.randn_f64, None),
+            RandnFormat::F16 => (self.randn_f16, None),
+            RandnFormat::BF16 => (self.randn_bf16, None),
         };
-        let grid = n.div_ceil(4).div_ceil(u64::from(THREADS * ilp));
+        // One thread per block of four values, fewer when the kernel loops.
+        let grid = n.div_ceil(4).div_ceil(u64::from(THREADS));
+        let grid = limit.map_or(grid, |limit| grid.min(limit));
         let grid = u32::try_from(grid).map_err(|_| {
             DeviceError::Driver(format!("randn: {n} elements are too many for one launch"))
         })?;
         let (mut ptr, mut n, mut block0) = (ptr, n, offset / 4);
-        let (mut k0, mut k1) = (seed as u32, (seed >> 32) as u32);
+        let mut keys = PhiloxKeys::new(seed);
         let mut params = [
             param(&mut ptr),
             param(&mut n),
             param(&mut block0),
-            param(&mut k0),
-            param(&mut k1),
+            param(&mut keys),
         ];
-        // SAFETY: (T* out, u64 n, u64 block0, u32 k0, u32 k1); `ptr` holds n elements.
+        // SAFETY: (T* out, u64 n, u64 block0, PhiloxKeys key) with PhiloxKeys #[repr(C)] as
+        // the kernel's struct of 20 u32; `ptr` holds n elements.
         unsafe { launch(f, "randn", grid, &mut params) }
     }
 
@@ -393,4 +500,56 @@ pub fn copy(dst: u64, src: u64, bytes: usize) -> Result<(), DeviceError> {
     // SAFETY: both ranges are valid device memory of `bytes` bytes.
     unsafe { cu::memcpy_dtod_sync(dst, src, bytes) }
         .map_err(|error| driver_error("cuMemcpyDtoD", error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::philox;
+
+    #[test]
+    fn round_keys_follow_the_weyl_sequence() {
+        let keys = PhiloxKeys::new(0xFFFF_FFFF_0000_0001);
+        assert_eq!((keys.k[0], keys.k[1]), (1, 0xFFFF_FFFF));
+        assert_eq!(keys.k[2], 1u32.wrapping_add(0x9E37_79B9));
+        assert_eq!(
+            keys.k[19],
+            0xFFFF_FFFFu32.wrapping_add(9u32.wrapping_mul(0xBB67_AE85))
+        );
+    }
+
+    #[test]
+    fn round_keys_give_the_twins_philox() {
+        // Philox with the host's key schedule, round by round as values.cu runs it, equals
+        // the CPU twin's Philox (which derives the keys itself).
+        let seed = 0x0123_4567_89AB_CDEF;
+        let keys = PhiloxKeys::new(seed);
+        let mut c = [7u32, 9, 0, 0];
+        for round in keys.k.chunks_exact(2) {
+            let p0 = u64::from(0xD251_1F53u32) * u64::from(c[0]);
+            let p1 = u64::from(0xCD9E_8D57u32) * u64::from(c[2]);
+            c = [
+                (p1 >> 32) as u32 ^ c[1] ^ round[0],
+                p1 as u32,
+                (p0 >> 32) as u32 ^ c[3] ^ round[1],
+                p0 as u32,
+            ];
+        }
+        assert_eq!(
+            c,
+            philox::philox4x32_10([7, 9, 0, 0], [seed as u32, (seed >> 32) as u32])
+        );
+    }
+
+    #[test]
+    fn every_variant_is_in_values_cu_and_the_default_is_exact() {
+        assert!(RANDN_F32_VARIANTS[RANDN_F32_DEFAULT].twin);
+        let names: Vec<_> = RANDN_F32_VARIANTS.iter().map(|v| v.name).collect();
+        for name in names {
+            assert!(
+                SOURCE.contains(&format!("RANDN_F32({name},")),
+                "{name} not in values.cu"
+            );
+        }
+    }
 }
