@@ -66,7 +66,7 @@ const MIN_SQUARE_RADIUS: f32 = 7.888_609_052e-31;
 const SQRT_HALF_BITS: u32 = 0x3F35_04F3;
 
 /// P(f) ≈ −2 ln(1+f) / f on [√½ − 1, √2 − 1], degree 8, highest order first. Minimax
-/// (tools/fit_randn_poly.py); max relative error 3.0e-8 with these float32 coefficients.
+/// (src/device/kernels/fit_randn_poly.py); max relative error 3.0e-8 with these float32 coefficients.
 #[allow(clippy::excessive_precision)]
 const LOG_POLY: [f32; 9] = [
     -1.747_536_212e-01,

@@ -60,7 +60,7 @@ __device__ __forceinline__ float sqrt_rn_normal(float y) {
 // -2 ln(u) for u in [2^-33, 1]. u = 2^e * m with m in [sqrt(1/2), sqrt(2)) by bit operations;
 // -2 ln(m) = f * P(f), f = m - 1 exact (Sterbenz); -2 ln 2 = NEG2LN2_HI + NEG2LN2_LO.
 // P: degree 8 minimax of -2 ln(1+f)/f on [sqrt(1/2)-1, sqrt(2)-1], max relative error 3.0e-8
-// with these float32 coefficients (tools/fit_randn_poly.py).
+// with these float32 coefficients (src/device/kernels/fit_randn_poly.py).
 __device__ __forceinline__ float neg2_log(float u) {
     const u32 bits = __float_as_uint(u);
     const int e = (int)(bits - 0x3F3504F3u) >> 23;
@@ -84,7 +84,7 @@ __device__ __forceinline__ float neg2_log(float u) {
 // outputs, which spreads the angle over the whole circle. With C(x) = cos(pi x/2)/sqrt(2) and
 // S(x) = sin(pi x/2)/sqrt(2): cos(pi/4 + pi x/2) = C - S, sin(pi/4 + pi x/2) = C + S.
 // C: degree 8 even, S: degree 7 odd, minimax on [-1/2, 1/2], max relative errors 1.7e-8 with
-// these float32 coefficients (tools/fit_randn_poly.py).
+// these float32 coefficients (src/device/kernels/fit_randn_poly.py).
 __device__ __forceinline__ float2 box_muller(u32 w0, u32 w1) {
     const float u = __fmaf_rn(__uint2float_rn(w0), 2.3283064365386963e-10f, 1.1641532182693481e-10f);
     const float r = sqrt_rn_normal(fmaxf(neg2_log(u), 7.888609052e-31f));

@@ -6,7 +6,7 @@ Chebyshev points), then each coefficient is rounded to float32, lowest order fir
 remaining ones refitted. Prints each polynomial's max relative error with the float32
 coefficients (evaluated in float64) and the coefficients, highest order last.
 
-    pip install numpy mpmath && python3 tools/fit_randn_poly.py
+    pip install numpy mpmath && python3 src/device/kernels/fit_randn_poly.py
 """
 import mpmath as mp
 import numpy as np
