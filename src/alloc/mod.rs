@@ -303,6 +303,14 @@ impl CachingAllocator {
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
+        if max_split_size == u64::MAX {
+            // No split limit, so no rejection rule applies: take the best fit in one traversal.
+            return pool
+                .blocks
+                .extract_if((request.size, 0).., |_, _| true)
+                .next()
+                .map(|(_, id)| id);
+        }
         let (block_size, ptr, id) = pool.best_fit(request.size)?;
         // Do not return an oversized block for a small request.
         if request.size < max_split_size && block_size >= max_split_size {

@@ -351,7 +351,7 @@ impl Kernels {
         seed: u64,
         offset: u64,
     ) -> Result<(), DeviceError> {
-        if offset % 4 != 0 {
+        if !offset.is_multiple_of(4) {
             return Err(DeviceError::Driver(format!(
                 "randn: stream offset {offset} is not a multiple of 4"
             )));
