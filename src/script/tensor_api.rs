@@ -91,6 +91,13 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
         engine.register_fn(name, move |shape: Dynamic, dtype: ImmutableString| {
             create(name, &rt, &shape, &dtype, make)
         });
+        // Rhai tries the string overload first; any other dtype argument lands here.
+        engine.register_fn(
+            name,
+            move |_: Dynamic, dtype: Dynamic| -> BindingResult<Tensor> {
+                not_a_dtype(name, &dtype)
+            },
+        );
     }
     let rt = Rc::clone(runtime);
     engine.register_fn("full", move |shape: Dynamic, value: Dynamic| {
@@ -103,6 +110,23 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
             full(&rt, &shape, &value, &dtype)
         },
     );
+    engine.register_fn(
+        "full",
+        |_: Dynamic, _: Dynamic, dtype: Dynamic| -> BindingResult<Tensor> {
+            not_a_dtype("full", &dtype)
+        },
+    );
+}
+
+/// The error for a dtype argument that is not a string.
+fn not_a_dtype(function: &str, dtype: &Dynamic) -> BindingResult<Tensor> {
+    fail(
+        function,
+        format!(
+            "dtype must be a string such as \"float32\", got {} ({dtype})",
+            dtype.type_name()
+        ),
+    )
 }
 
 fn full(
