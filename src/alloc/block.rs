@@ -5,7 +5,7 @@
 //! `BlockComparatorSize` by (size, address) — one stream, so the stream part of the key is
 //! constant — so the first block at or after `(size, 0)` is the best fit, lowest address first.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 
 /// Index of a block in the [`BlockArena`].
 pub type BlockId = u32;
@@ -128,22 +128,64 @@ impl BlockArena {
 }
 
 /// The cached free blocks of one pool, ordered by (size, address).
+///
+/// Stored as a set of `(size, address, id)` triples: one stream means the stream part of
+/// PyTorch's key is constant, and keeping the id in the key (rather than as a map value) keeps
+/// each tree node to one array, which makes inserts and removals cheaper.
 #[derive(Debug, Default)]
 pub struct BlockPool {
-    /// Free blocks by (size, address).
-    pub blocks: BTreeMap<(u64, u64), BlockId>,
+    blocks: BTreeSet<(u64, u64, BlockId)>,
     /// Best-fit lookups made in this pool while garbage collection is on (PyTorch's
     /// `get_free_blocks_call_count`), the clock that ages cached blocks.
     pub get_free_blocks_call_count: u64,
 }
 
 impl BlockPool {
-    /// The smallest free block of at least `size` bytes, lowest address first.
+    /// The smallest free block of at least `size` bytes, lowest address first, as
+    /// `(size, address, id)`.
     #[inline]
     pub fn best_fit(&self, size: u64) -> Option<(u64, u64, BlockId)> {
+        self.blocks.range((size, 0, 0)..).next().copied()
+    }
+
+    /// Removes and returns the best fit for `size` in one traversal.
+    #[inline]
+    pub fn take_best_fit(&mut self, size: u64) -> Option<BlockId> {
         self.blocks
-            .range((size, 0)..)
+            .extract_if((size, 0, 0).., |_| true)
             .next()
-            .map(|(&(size, ptr), &id)| (size, ptr, id))
+            .map(|(_, _, id)| id)
+    }
+
+    /// Caches a free block.
+    #[inline]
+    pub fn insert(&mut self, size: u64, ptr: u64, id: BlockId) {
+        self.blocks.insert((size, ptr, id));
+    }
+
+    /// Removes a cached block; `false` if it was not cached.
+    #[inline]
+    pub fn remove(&mut self, size: u64, ptr: u64, id: BlockId) -> bool {
+        self.blocks.remove(&(size, ptr, id))
+    }
+
+    /// Whether this block is cached here.
+    pub fn contains(&self, size: u64, ptr: u64, id: BlockId) -> bool {
+        self.blocks.contains(&(size, ptr, id))
+    }
+
+    /// Number of cached blocks.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether no block is cached.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// Every cached block as `(size, id)`, in (size, address) order.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (u64, BlockId)> + '_ {
+        self.blocks.iter().map(|&(size, _, id)| (size, id))
     }
 }

@@ -80,10 +80,10 @@ impl CachingAllocator {
             for &id in &pieces {
                 let block = self.blocks.at(id);
                 let pool_set = match pool {
-                    Pool::Small => &self.small.blocks,
-                    Pool::Large => &self.large.blocks,
+                    Pool::Small => &self.small,
+                    Pool::Large => &self.large,
                 };
-                let cached = pool_set.get(&(block.size, block.ptr)) == Some(&id);
+                let cached = pool_set.contains(block.size, block.ptr, id);
                 if block.allocated {
                     if cached {
                         return Err(format!(
@@ -115,7 +115,7 @@ impl CachingAllocator {
             ));
         }
         let free_blocks = blocks.iter().filter(|(_, block)| !block.allocated).count();
-        if free_blocks != self.small.blocks.len() + self.large.blocks.len() {
+        if free_blocks != self.small.len() + self.large.len() {
             return Err("the free pools hold blocks that do not exist".into());
         }
         let stats = &self.stats;

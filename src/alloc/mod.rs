@@ -305,11 +305,7 @@ impl CachingAllocator {
         }
         if max_split_size == u64::MAX {
             // No split limit, so no rejection rule applies: take the best fit in one traversal.
-            return pool
-                .blocks
-                .extract_if((request.size, 0).., |_, _| true)
-                .next()
-                .map(|(_, id)| id);
+            return pool.take_best_fit(request.size);
         }
         let (block_size, ptr, id) = pool.best_fit(request.size)?;
         // Do not return an oversized block for a small request.
@@ -322,7 +318,7 @@ impl CachingAllocator {
         {
             return None;
         }
-        pool.blocks.remove(&(block_size, ptr));
+        pool.remove(block_size, ptr, id);
         Some(id)
     }
 
@@ -451,10 +447,10 @@ impl CachingAllocator {
     #[inline]
     fn insert_free(&mut self, id: BlockId) {
         let block = self.blocks.at(id);
-        let (key, pool) = ((block.size, block.ptr), block.pool);
+        let (size, ptr, pool) = (block.size, block.ptr, block.pool);
         let pool = self.pool_mut(pool);
         let clock = pool.get_free_blocks_call_count;
-        pool.blocks.insert(key, id);
+        pool.insert(size, ptr, id);
         self.blocks.at_mut(id).gc_count_base = clock;
     }
 
@@ -522,8 +518,7 @@ impl CachingAllocator {
         let (other_ptr, other_size, other_pool) = (other.ptr, other.size, other.pool);
         let (other_prev, other_next) = (other.prev, other.next);
         self.pool_mut(other_pool)
-            .blocks
-            .remove(&(other_size, other_ptr));
+            .remove(other_size, other_ptr, neighbour);
         self.blocks.remove(neighbour);
         let block = self.blocks.at_mut(id);
         if block.prev == neighbour {
@@ -553,12 +548,8 @@ impl CachingAllocator {
     fn release_cached_blocks(&mut self) -> Result<(), AllocError> {
         self.stats.num_sync_all_streams += 1;
         for pool in [Pool::Large, Pool::Small] {
-            let whole: Vec<BlockId> = self
-                .pool_mut(pool)
-                .blocks
-                .values()
-                .copied()
-                .collect::<Vec<_>>()
+            let cached: Vec<BlockId> = self.pool_mut(pool).iter().map(|(_, id)| id).collect();
+            let whole: Vec<BlockId> = cached
                 .into_iter()
                 .filter(|&id| !self.blocks.at(id).is_split())
                 .collect();
@@ -574,7 +565,7 @@ impl CachingAllocator {
         let block = self.blocks.at(id);
         let (ptr, size, pool) = (block.ptr, block.size, block.pool);
         self.device.free(ptr)?;
-        self.pool_mut(pool).blocks.remove(&(size, ptr));
+        self.pool_mut(pool).remove(size, ptr, id);
         self.blocks.remove(id);
         self.segments.remove(&ptr);
         self.total_allocated_memory -= size;
@@ -602,12 +593,7 @@ impl CachingAllocator {
             return Ok(true);
         }
         // No single block is large enough: free oversize blocks from the largest down.
-        let candidates: Vec<(u64, BlockId)> = pool
-            .blocks
-            .iter()
-            .rev()
-            .map(|(&(size, _), &id)| (size, id))
-            .collect();
+        let candidates: Vec<(u64, BlockId)> = pool.iter().rev().collect();
         let mut released = 0;
         for (size, id) in candidates {
             if released >= target || size < max_split_size {
@@ -635,7 +621,7 @@ impl CachingAllocator {
         let age = |block: &Block| clock.saturating_sub(block.gc_count_base) as f64;
         let mut total_age = 0.0;
         let mut freeable = 0_u64;
-        for &id in self.large.blocks.values() {
+        for (_, id) in self.large.iter() {
             let block = self.blocks.at(id);
             if !block.is_split() {
                 total_age += age(block);
@@ -650,7 +636,7 @@ impl CachingAllocator {
         while reclaimed < target && freed_any && freeable > 0 {
             let age_threshold = total_age / freeable as f64;
             freed_any = false;
-            let order: Vec<BlockId> = self.large.blocks.values().copied().collect();
+            let order: Vec<BlockId> = self.large.iter().map(|(_, id)| id).collect();
             for id in order {
                 let block = self.blocks.at(id);
                 if block.is_split() {
@@ -720,7 +706,7 @@ impl CachingAllocator {
 
     /// Number of free blocks cached in each pool: (small, large).
     pub fn cached_block_counts(&self) -> (usize, usize) {
-        (self.small.blocks.len(), self.large.blocks.len())
+        (self.small.len(), self.large.len())
     }
 }
 
