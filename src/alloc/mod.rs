@@ -710,6 +710,20 @@ impl CachingAllocator {
     }
 }
 
+impl Drop for CachingAllocator {
+    /// Returns every segment to the device. No tensor can outlive its allocator (each storage
+    /// holds the runtime that owns it), so by now every block is free; a session that ends
+    /// therefore leaves nothing behind on the device, as `empty_cache()` would.
+    fn drop(&mut self) {
+        let segments: Vec<u64> = self.segments.keys().copied().collect();
+        for ptr in segments {
+            // Nothing can be reported from a destructor; a failing free leaves the segment to
+            // the driver, which reclaims it when the process exits.
+            let _ = self.device.free(ptr);
+        }
+    }
+}
+
 /// Rounds `size` up to the next of `divisions` equal steps between two powers of two
 /// (PyTorch's `roundup_power2_next_division`).
 fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {

@@ -173,3 +173,47 @@ fn invalid_free_and_fraction_are_errors() {
         Err(AllocError::InvalidFraction(_))
     ));
 }
+
+#[test]
+fn dropping_the_allocator_returns_every_segment() {
+    use crate::device::{DeviceError, DeviceMemory, ProcessMemory};
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    /// A sim device that counts its live segments where the test can see them.
+    struct Counting(SimDevice, Rc<Cell<i64>>);
+    impl DeviceMemory for Counting {
+        fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+            self.1.set(self.1.get() + 1);
+            self.0.malloc(bytes)
+        }
+        fn free(&mut self, address: u64) -> Result<(), DeviceError> {
+            self.1.set(self.1.get() - 1);
+            self.0.free(address)
+        }
+        fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
+            self.0.mem_get_info()
+        }
+        fn total_memory(&self) -> u64 {
+            self.0.total_memory()
+        }
+        fn index(&self) -> usize {
+            0
+        }
+        fn process_memory(&self) -> Vec<ProcessMemory> {
+            Vec::new()
+        }
+        fn label(&self) -> String {
+            "counting".into()
+        }
+    }
+    let live = Rc::new(Cell::new(0));
+    let device = Counting(SimDevice::h200(), Rc::clone(&live));
+    let mut a = CachingAllocator::new(Box::new(device), AllocConf::default()).expect("allocator");
+    let x = a.malloc(5 * MIB).expect("5 MiB");
+    let _y = a.malloc(1000).expect("1000 B");
+    a.free(x).expect("free");
+    assert_eq!(live.get(), 2);
+    drop(a);
+    assert_eq!(live.get(), 0);
+}

@@ -24,7 +24,7 @@ use super::{DeviceError, DeviceMemory, DriverMemory, ProcessMemory};
 pub const MIN_DRIVER_VERSION: i32 = 13_000;
 
 /// Driver entry points gpumem calls; each is checked before the first call.
-const DRIVER_SYMBOLS: [&str; 29] = [
+const DRIVER_SYMBOLS: [&str; 28] = [
     "cuInit",
     "cuOccupancyMaxActiveBlocksPerMultiprocessor",
     "cuDriverGetVersion",
@@ -44,7 +44,6 @@ const DRIVER_SYMBOLS: [&str; 29] = [
     "cuMemGetInfo_v2",
     "cuMemcpyDtoH_v2",
     "cuMemcpyDtoD_v2",
-    "cuMemsetD8_v2",
     "cuModuleLoadData",
     "cuModuleGetFunction",
     "cuModuleGetGlobal_v2",
@@ -109,13 +108,39 @@ pub struct CudaGpu {
     multiprocessors: u32,
     context: OnceCell<sys::CUcontext>,
     kernels: OnceCell<Kernels>,
+    /// NVML's view of the device, opened before the context existed so its baseline excludes
+    /// it; the reason when NVML is unavailable.
+    driver_view: Result<DriverView, String>,
 }
 
 impl CudaGpu {
-    /// Finds device `ordinal` without creating a context. Fails with a sentence saying why
-    /// when the driver library or one of its symbols is missing, the driver is older than
-    /// [`MIN_DRIVER_VERSION`], there is no device, or the ordinal is out of range.
+    /// The handle of device `ordinal`, shared by every session of this thread so that the
+    /// process has one primary context, one compiled kernel module and one NVML baseline per
+    /// device (as PyTorch has). The first call finds the device without creating a context;
+    /// it fails with a sentence saying why when the driver library or one of its symbols is
+    /// missing, the driver is older than [`MIN_DRIVER_VERSION`], there is no device, or the
+    /// ordinal is out of range.
     pub fn open(ordinal: usize) -> Result<Rc<CudaGpu>, String> {
+        thread_local! {
+            static OPENED: std::cell::RefCell<Vec<Rc<CudaGpu>>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        if let Some(gpu) = OPENED.with(|opened| {
+            opened
+                .borrow()
+                .iter()
+                .find(|gpu| gpu.ordinal == ordinal)
+                .map(Rc::clone)
+        }) {
+            return Ok(gpu);
+        }
+        let gpu = Rc::new(Self::find(ordinal)?);
+        OPENED.with(|opened| opened.borrow_mut().push(Rc::clone(&gpu)));
+        Ok(gpu)
+    }
+
+    /// Looks device `ordinal` up and opens NVML's view of it (before any context exists, so
+    /// the view's baseline leaves the context out).
+    fn find(ordinal: usize) -> Result<CudaGpu, String> {
         // SAFETY: only tries to load the library.
         if !unsafe { sys::is_culib_present() } {
             return Err(
@@ -179,7 +204,8 @@ impl CudaGpu {
             attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         let multiprocessors =
             attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        Ok(Rc::new(CudaGpu {
+        let driver_view = DriverView::open(&uuid, ordinal);
+        Ok(CudaGpu {
             ordinal,
             device,
             name,
@@ -189,7 +215,8 @@ impl CudaGpu {
             multiprocessors: multiprocessors.max(1) as u32,
             context: OnceCell::new(),
             kernels: OnceCell::new(),
-        }))
+            driver_view,
+        })
     }
 
     /// The device ordinal.
@@ -212,11 +239,6 @@ impl CudaGpu {
         self.compute_capability
     }
 
-    /// Whether the primary context exists yet.
-    pub fn has_context(&self) -> bool {
-        self.context.get().is_some()
-    }
-
     /// Makes the device's primary context current, creating it on first use. Every call that
     /// touches device memory goes through here.
     pub fn activate(&self) -> Result<(), DeviceError> {
@@ -235,7 +257,17 @@ impl CudaGpu {
         Ok(())
     }
 
-    /// The value kernels, compiled with NVRTC for this device on first use (once per process).
+    /// Waits until every kernel launched on the device has finished (`cuCtxSynchronize`);
+    /// kernel launches return before the kernel runs.
+    pub fn synchronize(&self) -> Result<(), DeviceError> {
+        if self.context.get().is_none() {
+            return Ok(());
+        }
+        cu::ctx::synchronize().map_err(|error| driver_error("cuCtxSynchronize", error))
+    }
+
+    /// The value kernels, compiled with NVRTC for this device on first use (once per process,
+    /// since sessions share the handle).
     pub fn kernels(&self) -> Result<&Kernels, DeviceError> {
         if let Some(kernels) = self.kernels.get() {
             return Ok(kernels);
@@ -266,16 +298,12 @@ fn format_uuid(uuid: &sys::CUuuid) -> String {
 /// The [`DeviceMemory`] of a CUDA GPU: what the caching allocator draws segments from.
 pub struct CudaDevice {
     gpu: Rc<CudaGpu>,
-    /// NVML's view of the device, opened before the context exists so its baseline excludes
-    /// it; the reason when NVML is unavailable.
-    driver_view: Result<DriverView, String>,
 }
 
 impl CudaDevice {
-    /// The device of `gpu`. Opens NVML now, before any context, for the baseline.
+    /// The device of `gpu`.
     pub fn new(gpu: Rc<CudaGpu>) -> CudaDevice {
-        let driver_view = DriverView::open(gpu.uuid(), gpu.ordinal());
-        CudaDevice { gpu, driver_view }
+        CudaDevice { gpu }
     }
 
     /// The shared device handle (for the value backend).
@@ -315,7 +343,7 @@ impl DeviceMemory for CudaDevice {
     }
 
     fn process_memory(&self) -> Vec<ProcessMemory> {
-        match &self.driver_view {
+        match &self.gpu.driver_view {
             Ok(view) => view.processes().unwrap_or_default(),
             Err(_) => Vec::new(),
         }
@@ -326,7 +354,7 @@ impl DeviceMemory for CudaDevice {
     }
 
     fn driver_memory(&self) -> Result<DriverMemory, DeviceError> {
-        match &self.driver_view {
+        match &self.gpu.driver_view {
             Ok(view) => view.read(),
             Err(reason) => Err(DeviceError::Driver(format!(
                 "NVML is unavailable: {reason}"

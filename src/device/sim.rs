@@ -23,6 +23,11 @@ const VA_CHUNK: u64 = 32 * MIB;
 /// The top of the virtual address window segments are placed in (as seen in the recorded
 /// traces; only relative placement matters).
 const VA_TOP: u64 = 0x7FAA_DA00_0000;
+/// The bottom of the window: addresses below it are never handed out.
+const VA_FLOOR: u64 = 1 << 32;
+/// The largest simulated device: its segments must fit in the modelled address window
+/// (`VA_FLOOR..VA_TOP`, about 140 TB) with room for the driver's 32 MiB chunking.
+pub const MAX_TOTAL_MEMORY: u64 = 64 << 40;
 /// Address space below the top that is taken before the first `cudaMalloc` in a PyTorch
 /// process on the H200 (context, modules), except two ranges described in `AddressSpace::new`.
 const VA_PRETAKEN: u64 = 512 * MIB;
@@ -103,16 +108,17 @@ impl AddressSpace {
         }
     }
 
-    fn allocate(&mut self, size: u64) -> u64 {
+    /// Places a segment of `size` bytes; `None` when the address window has no room left.
+    fn allocate(&mut self, size: u64) -> Option<u64> {
         for chunk in self.chunks.iter_mut().rev() {
             if let Some(address) = chunk.place(size) {
                 chunk.segments.insert(address, size);
                 chunk.bump = chunk.bump.max(address + size);
-                return address;
+                return Some(address);
             }
         }
         let chunk_size = size.div_ceil(VA_CHUNK) * VA_CHUNK;
-        let base = self.highest_gap(chunk_size) - chunk_size;
+        let base = self.highest_gap(chunk_size)? - chunk_size;
         let mut segments = BTreeMap::new();
         segments.insert(base, size);
         self.chunks.push(Chunk {
@@ -122,11 +128,11 @@ impl AddressSpace {
             segments,
             persistent: false,
         });
-        base
+        Some(base)
     }
 
-    /// The top of the highest free gap strictly larger than `size`.
-    fn highest_gap(&self, size: u64) -> u64 {
+    /// The top of the highest free gap strictly larger than `size`, if any.
+    fn highest_gap(&self, size: u64) -> Option<u64> {
         let mut used: Vec<(u64, u64)> = self
             .taken
             .iter()
@@ -138,11 +144,11 @@ impl AddressSpace {
         for (base, length) in used {
             let end = base + length;
             if gap_top > end && gap_top - end > size {
-                return gap_top;
+                return Some(gap_top);
             }
             gap_top = gap_top.min(base);
         }
-        gap_top
+        (gap_top.saturating_sub(VA_FLOOR) > size).then_some(gap_top)
     }
 
     /// Frees the segment at `address`; `false` if there is none.
@@ -204,16 +210,6 @@ impl SimDevice {
         self.context_bytes
     }
 
-    /// Bytes of device pages held by live segments.
-    pub fn segment_bytes(&self) -> u64 {
-        self.used
-    }
-
-    /// Number of live segments.
-    pub fn segment_count(&self) -> usize {
-        self.segments.len()
-    }
-
     fn free_bytes(&self) -> u64 {
         self.total
             .saturating_sub(self.context_bytes)
@@ -230,7 +226,10 @@ impl DeviceMemory for SimDevice {
         if pages > self.free_bytes() {
             return Err(DeviceError::OutOfMemory);
         }
-        let address = self.addresses.allocate(bytes);
+        let address = self
+            .addresses
+            .allocate(bytes)
+            .ok_or(DeviceError::OutOfMemory)?;
         self.used += pages;
         self.segments.insert(address, bytes);
         Ok(address)
@@ -274,15 +273,18 @@ impl DeviceMemory for SimDevice {
     /// The model's account: the H200's driver reservation (at most a sixteenth of a smaller
     /// simulated device), the context, and the segments' pages; no other processes.
     fn driver_memory(&self) -> Result<DriverMemory, DeviceError> {
+        // NVML's total counts the memory the driver keeps for itself, which CUDA's total
+        // leaves out: on the H200, 143771 MiB = 150109880320 + 644939776 bytes.
         let reserved = H200_DRIVER_RESERVED_BYTES.min(self.total / 16);
+        let total = self.total + reserved;
         let process = self.context_bytes + self.used;
-        let used = (reserved + process).min(self.total);
+        let used = (reserved + process).min(total);
         Ok(DriverMemory {
             method: "sim-model",
-            total_bytes: self.total,
+            total_bytes: total,
             used_bytes: used,
             used_v2_bytes: used - reserved.min(used),
-            free_bytes: self.total - used,
+            free_bytes: total - used,
             driver_reserved_bytes: reserved,
             process_bytes: process,
             other_processes_bytes: 0,
@@ -306,6 +308,16 @@ mod tests {
         assert!(device.free(a).is_ok());
         assert!(device.free(a).is_err());
         assert_eq!(device.mem_get_info().map(|i| i.0), Ok(free));
+    }
+
+    #[test]
+    fn an_exhausted_address_window_refuses_instead_of_wrapping() {
+        let mut addresses = AddressSpace::new();
+        assert_eq!(addresses.allocate(200 << 40), None);
+        let mut device = SimDevice::new(MAX_TOTAL_MEMORY);
+        let big = device.malloc(60 << 40).expect("60 TiB fits the window");
+        assert!(big >= VA_FLOOR);
+        assert_eq!(device.malloc(8 << 40), Err(DeviceError::OutOfMemory));
     }
 
     #[test]

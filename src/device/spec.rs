@@ -26,6 +26,9 @@ pub enum SpecError {
     /// The size is not a number with an optional unit.
     #[error("invalid size '{0}': expected bytes or a number with a unit (B, KB, MB, GB, KiB, MiB, GiB, TiB), e.g. '80GiB'")]
     BadSize(String),
+    /// A simulated device larger than the simulator's address window.
+    #[error("simulated device size '{0}' is too large: at most 64 TiB")]
+    SimTooLarge(String),
     /// The size is zero or does not fit in 64 bits.
     #[error("size '{0}' is out of range: it must be at least 1 byte and below 16 EiB")]
     SizeOutOfRange(String),
@@ -42,7 +45,13 @@ impl FromStr for DeviceSpec {
         };
         match (kind.to_ascii_lowercase().as_str(), arg) {
             ("sim", None) => Ok(DeviceSpec::Sim(None)),
-            ("sim", Some(size)) => Ok(DeviceSpec::Sim(Some(parse_size(size)?))),
+            ("sim", Some(size)) => {
+                let bytes = parse_size(size)?;
+                if bytes > super::sim::MAX_TOTAL_MEMORY {
+                    return Err(SpecError::SimTooLarge(size.to_string()));
+                }
+                Ok(DeviceSpec::Sim(Some(bytes)))
+            }
             ("cuda", None) => Ok(DeviceSpec::Cuda(0)),
             ("cuda", Some(index)) => index
                 .trim()
@@ -120,6 +129,10 @@ mod tests {
         assert!(matches!(
             "tpu".parse::<DeviceSpec>(),
             Err(SpecError::UnknownDevice(_))
+        ));
+        assert!(matches!(
+            "sim:1000TiB".parse::<DeviceSpec>(),
+            Err(SpecError::SimTooLarge(_))
         ));
         assert!(matches!(
             "cuda:-1".parse::<DeviceSpec>(),

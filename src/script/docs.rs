@@ -86,7 +86,7 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("get_per_process_memory_fraction", Function, "get_per_process_memory_fraction()", "the cap in force (1.0 when none)", "get_per_process_memory_fraction()"),
     doc("mem_get_info", Function, "mem_get_info()", "[free, total] bytes as the driver reports them", "mem_get_info()"),
     doc("manual_seed", Function, "manual_seed(seed)", "restart the random generator at seed", "manual_seed(0)"),
-    doc("synchronize", Function, "synchronize()", "wait for the device (a no-op: one synchronous stream)", "synchronize()"),
+    doc("synchronize", Function, "synchronize()", "wait until every kernel launched so far has finished (nothing is pending on sim)", "synchronize()"),
 ];
 
 /// The dtype names scripts may pass, for completion.

@@ -106,6 +106,10 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
         rt.manual_seed(seed as u64);
         Ok(())
     });
-    // One stream, synchronous device calls: nothing is ever pending.
-    engine.register_fn("synchronize", || {});
+    let rt = Rc::clone(runtime);
+    engine.register_fn("synchronize", move || -> BindingResult<()> {
+        rt.backend()
+            .synchronize()
+            .or_else(|error| fail("synchronize", error))
+    });
 }

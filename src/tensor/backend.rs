@@ -80,8 +80,9 @@ impl Reduction {
     }
 }
 
-/// The device operations tensors need. Every call completes before it returns (one stream,
-/// synchronous reads), so callers never wait explicitly.
+/// The device operations tensors need. Everything runs on one stream in launch order, so a
+/// result is ready for the next operation; launches may return before the kernel finishes,
+/// reads (`reduce`, `read`) wait for it, and [`Backend::synchronize`] waits for everything.
 pub trait Backend {
     /// Sets every element of `dst` to `value` (cast to its dtype).
     fn fill(&self, dst: &Span, value: f64) -> Result<(), TensorError>;
@@ -101,6 +102,11 @@ pub trait Backend {
     fn reduce(&self, op: Reduction, src: &Span) -> Result<f64, TensorError>;
     /// The first `count` elements of `src`, as numbers.
     fn read(&self, src: &Span, count: usize) -> Result<Vec<f64>, TensorError>;
+    /// Waits until every operation launched so far has finished (`torch.cuda.synchronize()`).
+    /// Nothing is ever pending on the simulated device.
+    fn synchronize(&self) -> Result<(), TensorError> {
+        Ok(())
+    }
 }
 
 /// The simulated device's backend: nothing runs, values come from [`Contents`].

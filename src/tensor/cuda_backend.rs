@@ -59,6 +59,10 @@ fn float32_only(what: &str, span: &Span) -> Result<(), TensorError> {
 }
 
 impl Backend for CudaBackend {
+    fn synchronize(&self) -> Result<(), TensorError> {
+        Ok(self.gpu.synchronize()?)
+    }
+
     fn fill(&self, dst: &Span, value: f64) -> Result<(), TensorError> {
         let pattern = fill_pattern(dst.dtype, value);
         self.kernels()?
