@@ -58,17 +58,17 @@ enum Command {
 enum BenchTarget {
     /// Median ns per malloc+free pair: a cached 1 MiB pair and 1000 live mixed-size blocks.
     Alloc {
-        /// Samples per pattern.
-        #[arg(long, default_value_t = 101)]
-        rounds: usize,
+        /// Samples per pattern (at least 1).
+        #[arg(long, default_value_t = 101, value_parser = clap::value_parser!(u32).range(1..))]
+        rounds: u32,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// The randn kernel's throughput on a CUDA device, next to PyTorch's `normal_`.
     Randn {
-        /// Timed repetitions after the warm-up.
-        #[arg(long, default_value_t = 20)]
+        /// Timed repetitions after the warm-up (at least 1).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
         reps: u32,
         /// The PyTorch comparison script.
         #[arg(long, default_value = "benches/compare/randn_torch.py")]
@@ -154,14 +154,14 @@ fn run(options: &SessionOptions, limits: Limits, file: &std::path::Path) -> Exit
     }
 }
 
-fn bench_alloc(options: &SessionOptions, rounds: usize, json: bool) -> ExitCode {
+fn bench_alloc(options: &SessionOptions, rounds: u32, json: bool) -> ExitCode {
     let session = match open_session(options) {
         Ok(session) => session,
         Err(code) => return code,
     };
     let timings = session
         .runtime
-        .with_allocator(|allocator| gpumem::bench::time_patterns(allocator, rounds));
+        .with_allocator(|allocator| gpumem::bench::time_patterns(allocator, rounds as usize));
     match timings {
         Ok(t) if json => {
             println!(

@@ -1,4 +1,4 @@
-//! `gpumem bench randn`: the generator's throughput on the seed's 918 MiB tensor, timed with
+//! `gpumem bench randn`: the generator's throughput on the seed's 915.5 MiB tensor (960,000,000 bytes), timed with
 //! CUDA events, next to PyTorch's `normal_` when python3 with torch is available, plus the
 //! checks that make the figure meaningful (mean, std, reproducibility, CPU-twin equality).
 

@@ -143,14 +143,36 @@ pub fn values_from_contents(span: &Span, count: usize) -> Result<Vec<f64>, Tenso
     }
 }
 
+/// Most values the simulated device regenerates on the CPU for one reduction (the seed's
+/// 240,000,000-element tensor takes a few seconds); beyond this a reduction is refused rather
+/// than left running for minutes where Ctrl-C cannot reach it.
+pub const MAX_SIM_REDUCTION_VALUES: usize = 1 << 28;
+
 /// A reduction of `span` computed from its recorded contents.
 pub fn reduce_from_contents(op: Reduction, span: &Span) -> Result<f64, TensorError> {
     let n = span.numel as f64;
     let (sum, squares) = match span.contents {
         Contents::Constant(value) => {
+            // Closed form: a sum of squares would leave rounding noise in the variance of
+            // values that are all equal.
             let value = stored_value(span.dtype, value);
-            (value * n, value * value * n)
+            return Ok(match op {
+                Reduction::Sum => value * n,
+                Reduction::Mean if span.numel == 0 => f64::NAN,
+                Reduction::Mean => value,
+                Reduction::Std if n < 2.0 => f64::NAN,
+                Reduction::Std => 0.0,
+            });
         }
+        Contents::Normal { .. } if span.numel > MAX_SIM_REDUCTION_VALUES => {
+            return Err(TensorError::Unsupported(format!(
+                "{}() over {} generated values is too slow to recompute on the simulated device (at most {MAX_SIM_REDUCTION_VALUES}); reduce a slice, or use a CUDA device",
+                op.name(),
+                span.numel
+            )))
+        }
+        // Standard normal values have a mean near zero, so the one-pass sum of squares does
+        // not cancel.
         Contents::Normal { seed, offset } => {
             let (mut sum, mut squares) = (0f64, 0f64);
             philox::for_each_normal(seed, offset + span.first, span.numel as u64, |value| {
@@ -220,6 +242,33 @@ mod tests {
             contents,
             first: 0,
         }
+    }
+
+    #[test]
+    fn constants_have_no_rounding_noise() {
+        let constant = span(Contents::Constant(10000.1), 1_000_000);
+        assert_eq!(
+            reduce_from_contents(Reduction::Std, &constant).ok(),
+            Some(0.0)
+        );
+        let stored = f64::from(10000.1_f32);
+        assert_eq!(
+            reduce_from_contents(Reduction::Mean, &constant).ok(),
+            Some(stored)
+        );
+        let empty = span(Contents::Constant(1.0), 0);
+        assert!(reduce_from_contents(Reduction::Mean, &empty).is_ok_and(f64::is_nan));
+        assert_eq!(reduce_from_contents(Reduction::Sum, &empty).ok(), Some(0.0));
+    }
+
+    #[test]
+    fn huge_generated_reductions_are_refused_on_sim() {
+        let huge = span(
+            Contents::Normal { seed: 1, offset: 0 },
+            MAX_SIM_REDUCTION_VALUES + 1,
+        );
+        let error = reduce_from_contents(Reduction::Sum, &huge).expect_err("refused");
+        assert!(error.to_string().contains("too slow"), "{error}");
     }
 
     #[test]

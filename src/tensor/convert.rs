@@ -2,7 +2,7 @@
 //! value undergoes when stored in a dtype. Used to prepare fill patterns for the device and to
 //! turn bytes read back from it into numbers.
 
-use super::DType;
+use super::{DType, TensorError};
 
 /// float32 → IEEE half bits, rounding to nearest even (as `__float2half_rn`).
 pub fn f32_to_f16_bits(value: f32) -> u16 {
@@ -90,6 +90,39 @@ pub fn stored_value(dtype: DType, value: f64) -> f64 {
     }
 }
 
+/// Checks that `value` can be stored as `dtype` without overflow, as PyTorch's `full` checks
+/// ("value cannot be converted to type uint8_t without overflow"): integer types need a finite
+/// value whose integer part is in range; floating types accept infinities and NaN but not a
+/// finite value beyond their largest; bool takes anything.
+pub fn check_representable(dtype: DType, value: f64) -> Result<(), TensorError> {
+    // Bounds as f64; `i64::MAX as f64` rounds up to 2^63, an exclusive upper bound.
+    let in_range = match dtype {
+        DType::Bool => true,
+        DType::Float64 => true,
+        DType::Float32 => !value.is_finite() || value.abs() <= f64::from(f32::MAX),
+        DType::Float16 => !value.is_finite() || value.abs() <= 65504.0,
+        DType::BFloat16 => !value.is_finite() || value.abs() <= 3.389_531_389_251_535e38,
+        DType::Int64 => {
+            value.is_finite()
+                && value.trunc() >= -(i64::MAX as f64)
+                && value.trunc() < i64::MAX as f64
+        }
+        DType::Int32 => {
+            value.is_finite()
+                && value.trunc() >= -2_147_483_648.0
+                && value.trunc() <= 2_147_483_647.0
+        }
+        DType::UInt8 => value.is_finite() && value.trunc() >= 0.0 && value.trunc() <= 255.0,
+    };
+    if in_range {
+        Ok(())
+    } else {
+        Err(TensorError::OutOfRange(format!(
+            "value {value} cannot be converted to {dtype} without overflow"
+        )))
+    }
+}
+
 /// The little-endian bit pattern of `value` stored as `dtype`, widened to 64 bits (the
 /// pattern a fill kernel repeats).
 pub fn fill_pattern(dtype: DType, value: f64) -> u64 {
@@ -166,5 +199,31 @@ mod tests {
         }
         assert_eq!(stored_value(DType::Int32, -2.7), -2.0);
         assert_eq!(stored_value(DType::Bool, 0.5), 1.0);
+    }
+}
+
+#[cfg(test)]
+mod range_tests {
+    use super::*;
+
+    #[test]
+    fn fill_values_must_fit_the_dtype() {
+        assert!(check_representable(DType::UInt8, 255.9).is_ok());
+        assert!(check_representable(DType::Int32, -2_147_483_648.0).is_ok());
+        assert!(check_representable(DType::Float32, f64::INFINITY).is_ok());
+        assert!(check_representable(DType::Float16, f64::NAN).is_ok());
+        assert!(check_representable(DType::Bool, 7.0).is_ok());
+        for (dtype, value) in [
+            (DType::UInt8, 300.0),
+            (DType::UInt8, -1.0),
+            (DType::Int32, 1e10),
+            (DType::Int64, f64::NAN),
+            (DType::Float16, 1e6),
+            (DType::Float32, 1e300),
+        ] {
+            let error = check_representable(dtype, value).expect_err("overflow");
+            assert!(error.to_string().contains("without overflow"), "{error}");
+            assert!(error.to_string().contains(dtype.name()), "{error}");
+        }
     }
 }

@@ -230,6 +230,7 @@ impl Tensor {
         value: f64,
         dtype: DType,
     ) -> Result<Tensor, TensorError> {
+        convert::check_representable(dtype, value)?;
         let tensor = Tensor::empty(runtime, shape, dtype)?;
         runtime.backend().fill(&tensor.span(), value)?;
         tensor.storage.set_contents(Contents::Constant(value));

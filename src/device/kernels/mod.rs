@@ -1,6 +1,7 @@
-//! gpumem's CUDA kernels (`values.cu`): compiled once per process with NVRTC to PTX for the
-//! device's architecture, loaded into the current context, and launched on the legacy default
-//! stream. The driver's JIT cache keeps the compiled module on disk between runs.
+//! gpumem's CUDA kernels (`values.cu`): compiled with NVRTC to PTX for the device's
+//! architecture the first time a process needs them (sessions share the device handle, so once
+//! per process), loaded into the current context, and launched on the legacy default stream.
+//! The driver's JIT cache keeps the PTX-to-machine-code step on disk between runs.
 //!
 //! Everything here takes raw device addresses and element counts: the device layer knows
 //! nothing of tensors or dtypes beyond the store formats listed in [`RandnFormat`].
@@ -122,11 +123,11 @@ impl PhiloxKeys {
 /// The variant tensors use (an index into [`RANDN_F32_VARIANTS`]): the grid-stride loop,
 /// which pays per-thread setup and constant loads once rather than per block of values.
 ///
-/// Measured on an NVIDIA H200 (960 MB tensor, 20 reps, CUDA events) with this arithmetic but
-/// before the key schedule moved to the host and the square root lost its branch: one block
-/// per thread 2.21 TB/s (two per thread 2.13, four 2.15, `umulhi` 2.24), every one of the
-/// first 10⁶ values bit-identical to the twin; `libm` 1.86, `libm_fast` 2.72; PyTorch's
-/// `normal_` 1.80. The current kernels were not timed yet (`gpumem bench randn` prints all).
+/// Measured on an NVIDIA H200 (`gpumem --device cuda bench randn`: 960 MB tensor, 20 reps
+/// after warm-up, CUDA events): `loop` 2.68 TB/s, `each` 2.44, `umulhi_loop` 2.73,
+/// `umulhi_each` 2.45, every one of the first 10⁶ values bit-identical to the CPU twin;
+/// the previous `libm` generator 1.92 and its hardware-approximation variant 2.98 (no twin);
+/// PyTorch's `normal_` 1.80 in the same run.
 pub const RANDN_F32_DEFAULT: usize = 1;
 
 /// Blocks for the first reduction pass (the size of `moments_partials` in `values.cu`).
@@ -358,6 +359,15 @@ impl Kernels {
         }
         if n == 0 {
             return Ok(());
+        }
+        // The float32 kernels store four values at a time (16-byte stores); a misaligned store
+        // would fault and poison the context for every later call.
+        if matches!(format, RandnFormat::F32 | RandnFormat::F32Variant(_))
+            && !ptr.is_multiple_of(16)
+        {
+            return Err(DeviceError::Driver(format!(
+                "randn: address {ptr:#x} is not 16-byte aligned"
+            )));
         }
         let variant = |index: usize| {
             self.randn_f32
