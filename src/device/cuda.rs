@@ -248,8 +248,14 @@ impl CudaGpu {
         // SAFETY: `self.device` came from cuDeviceGet; the context is retained for the rest of
         // the process (the driver releases it at exit), and made current on this thread, the
         // only one gpumem uses.
-        let context = unsafe { cu::primary_ctx::retain(self.device) }
-            .map_err(|error| driver_error("cuDevicePrimaryCtxRetain", error))?;
+        // Not `driver_error`: a context that cannot be created is no segment the allocator
+        // could free its cache for, so even an out-of-memory here is reported as it is.
+        let context = unsafe { cu::primary_ctx::retain(self.device) }.map_err(|error| {
+            DeviceError::Driver(format!(
+                "cannot create the CUDA context: cuDevicePrimaryCtxRetain failed: {}",
+                describe(error)
+            ))
+        })?;
         // SAFETY: `context` was just retained.
         unsafe { cu::ctx::set_current(context) }
             .map_err(|error| driver_error("cuCtxSetCurrent", error))?;
