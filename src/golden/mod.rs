@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 
-pub use check::{check_script, Failure, Options, ScriptResult, Verdict};
+pub use check::{check_script, Failure, Options, ScriptResult, Verdict, GOLDEN_MAX_OPERATIONS};
 pub use discover::discover;
 pub use report::Summary;
 
