@@ -3,10 +3,9 @@
 
 use std::fmt::Write;
 
-use colored::{ColoredString, Colorize};
-
 use super::check::{Failure, ScriptResult, Verdict};
 use super::diff;
+use crate::paint::{paint, Style};
 
 /// Counts over a run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -50,14 +49,6 @@ impl Summary {
     }
 }
 
-fn paint(color: bool, text: &str, style: fn(&str) -> ColoredString) -> String {
-    if color {
-        style(text).to_string()
-    } else {
-        text.to_string()
-    }
-}
-
 /// Indents every line of `text` by two spaces, so details sit under their status line.
 fn indented(text: &str) -> String {
     text.lines().map(|line| format!("  {line}\n")).collect()
@@ -68,19 +59,19 @@ fn indented(text: &str) -> String {
 pub fn render(result: &ScriptResult, color: bool) -> String {
     let path = result.script.display();
     match &result.verdict {
-        Verdict::Passed => format!("{} {path}\n", paint(color, "PASS ", |s| s.green())),
+        Verdict::Passed => format!("{} {path}\n", paint(color, "PASS ", Style::Green)),
         Verdict::Blessed { expected, created } => format!(
             "{} {path}: {} {}\n",
-            paint(color, "BLESS", |s| s.cyan()),
+            paint(color, "BLESS", Style::Cyan),
             if *created { "created" } else { "updated" },
             expected.display()
         ),
         Verdict::Skipped { reason } => format!(
             "{} {path}: {reason}\n",
-            paint(color, "SKIP ", |s| s.yellow())
+            paint(color, "SKIP ", Style::Yellow)
         ),
         Verdict::Failed(failure) => {
-            let mut out = format!("{} {path}\n", paint(color, "FAIL ", |s| s.red().bold()));
+            let mut out = format!("{} {path}\n", paint(color, "FAIL ", Style::RedBold));
             out.push_str(&indented(&failure_details(result, failure, color)));
             out
         }

@@ -221,9 +221,6 @@ pub enum ReplError {
 pub fn run(runtime: Rc<Runtime>, limits: Limits) -> Result<usize, ReplError> {
     let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let color = interactive && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    if !color {
-        colored::control::set_override(false);
-    }
     let mut repl = Repl::new(runtime, PrintSink::Stdout, limits)?;
     let interrupt = Arc::new(AtomicBool::new(false));
     let handler_flag = Arc::clone(&interrupt);
