@@ -138,6 +138,34 @@ fn every_experiment_script_runs_on_sim() {
             );
         }
     }
+    // Scripts compute their expectations from the device and config, not the defaults'.
+    for args in [
+        ["run", "--device", "sim:80GiB", "scripts/oom.rhai"].as_slice(),
+        &[
+            "run",
+            "--device",
+            "sim",
+            "--alloc-conf",
+            "max_split_size_mb:2048",
+            "scripts/fragmentation.rhai",
+        ],
+        &[
+            "run",
+            "--device",
+            "sim",
+            "--alloc-conf",
+            "max_split_size_mb:1024",
+            "scripts/fragmentation.rhai",
+        ],
+    ] {
+        let output = gpumem(args, "");
+        assert!(
+            output.status.success(),
+            "{args:?} failed:\n{}{}",
+            text(&output.stdout),
+            text(&output.stderr)
+        );
+    }
 }
 
 #[test]
