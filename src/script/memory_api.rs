@@ -5,7 +5,7 @@ use std::rc::Rc;
 
 use rhai::{Array, Dynamic, Engine, Map, INT};
 
-use super::bindings::{fail, number, BindingResult};
+use super::bindings::{fail, flag, integer, non_negative, number, BindingResult};
 use crate::alloc::summary::memory_summary;
 use crate::tensor::Runtime;
 
@@ -47,10 +47,18 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
         memory_summary(allocator.stats(), allocator.device().index(), false)
     });
     let rt = Rc::clone(runtime);
-    engine.register_fn("memory_summary", move |abbreviated: bool| -> String {
-        let allocator = rt.allocator();
-        memory_summary(allocator.stats(), allocator.device().index(), abbreviated)
-    });
+    engine.register_fn(
+        "memory_summary",
+        move |abbreviated: Dynamic| -> BindingResult<String> {
+            let abbreviated = flag("memory_summary", "abbreviated", &abbreviated)?;
+            let allocator = rt.allocator();
+            Ok(memory_summary(
+                allocator.stats(),
+                allocator.device().index(),
+                abbreviated,
+            ))
+        },
+    );
     let rt = Rc::clone(runtime);
     engine.register_fn("empty_cache", move || -> BindingResult<()> {
         rt.with_allocator(|a| a.empty_cache())
@@ -96,14 +104,9 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
         rhai::serde::to_dynamic(rt.allocator().snapshot())
     });
     let rt = Rc::clone(runtime);
-    engine.register_fn("manual_seed", move |seed: INT| -> BindingResult<()> {
-        if seed < 0 {
-            return fail(
-                "manual_seed",
-                format!("seed must be non-negative, got {seed}"),
-            );
-        }
-        rt.manual_seed(seed as u64);
+    engine.register_fn("manual_seed", move |seed: Dynamic| -> BindingResult<()> {
+        let seed = integer("manual_seed", "seed", &seed)?;
+        rt.manual_seed(non_negative("manual_seed", "seed", seed)?);
         Ok(())
     });
     let rt = Rc::clone(runtime);

@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use rhai::{Array, Dynamic, Engine, Map, FLOAT, INT};
 
-use super::bindings::{fail, non_negative, tensor_fail, BindingResult};
+use super::bindings::{fail, integer, non_negative, tensor_fail, wrong_type, BindingResult};
 use super::tensor_api::shape_arg;
 use crate::device::DriverMemory;
 use crate::tensor::backend::{BinaryOp, Reduction};
@@ -42,6 +42,13 @@ fn register_operator(engine: &mut Engine, symbol: &'static str, op: BinaryOp) {
     engine.register_fn(symbol, move |a: INT, b: Tensor| {
         run(Arg::Scalar(a as f64), Arg::Tensor(&b))
     });
+    // Rhai tries the typed overloads first; any other right-hand side lands here.
+    engine.register_fn(
+        symbol,
+        move |_: &mut Tensor, b: Dynamic| -> BindingResult<Tensor> {
+            wrong_type(symbol, "the right operand", "a tensor or a number", &b)
+        },
+    );
 }
 
 /// The `device_memory()` map: the driver's figures plus the allocator's reserved bytes and
@@ -83,10 +90,16 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
     );
     engine.register_fn(
         "slice",
-        |t: &mut Tensor, dim: INT, start: INT, end: INT| -> BindingResult<Tensor> {
-            let dim = non_negative("slice", "dim", dim)? as usize;
-            let start = non_negative("slice", "start", start)? as usize;
-            let end = non_negative("slice", "end", end)? as usize;
+        |t: &mut Tensor, dim: Dynamic, start: Dynamic, end: Dynamic| -> BindingResult<Tensor> {
+            let index = |what: &str, value: &Dynamic| -> BindingResult<usize> {
+                let value = integer("slice", what, value)?;
+                Ok(non_negative("slice", what, value)? as usize)
+            };
+            let (dim, start, end) = (
+                index("dim", &dim)?,
+                index("start", &start)?,
+                index("end", &end)?,
+            );
             t.slice(dim, start, end)
                 .or_else(|error| fail("slice", error))
         },
