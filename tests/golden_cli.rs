@@ -97,7 +97,7 @@ fn a_missing_out_says_how_to_bless_and_bless_writes_it() {
     assert_eq!(code, 0);
     assert_eq!(
         stdout,
-        "BLESS new.rhai: created new.out\n1 passed, 0 failed\n"
+        "BLESS new.rhai: created new.out\n1 passed (1 blessed), 0 failed\n"
     );
     assert_eq!(
         std::fs::read_to_string(dir.join("new.out")).expect("read"),

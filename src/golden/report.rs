@@ -39,9 +39,14 @@ impl Summary {
         self.failed == 0
     }
 
-    /// `N passed, N failed`, plus `, N skipped` when any were skipped.
+    /// `N passed, N failed`, with `(N blessed)` after the passes when `--bless` wrote files and
+    /// `, N skipped` when any were skipped.
     pub fn closing_line(&self) -> String {
-        let mut line = format!("{} passed, {} failed", self.passed, self.failed);
+        let mut line = format!("{} passed", self.passed);
+        if self.blessed > 0 {
+            let _ = write!(line, " ({} blessed)", self.blessed);
+        }
+        let _ = write!(line, ", {} failed", self.failed);
         if self.skipped > 0 {
             let _ = write!(line, ", {} skipped", self.skipped);
         }
@@ -143,7 +148,7 @@ mod tests {
     }
 
     #[test]
-    fn closing_line_mentions_skips_only_when_there_are_some() {
+    fn closing_line_mentions_blessed_and_skipped_only_when_there_are_some() {
         let mut summary = Summary::default();
         summary.add(&result(Verdict::Passed));
         summary.add(&result(Verdict::Failed(Failure::Unrunnable {
@@ -158,8 +163,10 @@ mod tests {
             expected: PathBuf::from("t/x.out"),
             created: true,
         }));
-        assert_eq!(summary.closing_line(), "2 passed, 1 failed, 1 skipped");
-        assert_eq!(summary.blessed, 1);
+        assert_eq!(
+            summary.closing_line(),
+            "2 passed (1 blessed), 1 failed, 1 skipped"
+        );
     }
 
     #[test]

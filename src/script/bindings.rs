@@ -85,5 +85,5 @@ pub fn wrong_type<T>(
 pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
     tensor_api::register(engine, runtime);
     memory_api::register(engine, runtime);
-    values_api::register(engine, runtime);
+    values_api::register(engine);
 }
