@@ -10,6 +10,7 @@ pub mod alloc;
 pub mod bench;
 pub mod device;
 pub mod golden;
+pub mod paint;
 pub mod repl;
 pub mod script;
 pub mod session;

@@ -83,13 +83,14 @@ fn main() -> ExitCode {
         alloc_conf: cli.alloc_conf.clone(),
     };
     match cli.command {
-        Some(Command::Run { file }) => run(&options, cli.limits, &file),
+        Some(Command::Run { file }) => on_script_stack(|| run(&options, cli.limits, &file)),
         Some(Command::Test { paths, bless }) => ExitCode::from(gpumem::golden::command(
             &paths,
             &gpumem::golden::Options {
                 device: cli.device,
                 alloc_conf: cli.alloc_conf,
                 bless,
+                limits: cli.limits,
             },
         )),
         Some(Command::Bench(BenchTarget::Alloc { rounds, json })) => {
@@ -98,8 +99,17 @@ fn main() -> ExitCode {
         Some(Command::Bench(BenchTarget::Randn { reps, torch_script })) => {
             bench_randn(&options, reps, &torch_script)
         }
-        None => repl(&options, cli.limits),
+        None => on_script_stack(|| repl(&options, cli.limits)),
     }
+}
+
+/// Runs a script or the REPL on a thread with a stack big enough for deeply nested values
+/// ([`gpumem::script::on_script_stack`]).
+fn on_script_stack(work: impl FnOnce() -> ExitCode + Send) -> ExitCode {
+    gpumem::script::on_script_stack(work).unwrap_or_else(|error| {
+        eprintln!("gpumem: {error}");
+        ExitCode::from(EXIT_SCRIPT_ERROR)
+    })
 }
 
 /// Opens the session the options ask for, printing the fallback notice if there is one; on

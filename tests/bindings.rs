@@ -129,6 +129,9 @@ fn check_failures_show_both_sides() {
         ("check::eq(1, 2, \"count\")", "check::eq failed for count: expected 2 (i64), got 1 (i64)"),
         ("check::eq(\"a\", 1)", "check::eq failed for value: expected 1 (i64), got a (string)"),
         ("check::in_range(5, 1, 3, \"x\")", "check::in_range failed for x: expected 1 ..= 3, got 5"),
+        ("check::in_range(0.0 / 0.0, 0.9, 1.1)", "check::in_range failed for value: expected 0.9 ..= 1.1, got NaN"),
+        ("check::in_range(\"a\", 1, 2)", "check::in_range failed for value: expected numbers, got a (string) in 1 (i64) ..= 2 (i64)"),
+        ("check::in_range(1.5, 1, \"2\")", "expected numbers"),
         ("check::is_true(1 > 2, \"order\")", "check::is_true failed: order (got false)"),
         ("check::fails(|| 1, \"boom\")", "check::fails failed: expected an error containing \"boom\", but the call succeeded"),
         ("check::fails(|| randn(-1), \"dtype\")", "check::fails failed: expected an error containing \"dtype\", got \"randn: invalid shape"),
@@ -137,7 +140,7 @@ fn check_failures_show_both_sides() {
         let error = run(&format!("import \"check\" as check;\n{call};")).expect_err(call);
         assert!(error.contains(expected), "{call}: {error}");
     }
-    let printed = run("import \"check\" as check;\ncheck::eq(2, 2); check::in_range(2, 1, 3); check::is_true(true, \"t\");\nprint(check::fails(|| empty(4, \"x\"), \"unknown dtype\"));")
+    let printed = run("import \"check\" as check;\ncheck::eq(2, 2); check::in_range(2, 1, 3); check::in_range(1.5, 1, 2); check::in_range(2, 1.5, 2.5); check::is_true(true, \"t\");\nprint(check::fails(|| empty(4, \"x\"), \"unknown dtype\"));")
         .expect("passing checks");
     assert!(printed.starts_with("empty: unknown dtype 'x'"), "{printed}");
 }

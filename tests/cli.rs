@@ -138,6 +138,34 @@ fn every_experiment_script_runs_on_sim() {
             );
         }
     }
+    // Scripts compute their expectations from the device and config, not the defaults'.
+    for args in [
+        ["run", "--device", "sim:80GiB", "scripts/oom.rhai"].as_slice(),
+        &[
+            "run",
+            "--device",
+            "sim",
+            "--alloc-conf",
+            "max_split_size_mb:2048",
+            "scripts/fragmentation.rhai",
+        ],
+        &[
+            "run",
+            "--device",
+            "sim",
+            "--alloc-conf",
+            "max_split_size_mb:1024",
+            "scripts/fragmentation.rhai",
+        ],
+    ] {
+        let output = gpumem(args, "");
+        assert!(
+            output.status.success(),
+            "{args:?} failed:\n{}{}",
+            text(&output.stdout),
+            text(&output.stderr)
+        );
+    }
 }
 
 #[test]
@@ -259,6 +287,29 @@ fn usage_errors_exit_2() {
 }
 
 #[test]
+fn deeply_nested_values_do_not_crash_run_or_the_repl() {
+    let deep = "let b = []; for i in 0..3000 { b = [b]; }\nprint(`${b}`.len());\n";
+    let (stdout, stderr, code) = run_script(&[], deep);
+    assert_eq!((stdout.as_str(), code), ("6002\n", 0), "{stderr}");
+    let (stdout, stderr, code) = repl(&format!("{deep}b\n:vars\nprint(\"alive\");\n"));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.starts_with("6002\n[[[["), "{stdout}");
+    assert!(stdout.ends_with("no live tensors\nalive\n"), "{stdout}");
+}
+
+#[test]
+fn repl_errors_in_earlier_functions_point_at_their_definition() {
+    let (_, stderr, code) = repl("fn f(x) {\n  x.foo()\n}\nlet y = 1;\n   f(1)\n");
+    assert_eq!(code, 1);
+    assert!(
+        stderr.starts_with(
+            "input1:2:5: error: Function not found: foo (i64)\n2 |   x.foo()\n  |     ^\n  in f(), called at input3:1:4"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn limits_are_adjustable_from_the_command_line() {
     let (_, stderr, code) = run_script(&["--max-operations", "1000"], "loop {}\n");
     assert_eq!(code, 1);
@@ -269,6 +320,7 @@ fn limits_are_adjustable_from_the_command_line() {
     );
     assert_eq!(code, 1);
     assert!(stderr.contains("Stack overflow"), "{stderr}");
+    assert!(stderr.contains("--max-call-depth"), "{stderr}");
     let (_, stderr, code) = run_script(&["--max-array-size", "3"], "let a = [1, 2, 3, 4];\n");
     assert_eq!(code, 1);
     assert!(stderr.contains("Size of array"), "{stderr}");

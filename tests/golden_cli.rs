@@ -97,7 +97,7 @@ fn a_missing_out_says_how_to_bless_and_bless_writes_it() {
     assert_eq!(code, 0);
     assert_eq!(
         stdout,
-        "BLESS new.rhai: created new.out\n1 passed, 0 failed\n"
+        "BLESS new.rhai: created new.out\n1 passed (1 blessed), 0 failed\n"
     );
     assert_eq!(
         std::fs::read_to_string(dir.join("new.out")).expect("read"),
@@ -278,4 +278,24 @@ fn results_come_in_sorted_order() {
             "5 passed, 0 failed"
         ]
     );
+}
+
+#[test]
+fn engine_limits_from_the_command_line_reach_golden_scripts() {
+    let dir = scratch("limits");
+    write(&dir, "spin.rhai", "print(1);\nloop {}\n");
+    write(&dir, "spin.out", "1\n");
+    let (code, stdout, _) = gpumem_test(&dir, &["--max-operations", "5000", "spin.rhai"]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("Too many operations"), "{stdout}");
+    assert!(stdout.ends_with("0 passed, 1 failed\n"), "{stdout}");
+    write(
+        &dir,
+        "deep.rhai",
+        "fn down(n) { if n == 0 { 0 } else { down(n - 1) } }\nprint(down(10));\n",
+    );
+    write(&dir, "deep.out", "0\n");
+    let (code, stdout, _) = gpumem_test(&dir, &["--max-call-depth", "5", "deep.rhai"]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("--max-call-depth"), "{stdout}");
 }

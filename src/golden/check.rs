@@ -9,13 +9,12 @@
 //! it always fails and is never blessed.
 
 use std::cell::RefCell;
-use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Mutex;
 
 use crate::device::DeviceSpec;
-use crate::script::{Host, PrintSink, ScriptError};
+use crate::script::{on_script_stack, Host, Limits, PrintSink, ScriptError};
 use crate::session::{self, SessionError, SessionOptions};
 
 use super::directives;
@@ -37,7 +36,15 @@ pub struct Options {
     pub alloc_conf: Option<String>,
     /// Write `.out` files instead of failing on a difference.
     pub bless: bool,
+    /// The engine's sandbox limits (`--max-operations`, ...). An operation limit of 0 means
+    /// [`GOLDEN_MAX_OPERATIONS`] here: a golden test must finish, so a runaway loop fails the
+    /// script instead of hanging the suite.
+    pub limits: Limits,
 }
+
+/// The operation budget of a golden script when none is given: 100 million operations, a
+/// few seconds of work and far beyond what any test in tests/golden needs.
+pub const GOLDEN_MAX_OPERATIONS: u64 = 100_000_000;
 
 impl Options {
     /// Opens one session with these options to check them up front and pin the device the
@@ -50,6 +57,16 @@ impl Options {
             ..self.clone()
         };
         Ok((resolved, session.notice))
+    }
+
+    /// The limits scripts run under: [`Options::limits`] with an unlimited operation count
+    /// replaced by [`GOLDEN_MAX_OPERATIONS`].
+    pub fn engine_limits(&self) -> Limits {
+        let mut limits = self.limits;
+        if limits.max_operations == 0 {
+            limits.max_operations = GOLDEN_MAX_OPERATIONS;
+        }
+        limits
     }
 
     fn session_options(&self, pinned: Option<&directives::Directives>) -> SessionOptions {
@@ -133,16 +150,11 @@ enum Execution {
 
 /// Runs `script` on a fresh session and compares (or blesses) its output.
 pub fn check_script(script: &Path, options: &Options) -> ScriptResult {
-    // A panic is a gpumem bug; report it against the script instead of losing the run.
-    let execution = panic::catch_unwind(AssertUnwindSafe(|| execute(script, options)))
-        .unwrap_or_else(|payload| {
-            let message = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            Execution::Unrunnable(format!("gpumem crashed running this script: {message}"))
-        });
+    // On its own thread with a big stack, so deeply nested values cannot overflow it. A panic
+    // is a gpumem bug; report it against the script instead of losing the run.
+    let execution = on_script_stack(|| execute(script, options)).unwrap_or_else(|message| {
+        Execution::Unrunnable(format!("gpumem crashed running this script: {message}"))
+    });
     let verdict = match execution {
         Execution::Skipped(reason) => Verdict::Skipped { reason },
         Execution::Unrunnable(reason) => Verdict::Failed(Failure::Unrunnable { reason }),
@@ -199,7 +211,11 @@ fn execute(script: &Path, options: &Options) -> Execution {
         }
     };
     let buffer = Rc::new(RefCell::new(String::new()));
-    let host = Host::new(session.runtime, PrintSink::Buffer(Rc::clone(&buffer)));
+    let host = Host::with_limits(
+        session.runtime,
+        PrintSink::Buffer(Rc::clone(&buffer)),
+        options.engine_limits(),
+    );
     let result = host.run_source(&name, &source);
     drop(host);
     let text = buffer.take();
@@ -279,6 +295,48 @@ mod tests {
         let path = dir.join(name);
         std::fs::write(&path, text).expect("write");
         path
+    }
+
+    #[test]
+    fn a_runaway_script_stops_at_the_operation_limit() {
+        let dir = scratch("runaway");
+        let script = write(&dir, "spin.rhai", "print(1);\nloop {}\n");
+        let options = Options {
+            limits: Limits {
+                max_operations: 10_000,
+                ..Limits::DEFAULT
+            },
+            ..sim()
+        };
+        match check_script(&script, &options).verdict {
+            Verdict::Failed(Failure::MissingExpected { actual, .. }) => {
+                assert!(actual.starts_with("1\nspin.rhai:2:"), "{actual}");
+                assert!(actual.contains("--max-operations"), "{actual}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // Without a limit from the caller, golden scripts still get a finite budget.
+        assert_eq!(
+            Options::default().engine_limits().max_operations,
+            GOLDEN_MAX_OPERATIONS
+        );
+        assert_eq!(options.engine_limits().max_operations, 10_000);
+    }
+
+    #[test]
+    fn deeply_nested_values_do_not_overflow_the_worker_stack() {
+        let dir = scratch("deep");
+        let script = write(
+            &dir,
+            "deep.rhai",
+            "let b = []; for i in 0..3000 { b = [b]; }\nlet s = `${b}`;\nprint(s.len());\n",
+        );
+        write(&dir, "deep.out", "6002\n");
+        // Run from a thread with a default-sized stack, as libtest and `gpumem test` workers do.
+        let verdict = std::thread::spawn(move || check_script(&script, &sim()).verdict)
+            .join()
+            .expect("no crash");
+        assert_eq!(verdict, Verdict::Passed);
     }
 
     #[test]

@@ -11,8 +11,9 @@
 
 use std::fmt::Write;
 
-use colored::Colorize;
 use similar::{ChangeTag, TextDiff};
+
+use crate::paint::{paint, Style};
 
 /// Unchanged lines shown around each change.
 const CONTEXT_LINES: usize = 3;
@@ -26,24 +27,25 @@ pub fn unified(
     actual_label: &str,
     color: bool,
 ) -> String {
-    let paint = |text: String, style: fn(&str) -> colored::ColoredString| -> String {
-        if color {
-            style(&text).to_string()
-        } else {
-            text
-        }
-    };
     let diff = TextDiff::from_lines(expected, actual);
     let mut out = String::new();
     let _ = writeln!(
         out,
         "{}",
-        paint(format!("--- expected  {expected_label}"), |s| s.red())
+        paint(
+            color,
+            &format!("--- expected  {expected_label}"),
+            Style::Red
+        )
     );
     let _ = writeln!(
         out,
         "{}",
-        paint(format!("+++ actual    {actual_label}"), |s| s.green())
+        paint(
+            color,
+            &format!("+++ actual    {actual_label}"),
+            Style::Green
+        )
     );
     for group in diff.grouped_ops(CONTEXT_LINES) {
         let (Some(first), Some(last)) = (group.first(), group.last()) else {
@@ -58,7 +60,7 @@ pub fn unified(
             new.start + 1,
             new.len()
         );
-        let _ = writeln!(out, "{}", paint(header, |s| s.cyan()));
+        let _ = writeln!(out, "{}", paint(color, &header, Style::Cyan));
         for op in &group {
             for change in diff.iter_changes(op) {
                 let number = |index: Option<usize>| {
@@ -83,8 +85,8 @@ pub fn unified(
                     line.push_str("  (no newline at end)");
                 }
                 let line = match change.tag() {
-                    ChangeTag::Delete => paint(line, |s| s.red()),
-                    ChangeTag::Insert => paint(line, |s| s.green()),
+                    ChangeTag::Delete => paint(color, &line, Style::Red),
+                    ChangeTag::Insert => paint(color, &line, Style::Green),
                     ChangeTag::Equal => line,
                 };
                 let _ = writeln!(out, "{line}");
@@ -135,9 +137,7 @@ mod tests {
 
     #[test]
     fn colour_only_when_asked() {
-        colored::control::set_override(true);
         let text = unified("a\n", "b\n", "e", "a", true);
-        colored::control::unset_override();
         assert!(text.contains("\u{1b}["), "{text:?}");
         assert!(!unified("a\n", "b\n", "e", "a", false).contains('\u{1b}'));
     }

@@ -59,11 +59,13 @@ pub fn discover(paths: &[PathBuf]) -> Result<Vec<PathBuf>, DiscoverError> {
     Ok(scripts.sorted.into_iter().collect())
 }
 
-/// Scripts found so far: the paths to report, and the files they name.
+/// Scripts found so far: the paths to report, the files they name, and the folders searched
+/// (by canonical path, so a symbolic link back up the tree is not followed round again).
 #[derive(Default)]
 struct Scripts {
     sorted: BTreeSet<PathBuf>,
     files: HashSet<PathBuf>,
+    folders: HashSet<PathBuf>,
 }
 
 impl Scripts {
@@ -80,13 +82,18 @@ fn is_script(path: &Path) -> bool {
 }
 
 fn walk(folder: &Path, scripts: &mut Scripts) -> Result<(), DiscoverError> {
+    let canonical = std::fs::canonicalize(folder).unwrap_or_else(|_| folder.to_path_buf());
+    if !scripts.folders.insert(canonical) {
+        return Ok(());
+    }
     let unreadable = |error: std::io::Error| DiscoverError::Unreadable {
         path: folder.to_path_buf(),
         message: error.to_string(),
     };
     for entry in std::fs::read_dir(folder).map_err(unreadable)? {
         let path = entry.map_err(unreadable)?.path();
-        // Follows symbolic links, as `metadata` does for the paths given.
+        // Follows symbolic links, as `metadata` does for the paths given; `walk` skips a folder
+        // already searched, so links that loop end.
         if path.is_dir() {
             walk(&path, scripts)?;
         } else if is_script(&path) {
@@ -146,6 +153,21 @@ mod tests {
             discover(&[dir.join("empty")]),
             Err(DiscoverError::Empty(_))
         ));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn symlinked_folders_that_loop_are_searched_once() {
+        let dir = scratch("loop");
+        std::os::unix::fs::symlink(".", dir.join("self")).expect("symlink");
+        std::os::unix::fs::symlink("..", dir.join("b/up")).expect("symlink");
+        // Two links that loop: followed blindly they make 2^40 paths before the OS says no.
+        let found = discover(std::slice::from_ref(&dir)).expect("found");
+        assert_eq!(found.len(), 3, "{found:?}");
+        let mut scripts = Scripts::default();
+        walk(&dir, &mut scripts).expect("walks");
+        assert_eq!(scripts.folders.len(), 3, "the folder, b and b/deeper");
         let _ = std::fs::remove_dir_all(dir);
     }
 

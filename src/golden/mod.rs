@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 
-pub use check::{check_script, Failure, Options, ScriptResult, Verdict};
+pub use check::{check_script, Failure, Options, ScriptResult, Verdict, GOLDEN_MAX_OPERATIONS};
 pub use discover::discover;
 pub use report::Summary;
 
@@ -80,7 +80,7 @@ pub fn run_scripts(
 /// script (with a diff or the reason under each failure) and the closing line, and returns the
 /// process exit status: [`EXIT_OK`], [`EXIT_FAILED`] or [`EXIT_USAGE`].
 pub fn command(paths: &[PathBuf], options: &Options) -> u8 {
-    let color = colored::control::SHOULD_COLORIZE.should_colorize();
+    let color = crate::paint::stdout_wants_color();
     if options.alloc_conf.is_none() {
         for name in ALLOC_CONF_VARIABLES {
             if std::env::var_os(name).is_some() {

@@ -3,10 +3,9 @@
 
 use std::fmt::Write;
 
-use colored::{ColoredString, Colorize};
-
 use super::check::{Failure, ScriptResult, Verdict};
 use super::diff;
+use crate::paint::{paint, Style};
 
 /// Counts over a run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -40,21 +39,18 @@ impl Summary {
         self.failed == 0
     }
 
-    /// `N passed, N failed`, plus `, N skipped` when any were skipped.
+    /// `N passed, N failed`, with `(N blessed)` after the passes when `--bless` wrote files and
+    /// `, N skipped` when any were skipped.
     pub fn closing_line(&self) -> String {
-        let mut line = format!("{} passed, {} failed", self.passed, self.failed);
+        let mut line = format!("{} passed", self.passed);
+        if self.blessed > 0 {
+            let _ = write!(line, " ({} blessed)", self.blessed);
+        }
+        let _ = write!(line, ", {} failed", self.failed);
         if self.skipped > 0 {
             let _ = write!(line, ", {} skipped", self.skipped);
         }
         line
-    }
-}
-
-fn paint(color: bool, text: &str, style: fn(&str) -> ColoredString) -> String {
-    if color {
-        style(text).to_string()
-    } else {
-        text.to_string()
     }
 }
 
@@ -68,19 +64,19 @@ fn indented(text: &str) -> String {
 pub fn render(result: &ScriptResult, color: bool) -> String {
     let path = result.script.display();
     match &result.verdict {
-        Verdict::Passed => format!("{} {path}\n", paint(color, "PASS ", |s| s.green())),
+        Verdict::Passed => format!("{} {path}\n", paint(color, "PASS ", Style::Green)),
         Verdict::Blessed { expected, created } => format!(
             "{} {path}: {} {}\n",
-            paint(color, "BLESS", |s| s.cyan()),
+            paint(color, "BLESS", Style::Cyan),
             if *created { "created" } else { "updated" },
             expected.display()
         ),
         Verdict::Skipped { reason } => format!(
             "{} {path}: {reason}\n",
-            paint(color, "SKIP ", |s| s.yellow())
+            paint(color, "SKIP ", Style::Yellow)
         ),
         Verdict::Failed(failure) => {
-            let mut out = format!("{} {path}\n", paint(color, "FAIL ", |s| s.red().bold()));
+            let mut out = format!("{} {path}\n", paint(color, "FAIL ", Style::RedBold));
             out.push_str(&indented(&failure_details(result, failure, color)));
             out
         }
@@ -152,7 +148,7 @@ mod tests {
     }
 
     #[test]
-    fn closing_line_mentions_skips_only_when_there_are_some() {
+    fn closing_line_mentions_blessed_and_skipped_only_when_there_are_some() {
         let mut summary = Summary::default();
         summary.add(&result(Verdict::Passed));
         summary.add(&result(Verdict::Failed(Failure::Unrunnable {
@@ -167,8 +163,10 @@ mod tests {
             expected: PathBuf::from("t/x.out"),
             created: true,
         }));
-        assert_eq!(summary.closing_line(), "2 passed, 1 failed, 1 skipped");
-        assert_eq!(summary.blessed, 1);
+        assert_eq!(
+            summary.closing_line(),
+            "2 passed (1 blessed), 1 failed, 1 skipped"
+        );
     }
 
     #[test]

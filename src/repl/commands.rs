@@ -2,7 +2,9 @@
 
 use std::fmt::Write as _;
 
-use rhai::{Array, Dynamic, Scope};
+use std::rc::Rc;
+
+use rhai::{Array, Dynamic, Map, Scope};
 
 use crate::alloc::format::format_size;
 use crate::alloc::summary::memory_summary;
@@ -30,7 +32,8 @@ pub const COMMANDS: &[Command] = &[
     Command {
         name: ":vars",
         args: "",
-        summary: "live tensors with their sizes, largest first",
+        summary:
+            "live tensors (in arrays and maps too) with the storage each keeps alive, largest first",
     },
     Command {
         name: ":mem",
@@ -109,8 +112,9 @@ pub fn help_for(name: &str) -> Result<String, String> {
     Err(format!(":help: no binding or command named '{name}'"))
 }
 
-/// `:vars`: every tensor reachable from a variable (directly or as an array element), largest
-/// first.
+/// `:vars`: every tensor reachable from a variable (directly, or inside arrays and maps at any
+/// depth), largest first. The size shown is the storage the tensor keeps alive — for a view,
+/// its base's whole storage — and tensors that share one storage say so.
 pub fn vars(scope: &Scope<'_>) -> String {
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     for (name, _, value) in scope.iter_raw() {
@@ -119,7 +123,8 @@ pub fn vars(scope: &Scope<'_>) -> String {
     if tensors.is_empty() {
         return "no live tensors".to_string();
     }
-    tensors.sort_by(|a, b| b.1.nbytes().cmp(&a.1.nbytes()).then(a.0.cmp(&b.0)));
+    let kept = |tensor: &Tensor| tensor.storage().nbytes();
+    tensors.sort_by(|a, b| kept(&b.1).cmp(&kept(&a.1)).then(a.0.cmp(&b.0)));
     let width = tensors
         .iter()
         .map(|(name, _)| name.len())
@@ -128,10 +133,26 @@ pub fn vars(scope: &Scope<'_>) -> String {
     tensors
         .iter()
         .map(|(name, tensor)| {
-            format!(
+            let mut line = format!(
                 "{name:<width$}  {:>12}  {tensor}",
-                format_size(tensor.nbytes())
-            )
+                format_size(kept(tensor))
+            );
+            let mut notes = Vec::new();
+            if !tensor.is_whole_storage() {
+                notes.push(format!("a view of {}", format_size(tensor.nbytes())));
+            }
+            let sharing: Vec<&str> = tensors
+                .iter()
+                .filter(|(other, t)| other != name && Rc::ptr_eq(t.storage(), tensor.storage()))
+                .map(|(other, _)| other.as_str())
+                .collect();
+            if !sharing.is_empty() {
+                notes.push(format!("storage shared with {}", sharing.join(", ")));
+            }
+            if !notes.is_empty() {
+                let _ = write!(line, "  ({})", notes.join("; "));
+            }
+            line
         })
         .collect::<Vec<_>>()
         .join("\n")
@@ -143,6 +164,10 @@ fn collect(name: String, value: &Dynamic, out: &mut Vec<(String, Tensor)>) {
     } else if let Some(array) = value.read_lock::<Array>() {
         for (index, item) in array.iter().enumerate() {
             collect(format!("{name}[{index}]"), item, out);
+        }
+    } else if let Some(map) = value.read_lock::<Map>() {
+        for (key, item) in map.iter() {
+            collect(format!("{name}.{key}"), item, out);
         }
     }
 }
@@ -175,6 +200,48 @@ pub fn summary(runtime: &Runtime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alloc::{AllocConf, CachingAllocator};
+    use crate::device::sim::SimDevice;
+    use crate::tensor::DType;
+
+    #[test]
+    fn vars_finds_tensors_in_maps_and_shows_the_storage_views_keep() {
+        let allocator = CachingAllocator::new(
+            Box::new(SimDevice::h200()),
+            AllocConf::parse("").expect("config"),
+        )
+        .expect("allocator");
+        let runtime = Runtime::new(allocator);
+        let base = Tensor::empty(&runtime, &[1024, 1024], DType::UInt8).expect("tensor");
+        let view = base.slice(0, 0, 1).expect("view");
+        let mut map = Map::new();
+        map.insert("w".into(), Dynamic::from(view));
+        map.insert(
+            "inner".into(),
+            Dynamic::from(vec![Dynamic::from(
+                Tensor::empty(&runtime, &[512], DType::UInt8).expect("tensor"),
+            )]),
+        );
+        let mut scope = Scope::new();
+        scope.push("m", map);
+        let text = vars(&scope);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(
+            lines[0].starts_with("m.w  ") && lines[0].contains("1024.00 KiB"),
+            "{text}"
+        );
+        assert!(lines[0].ends_with("(a view of 1024 bytes)"), "{text}");
+        assert!(lines[1].starts_with("m.inner[0]  "), "{text}");
+        assert!(!lines[1].contains("view"), "{text}");
+        scope.push("base", base);
+        let text = vars(&scope);
+        assert!(
+            text.contains("(a view of 1024 bytes; storage shared with base)"),
+            "{text}"
+        );
+        assert!(text.contains("(storage shared with m.w)"), "{text}");
+    }
 
     #[test]
     fn help_lists_every_binding_and_command() {

@@ -6,7 +6,6 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use colored::Colorize;
 use rhai::{Engine, ParseErrorType};
 use rustyline::completion::{Completer, FilenameCompleter, Pair};
 use rustyline::highlight::{CmdKind, Highlighter};
@@ -15,6 +14,7 @@ use rustyline::validate::{ValidationContext, ValidationResult, Validator};
 use rustyline::{Context, Helper};
 
 use super::commands::COMMANDS;
+use crate::paint::{paint, Style};
 use crate::script::docs::{self, Kind, BINDINGS, DTYPES};
 use crate::script::stdlib::MODULES;
 
@@ -50,9 +50,14 @@ impl Helper for ReplHelper {}
 
 /// Whether `input` is an unfinished script that should continue on the next line: Rhai
 /// reports a missing closing token or an unexpected end at the very end of the input. A blank
-/// line (input ending in two newlines) always ends the input so a mistake cannot trap you.
+/// line always ends the input so a mistake cannot trap you: rustyline passes the text typed
+/// so far, so pressing Enter on an empty continuation line gives input whose last line is blank
+/// (`"for i in 0..2 {\n"`).
 pub fn needs_more(parser: &Engine, input: &str) -> bool {
-    if input.trim_start().starts_with(':') || input.ends_with("\n\n") || input.trim().is_empty() {
+    let last_line_blank = input
+        .rsplit_once('\n')
+        .is_some_and(|(_, last)| last.trim().is_empty());
+    if input.trim_start().starts_with(':') || last_line_blank || input.trim().is_empty() {
         return false;
     }
     let Err(error) = parser.compile(input) else {
@@ -233,7 +238,7 @@ impl Highlighter for ReplHelper {
         _default: bool,
     ) -> Cow<'b, str> {
         if self.color {
-            Cow::Owned(prompt.green().bold().to_string())
+            Cow::Owned(paint(true, prompt, Style::GreenBold))
         } else {
             Cow::Borrowed(prompt)
         }
@@ -241,7 +246,7 @@ impl Highlighter for ReplHelper {
 
     fn highlight_hint<'h>(&self, hint: &'h str) -> Cow<'h, str> {
         if self.color {
-            Cow::Owned(hint.dimmed().to_string())
+            Cow::Owned(paint(true, hint, Style::Dimmed))
         } else {
             Cow::Borrowed(hint)
         }
@@ -252,26 +257,26 @@ impl Highlighter for ReplHelper {
     }
 }
 
-/// Colours a line: `:` commands, keywords, binding names, strings, numbers and comments.
+/// Colours a line (always: the helper calls it only when colour is on): `:` commands, keywords, binding names, strings, numbers and comments.
 pub fn highlight_code(line: &str) -> String {
     if line.starts_with(':') {
-        return line.blue().bold().to_string();
+        return paint(true, line, Style::BlueBold);
     }
     let mut out = String::with_capacity(line.len() * 2);
     let mut rest = line;
     while let Some(first) = rest.chars().next() {
         let split = if rest.starts_with("//") {
-            out.push_str(&rest.dimmed().to_string());
+            out.push_str(&paint(true, rest, Style::Dimmed));
             rest.len()
         } else if first == '"' || first == '`' {
             let end = rest[1..].find(first).map_or(rest.len(), |end| end + 2);
-            out.push_str(&rest[..end].green().to_string());
+            out.push_str(&paint(true, &rest[..end], Style::Green));
             end
         } else if first.is_ascii_digit() {
             let end = rest
                 .find(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '_'))
                 .unwrap_or(rest.len());
-            out.push_str(&rest[..end].yellow().to_string());
+            out.push_str(&paint(true, &rest[..end], Style::Yellow));
             end
         } else if first.is_alphabetic() || first == '_' {
             let end = rest
@@ -279,9 +284,9 @@ pub fn highlight_code(line: &str) -> String {
                 .unwrap_or(rest.len());
             let word = &rest[..end];
             if KEYWORDS.contains(&word) {
-                out.push_str(&word.magenta().bold().to_string());
+                out.push_str(&paint(true, word, Style::MagentaBold));
             } else if docs::find(word).is_some() {
-                out.push_str(&word.cyan().to_string());
+                out.push_str(&paint(true, word, Style::Cyan));
             } else {
                 out.push_str(word);
             }
@@ -333,7 +338,10 @@ mod tests {
         assert!(needs_more(&parser, "for i in 0..3 {"));
         assert!(needs_more(&parser, "let a = [1,\n2,"));
         assert!(needs_more(&parser, "fn f(x) {\n  x +"));
-        assert!(!needs_more(&parser, "for i in 0..3 {\n\n"));
+        // What rustyline passes after Enter on an empty second line.
+        assert!(!needs_more(&parser, "for i in 0..3 {\n"));
+        assert!(!needs_more(&parser, "for i in 0..3 {\n  print(i);\n  "));
+        assert!(needs_more(&parser, "for i in 0..3 {\n  print(i);"));
         assert!(!needs_more(&parser, "let x = ;"));
         assert!(!needs_more(&parser, "let x = 1;"));
         assert!(!needs_more(&parser, ":help"));
@@ -353,8 +361,19 @@ mod tests {
 
     #[test]
     fn highlighting_keeps_the_text() {
-        colored::control::set_override(false);
         let line = "let t = randn([2, 3], \"float16\"); // c";
-        assert_eq!(highlight_code(line), line);
+        let painted = highlight_code(line);
+        assert!(painted.contains("\u{1b}[1;35mlet\u{1b}[0m"), "{painted:?}");
+        let mut plain = String::new();
+        let mut rest = painted.as_str();
+        while let Some(start) = rest.find('\u{1b}') {
+            plain.push_str(&rest[..start]);
+            let end = rest[start..]
+                .find('m')
+                .map_or(rest.len(), |m| start + m + 1);
+            rest = &rest[end..];
+        }
+        plain.push_str(rest);
+        assert_eq!(plain, line);
     }
 }

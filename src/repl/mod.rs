@@ -16,12 +16,12 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use rhai::{Dynamic, Scope, AST};
+use rhai::{Dynamic, Scope};
 use rustyline::error::ReadlineError;
 use rustyline::history::DefaultHistory;
 use rustyline::{CompletionType, Config, Editor};
 
-use crate::script::{Host, Limits, PrintSink};
+use crate::script::{Definitions, Host, Limits, PrintSink};
 use crate::tensor::Runtime;
 use helper::ReplHelper;
 
@@ -42,7 +42,7 @@ pub enum Flow {
 pub struct Repl {
     host: Host,
     scope: Scope<'static>,
-    functions: AST,
+    definitions: Definitions,
     out: PrintSink,
     errors: usize,
     lines: usize,
@@ -60,7 +60,7 @@ impl Repl {
         Ok(Repl {
             host,
             scope: Scope::new(),
-            functions: AST::empty(),
+            definitions: Definitions::default(),
             out,
             errors: 0,
             lines: 0,
@@ -103,7 +103,7 @@ impl Repl {
     fn eval(&mut self, name: &str, source: &str) {
         let result = self
             .host
-            .eval_in(&mut self.scope, &mut self.functions, name, source);
+            .eval_in(&mut self.scope, &mut self.definitions, name, source);
         // `let x = ..` again shadows the old `x`; drop the hidden one now so its tensor is
         // freed, as rebinding a name in Python would.
         dedupe(&mut self.scope);
@@ -156,7 +156,7 @@ impl Repl {
 
     fn reset(&mut self) {
         self.scope.clear();
-        self.functions = AST::empty();
+        self.definitions = Definitions::default();
         let runtime = Rc::clone(self.host.runtime());
         match runtime.with_allocator(|allocator| allocator.empty_cache()) {
             Ok(()) => self.out.line(&format!(
@@ -221,9 +221,6 @@ pub enum ReplError {
 pub fn run(runtime: Rc<Runtime>, limits: Limits) -> Result<usize, ReplError> {
     let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let color = interactive && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    if !color {
-        colored::control::set_override(false);
-    }
     let mut repl = Repl::new(runtime, PrintSink::Stdout, limits)?;
     let interrupt = Arc::new(AtomicBool::new(false));
     let handler_flag = Arc::clone(&interrupt);

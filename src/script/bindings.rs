@@ -36,25 +36,54 @@ pub fn non_negative(function: &str, what: &str, value: i64) -> BindingResult<u64
     })
 }
 
-/// Reads a number given as an integer or a float.
+/// Reads a number given as an integer or a float. Booleans are refused: `true` is not 1.0.
 pub fn number(function: &str, what: &str, value: &Dynamic) -> BindingResult<f64> {
     if let Ok(int) = value.as_int() {
         Ok(int as f64)
     } else if let Ok(float) = value.as_float() {
         Ok(float)
-    } else if let Ok(flag) = value.as_bool() {
-        Ok(f64::from(u8::from(flag)))
     } else {
-        fail(
-            function,
-            format!("{what} must be a number, got {}", value.type_name()),
-        )
+        wrong_type(function, what, "a number", value)
     }
+}
+
+/// Reads an integer argument. Bindings take integers as `Dynamic` and convert here, so that a
+/// float or a bool gets this error naming the function and argument instead of Rhai's
+/// "function not found".
+pub fn integer(function: &str, what: &str, value: &Dynamic) -> BindingResult<i64> {
+    match value.as_int() {
+        Ok(int) => Ok(int),
+        Err(_) => wrong_type(function, what, "an integer", value),
+    }
+}
+
+/// Reads a boolean argument (see [`integer`] for why it is taken as `Dynamic`).
+pub fn flag(function: &str, what: &str, value: &Dynamic) -> BindingResult<bool> {
+    match value.as_bool() {
+        Ok(flag) => Ok(flag),
+        Err(_) => wrong_type(function, what, "true or false", value),
+    }
+}
+
+/// The error for an argument of the wrong type: `function: what must be EXPECTED, got TYPE (VALUE)`.
+pub fn wrong_type<T>(
+    function: &str,
+    what: &str,
+    expected: &str,
+    value: &Dynamic,
+) -> BindingResult<T> {
+    fail(
+        function,
+        format!(
+            "{what} must be {expected}, got {} ({value})",
+            value.type_name()
+        ),
+    )
 }
 
 /// Registers the tensor and memory bindings.
 pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
     tensor_api::register(engine, runtime);
     memory_api::register(engine, runtime);
-    values_api::register(engine, runtime);
+    values_api::register(engine);
 }

@@ -1,5 +1,7 @@
 //! Script errors rendered for people: file, line and column, the source line and a caret.
 
+use std::collections::HashMap;
+
 use rhai::{EvalAltResult, ParseError, Position};
 use thiserror::Error;
 
@@ -17,14 +19,17 @@ pub enum ScriptError {
     /// A syntax error or an uncaught runtime error, located in the source.
     #[error("{rendered}")]
     Script {
-        /// What went wrong, without location.
-        message: String,
         /// The full report with file, line, column and caret.
         rendered: String,
         /// Whether the script did not compile (as opposed to failing while running).
         is_parse: bool,
     },
 }
+
+/// Where script functions defined outside the source being run came from: function name →
+/// (the input's name, its source). The REPL fills it, since Rhai attributes a function defined
+/// on an earlier line to whichever line is running.
+pub type Origins = HashMap<String, (String, String)>;
 
 impl ScriptError {
     /// A syntax error.
@@ -33,19 +38,35 @@ impl ScriptError {
         let message = error.err_type().to_string();
         ScriptError::Script {
             rendered: render(name, source, position, &format!("syntax error: {message}")),
-            message,
             is_parse: true,
         }
     }
 
-    /// An uncaught runtime error. An error raised inside a script function is shown where it
-    /// was raised when that is in this source (with the chain of calls below it), else at the
-    /// call in this source that led to it (naming the module file and line it came from).
+    /// An uncaught runtime error in `source`, whose functions are all its own or modules'.
     pub fn runtime(name: &str, source: &str, error: EvalAltResult) -> ScriptError {
+        ScriptError::runtime_with_origins(name, source, error, &Origins::new())
+    }
+
+    /// An uncaught runtime error. An error raised inside a script function is shown where it
+    /// was raised when that source is known (this one, or an earlier input in `origins`), with
+    /// the chain of calls below it; else (a module function) at the call in this source that
+    /// led to it, naming the module file and line it came from.
+    pub fn runtime_with_origins(
+        name: &str,
+        source: &str,
+        error: EvalAltResult,
+        origins: &Origins,
+    ) -> ScriptError {
+        let is_here = |src: &str| src.is_empty() || src == name;
         // Peel the call frames: (function, the source defining it, the call's position).
         let mut frames: Vec<(String, String, Position)> = Vec::new();
         let mut error = error;
         while let EvalAltResult::ErrorInFunctionCall(function, fn_source, inner, call) = error {
+            // Rhai names the running input for functions that earlier inputs defined.
+            let fn_source = match origins.get(&function) {
+                Some((origin, _)) if is_here(&fn_source) => origin.clone(),
+                _ => fn_source,
+            };
             frames.push((function, fn_source, call));
             error = *inner;
         }
@@ -53,27 +74,52 @@ impl ScriptError {
         let message = match &error {
             EvalAltResult::ErrorRuntime(value, _) => value.to_string(),
             EvalAltResult::ErrorTerminated(value, _) => value.to_string(),
+            EvalAltResult::ErrorStackOverflow(_) => {
+                "Stack overflow: function calls nested too deeply (raise the limit with \
+                 --max-call-depth)"
+                    .to_string()
+            }
+            EvalAltResult::ErrorTooManyOperations(_) => {
+                "Too many operations: the script ran past its operation budget (raise it with \
+                 --max-operations)"
+                    .to_string()
+            }
             other => other.to_string(),
         };
-        let is_here = |src: &str| src.is_empty() || src == name;
-        let raised_in = frames.last().map_or(name, |(_, src, _)| src.as_str());
-        let rendered = if is_here(raised_in) {
-            let mut text = render(name, source, position, &message);
-            for (function, _, call) in frames.iter().rev() {
+        // The source each call was made from: this one for the first, then each function's.
+        let callers: Vec<&str> = std::iter::once(name)
+            .chain(frames.iter().map(|(_, src, _)| src.as_str()))
+            .collect();
+        let raised_in = callers.last().copied().unwrap_or(name);
+        let text_of = |src: &str| -> Option<String> {
+            if is_here(src) {
+                Some(source.to_string())
+            } else {
+                origins
+                    .values()
+                    .find(|(origin, _)| origin == src)
+                    .map(|(_, text)| text.clone())
+            }
+        };
+        let rendered = if let Some(text) = text_of(raised_in) {
+            let shown = if is_here(raised_in) { name } else { raised_in };
+            let mut text = render(shown, &text, position, &message);
+            for ((function, _, call), caller) in frames.iter().zip(&callers).rev() {
+                let caller = if is_here(caller) { name } else { caller };
                 text.push_str(&format!(
                     "\n  in {function}(), called at {}",
-                    at(name, *call)
+                    at(caller, *call)
                 ));
             }
             text
         } else {
             // The deepest call made from this source.
-            let callers = std::iter::once(name).chain(frames.iter().map(|(_, s, _)| s.as_str()));
             let call = callers
+                .iter()
                 .zip(&frames)
                 .filter(|(caller, _)| is_here(caller))
                 .map(|(_, (_, _, call))| *call)
-                .last()
+                .next_back()
                 .unwrap_or(position);
             let function = frames.last().map_or("", |(f, _, _)| f.as_str());
             format!(
@@ -84,16 +130,7 @@ impl ScriptError {
         };
         ScriptError::Script {
             rendered,
-            message,
             is_parse: false,
-        }
-    }
-
-    /// The message without location.
-    pub fn message(&self) -> String {
-        match self {
-            ScriptError::Io { .. } => self.to_string(),
-            ScriptError::Script { message, .. } => message.clone(),
         }
     }
 }

@@ -13,7 +13,8 @@ use rhai::Engine;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Args)]
 pub struct Limits {
     /// Maximum operations a script may run (0 = unlimited). Unlimited by default: scripts are
-    /// the user's own experiments, and in the REPL Ctrl-C stops a runaway loop.
+    /// the user's own experiments, and in the REPL Ctrl-C stops a runaway loop. `gpumem test`
+    /// reads 0 as 100 million, so a runaway golden script fails instead of hanging the run.
     #[arg(long, global = true, value_name = "N", default_value_t = Limits::DEFAULT.max_operations)]
     pub max_operations: u64,
     /// Maximum depth of nested function calls (recursion).

@@ -1,13 +1,43 @@
 //! Memory functions named as in `torch.cuda`: `memory_stats()`, `memory_summary()`,
-//! `empty_cache()`, `set_per_process_memory_fraction(f)`, ...
+//! `empty_cache()`, `set_per_process_memory_fraction(f)`, ..., and `device_memory()` (the
+//! driver's view of the device through NVML or the simulator).
 
 use std::rc::Rc;
 
 use rhai::{Array, Dynamic, Engine, Map, INT};
 
-use super::bindings::{fail, number, BindingResult};
+use super::bindings::{fail, flag, integer, non_negative, number, BindingResult};
 use crate::alloc::summary::memory_summary;
+use crate::device::DriverMemory;
 use crate::tensor::Runtime;
+
+/// The `device_memory()` map: the driver's figures plus the allocator's reserved bytes and
+/// the context share they imply. Keys are a contract other scripts rely on.
+fn device_memory_map(device: &str, memory: &DriverMemory, allocator_reserved: u64) -> Map {
+    let mut map = Map::new();
+    let int = |value: u64| Dynamic::from(value as INT);
+    map.insert("device".into(), Dynamic::from(device.to_string()));
+    map.insert("method".into(), Dynamic::from(memory.method.to_string()));
+    map.insert("total_bytes".into(), int(memory.total_bytes));
+    map.insert("used_bytes".into(), int(memory.used_bytes));
+    map.insert("used_v2_bytes".into(), int(memory.used_v2_bytes));
+    map.insert("free_bytes".into(), int(memory.free_bytes));
+    map.insert(
+        "driver_reserved_bytes".into(),
+        int(memory.driver_reserved_bytes),
+    );
+    map.insert("process_bytes".into(), int(memory.process_bytes));
+    map.insert(
+        "other_processes_bytes".into(),
+        int(memory.other_processes_bytes),
+    );
+    map.insert("allocator_reserved_bytes".into(), int(allocator_reserved));
+    map.insert(
+        "context_bytes".into(),
+        int(memory.process_bytes.saturating_sub(allocator_reserved)),
+    );
+    map
+}
 
 /// Registers the memory functions.
 pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
@@ -47,10 +77,18 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
         memory_summary(allocator.stats(), allocator.device().index(), false)
     });
     let rt = Rc::clone(runtime);
-    engine.register_fn("memory_summary", move |abbreviated: bool| -> String {
-        let allocator = rt.allocator();
-        memory_summary(allocator.stats(), allocator.device().index(), abbreviated)
-    });
+    engine.register_fn(
+        "memory_summary",
+        move |abbreviated: Dynamic| -> BindingResult<String> {
+            let abbreviated = flag("memory_summary", "abbreviated", &abbreviated)?;
+            let allocator = rt.allocator();
+            Ok(memory_summary(
+                allocator.stats(),
+                allocator.device().index(),
+                abbreviated,
+            ))
+        },
+    );
     let rt = Rc::clone(runtime);
     engine.register_fn("empty_cache", move || -> BindingResult<()> {
         rt.with_allocator(|a| a.empty_cache())
@@ -96,14 +134,9 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
         rhai::serde::to_dynamic(rt.allocator().snapshot())
     });
     let rt = Rc::clone(runtime);
-    engine.register_fn("manual_seed", move |seed: INT| -> BindingResult<()> {
-        if seed < 0 {
-            return fail(
-                "manual_seed",
-                format!("seed must be non-negative, got {seed}"),
-            );
-        }
-        rt.manual_seed(seed as u64);
+    engine.register_fn("manual_seed", move |seed: Dynamic| -> BindingResult<()> {
+        let seed = integer("manual_seed", "seed", &seed)?;
+        rt.manual_seed(non_negative("manual_seed", "seed", seed)?);
         Ok(())
     });
     let rt = Rc::clone(runtime);
@@ -111,5 +144,18 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
         rt.backend()
             .synchronize()
             .or_else(|error| fail("synchronize", error))
+    });
+    let rt = Rc::clone(runtime);
+    engine.register_fn("device_memory", move || -> BindingResult<Map> {
+        let allocator = rt.allocator();
+        let reserved = allocator
+            .stats()
+            .get("reserved_bytes.all.current")
+            .unwrap_or(0)
+            .max(0) as u64;
+        match allocator.device().driver_memory() {
+            Ok(memory) => Ok(device_memory_map(rt.device_label(), &memory, reserved)),
+            Err(error) => fail("device_memory", error),
+        }
     });
 }

@@ -21,11 +21,11 @@ use std::sync::Arc;
 use rhai::{Dynamic, Engine, Scope, AST};
 
 use crate::tensor::Runtime;
-pub use errors::ScriptError;
+pub use errors::{Origins, ScriptError};
 pub use limits::Limits;
 
-/// The value an interrupted script is terminated with; [`ScriptError`] renders it as
-/// "interrupted".
+/// The value an interrupted script is terminated with; [`ScriptError`] shows it as the error
+/// message.
 pub const INTERRUPTED: &str = "interrupted (Ctrl-C)";
 
 /// Where `print` output goes.
@@ -52,6 +52,39 @@ impl PrintSink {
             }
         }
     }
+}
+
+/// The functions earlier inputs of a session (REPL lines) defined, and which input defined each.
+#[derive(Default)]
+pub struct Definitions {
+    functions: AST,
+    origins: Origins,
+}
+
+/// The stack size of threads that evaluate scripts. Rhai evaluates, compares, prints and drops
+/// nested values recursively, so deeply nested data (`a = [a]` ten thousand times) needs far
+/// more than a default thread's 2 or 8 MiB; the memory is reserved, not committed, up front.
+pub const SCRIPT_STACK_BYTES: usize = 256 << 20;
+
+/// Runs `work` on a new thread with a [`SCRIPT_STACK_BYTES`] stack and returns its result.
+/// Everything script-related (sessions, engines, values) must be created inside `work`: they
+/// are not `Send`. Returns `Err` with a description when the thread cannot start or `work`
+/// panics.
+pub fn on_script_stack<T: Send>(work: impl FnOnce() -> T + Send) -> Result<T, String> {
+    std::thread::scope(|scope| {
+        let handle = std::thread::Builder::new()
+            .name("script".into())
+            .stack_size(SCRIPT_STACK_BYTES)
+            .spawn_scoped(scope, work)
+            .map_err(|error| format!("cannot start the script thread: {error}"))?;
+        handle.join().map_err(|payload| {
+            payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into())
+        })
+    })
 }
 
 /// A Rhai engine bound to a runtime, ready to run scripts.
@@ -105,20 +138,28 @@ impl Host {
     }
 
     /// Compiles and evaluates `source` in `scope`, keeping its variables, adding its function
-    /// definitions to `functions` (so they persist across REPL lines), and returning the
-    /// value of the last expression.
+    /// definitions to `definitions` (so they persist across REPL lines, and errors inside them
+    /// point at the input that defined them), and returning the value of the last expression.
     pub fn eval_in(
         &self,
         scope: &mut Scope<'static>,
-        functions: &mut AST,
+        definitions: &mut Definitions,
         name: &str,
         source: &str,
     ) -> Result<Dynamic, ScriptError> {
         let ast = self.compile(name, source)?;
-        let merged = functions.merge(&ast);
+        for function in ast.iter_functions() {
+            definitions.origins.insert(
+                function.name.to_string(),
+                (name.to_string(), source.to_string()),
+            );
+        }
+        let merged = definitions.functions.merge(&ast);
         let result = self.engine.eval_ast_with_scope::<Dynamic>(scope, &merged);
-        *functions = merged.clone_functions_only();
-        result.map_err(|error| ScriptError::runtime(name, source, *error))
+        definitions.functions = merged.clone_functions_only();
+        result.map_err(|error| {
+            ScriptError::runtime_with_origins(name, source, *error, &definitions.origins)
+        })
     }
 
     /// Makes every embedded module available as `NAME::function` without an `import` (the

@@ -136,7 +136,11 @@ fn full(
     dtype: &str,
 ) -> BindingResult<Tensor> {
     let shape = shape_arg("full", shape)?;
-    let value = number("full", "fill value", value)?;
+    // A bool fills a bool tensor (`full(3, true, "bool")`), as in PyTorch.
+    let value = match value.as_bool() {
+        Ok(flag) => f64::from(u8::from(flag)),
+        Err(_) => number("full", "fill value", value)?,
+    };
     let dtype = dtype_arg("full", dtype)?;
     Tensor::full(runtime, &shape, value, dtype).or_else(|error| tensor_fail("full", error))
 }

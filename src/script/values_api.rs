@@ -1,17 +1,14 @@
 //! Views and values: `t.reshape(shape)`, `t.slice(dim, start, end)`, `t.clone()`,
 //! `+ - * /` with tensors or numbers, `t.sum()`, `t.mean()`, `t.std()`, `t.item()`,
-//! `t.to_array()`, and `device_memory()` (the driver's view of the device).
+//! and `t.to_array()`.
 
-use std::rc::Rc;
+use rhai::{Array, Dynamic, Engine, FLOAT, INT};
 
-use rhai::{Array, Dynamic, Engine, Map, FLOAT, INT};
-
-use super::bindings::{fail, non_negative, tensor_fail, BindingResult};
+use super::bindings::{fail, integer, non_negative, tensor_fail, wrong_type, BindingResult};
 use super::tensor_api::shape_arg;
-use crate::device::DriverMemory;
 use crate::tensor::backend::{BinaryOp, Reduction};
 use crate::tensor::ops::Arg;
-use crate::tensor::{DType, Runtime, Tensor};
+use crate::tensor::{DType, Tensor};
 
 /// A value as Rhai sees it: integers for integer dtypes, booleans for bool, floats otherwise.
 fn to_dynamic(dtype: DType, value: f64) -> Dynamic {
@@ -42,38 +39,17 @@ fn register_operator(engine: &mut Engine, symbol: &'static str, op: BinaryOp) {
     engine.register_fn(symbol, move |a: INT, b: Tensor| {
         run(Arg::Scalar(a as f64), Arg::Tensor(&b))
     });
-}
-
-/// The `device_memory()` map: the driver's figures plus the allocator's reserved bytes and
-/// the context share they imply. Keys are a contract other scripts rely on.
-pub fn device_memory_map(device: &str, memory: &DriverMemory, allocator_reserved: u64) -> Map {
-    let mut map = Map::new();
-    let int = |value: u64| Dynamic::from(value as INT);
-    map.insert("device".into(), Dynamic::from(device.to_string()));
-    map.insert("method".into(), Dynamic::from(memory.method.to_string()));
-    map.insert("total_bytes".into(), int(memory.total_bytes));
-    map.insert("used_bytes".into(), int(memory.used_bytes));
-    map.insert("used_v2_bytes".into(), int(memory.used_v2_bytes));
-    map.insert("free_bytes".into(), int(memory.free_bytes));
-    map.insert(
-        "driver_reserved_bytes".into(),
-        int(memory.driver_reserved_bytes),
+    // Rhai tries the typed overloads first; any other right-hand side lands here.
+    engine.register_fn(
+        symbol,
+        move |_: &mut Tensor, b: Dynamic| -> BindingResult<Tensor> {
+            wrong_type(symbol, "the right operand", "a tensor or a number", &b)
+        },
     );
-    map.insert("process_bytes".into(), int(memory.process_bytes));
-    map.insert(
-        "other_processes_bytes".into(),
-        int(memory.other_processes_bytes),
-    );
-    map.insert("allocator_reserved_bytes".into(), int(allocator_reserved));
-    map.insert(
-        "context_bytes".into(),
-        int(memory.process_bytes.saturating_sub(allocator_reserved)),
-    );
-    map
 }
 
 /// Registers view and value functions on tensors.
-pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
+pub fn register(engine: &mut Engine) {
     engine.register_fn(
         "reshape",
         |t: &mut Tensor, shape: Dynamic| -> BindingResult<Tensor> {
@@ -83,10 +59,16 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
     );
     engine.register_fn(
         "slice",
-        |t: &mut Tensor, dim: INT, start: INT, end: INT| -> BindingResult<Tensor> {
-            let dim = non_negative("slice", "dim", dim)? as usize;
-            let start = non_negative("slice", "start", start)? as usize;
-            let end = non_negative("slice", "end", end)? as usize;
+        |t: &mut Tensor, dim: Dynamic, start: Dynamic, end: Dynamic| -> BindingResult<Tensor> {
+            let index = |what: &str, value: &Dynamic| -> BindingResult<usize> {
+                let value = integer("slice", what, value)?;
+                Ok(non_negative("slice", what, value)? as usize)
+            };
+            let (dim, start, end) = (
+                index("dim", &dim)?,
+                index("start", &start)?,
+                index("end", &end)?,
+            );
             t.slice(dim, start, end)
                 .or_else(|error| fail("slice", error))
         },
@@ -124,18 +106,5 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
                     .collect()
             })
             .or_else(|error| fail("to_array", error))
-    });
-    let rt = Rc::clone(runtime);
-    engine.register_fn("device_memory", move || -> BindingResult<Map> {
-        let allocator = rt.allocator();
-        let reserved = allocator
-            .stats()
-            .get("reserved_bytes.all.current")
-            .unwrap_or(0)
-            .max(0) as u64;
-        match allocator.device().driver_memory() {
-            Ok(memory) => Ok(device_memory_map(rt.device_label(), &memory, reserved)),
-            Err(error) => fail("device_memory", error),
-        }
     });
 }
