@@ -1,8 +1,11 @@
-//! Terminal colour as plain ANSI escape codes, chosen by the caller's `color` flag.
+//! Terminal colour chosen by the caller's `color` flag.
 //!
-//! `colored`'s painting consults a process-wide override, so two callers (or two tests) that
-//! want different answers race each other. Painting here depends only on the arguments; the
-//! `colored` crate is kept for deciding whether standard output wants colour at all.
+//! `colored`'s `ColoredString` consults a process-wide override when it is displayed, so two
+//! callers (or two tests) that want different answers race each other. Painting here depends
+//! only on the arguments: the escape sequence is built from `colored`'s colour table, and
+//! `colored` still decides whether standard output wants colour at all.
+
+use colored::Color;
 
 /// A text style.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,19 +31,33 @@ pub enum Style {
 }
 
 impl Style {
-    /// The SGR parameters of the style.
-    fn code(self) -> &'static str {
+    /// The style as `colored` names it: whether it is bold or dimmed, and its colour.
+    fn parts(self) -> (Option<&'static str>, Option<Color>) {
+        // SGR 1 = bold, 2 = dim (ECMA-48); colours come from `colored`'s table.
+        const BOLD: Option<&str> = Some("1");
         match self {
-            Style::Red => "31",
-            Style::RedBold => "1;31",
-            Style::Green => "32",
-            Style::GreenBold => "1;32",
-            Style::Yellow => "33",
-            Style::Cyan => "36",
-            Style::BlueBold => "1;34",
-            Style::MagentaBold => "1;35",
-            Style::Dimmed => "2",
+            Style::Red => (None, Some(Color::Red)),
+            Style::RedBold => (BOLD, Some(Color::Red)),
+            Style::Green => (None, Some(Color::Green)),
+            Style::GreenBold => (BOLD, Some(Color::Green)),
+            Style::Yellow => (None, Some(Color::Yellow)),
+            Style::Cyan => (None, Some(Color::Cyan)),
+            Style::BlueBold => (BOLD, Some(Color::Blue)),
+            Style::MagentaBold => (BOLD, Some(Color::Magenta)),
+            Style::Dimmed => (Some("2"), None),
         }
+    }
+
+    /// The SGR parameters of the style, e.g. `1;31`.
+    fn code(self) -> String {
+        let (weight, color) = self.parts();
+        let color = color.map(|color| color.to_fg_str());
+        weight
+            .into_iter()
+            .map(Into::into)
+            .chain(color)
+            .collect::<Vec<std::borrow::Cow<'static, str>>>()
+            .join(";")
     }
 }
 
