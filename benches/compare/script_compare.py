@@ -3,8 +3,8 @@
 
 1. The allocation loop `t = torch.empty(1<<20, dtype=torch.uint8, device='cuda')` in Python vs
    `let t = empty(1048576, "uint8");` in a gpumem script: per-iteration cost of each and the
-   ratio. Each side runs N iterations and 0 iterations in a fresh process (context creation
-   included in both) and the difference is divided by N, so start-up does not count.
+   ratio. Each side times its loop inside its own process, after a warm-up allocation that
+   creates the context, so start-up does not count.
 2. The seed walkthrough (tests/fixtures/pytorch-seed-walkthrough.json, steps[].python vs
    steps[].rhai) end to end: `python3` with `import torch` vs `gpumem run`, wall time of
    each (best of REPEATS), context creation included.
@@ -35,6 +35,15 @@ def wall(cmd):
     return best
 
 
+def in_process(cmd):
+    """Best of REPEATS runs of cmd, each printing the seconds it measured as its last line."""
+    best = float("inf")
+    for _ in range(REPEATS):
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        best = min(best, float(out.strip().splitlines()[-1]))
+    return best
+
+
 def write(directory, name, text):
     path = os.path.join(directory, name)
     with open(path, "w") as handle:
@@ -51,23 +60,25 @@ def main():
     gpumem = [args.gpumem, "run", "--device", args.device]
 
     with tempfile.TemporaryDirectory() as tmp:
-        def torch_loop(n):
-            return write(tmp, f"loop{n}.py",
-                         "import torch\n"
-                         "torch.empty(1, device='cuda')\n"
-                         f"for i in range({n}):\n"
-                         "    t = torch.empty(1 << 20, dtype=torch.uint8, device='cuda')\n"
-                         "torch.cuda.synchronize()\n")
-
-        def gpumem_loop(n):
-            return write(tmp, f"loop{n}.rhai",
-                         "let warm = empty(1, \"uint8\");\n"
-                         f"for i in 0..{n} {{ let t = empty(1048576, \"uint8\"); }}\n"
-                         "synchronize();\n")
-
-        torch_us = (wall([sys.executable, torch_loop(N)]) - wall([sys.executable, torch_loop(0)])) / N * 1e6
-        gpumem_us = (wall(gpumem + [gpumem_loop(N)]) - wall(gpumem + [gpumem_loop(0)])) / N * 1e6
-        print(f"allocation loop, {N} iterations (best of {REPEATS}, start-up subtracted):")
+        # Each loop times itself inside its own process (after a warm-up allocation that
+        # creates the context), so process start-up and imports are not part of the figure.
+        torch_loop = write(tmp, "loop.py",
+                           "import time, torch\n"
+                           "torch.empty(1, device='cuda')\n"
+                           "start = time.perf_counter()\n"
+                           f"for i in range({N}):\n"
+                           "    t = torch.empty(1 << 20, dtype=torch.uint8, device='cuda')\n"
+                           "torch.cuda.synchronize()\n"
+                           "print(time.perf_counter() - start)\n")
+        gpumem_loop = write(tmp, "loop.rhai",
+                            "let warm = empty(1, \"uint8\");\n"
+                            "let start = timestamp();\n"
+                            f"for i in 0..{N} {{ let t = empty(1048576, \"uint8\"); }}\n"
+                            "synchronize();\n"
+                            "print(start.elapsed);\n")
+        torch_us = in_process([sys.executable, torch_loop]) / N * 1e6
+        gpumem_us = in_process(gpumem + [gpumem_loop]) / N * 1e6
+        print(f"allocation loop, {N} iterations (best of {REPEATS}, timed inside each process):")
         print(f"  PyTorch (Python loop):  {torch_us:.3f} us/iteration")
         print(f"  gpumem (Rhai loop):     {gpumem_us:.3f} us/iteration")
         print(f"  ratio PyTorch / gpumem: {torch_us / gpumem_us:.2f}x")

@@ -136,9 +136,11 @@ script_compare() {
     echo "$out"
     [ $rc -eq 0 ] && COMPARE_OUT=$out python3 - <<'PY'
 import os, re, sys
-ratio = float(re.search(r"ratio:\s+([\d.]+)x", os.environ["COMPARE_OUT"]).group(1))
-print("walkthrough speed-up:", ratio)
-sys.exit(0 if ratio >= 3 else 1)
+out = os.environ["COMPARE_OUT"]
+loop = float(re.search(r"ratio PyTorch / gpumem:\s+(-?[\d.]+)x", out).group(1))
+ratio = float(re.search(r"ratio:\s+([\d.]+)x", out).group(1))
+print("allocation-loop speed-up:", loop, "walkthrough speed-up:", ratio)
+sys.exit(0 if ratio >= 3 and loop >= 1 else 1)
 PY
 }
 
