@@ -3,6 +3,7 @@
 //! `PYTORCH_CUDA_ALLOC_CONF`), and build the runtime scripts run on.
 
 use std::rc::Rc;
+use std::sync::Arc;
 
 use thiserror::Error;
 
@@ -83,7 +84,7 @@ pub fn open(options: &SessionOptions) -> Result<Session, SessionError> {
             Err(reason) => {
                 return Err(SessionError::Cuda {
                     device: spec,
-                    reason,
+                    reason: reason.to_string(),
                 })
             }
         },
@@ -121,8 +122,8 @@ fn sim_parts(device: SimDevice, spec: DeviceSpec, notice: Option<String>) -> Par
 
 /// A CUDA device and a backend sharing one GPU handle (and so one context). Creating them
 /// makes no context yet: NVML's baseline is read first.
-fn cuda_parts(gpu: Rc<CudaGpu>, spec: DeviceSpec) -> Parts {
-    let device = CudaDevice::new(Rc::clone(&gpu));
+fn cuda_parts(gpu: Arc<CudaGpu>, spec: DeviceSpec) -> Parts {
+    let device = CudaDevice::new(Arc::clone(&gpu));
     (
         Box::new(device),
         Box::new(CudaBackend::new(gpu)),
