@@ -97,6 +97,59 @@ fn no_such_device(ordinal: usize, count: usize) -> String {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_read_as_sentences() {
+        let driver = DeviceError::Driver {
+            call: "cuMemFree",
+            code: "CUDA_ERROR_INVALID_VALUE".into(),
+            description: "invalid argument".into(),
+        };
+        assert_eq!(
+            driver.to_string(),
+            "cuMemFree failed: CUDA_ERROR_INVALID_VALUE (invalid argument)"
+        );
+        let context = DeviceError::Context(Box::new(DeviceError::Driver {
+            call: "cuDevicePrimaryCtxRetain",
+            code: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+            description: "out of memory".into(),
+        }));
+        assert_eq!(
+            context.to_string(),
+            "cannot create the CUDA context: cuDevicePrimaryCtxRetain failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory)"
+        );
+        assert_ne!(context, DeviceError::OutOfMemory);
+        let kernel = DeviceError::Kernel {
+            kernel: "randn_f32".into(),
+            error: Box::new(driver),
+        };
+        assert!(kernel
+            .to_string()
+            .starts_with("kernel randn_f32: cuMemFree failed"));
+        let none = |ordinal, count| DeviceError::NoSuchDevice { ordinal, count }.to_string();
+        assert_eq!(none(0, 0), "the driver reports no CUDA device");
+        assert_eq!(
+            none(3, 1),
+            "device index 3 is out of range: 1 CUDA device found (cuda:0)"
+        );
+        assert_eq!(
+            none(9, 8),
+            "device index 9 is out of range: 8 CUDA devices found (cuda:0 .. cuda:7)"
+        );
+        assert_eq!(
+            DeviceError::Nvml {
+                call: "nvmlDeviceGetMemoryInfo_v2",
+                message: "Uninitialized".into()
+            }
+            .to_string(),
+            "NVML nvmlDeviceGetMemoryInfo_v2 failed: Uninitialized"
+        );
+    }
+}
+
 /// One process's use of the device as the driver reports it (NVML's per-process figure).
 /// PyTorch lists these in its OOM message.
 #[derive(Debug, Clone, PartialEq, Eq)]

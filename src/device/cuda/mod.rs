@@ -322,4 +322,24 @@ mod tests {
         assert_eq!(LOG_VARIABLE, "GPUMEM_LOG");
         assert_eq!(LOG_TOPIC, "cuda");
     }
+
+    #[test]
+    fn opening_without_a_usable_gpu_is_a_typed_error_every_time() {
+        // Where CUDA works this opens the device; elsewhere (CI) it must say why, the same way on
+        // every call, without panicking and without caching the failure.
+        match (CudaGpu::open(0), CudaGpu::open(0)) {
+            (Ok(first), Ok(second)) => assert!(Arc::ptr_eq(&first, &second)),
+            (Err(first), Err(second)) => {
+                assert_eq!(first, second);
+                assert!(
+                    matches!(
+                        first,
+                        DeviceError::Unavailable(_) | DeviceError::NoSuchDevice { .. }
+                    ),
+                    "{first:?}"
+                );
+            }
+            (first, second) => panic!("{:?} then {:?}", first.err(), second.err()),
+        }
+    }
 }

@@ -12,7 +12,7 @@
 //! Everything here takes device addresses ([`DevicePtr`]) and element counts: the device layer
 //! knows nothing of tensors or dtypes beyond the store formats listed in [`RandnFormat`].
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::cuda::driver::{param, Current, DevicePtr, Function, Module};
 use super::DeviceError;
@@ -228,6 +228,10 @@ pub struct Kernels {
     moments_finish: Function,
     /// The module's `moments_scratch` (two doubles).
     scratch: DevicePtr,
+    /// Held from the first reduction launch until its result is copied back: the module (so
+    /// `moments_partials` and `moments_scratch`) is shared by every thread of the process, and
+    /// two reductions at once would overwrite each other's partial sums.
+    reducing: Mutex<()>,
 }
 
 /// Blocks for a grid-stride kernel over `n` elements.
@@ -255,6 +259,7 @@ impl Kernels {
             moments_f32: module.function("moments_f32")?,
             moments_finish: module.function("moments_finish")?,
             scratch,
+            reducing: Mutex::new(()),
         })
     }
 
@@ -378,6 +383,11 @@ impl Kernels {
     ) -> Result<(f64, f64), DeviceError> {
         let mut blocks = n.div_ceil(u64::from(THREADS)).clamp(1, MOMENTS_MAX_BLOCKS);
         let (mut ptr, mut n, mut shift) = (ptr, n, shift);
+        // No data behind the lock: a panic elsewhere cannot leave the scratch inconsistent.
+        let _reducing = self
+            .reducing
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut params = [param(&mut ptr), param(&mut n), param(&mut shift)];
         // SAFETY: (const float* x, u64 n, double shift); `ptr` holds n floats; at most
         // MOMENTS_MAX_BLOCKS blocks, the size of the partials array.
