@@ -6,11 +6,10 @@ use std::path::Path;
 use std::process::Command;
 use std::rc::Rc;
 
-use crate::alloc::{AllocConf, CachingAllocator};
-use crate::device::cuda::{CudaDevice, CudaGpu};
+use crate::alloc::AllocConf;
+use crate::device::cuda::CudaGpu;
 use crate::device::kernels::{RandnFormat, RANDN_F32_DEFAULT, RANDN_F32_VARIANTS};
 use crate::tensor::backend::{BinaryOp, Reduction};
-use crate::tensor::cuda_backend::CudaBackend;
 use crate::tensor::ops::Arg;
 use crate::tensor::{philox, DType, Runtime, Tensor};
 
@@ -84,10 +83,7 @@ fn compare_with_twin(tensor: &Tensor, twin: &[f32]) -> Result<TwinComparison, St
 /// Runs the benchmark on CUDA device `index` and returns the report, one fact per line.
 pub fn randn(index: usize, reps: u32, torch_script: &Path) -> Result<String, String> {
     let gpu = CudaGpu::open(index)?;
-    let device = CudaDevice::new(Rc::clone(&gpu));
-    let allocator =
-        CachingAllocator::new(Box::new(device), AllocConf::default()).map_err(bench_error)?;
-    let runtime = Runtime::with_backend(allocator, Box::new(CudaBackend::new(Rc::clone(&gpu))));
+    let runtime = Runtime::cuda(Rc::clone(&gpu), AllocConf::default()).map_err(bench_error)?;
     let mut out = Vec::new();
     let (major, minor) = gpu.compute_capability();
     out.push(format!(
