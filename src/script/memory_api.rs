@@ -40,11 +40,14 @@ fn device_memory_map(device: &str, memory: &DriverMemory, allocator_reserved: u6
     map
 }
 
+/// Reads one figure from the counters.
+type Figure = fn(&DeviceStats) -> INT;
+
 /// Registers the memory functions.
 pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
     // The typed counters, read as torch.cuda's functions read them (`memory_allocated()` is
     // `memory_stats()["allocated_bytes.all.current"]`, ...).
-    let figures: [(&str, fn(&DeviceStats) -> INT); 4] = [
+    let figures: [(&str, Figure); 4] = [
         ("memory_allocated", |s| s.allocated_bytes.all.current),
         ("memory_reserved", |s| s.reserved_bytes.all.current),
         ("max_memory_allocated", |s| s.allocated_bytes.all.peak),
