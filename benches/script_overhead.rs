@@ -5,7 +5,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
-use gpumem::alloc::{AllocConf, CachingAllocator};
+use gpumem::alloc::AllocConf;
 use gpumem::device::sim::SimDevice;
 use gpumem::script::{Host, PrintSink};
 use gpumem::tensor::Runtime;
@@ -13,10 +13,8 @@ use gpumem::tensor::Runtime;
 const ITERATIONS: u64 = 100_000;
 
 fn host() -> Host {
-    let conf = AllocConf::parse("").expect("empty allocator config");
-    let allocator =
-        CachingAllocator::new(Box::new(SimDevice::h200()), conf).expect("sim allocator");
-    Host::new(Runtime::new(allocator), PrintSink::Stdout)
+    let runtime = Runtime::sim(SimDevice::h200(), AllocConf::default()).expect("sim runtime");
+    Host::new(runtime, PrintSink::Stdout)
 }
 
 fn allocation_loop(c: &mut Criterion) {

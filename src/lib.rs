@@ -9,9 +9,6 @@
 pub mod alloc;
 pub mod bench;
 pub mod device;
-pub mod golden;
-pub mod paint;
-pub mod repl;
 pub mod script;
 pub mod session;
 pub mod tensor;

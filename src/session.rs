@@ -1,31 +1,121 @@
-//! Opening a session: choose the device (`--device`, or a CUDA GPU when one is found, else the
-//! simulated H200), parse the allocator config (`--alloc-conf`, else
-//! `PYTORCH_CUDA_ALLOC_CONF`), and build the runtime scripts run on.
+//! Opening a session decides two things only: the device (`--device`, else a CUDA GPU when one
+//! is found, else the simulated H200) and the allocator config (from a [`ConfigSource`]). The
+//! runtime that pairs the device with its value backend is built by
+//! [`Runtime::sim`]/[`Runtime::cuda`].
+//!
+//! ```
+//! use gpumem::session::{self, ConfigSource, SessionOptions};
+//! use gpumem::device::DeviceSpec;
+//!
+//! let options = SessionOptions {
+//!     device: Some(DeviceSpec::Sim(Some(8 << 30))),
+//!     config: ConfigSource::Flag("max_split_size_mb:64".into()),
+//! };
+//! let session = session::open(&options)?;
+//! assert_eq!(session.runtime.device_label(), "sim");
+//! # Ok::<(), gpumem::session::SessionError>(())
+//! ```
 
+use std::fmt;
+use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::alloc::{AllocConf, AllocError, CachingAllocator, ConfigError};
-use crate::device::cuda::{CudaDevice, CudaGpu};
+use crate::alloc::{AllocConf, AllocError, ConfigError};
+use crate::device::cuda::CudaGpu;
 use crate::device::sim::SimDevice;
-use crate::device::{DeviceMemory, DeviceSpec};
-use crate::tensor::backend::{Backend, SimBackend};
-use crate::tensor::cuda_backend::CudaBackend;
+use crate::device::DeviceSpec;
 use crate::tensor::Runtime;
 
 /// Environment variables PyTorch reads the allocator config from, first present wins.
 pub const ALLOC_CONF_VARIABLES: [&str; 2] = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"];
 
+/// Where an allocator config came from. Every config error names it, so a user whose shell
+/// sets `PYTORCH_CUDA_ALLOC_CONF` learns that the variable is what gpumem refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ConfigSource {
+    /// No config anywhere: PyTorch's defaults.
+    #[default]
+    Default,
+    /// The `--alloc-conf` flag.
+    Flag(String),
+    /// An environment variable (one of [`ALLOC_CONF_VARIABLES`]).
+    Environment {
+        /// The variable's name.
+        variable: &'static str,
+        /// Its value.
+        text: String,
+    },
+    /// A golden script's `//! alloc-conf:` directive.
+    Directive {
+        /// The script that carries it.
+        script: PathBuf,
+        /// The directive's value.
+        text: String,
+    },
+}
+
+impl ConfigSource {
+    /// The flag when given, else the first of [`ALLOC_CONF_VARIABLES`] that is set, else the
+    /// defaults: the order PyTorch (and so a user's shell) expects.
+    pub fn flag_or_environment(flag: Option<String>) -> ConfigSource {
+        if let Some(text) = flag {
+            return ConfigSource::Flag(text);
+        }
+        ALLOC_CONF_VARIABLES
+            .iter()
+            .find_map(|&variable| {
+                std::env::var(variable)
+                    .ok()
+                    .map(|text| ConfigSource::Environment { variable, text })
+            })
+            .unwrap_or_default()
+    }
+
+    /// The config text (empty for the defaults).
+    pub fn text(&self) -> &str {
+        match self {
+            ConfigSource::Default => "",
+            ConfigSource::Flag(text)
+            | ConfigSource::Environment { text, .. }
+            | ConfigSource::Directive { text, .. } => text,
+        }
+    }
+
+    /// Parses the text, naming this source in the error.
+    pub fn parse(&self) -> Result<AllocConf, SessionError> {
+        AllocConf::parse(self.text()).map_err(|error| SessionError::Config {
+            source_of_config: self.clone(),
+            error,
+        })
+    }
+}
+
+impl fmt::Display for ConfigSource {
+    /// Where the config came from, as an error message says it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigSource::Default => write!(f, "the defaults"),
+            ConfigSource::Flag(_) => write!(f, "--alloc-conf"),
+            ConfigSource::Environment { variable, .. } => {
+                write!(f, "the environment variable {variable}")
+            }
+            ConfigSource::Directive { script, .. } => {
+                write!(f, "the `//! alloc-conf:` directive of {}", script.display())
+            }
+        }
+    }
+}
+
 /// Why a session could not be opened.
 #[derive(Debug, Error)]
 pub enum SessionError {
     /// The allocator config was rejected.
-    #[error("invalid allocator config '{text}': {error}")]
+    #[error("invalid allocator config '{}' (from {source_of_config}): {error}", source_of_config.text())]
     Config {
-        /// The text given.
-        text: String,
+        /// Where the text came from.
+        source_of_config: ConfigSource,
         /// PyTorch's reason.
         error: ConfigError,
     },
@@ -47,14 +137,14 @@ pub enum SessionError {
 pub struct SessionOptions {
     /// The device asked for; `None` picks CUDA when available, else the simulated H200.
     pub device: Option<DeviceSpec>,
-    /// The allocator config; `None` reads the environment.
-    pub alloc_conf: Option<String>,
+    /// The allocator config and where it came from.
+    pub config: ConfigSource,
 }
 
 /// An open session: the runtime and, when the device was chosen automatically, a line saying
 /// which and why.
 pub struct Session {
-    /// Allocator and generator state shared by every tensor.
+    /// Allocator, value backend and generator state shared by every tensor.
     pub runtime: Rc<Runtime>,
     /// The device actually used.
     pub device: DeviceSpec,
@@ -62,25 +152,13 @@ pub struct Session {
     pub notice: Option<String>,
 }
 
-/// The allocator config text in force: the flag, else the environment, else empty.
-pub fn alloc_conf_text(flag: Option<&str>) -> String {
-    if let Some(text) = flag {
-        return text.to_string();
-    }
-    ALLOC_CONF_VARIABLES
-        .iter()
-        .find_map(|name| std::env::var(name).ok())
-        .unwrap_or_default()
-}
-
 /// Opens a session as the options say.
 pub fn open(options: &SessionOptions) -> Result<Session, SessionError> {
-    let text = alloc_conf_text(options.alloc_conf.as_deref());
-    let conf = AllocConf::parse(&text).map_err(|error| SessionError::Config { text, error })?;
-    let (device, backend, spec, notice) = match options.device {
-        Some(spec @ DeviceSpec::Sim(size)) => sim_parts(sim_device(size), spec, None),
+    let conf = options.config.parse()?;
+    let (runtime, device, notice) = match options.device {
+        Some(spec @ DeviceSpec::Sim(size)) => (Runtime::sim(sim_device(size), conf)?, spec, None),
         Some(spec @ DeviceSpec::Cuda(index)) => match CudaGpu::open(index) {
-            Ok(gpu) => cuda_parts(gpu, spec),
+            Ok(gpu) => (Runtime::cuda(gpu, conf)?, spec, None),
             Err(reason) => {
                 return Err(SessionError::Cuda {
                     device: spec,
@@ -89,9 +167,9 @@ pub fn open(options: &SessionOptions) -> Result<Session, SessionError> {
             }
         },
         None => match CudaGpu::open(0) {
-            Ok(gpu) => cuda_parts(gpu, DeviceSpec::Cuda(0)),
-            Err(reason) => sim_parts(
-                SimDevice::h200(),
+            Ok(gpu) => (Runtime::cuda(gpu, conf)?, DeviceSpec::Cuda(0), None),
+            Err(reason) => (
+                Runtime::sim(SimDevice::h200(), conf)?,
                 DeviceSpec::Sim(None),
                 Some(format!(
                     "gpumem: no usable CUDA device ({reason}); using the simulated H200 (sim)"
@@ -99,42 +177,61 @@ pub fn open(options: &SessionOptions) -> Result<Session, SessionError> {
             ),
         },
     };
-    let allocator = CachingAllocator::new(device, conf)?;
     Ok(Session {
-        runtime: Runtime::with_backend(allocator, backend),
-        device: spec,
+        runtime,
+        device,
         notice,
     })
 }
 
-/// The pieces a session is built from: the allocator's device, the value backend, the device
-/// actually used and the fallback notice.
-type Parts = (
-    Box<dyn DeviceMemory>,
-    Box<dyn Backend>,
-    DeviceSpec,
-    Option<String>,
-);
-
-fn sim_parts(device: SimDevice, spec: DeviceSpec, notice: Option<String>) -> Parts {
-    (Box::new(device), Box::new(SimBackend), spec, notice)
-}
-
-/// A CUDA device and a backend sharing one GPU handle (and so one context). Creating them
-/// makes no context yet: NVML's baseline is read first.
-fn cuda_parts(gpu: Arc<CudaGpu>, spec: DeviceSpec) -> Parts {
-    let device = CudaDevice::new(Arc::clone(&gpu));
-    (
-        Box::new(device),
-        Box::new(CudaBackend::new(gpu)),
-        spec,
-        None,
-    )
-}
-
+/// The simulated device of `size` bytes, or the H200 when no size is given.
 fn sim_device(size: Option<u64>) -> SimDevice {
     match size {
         Some(bytes) => SimDevice::new(bytes),
         None => SimDevice::h200(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_error_names_the_environment_variable_it_came_from() {
+        let source = ConfigSource::Environment {
+            variable: "PYTORCH_CUDA_ALLOC_CONF",
+            text: "bogus_key:1".into(),
+        };
+        let error = source.parse().expect_err("unknown key");
+        let message = error.to_string();
+        assert!(
+            message.contains("(from the environment variable PYTORCH_CUDA_ALLOC_CONF)"),
+            "{message}"
+        );
+        assert!(
+            message.contains("Unrecognized key 'bogus_key'"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_directive_error_names_the_script() {
+        let source = ConfigSource::Directive {
+            script: PathBuf::from("tests/golden/x.rhai"),
+            text: "max_split_size_mb:1".into(),
+        };
+        let message = source.parse().expect_err("too small").to_string();
+        assert!(
+            message.contains("`//! alloc-conf:` directive of tests/golden/x.rhai"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn defaults_parse_to_pytorchs_defaults() {
+        assert_eq!(
+            ConfigSource::Default.parse().expect("defaults"),
+            AllocConf::default()
+        );
     }
 }

@@ -1,28 +1,14 @@
 //! In-process tests of the script layer: every documented binding runs, values of the memory
 //! functions, and the embedded `mem` and `check` modules.
 
-use std::cell::RefCell;
-use std::rc::Rc;
-
 use gpumem::alloc::format::format_size;
-use gpumem::alloc::{AllocConf, CachingAllocator};
-use gpumem::device::sim::SimDevice;
 use gpumem::script::docs::BINDINGS;
-use gpumem::script::{Host, PrintSink};
-use gpumem::tensor::Runtime;
+
+mod common;
 
 /// Runs `source` on a fresh simulated H200; returns what it printed or the error text.
 fn run(source: &str) -> Result<String, String> {
-    let allocator = CachingAllocator::new(
-        Box::new(SimDevice::h200()),
-        AllocConf::parse("").expect("empty config"),
-    )
-    .expect("allocator");
-    let buffer = Rc::new(RefCell::new(String::new()));
-    let host = Host::new(
-        Runtime::new(allocator),
-        PrintSink::Buffer(Rc::clone(&buffer)),
-    );
+    let (host, buffer) = common::sim_host(None, "");
     host.run_source("test", source)
         .map_err(|error| error.to_string())?;
     let printed = buffer.borrow().clone();
@@ -143,4 +129,40 @@ fn check_failures_show_both_sides() {
     let printed = run("import \"check\" as check;\ncheck::eq(2, 2); check::in_range(2, 1, 3); check::in_range(1.5, 1, 2); check::in_range(2, 1.5, 2.5); check::is_true(true, \"t\");\nprint(check::fails(|| empty(4, \"x\"), \"unknown dtype\"));")
         .expect("passing checks");
     assert!(printed.starts_with("empty: unknown dtype 'x'"), "{printed}");
+}
+
+/// Every function a script can call has `:help` text: the names Rhai has registered (beyond
+/// its own packages) are all documented in `script::docs::BINDINGS`, and the other way round.
+#[test]
+fn every_registered_function_has_help_text() {
+    let (host, _) = common::sim_host(None, "");
+    let documented: std::collections::BTreeSet<&str> =
+        BINDINGS.iter().map(|binding| binding.name).collect();
+    let mut registered = std::collections::BTreeSet::new();
+    for signature in host.engine().gen_fn_signatures(false) {
+        // "name(arg: Type, ...) -> Ret"; property getters appear as "get$name(...)".
+        let name = signature.split('(').next().unwrap_or("").trim();
+        let name = name.strip_prefix("get$").unwrap_or(name);
+        // to_string/to_debug are what `print` and string interpolation call on a tensor.
+        if ["to_string", "to_debug"].contains(&name) {
+            continue;
+        }
+        registered.insert(name.to_string());
+    }
+    let undocumented: Vec<&String> = registered
+        .iter()
+        .filter(|name| !documented.contains(name.as_str()))
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "no :help text for {undocumented:?}"
+    );
+    let unregistered: Vec<&&str> = documented
+        .iter()
+        .filter(|name| !registered.contains(**name))
+        .collect();
+    assert!(
+        unregistered.is_empty(),
+        ":help documents unknown {unregistered:?}"
+    );
 }

@@ -1,62 +1,26 @@
 //! End-to-end tests of the `gpumem` binary on the simulated device: piped REPL transcripts,
 //! `:` commands, the experiment scripts, every error class and the exit codes.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-fn gpumem(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .args(args)
-        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
-        .env_remove("PYTORCH_ALLOC_CONF")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("gpumem starts");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes())
-        .expect("write stdin");
-    child.wait_with_output().expect("gpumem finishes")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+mod common;
+use common::{gpumem, outcome, scratch, text};
 
 /// Pipes `input` into the REPL on sim; returns (stdout, stderr, exit code).
 fn repl(input: &str) -> (String, String, i32) {
-    let output = gpumem(&["--device", "sim"], input);
-    (
-        text(&output.stdout),
-        text(&output.stderr),
-        output.status.code().unwrap_or(-1),
-    )
+    outcome(&gpumem(&["--device", "sim"], input))
 }
 
 /// Runs a script file on sim; returns (stdout, stderr, exit code).
 fn run_script(extra: &[&str], source: &str) -> (String, String, i32) {
-    let dir = std::env::temp_dir().join(format!("gpumem-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join(format!("s{}.rhai", source.len() ^ extra.len() << 20));
-    std::fs::write(&path, source).expect("write script");
+    let path = common::write(&scratch("cli"), "script.rhai", source);
     let path = path.display().to_string();
     let mut args = vec!["run", "--device", "sim"];
     args.extend_from_slice(extra);
     args.push(&path);
-    let output = gpumem(&args, "");
-    (
-        text(&output.stdout),
-        text(&output.stderr),
-        output.status.code().unwrap_or(-1),
-    )
+    outcome(&gpumem(&args, ""))
 }
 
 #[test]
@@ -170,10 +134,11 @@ fn every_experiment_script_runs_on_sim() {
 
 #[test]
 fn colon_commands_work_when_piped() {
-    let dir = std::env::temp_dir().join(format!("gpumem-load-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let file = dir.join("load.rhai");
-    std::fs::write(&file, "let loaded = empty(4096, \"uint8\");\n").expect("write");
+    let file = common::write(
+        &scratch("load"),
+        "load.rhai",
+        "let loaded = empty(4096, \"uint8\");\n",
+    );
     let input = format!(
         ":help\n:help slice\nlet small = empty(1024, \"uint8\");\nlet big = empty([1024, 1024]);\nlet many = [empty(2048, \"uint8\")];\n:vars\n:mem\n:summary\n:load {}\nloaded.nbytes\n:reset\n:vars\nmemory_reserved()\n:bogus\n:quit\nprint(\"not reached\");\n",
         file.display()
@@ -349,4 +314,42 @@ fn errors_inside_functions_show_where_and_the_calls() {
         run_script(&[], "import \"check\" as check;\ncheck::eq(1, 2, \"x\");\n");
     assert_eq!(code, 1);
     assert!(stderr.contains(":2:8: error: check::eq failed for x: expected 2 (i64), got 1 (i64)\n2 | check::eq(1, 2, \"x\");\n  |        ^\n  raised in eq() at stdlib/check.rhai:"), "{stderr}");
+}
+
+#[test]
+fn a_config_from_the_environment_is_named_when_refused() {
+    for variable in ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"] {
+        let output = common::gpumem_with(
+            None,
+            &[(variable, "max_split_size_mb:1")],
+            &["--device", "sim"],
+            "print(1);\n",
+        );
+        let (stdout, stderr, code) = outcome(&output);
+        assert_eq!((stdout.as_str(), code), ("", 2), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "invalid allocator config 'max_split_size_mb:1' (from the environment variable {variable})"
+            )),
+            "{stderr}"
+        );
+    }
+    // The flag wins over the environment, and says it was the flag.
+    let output = common::gpumem_with(
+        None,
+        &[("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64")],
+        &["--device", "sim", "--alloc-conf", "bogus:1"],
+        "",
+    );
+    let (_, stderr, code) = outcome(&output);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("'bogus:1' (from --alloc-conf)"), "{stderr}");
+    // A valid config from the environment is used.
+    let output = common::gpumem_with(
+        None,
+        &[("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64")],
+        &["--device", "sim"],
+        "print(memory_stats()[\"max_split_size\"]);\n",
+    );
+    assert_eq!(text(&output.stdout), format!("{}\n", 64 << 20));
 }

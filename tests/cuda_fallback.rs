@@ -4,19 +4,20 @@
 //! early (tests/gpu/run.sh covers that machine).
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
+
+mod common;
 
 fn gpumem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .args(args)
-        .output()
-        .expect("gpumem runs")
+    common::gpumem(args, "")
 }
 
 fn script(name: &str, source: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("gpumem-{}-{name}.rhai", std::process::id()));
-    std::fs::write(&path, source).expect("write script");
-    path
+    common::write(
+        &common::scratch("fallback"),
+        &format!("{name}.rhai"),
+        source,
+    )
 }
 
 fn cuda_works() -> bool {

@@ -1,42 +1,16 @@
 //! `gpumem test` end to end: the binary run on scratch folders of scripts, checking its status
 //! lines, diffs, closing line and exit codes.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 
-/// A fresh, empty folder under cargo's scratch space for one test.
-fn scratch(name: &str) -> PathBuf {
-    static COUNTER: AtomicUsize = AtomicUsize::new(0);
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "golden-cli-{name}-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create scratch folder");
-    dir
-}
-
-fn write(dir: &Path, name: &str, text: &str) {
-    let path = dir.join(name);
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).expect("create folder");
-    }
-    std::fs::write(path, text).expect("write file");
-}
+mod common;
+use common::{gpumem_in, scratch, write};
 
 /// Runs `gpumem --device sim test ARGS` in `dir` with colour forced off by the environment.
 fn gpumem_test(dir: &Path, args: &[&str]) -> (i32, String, String) {
-    let output: Output = Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .current_dir(dir)
-        .env("NO_COLOR", "1")
-        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
-        .env_remove("PYTORCH_ALLOC_CONF")
-        .args(["--device", "sim", "test"])
-        .args(args)
-        .output()
-        .expect("run gpumem");
+    let mut all = vec!["--device", "sim", "test"];
+    all.extend_from_slice(args);
+    let output = gpumem_in(Some(dir), &all, "");
     (
         output.status.code().expect("exit code"),
         String::from_utf8(output.stdout).expect("utf-8 stdout"),
@@ -192,19 +166,18 @@ fn directives_pin_config_over_the_flag() {
         "print(memory_stats()[\"max_split_size\"]);\n",
     );
     write(&dir, "flag.out", "134217728\n");
-    let output = Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .current_dir(&dir)
-        .env("NO_COLOR", "1")
-        .args([
+    let output = gpumem_in(
+        Some(&dir),
+        &[
             "test",
             "--alloc-conf",
             "max_split_size_mb:128",
             "--device",
             "sim",
             ".",
-        ])
-        .output()
-        .expect("run gpumem");
+        ],
+        "",
+    );
     let stdout = String::from_utf8(output.stdout).expect("utf-8");
     assert_eq!(output.status.code(), Some(0), "{stdout}");
     assert!(stdout.ends_with("2 passed, 0 failed\n"), "{stdout}");
@@ -236,18 +209,18 @@ fn unusable_paths_and_options_are_usage_errors() {
         "{stderr}"
     );
     write(&dir, "a.rhai", "print(1);\n");
-    let output = Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .current_dir(&dir)
-        .args([
+    let output = gpumem_in(
+        Some(&dir),
+        &[
             "test",
             "--device",
             "sim",
             "--alloc-conf",
             "bogus:1",
             "a.rhai",
-        ])
-        .output()
-        .expect("run gpumem");
+        ],
+        "",
+    );
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8(output.stderr).expect("utf-8");
     assert!(stderr.contains("Unrecognized key 'bogus'"), "{stderr}");

@@ -1,31 +1,46 @@
-//! `cargo test --test golden`: every script under tests/golden/ checked by the same runner as
-//! `gpumem test`, one libtest trial per script (named by its path under tests/golden/), so a
-//! failure names the script and shows its diff. Scripts pinned to a missing device are reported
-//! as ignored with the reason. `GPUMEM_BLESS=1 cargo test --test golden` writes the `.out` files.
+//! `cargo test --test golden`: every script under tests/golden/ checked by `gpumem test`, one
+//! libtest trial per script (named by its path under tests/golden/), so a failure names the
+//! script and shows its diff. Scripts pinned to a missing device are reported as ignored with
+//! the reason. `GPUMEM_BLESS=1 cargo test --test golden` writes the `.out` files.
+//!
+//! The runner is the binary's (it is not part of the library's API), so each trial runs the
+//! `gpumem` executable on its one script, exactly as a user would.
 
 use std::path::{Path, PathBuf};
 
-use gpumem::golden::{self, report, Options, Verdict};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
+
+mod common;
 
 fn main() {
     let args = Arguments::from_args();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    let scripts =
-        golden::discover(std::slice::from_ref(&root)).expect("tests/golden holds scripts");
-    let options = Options {
-        bless: std::env::var_os("GPUMEM_BLESS").is_some_and(|v| v == "1"),
-        ..Options::default()
-    };
-    let (options, _notice) = options.resolve().expect("the default session opens");
+    let root = common::tests_path("golden");
+    let mut scripts = Vec::new();
+    collect(&root, &mut scripts);
+    scripts.sort();
+    assert!(!scripts.is_empty(), "tests/golden holds scripts");
+    let bless = std::env::var_os("GPUMEM_BLESS").is_some_and(|v| v == "1");
     let trials = scripts
         .into_iter()
-        .map(|script| trial(&root, script, options.clone()))
+        .map(|script| trial(&root, script, bless))
         .collect();
     libtest_mimic::run(&args, trials).exit();
 }
 
-fn trial(root: &Path, script: PathBuf, options: Options) -> Trial {
+/// Every `.rhai` file under `dir`.
+fn collect(dir: &Path, scripts: &mut Vec<PathBuf>) {
+    let entries = std::fs::read_dir(dir).expect("tests/golden is readable");
+    for entry in entries {
+        let path = entry.expect("directory entry").path();
+        if path.is_dir() {
+            collect(&path, scripts);
+        } else if path.extension().is_some_and(|ext| ext == "rhai") {
+            scripts.push(path);
+        }
+    }
+}
+
+fn trial(root: &Path, script: PathBuf, bless: bool) -> Trial {
     let name = script
         .strip_prefix(root)
         .unwrap_or(&script)
@@ -33,12 +48,20 @@ fn trial(root: &Path, script: PathBuf, options: Options) -> Trial {
         .display()
         .to_string();
     Trial::ignorable_test(name, move || {
-        let result = golden::check_script(&script, &options);
-        match &result.verdict {
-            Verdict::Passed | Verdict::Blessed { .. } => Ok(Completion::Completed),
-            Verdict::Skipped { reason } => Ok(Completion::ignored_with(reason)),
-            Verdict::Failed(failure) => Err(Failed::from(report::failure_details(
-                &result, failure, false,
+        let path = script.display().to_string();
+        let mut args = vec!["test", path.as_str()];
+        if bless {
+            args.push("--bless");
+        }
+        let (stdout, stderr, code) = common::outcome(&common::gpumem(&args, ""));
+        let status = stdout.lines().next().unwrap_or("");
+        match (code, status.split_whitespace().next()) {
+            (0, Some("SKIP")) => Ok(Completion::ignored_with(
+                status.split_once(": ").map_or(status, |(_, why)| why),
+            )),
+            (0, Some("PASS" | "BLESS")) => Ok(Completion::Completed),
+            _ => Err(Failed::from(format!(
+                "gpumem test exited {code}\n{stdout}{stderr}"
             ))),
         }
     })

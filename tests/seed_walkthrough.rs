@@ -6,11 +6,11 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use gpumem::alloc::{AllocConf, AllocError, CachingAllocator};
-use gpumem::device::sim::SimDevice;
-use gpumem::script::{Host, PrintSink};
-use gpumem::tensor::Runtime;
+use gpumem::alloc::AllocError;
+use gpumem::script::Host;
 use serde_json::Value;
+
+mod common;
 
 fn fixture() -> Value {
     let path = concat!(
@@ -21,13 +21,7 @@ fn fixture() -> Value {
 }
 
 fn host(total: u64) -> (Host, Rc<RefCell<String>>) {
-    let allocator = CachingAllocator::new(Box::new(SimDevice::new(total)), AllocConf::default())
-        .expect("allocator");
-    let output = Rc::new(RefCell::new(String::new()));
-    (
-        Host::new(Runtime::new(allocator), PrintSink::Buffer(output.clone())),
-        output,
-    )
+    common::sim_host(Some(total), "")
 }
 
 /// One script: every step, then a line `STATS <step> <key> <value>` per recorded key.
@@ -142,8 +136,7 @@ fn summary_and_snapshot_equal_pytorch() {
 fn oom_under_a_fraction_keeps_nine_tensors_and_reads_like_pytorch() {
     let fixture = fixture();
     let oom = &fixture["oom"];
-    let mut allocator = CachingAllocator::new(Box::new(SimDevice::h200()), AllocConf::default())
-        .expect("allocator");
+    let mut allocator = common::sim_allocator(None, "");
     allocator.set_memory_fraction(0.02).expect("fraction");
     let mut kept = Vec::new();
     let message = loop {

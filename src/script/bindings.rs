@@ -2,84 +2,10 @@
 
 use std::rc::Rc;
 
-use rhai::{Dynamic, Engine, EvalAltResult};
+use rhai::Engine;
 
 use super::{memory_api, tensor_api, values_api};
-use crate::alloc::AllocError;
-use crate::tensor::{Runtime, TensorError};
-
-/// A binding's error: the function's name and what was wrong.
-pub type BindingResult<T> = Result<T, Box<EvalAltResult>>;
-
-/// Builds a script error naming the function.
-pub fn fail<T>(function: &str, message: impl std::fmt::Display) -> BindingResult<T> {
-    Err(format!("{function}: {message}").into())
-}
-
-/// Builds a script error from a tensor-layer error. PyTorch's out-of-memory text passes through
-/// unchanged — scripts read it as Python code reads `str(e)` of `torch.OutOfMemoryError` — while
-/// every other error names the function that failed.
-pub fn tensor_fail<T>(function: &str, error: TensorError) -> BindingResult<T> {
-    match error {
-        TensorError::Alloc(AllocError::OutOfMemory(oom)) => Err(oom.message.into()),
-        other => fail(function, other),
-    }
-}
-
-/// Reads an integer argument that must be non-negative.
-pub fn non_negative(function: &str, what: &str, value: i64) -> BindingResult<u64> {
-    u64::try_from(value).or_else(|_| {
-        fail(
-            function,
-            format!("{what} must be non-negative, got {value}"),
-        )
-    })
-}
-
-/// Reads a number given as an integer or a float. Booleans are refused: `true` is not 1.0.
-pub fn number(function: &str, what: &str, value: &Dynamic) -> BindingResult<f64> {
-    if let Ok(int) = value.as_int() {
-        Ok(int as f64)
-    } else if let Ok(float) = value.as_float() {
-        Ok(float)
-    } else {
-        wrong_type(function, what, "a number", value)
-    }
-}
-
-/// Reads an integer argument. Bindings take integers as `Dynamic` and convert here, so that a
-/// float or a bool gets this error naming the function and argument instead of Rhai's
-/// "function not found".
-pub fn integer(function: &str, what: &str, value: &Dynamic) -> BindingResult<i64> {
-    match value.as_int() {
-        Ok(int) => Ok(int),
-        Err(_) => wrong_type(function, what, "an integer", value),
-    }
-}
-
-/// Reads a boolean argument (see [`integer`] for why it is taken as `Dynamic`).
-pub fn flag(function: &str, what: &str, value: &Dynamic) -> BindingResult<bool> {
-    match value.as_bool() {
-        Ok(flag) => Ok(flag),
-        Err(_) => wrong_type(function, what, "true or false", value),
-    }
-}
-
-/// The error for an argument of the wrong type: `function: what must be EXPECTED, got TYPE (VALUE)`.
-pub fn wrong_type<T>(
-    function: &str,
-    what: &str,
-    expected: &str,
-    value: &Dynamic,
-) -> BindingResult<T> {
-    fail(
-        function,
-        format!(
-            "{what} must be {expected}, got {} ({value})",
-            value.type_name()
-        ),
-    )
-}
+use crate::tensor::Runtime;
 
 /// Registers the tensor and memory bindings.
 pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {

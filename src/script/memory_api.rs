@@ -6,8 +6,9 @@ use std::rc::Rc;
 
 use rhai::{Array, Dynamic, Engine, Map, INT};
 
-use super::bindings::{fail, flag, integer, non_negative, number, BindingResult};
+use super::args::{fail, flag, integer, non_negative, number, BindingResult};
 use crate::alloc::summary::memory_summary;
+use crate::alloc::DeviceStats;
 use crate::device::DriverMemory;
 use crate::tensor::Runtime;
 
@@ -39,28 +40,23 @@ fn device_memory_map(device: &str, memory: &DriverMemory, allocator_reserved: u6
     map
 }
 
+/// Reads one figure from the counters.
+type Figure = fn(&DeviceStats) -> INT;
+
 /// Registers the memory functions.
 pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
-    let stat = |runtime: &Rc<Runtime>, key: &'static str| {
+    // The typed counters, read as torch.cuda's functions read them (`memory_allocated()` is
+    // `memory_stats()["allocated_bytes.all.current"]`, ...).
+    let figures: [(&str, Figure); 4] = [
+        ("memory_allocated", |s| s.allocated_bytes.all.current),
+        ("memory_reserved", |s| s.reserved_bytes.all.current),
+        ("max_memory_allocated", |s| s.allocated_bytes.all.peak),
+        ("max_memory_reserved", |s| s.reserved_bytes.all.peak),
+    ];
+    for (name, figure) in figures {
         let rt = Rc::clone(runtime);
-        move || -> INT { rt.allocator().stats().get(key).unwrap_or(0) }
-    };
-    engine.register_fn(
-        "memory_allocated",
-        stat(runtime, "allocated_bytes.all.current"),
-    );
-    engine.register_fn(
-        "memory_reserved",
-        stat(runtime, "reserved_bytes.all.current"),
-    );
-    engine.register_fn(
-        "max_memory_allocated",
-        stat(runtime, "allocated_bytes.all.peak"),
-    );
-    engine.register_fn(
-        "max_memory_reserved",
-        stat(runtime, "reserved_bytes.all.peak"),
-    );
+        engine.register_fn(name, move || -> INT { figure(rt.allocator().stats()) });
+    }
 
     let rt = Rc::clone(runtime);
     engine.register_fn("memory_stats", move || -> Map {
@@ -148,11 +144,7 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
     let rt = Rc::clone(runtime);
     engine.register_fn("device_memory", move || -> BindingResult<Map> {
         let allocator = rt.allocator();
-        let reserved = allocator
-            .stats()
-            .get("reserved_bytes.all.current")
-            .unwrap_or(0)
-            .max(0) as u64;
+        let reserved = allocator.stats().reserved_bytes.all.current.max(0) as u64;
         match allocator.device().driver_memory() {
             Ok(memory) => Ok(device_memory_map(rt.device_label(), &memory, reserved)),
             Err(error) => fail("device_memory", error),

@@ -2,6 +2,7 @@
 //! [`Runtime`]. Thin glue — every binding converts its arguments and calls into
 //! [`crate::tensor`] or [`crate::alloc`].
 
+pub mod args;
 pub mod bindings;
 pub mod docs;
 pub mod errors;
@@ -12,6 +13,7 @@ pub mod tensor_api;
 pub mod values_api;
 
 use std::cell::RefCell;
+use std::collections::HashSet;
 use std::io::Write as _;
 use std::path::Path;
 use std::rc::Rc;
@@ -137,7 +139,8 @@ impl Host {
         });
     }
 
-    /// Compiles and evaluates `source` in `scope`, keeping its variables, adding its function
+    /// Compiles and evaluates `source` in `scope`, keeping its variables (a name bound again
+    /// with `let` replaces the old value, which is dropped: Python's rebinding), adding its function
     /// definitions to `definitions` (so they persist across REPL lines, and errors inside them
     /// point at the input that defined them), and returning the value of the last expression.
     pub fn eval_in(
@@ -157,6 +160,9 @@ impl Host {
         let merged = definitions.functions.merge(&ast);
         let result = self.engine.eval_ast_with_scope::<Dynamic>(scope, &merged);
         definitions.functions = merged.clone_functions_only();
+        // `let x = ..` again shadows the old `x`; drop the hidden one now so its tensor is
+        // freed, as rebinding a name in Python would.
+        drop_shadowed(scope);
         result.map_err(|error| {
             ScriptError::runtime_with_origins(name, source, *error, &definitions.origins)
         })
@@ -202,5 +208,47 @@ impl Host {
             message: error.to_string(),
         })?;
         self.run_source(&name, &source)
+    }
+}
+
+/// Keeps only the newest variable of each name (Rhai's `let` shadows instead of replacing), in
+/// their original order; the hidden older values are dropped.
+fn drop_shadowed(scope: &mut Scope<'static>) {
+    let mut seen = HashSet::new();
+    let mut keep: Vec<(String, bool, Dynamic)> = Vec::with_capacity(scope.len());
+    // `iter_raw` yields the newest entries first.
+    for (name, constant, value) in scope.iter_raw() {
+        if seen.insert(name.to_string()) {
+            keep.push((name.to_string(), constant, value.clone()));
+        }
+    }
+    if keep.len() == scope.len() {
+        return;
+    }
+    let mut fresh = Scope::new();
+    for (name, constant, value) in keep.into_iter().rev() {
+        if constant {
+            fresh.push_constant_dynamic(name, value);
+        } else {
+            fresh.push_dynamic(name, value);
+        }
+    }
+    *scope = fresh;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rebinding_keeps_the_newest_value_of_each_name_in_order() {
+        let mut scope = Scope::new();
+        scope.push("a", 1_i64).push("b", 2_i64).push("a", 3_i64);
+        drop_shadowed(&mut scope);
+        let entries: Vec<(String, i64)> = scope
+            .iter()
+            .map(|(name, _, value)| (name.to_string(), value.as_int().unwrap_or(-1)))
+            .collect();
+        assert_eq!(entries, [("b".to_string(), 2), ("a".to_string(), 3)]);
     }
 }

@@ -4,43 +4,8 @@ use std::rc::Rc;
 
 use rhai::{Array, Dynamic, Engine, ImmutableString, INT};
 
-use super::bindings::{fail, number, tensor_fail, BindingResult};
-use crate::tensor::{shape, DType, Runtime, Tensor};
-
-/// Converts a shape argument — an integer or an array of integers — into dimensions.
-pub fn shape_arg(function: &str, value: &Dynamic) -> BindingResult<Vec<usize>> {
-    let dims: Vec<i64> = if let Ok(single) = value.as_int() {
-        vec![single]
-    } else if let Some(array) = value.read_lock::<Array>() {
-        let mut dims = Vec::with_capacity(array.len());
-        for (index, item) in array.iter().enumerate() {
-            match item.as_int() {
-                Ok(dim) => dims.push(dim),
-                Err(kind) => {
-                    return fail(
-                        function,
-                        format!("shape element {index} must be an integer, got {kind}"),
-                    )
-                }
-            }
-        }
-        dims
-    } else {
-        return fail(
-            function,
-            format!(
-                "shape must be an integer or an array of integers, got {}",
-                value.type_name()
-            ),
-        );
-    };
-    shape::validate(&dims).or_else(|error| fail(function, error))
-}
-
-/// Converts a dtype argument.
-pub fn dtype_arg(function: &str, name: &str) -> BindingResult<DType> {
-    name.parse().or_else(|error| fail(function, error))
-}
+use super::args::{dtype_arg, fail, number, shape_arg, tensor_fail, BindingResult};
+use crate::tensor::{DType, Runtime, Tensor};
 
 /// A tensor constructor taking a shape and a dtype.
 type Maker = fn(&Rc<Runtime>, &[usize], DType) -> Result<Tensor, crate::tensor::TensorError>;

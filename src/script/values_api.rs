@@ -4,8 +4,7 @@
 
 use rhai::{Array, Dynamic, Engine, FLOAT, INT};
 
-use super::bindings::{fail, integer, non_negative, tensor_fail, wrong_type, BindingResult};
-use super::tensor_api::shape_arg;
+use super::args::{fail, integer, non_negative, shape_arg, tensor_fail, wrong_type, BindingResult};
 use crate::tensor::backend::{BinaryOp, Reduction};
 use crate::tensor::ops::Arg;
 use crate::tensor::{DType, Tensor};

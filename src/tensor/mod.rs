@@ -14,12 +14,16 @@ pub mod shape;
 use std::cell::{Cell, Ref, RefCell};
 use std::fmt;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use thiserror::Error;
 
 use crate::alloc::format::format_size;
-use crate::alloc::{AllocError, Allocation, CachingAllocator};
+use crate::alloc::{AllocConf, AllocError, Allocation, CachingAllocator};
+use crate::device::cuda::{CudaDevice, CudaGpu};
+use crate::device::sim::SimDevice;
 use backend::{Backend, SimBackend, Span};
+use cuda_backend::CudaBackend;
 pub use dtype::DType;
 
 /// Seed of the random generator until `manual_seed` is called (PyTorch's default seed).
@@ -63,14 +67,38 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// A runtime over `allocator`, with the default seed and the simulated backend (values
-    /// come from the CPU twin of the generator).
-    pub fn new(allocator: CachingAllocator) -> Rc<Runtime> {
-        Runtime::with_backend(allocator, Box::new(SimBackend))
+    /// A runtime on a simulated device: the allocator draws segments from `device`, and values
+    /// come from the CPU twin of the generator ([`SimBackend`]). The pairing is fixed here, so
+    /// a simulated allocator never meets the CUDA kernels and the other way round.
+    ///
+    /// ```
+    /// use gpumem::alloc::AllocConf;
+    /// use gpumem::device::sim::SimDevice;
+    /// use gpumem::tensor::{DType, Runtime, Tensor};
+    ///
+    /// let runtime = Runtime::sim(SimDevice::new(8 << 30), AllocConf::default())?;
+    /// let x = Tensor::randn(&runtime, &[2, 3], DType::Float32)?;
+    /// assert_eq!(runtime.allocator().stats().allocated_bytes.all.current, 512);
+    /// drop(x); // the block goes back to the cache, not to the device
+    /// assert_eq!(runtime.allocator().stats().reserved_bytes.all.current, 2 << 20);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sim(device: SimDevice, conf: AllocConf) -> Result<Rc<Runtime>, AllocError> {
+        let allocator = CachingAllocator::new(Box::new(device), conf)?;
+        Ok(Runtime::assemble(allocator, Box::new(SimBackend)))
     }
 
-    /// A runtime whose values are computed by `backend` (the CUDA kernels on a real GPU).
-    pub fn with_backend(allocator: CachingAllocator, backend: Box<dyn Backend>) -> Rc<Runtime> {
+    /// A runtime on a CUDA GPU: the allocator's segments and the value kernels share `gpu`'s
+    /// one context. Creating it makes no context yet (NVML's baseline is read first).
+    pub fn cuda(gpu: Arc<CudaGpu>, conf: AllocConf) -> Result<Rc<Runtime>, AllocError> {
+        let allocator = CachingAllocator::new(Box::new(CudaDevice::new(Arc::clone(&gpu))), conf)?;
+        Ok(Runtime::assemble(
+            allocator,
+            Box::new(CudaBackend::new(gpu)),
+        ))
+    }
+
+    fn assemble(allocator: CachingAllocator, backend: Box<dyn Backend>) -> Rc<Runtime> {
         let label = allocator.device().label();
         Rc::new(Runtime {
             allocator: RefCell::new(allocator),

@@ -150,14 +150,12 @@ impl Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alloc::{AllocConf, CachingAllocator};
+    use crate::alloc::AllocConf;
     use crate::device::sim::SimDevice;
     use crate::tensor::{philox, Runtime};
 
     fn runtime() -> Rc<Runtime> {
-        let allocator = CachingAllocator::new(Box::new(SimDevice::h200()), AllocConf::default())
-            .expect("allocator");
-        Runtime::new(allocator)
+        Runtime::sim(SimDevice::h200(), AllocConf::default()).expect("runtime")
     }
 
     #[test]
@@ -195,12 +193,9 @@ mod tests {
         let rt = runtime();
         let a = Tensor::full(&rt, &[4], 2.0, DType::Float32).expect("full");
         assert_eq!(a.reduce(Reduction::Sum), Ok(8.0));
-        let before = rt.allocator().stats().get("allocation.all.current");
+        let before = rt.allocator().stats().allocation.all.current;
         let b = Tensor::binary(BinaryOp::Mul, Arg::Tensor(&a), Arg::Scalar(3.0)).expect("mul");
-        assert_eq!(
-            rt.allocator().stats().get("allocation.all.current"),
-            before.map(|n| n + 1)
-        );
+        assert_eq!(rt.allocator().stats().allocation.all.current, before + 1);
         assert!(b.to_values().is_err());
         assert!(!b.to_string().contains(", ["));
         let other = Tensor::full(&rt, &[5], 1.0, DType::Float32).expect("full");

@@ -18,13 +18,12 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use crate::alloc::{AllocConf, CachingAllocator};
+use crate::alloc::AllocConf;
 use crate::device::cuda::driver::Event;
-use crate::device::cuda::{CudaDevice, CudaGpu, Current, DevicePtr};
+use crate::device::cuda::{CudaGpu, Current, DevicePtr};
 use crate::device::kernels::{RandnKernel, RANDN_LAYOUT, RANDN_SOURCE};
 use crate::device::DeviceError;
 use crate::tensor::backend::{BinaryOp, Reduction};
-use crate::tensor::cuda_backend::CudaBackend;
 use crate::tensor::ops::Arg;
 use crate::tensor::philox::{self, PHILOX_ROUNDS};
 use crate::tensor::{DType, Runtime, Tensor};
@@ -362,10 +361,7 @@ impl Timed<'_> {
 /// summary table and the `key=value` lines `tests/gpu/run.sh` reads come last).
 pub fn randn(index: usize, reps: u32, torch_script: &Path) -> Result<String, String> {
     let gpu = CudaGpu::open(index).map_err(bench_error)?;
-    let device = CudaDevice::new(Arc::clone(&gpu));
-    let allocator =
-        CachingAllocator::new(Box::new(device), AllocConf::default()).map_err(bench_error)?;
-    let runtime = Runtime::with_backend(allocator, Box::new(CudaBackend::new(Arc::clone(&gpu))));
+    let runtime = Runtime::cuda(Arc::clone(&gpu), AllocConf::default()).map_err(bench_error)?;
     let mut out = Vec::new();
     let (major, minor) = gpu.compute_capability();
     out.push(format!(

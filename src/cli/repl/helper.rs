@@ -14,9 +14,9 @@ use rustyline::validate::{ValidationContext, ValidationResult, Validator};
 use rustyline::{Context, Helper};
 
 use super::commands::COMMANDS;
-use crate::paint::{paint, Style};
-use crate::script::docs::{self, Kind, BINDINGS, DTYPES};
-use crate::script::stdlib::MODULES;
+use crate::cli::paint::{paint, Style};
+use gpumem::script::docs::{self, Kind, BINDINGS, DTYPES};
+use gpumem::script::stdlib::MODULES;
 
 /// Rhai keywords, highlighted and offered by completion.
 const KEYWORDS: [&str; 20] = [

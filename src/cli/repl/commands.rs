@@ -6,11 +6,11 @@ use std::rc::Rc;
 
 use rhai::{Array, Dynamic, Map, Scope};
 
-use crate::alloc::format::format_size;
-use crate::alloc::summary::memory_summary;
-use crate::script::docs::{Kind, BINDINGS};
-use crate::script::stdlib::MODULES;
-use crate::tensor::{Runtime, Tensor};
+use gpumem::alloc::format::format_size;
+use gpumem::alloc::summary::memory_summary;
+use gpumem::script::docs::{Kind, BINDINGS};
+use gpumem::script::stdlib::MODULES;
+use gpumem::tensor::{Runtime, Tensor};
 
 /// A `:` command's documentation.
 pub struct Command {
@@ -175,7 +175,7 @@ fn collect(name: String, value: &Dynamic, out: &mut Vec<(String, Tensor)>) {
 /// `:mem`: allocated, reserved, and what the driver reports in use (total − free).
 pub fn mem(runtime: &Runtime) -> String {
     let allocator = runtime.allocator();
-    let stat = |key: &str| allocator.stats().get(key).unwrap_or(0).max(0) as u64;
+    let stats = allocator.stats();
     let driver = match allocator.device().mem_get_info() {
         Ok((free, total)) => format!(
             "{} of {}",
@@ -186,8 +186,8 @@ pub fn mem(runtime: &Runtime) -> String {
     };
     format!(
         "allocated {}, reserved {}, driver used {driver}",
-        format_size(stat("allocated_bytes.all.current")),
-        format_size(stat("reserved_bytes.all.current")),
+        format_size(stats.allocated_bytes.all.current.max(0) as u64),
+        format_size(stats.reserved_bytes.all.current.max(0) as u64),
     )
 }
 
@@ -200,18 +200,13 @@ pub fn summary(runtime: &Runtime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alloc::{AllocConf, CachingAllocator};
-    use crate::device::sim::SimDevice;
-    use crate::tensor::DType;
+    use gpumem::alloc::AllocConf;
+    use gpumem::device::sim::SimDevice;
+    use gpumem::tensor::DType;
 
     #[test]
     fn vars_finds_tensors_in_maps_and_shows_the_storage_views_keep() {
-        let allocator = CachingAllocator::new(
-            Box::new(SimDevice::h200()),
-            AllocConf::parse("").expect("config"),
-        )
-        .expect("allocator");
-        let runtime = Runtime::new(allocator);
+        let runtime = Runtime::sim(SimDevice::h200(), AllocConf::default()).expect("runtime");
         let base = Tensor::empty(&runtime, &[1024, 1024], DType::UInt8).expect("tensor");
         let view = base.slice(0, 0, 1).expect("view");
         let mut map = Map::new();

@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Mutex;
 
-use crate::device::DeviceSpec;
-use crate::script::{on_script_stack, Host, Limits, PrintSink, ScriptError};
-use crate::session::{self, SessionError, SessionOptions};
+use gpumem::device::DeviceSpec;
+use gpumem::script::{on_script_stack, Host, Limits, PrintSink, ScriptError};
+use gpumem::session::{self, ConfigSource, SessionError, SessionOptions};
 
 use super::directives;
 use super::discover::expected_path;
@@ -30,10 +30,10 @@ pub struct Options {
     /// The device for scripts without a `//! device:` directive. `None` lets the session pick
     /// (a GPU when found, else the simulator); [`Options::resolve`] fixes it once per run.
     pub device: Option<DeviceSpec>,
-    /// The allocator config for scripts without a `//! alloc-conf:` directive. The
-    /// `PYTORCH_CUDA_ALLOC_CONF` variable is deliberately not read, so golden results do not
-    /// depend on the caller's environment.
-    pub alloc_conf: Option<String>,
+    /// The allocator config for scripts without a `//! alloc-conf:` directive: `--alloc-conf`
+    /// or the defaults. The `PYTORCH_CUDA_ALLOC_CONF` variable is deliberately not read, so
+    /// golden results do not depend on the caller's environment.
+    pub config: ConfigSource,
     /// Write `.out` files instead of failing on a difference.
     pub bless: bool,
     /// The engine's sandbox limits (`--max-operations`, ...). An operation limit of 0 means
@@ -69,16 +69,24 @@ impl Options {
         limits
     }
 
-    fn session_options(&self, pinned: Option<&directives::Directives>) -> SessionOptions {
-        let device = pinned.and_then(|d| d.device).or(self.device);
-        let alloc_conf = pinned
-            .and_then(|d| d.alloc_conf.clone())
-            .or_else(|| self.alloc_conf.clone())
-            .unwrap_or_default();
-        SessionOptions {
-            device,
-            alloc_conf: Some(alloc_conf),
-        }
+    /// The session a script runs in: its directives win over the run's options. `name` (the
+    /// script's file name) is how a rejected directive config is attributed.
+    fn session_options(&self, pinned: Option<(&directives::Directives, &str)>) -> SessionOptions {
+        let device = pinned.and_then(|(d, _)| d.device).or(self.device);
+        let config = match pinned {
+            Some((
+                directives::Directives {
+                    alloc_conf: Some(text),
+                    ..
+                },
+                name,
+            )) => ConfigSource::Directive {
+                script: PathBuf::from(name),
+                text: text.clone(),
+            },
+            _ => self.config.clone(),
+        };
+        SessionOptions { device, config }
     }
 }
 
@@ -190,7 +198,7 @@ fn execute(script: &Path, options: &Options) -> Execution {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| script.display().to_string());
-    let session_options = options.session_options(Some(&pinned));
+    let session_options = options.session_options(Some((&pinned, &name)));
     let _gpu = match session_options.device {
         Some(DeviceSpec::Sim(_)) => None,
         _ => Some(
@@ -462,7 +470,7 @@ mod tests {
         );
         write(&dir, "conf.out", &format!("{}\n", 64 << 20));
         let options = Options {
-            alloc_conf: Some("max_split_size_mb:128".into()),
+            config: ConfigSource::Flag("max_split_size_mb:128".into()),
             ..sim()
         };
         assert_eq!(check_script(&script, &options).verdict, Verdict::Passed);
@@ -507,7 +515,7 @@ mod tests {
         let (resolved, _notice) = Options::default().resolve().expect("opens");
         assert!(resolved.device.is_some());
         let bad = Options {
-            alloc_conf: Some("max_split_size_mb:1".into()),
+            config: ConfigSource::Flag("max_split_size_mb:1".into()),
             ..sim()
         };
         assert!(bad.resolve().is_err());

@@ -3,7 +3,7 @@
 
 use rhai::{Array, Dynamic, Map};
 
-use crate::tensor::Tensor;
+use gpumem::tensor::Tensor;
 
 /// The text the REPL prints for an expression's value.
 pub fn show(value: &Dynamic) -> String {

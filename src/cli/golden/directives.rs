@@ -7,7 +7,7 @@
 
 use thiserror::Error;
 
-use crate::device::DeviceSpec;
+use gpumem::device::DeviceSpec;
 
 /// The keys a directive line may use.
 pub const KEYS: [&str; 2] = ["device", "alloc-conf"];

@@ -13,7 +13,7 @@ use std::fmt::Write;
 
 use similar::{ChangeTag, TextDiff};
 
-use crate::paint::{paint, Style};
+use crate::cli::paint::{paint, Style};
 
 /// Unchanged lines shown around each change.
 const CONTEXT_LINES: usize = 3;

@@ -22,18 +22,12 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 
-pub use check::{check_script, Failure, Options, ScriptResult, Verdict, GOLDEN_MAX_OPERATIONS};
+pub use check::{check_script, Options, ScriptResult};
 pub use discover::discover;
 pub use report::Summary;
 
-use crate::session::ALLOC_CONF_VARIABLES;
-
-/// Exit status when every script passed or was skipped.
-pub const EXIT_OK: u8 = 0;
-/// Exit status when at least one script failed.
-pub const EXIT_FAILED: u8 = 1;
-/// Exit status when the run could not start (bad path, unusable device or config).
-pub const EXIT_USAGE: u8 = 2;
+use super::Exit;
+use gpumem::session::{ConfigSource, ALLOC_CONF_VARIABLES};
 
 /// Runs `scripts` on up to `jobs` threads and hands each result to `on_result` in the order of
 /// `scripts`, each as soon as it and all before it are done. Returns the counts.
@@ -78,10 +72,11 @@ pub fn run_scripts(
 
 /// `gpumem test [PATH...] [--bless]`: runs the scripts under `paths`, prints a status line per
 /// script (with a diff or the reason under each failure) and the closing line, and returns the
-/// process exit status: [`EXIT_OK`], [`EXIT_FAILED`] or [`EXIT_USAGE`].
-pub fn command(paths: &[PathBuf], options: &Options) -> u8 {
-    let color = crate::paint::stdout_wants_color();
-    if options.alloc_conf.is_none() {
+/// process exit status: success when every script passed or was skipped, failure when one
+/// failed, a usage error when the run could not start (bad path, unusable device or config).
+pub fn command(paths: &[PathBuf], options: &Options) -> Exit {
+    let color = crate::cli::paint::stdout_wants_color();
+    if options.config == ConfigSource::Default {
         for name in ALLOC_CONF_VARIABLES {
             if std::env::var_os(name).is_some() {
                 eprintln!(
@@ -95,7 +90,7 @@ pub fn command(paths: &[PathBuf], options: &Options) -> u8 {
         Ok(resolved) => resolved,
         Err(error) => {
             eprintln!("gpumem: {error}");
-            return EXIT_USAGE;
+            return Exit::Usage;
         }
     };
     if let Some(notice) = notice {
@@ -105,7 +100,7 @@ pub fn command(paths: &[PathBuf], options: &Options) -> u8 {
         Ok(scripts) => scripts,
         Err(error) => {
             eprintln!("gpumem: {error}");
-            return EXIT_USAGE;
+            return Exit::Usage;
         }
     };
     let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -117,16 +112,16 @@ pub fn command(paths: &[PathBuf], options: &Options) -> u8 {
     });
     let _ = writeln!(stdout, "{}", summary.closing_line());
     if summary.success() {
-        EXIT_OK
+        Exit::Success
     } else {
-        EXIT_FAILED
+        Exit::Failure
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::DeviceSpec;
+    use gpumem::device::DeviceSpec;
 
     #[test]
     fn parallel_results_arrive_in_script_order() {

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use super::check::{Failure, ScriptResult, Verdict};
 use super::diff;
-use crate::paint::{paint, Style};
+use crate::cli::paint::{paint, Style};
 
 /// Counts over a run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

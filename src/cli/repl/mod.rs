@@ -9,20 +9,19 @@ pub mod display;
 pub mod helper;
 
 use std::cell::RefCell;
-use std::collections::HashSet;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use rhai::{Dynamic, Scope};
+use rhai::Scope;
 use rustyline::error::ReadlineError;
 use rustyline::history::DefaultHistory;
 use rustyline::{CompletionType, Config, Editor};
 
-use crate::script::{Definitions, Host, Limits, PrintSink};
-use crate::tensor::Runtime;
+use gpumem::script::{Definitions, Host, Limits, PrintSink};
+use gpumem::tensor::Runtime;
 use helper::ReplHelper;
 
 /// Environment variable naming the history file (tests point it at a temporary file).
@@ -54,7 +53,7 @@ impl Repl {
         runtime: Rc<Runtime>,
         out: PrintSink,
         limits: Limits,
-    ) -> Result<Repl, crate::script::ScriptError> {
+    ) -> Result<Repl, gpumem::script::ScriptError> {
         let mut host = Host::with_limits(runtime, out.clone(), limits);
         host.preload_stdlib()?;
         Ok(Repl {
@@ -104,9 +103,6 @@ impl Repl {
         let result = self
             .host
             .eval_in(&mut self.scope, &mut self.definitions, name, source);
-        // `let x = ..` again shadows the old `x`; drop the hidden one now so its tensor is
-        // freed, as rebinding a name in Python would.
-        dedupe(&mut self.scope);
         match result {
             Ok(value) if value.is_unit() => {}
             Ok(value) => self.out.line(&display::show(&value)),
@@ -168,31 +164,6 @@ impl Repl {
     }
 }
 
-/// Keeps only the newest variable of each name (Rhai's `let` shadows instead of replacing), in
-/// their original order; the hidden older values are dropped.
-pub fn dedupe(scope: &mut Scope<'static>) {
-    let mut seen = HashSet::new();
-    let mut keep: Vec<(String, bool, Dynamic)> = Vec::with_capacity(scope.len());
-    // `iter_raw` yields the newest entries first.
-    for (name, constant, value) in scope.iter_raw() {
-        if seen.insert(name.to_string()) {
-            keep.push((name.to_string(), constant, value.clone()));
-        }
-    }
-    if keep.len() == scope.len() {
-        return;
-    }
-    let mut fresh = Scope::new();
-    for (name, constant, value) in keep.into_iter().rev() {
-        if constant {
-            fresh.push_constant_dynamic(name, value);
-        } else {
-            fresh.push_dynamic(name, value);
-        }
-    }
-    *scope = fresh;
-}
-
 /// Where history is kept: `$GPUMEM_HISTORY`, else `$XDG_STATE_HOME/gpumem_history`, else
 /// `~/.gpumem_history`.
 pub fn history_path() -> Option<PathBuf> {
@@ -213,7 +184,7 @@ pub enum ReplError {
     Editor(#[from] ReadlineError),
     /// The standard library did not load.
     #[error("{0}")]
-    Script(#[from] crate::script::ScriptError),
+    Script(#[from] gpumem::script::ScriptError),
 }
 
 /// Runs the REPL on standard input until `:quit` or end of input. Returns how many piped inputs
@@ -277,22 +248,5 @@ fn save_history(editor: &mut Editor<ReplHelper, DefaultHistory>, path: &Path) {
     }
     if let Err(error) = editor.save_history(path) {
         eprintln!("gpumem: cannot save history to {}: {error}", path.display());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dedupe_keeps_the_newest_value_of_each_name_in_order() {
-        let mut scope = Scope::new();
-        scope.push("a", 1_i64).push("b", 2_i64).push("a", 3_i64);
-        dedupe(&mut scope);
-        let entries: Vec<(String, i64)> = scope
-            .iter()
-            .map(|(name, _, value)| (name.to_string(), value.as_int().unwrap_or(-1)))
-            .collect();
-        assert_eq!(entries, [("b".to_string(), 2), ("a".to_string(), 3)]);
     }
 }

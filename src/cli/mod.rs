@@ -1,0 +1,271 @@
+//! The binary's own code, private to it: argument parsing, the subcommands, the REPL
+//! ([`repl`]), the golden runner ([`golden`]) and terminal colour ([`paint`]).
+//!
+//! [`main`] parses the arguments and runs [`try_main`]; every failure comes back as one
+//! [`CliError`] whose [`CliError::exit`] names the exit status, and is printed in one place.
+
+pub mod golden;
+pub mod paint;
+pub mod repl;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use thiserror::Error;
+
+use gpumem::device::DeviceSpec;
+use gpumem::script::{on_script_stack, Host, Limits, PrintSink, ScriptError};
+use gpumem::session::{self, ConfigSource, Session, SessionError, SessionOptions};
+
+/// The process exit statuses `gpumem` uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Everything worked.
+    Success = 0,
+    /// A script failed (syntax or runtime error, uncaught OOM), a piped REPL transcript had
+    /// errors, or a golden test failed.
+    Failure = 1,
+    /// A usage error: bad flags, an unusable device or config, an unreadable file.
+    Usage = 2,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> ExitCode {
+        ExitCode::from(exit as u8)
+    }
+}
+
+/// Why a command failed, carrying the exit status it maps to.
+#[derive(Debug, Error)]
+pub enum CliError {
+    /// The session could not open (device or config).
+    #[error("gpumem: {0}")]
+    Session(#[from] SessionError),
+    /// A script failed; its error is already rendered with location and caret.
+    #[error("{0}")]
+    Script(ScriptError),
+    /// A file could not be read.
+    #[error("gpumem: {0}")]
+    Io(String),
+    /// Any other usage error (a wrong device for a subcommand, ...).
+    #[error("gpumem: {0}")]
+    Usage(String),
+    /// A command failed at run time in a way that is not the user's input.
+    #[error("gpumem: {0}")]
+    Failed(String),
+    /// The command already reported what went wrong (golden failures, REPL transcript
+    /// errors); only the status remains.
+    #[error("")]
+    Reported(Exit),
+}
+
+impl CliError {
+    /// The exit status this error ends the process with.
+    pub fn exit(&self) -> Exit {
+        match self {
+            CliError::Session(_) | CliError::Io(_) | CliError::Usage(_) => Exit::Usage,
+            CliError::Script(_) | CliError::Failed(_) => Exit::Failure,
+            CliError::Reported(exit) => *exit,
+        }
+    }
+}
+
+impl From<ScriptError> for CliError {
+    fn from(error: ScriptError) -> CliError {
+        match error {
+            io @ ScriptError::Io { .. } => CliError::Io(io.to_string()),
+            other => CliError::Script(other),
+        }
+    }
+}
+
+/// See and script how GPU memory behaves: PyTorch's caching allocator, re-implemented.
+#[derive(Parser)]
+#[command(name = "gpumem", version, about)]
+struct Cli {
+    /// Device: `cuda[:N]` or `sim[:SIZE]` (e.g. `sim:80GiB`). Default: cuda:0 when a GPU is
+    /// found, else the simulated H200.
+    #[arg(long, global = true, value_name = "DEVICE")]
+    device: Option<DeviceSpec>,
+    /// Allocator config in PyTorch's syntax (e.g. `max_split_size_mb:64`); default: the
+    /// PYTORCH_CUDA_ALLOC_CONF (then PYTORCH_ALLOC_CONF) environment variable.
+    #[arg(long, global = true, value_name = "CONF")]
+    alloc_conf: Option<String>,
+    /// Sandbox limits of the script engine.
+    #[command(flatten)]
+    limits: Limits,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a script.
+    Run {
+        /// The `.rhai` script.
+        file: PathBuf,
+    },
+    /// Run golden tests: every X.rhai under the paths must print exactly X.out.
+    Test {
+        /// Scripts or folders (searched recursively).
+        #[arg(default_value = "tests/golden")]
+        paths: Vec<PathBuf>,
+        /// Write (create or update) the .out files instead of comparing.
+        #[arg(long)]
+        bless: bool,
+    },
+    /// Measure gpumem itself (for comparisons with PyTorch; see benches/compare/).
+    #[command(subcommand)]
+    Bench(BenchTarget),
+}
+
+#[derive(Subcommand)]
+enum BenchTarget {
+    /// Median ns per malloc+free pair: a cached 1 MiB pair and 1000 live mixed-size blocks.
+    Alloc {
+        /// Samples per pattern (at least 1).
+        #[arg(long, default_value_t = 101, value_parser = clap::value_parser!(u32).range(1..))]
+        rounds: u32,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The randn kernel's throughput on a CUDA device, next to PyTorch's `normal_`.
+    Randn {
+        /// Timed repetitions after the warm-up (at least 1).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+        reps: u32,
+        /// The PyTorch comparison script.
+        #[arg(long, default_value = "benches/compare/randn_torch.py")]
+        torch_script: PathBuf,
+    },
+}
+
+/// Parses the command line, runs the command and turns its outcome into the exit status,
+/// printing the error (if any) on stderr.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match try_main(cli) {
+        Ok(()) => Exit::Success.into(),
+        Err(error) => {
+            let text = error.to_string();
+            if !text.is_empty() {
+                eprintln!("{text}");
+            }
+            error.exit().into()
+        }
+    }
+}
+
+/// Runs the command the arguments name.
+fn try_main(cli: Cli) -> Result<(), CliError> {
+    let options = SessionOptions {
+        device: cli.device,
+        config: ConfigSource::flag_or_environment(cli.alloc_conf.clone()),
+    };
+    match cli.command {
+        Some(Command::Run { file }) => on_stack(|| run(&options, cli.limits, &file)),
+        Some(Command::Test { paths, bless }) => {
+            let golden_options = golden::Options {
+                device: cli.device,
+                // Golden results must not depend on the caller's environment: only the flag.
+                config: cli
+                    .alloc_conf
+                    .map_or(ConfigSource::Default, ConfigSource::Flag),
+                bless,
+                limits: cli.limits,
+            };
+            match golden::command(&paths, &golden_options) {
+                Exit::Success => Ok(()),
+                exit => Err(CliError::Reported(exit)),
+            }
+        }
+        Some(Command::Bench(BenchTarget::Alloc { rounds, json })) => {
+            bench_alloc(&options, rounds, json)
+        }
+        Some(Command::Bench(BenchTarget::Randn { reps, torch_script })) => {
+            bench_randn(&options, reps, &torch_script)
+        }
+        None => on_stack(|| repl(&options, cli.limits)),
+    }
+}
+
+/// Runs a script or the REPL on a thread with a stack big enough for deeply nested values
+/// ([`on_script_stack`]).
+fn on_stack(work: impl FnOnce() -> Result<(), CliError> + Send) -> Result<(), CliError> {
+    on_script_stack(work).unwrap_or_else(|error| Err(CliError::Failed(error)))
+}
+
+/// Opens the session the options ask for, printing the fallback notice if there is one.
+fn open_session(options: &SessionOptions) -> Result<Session, CliError> {
+    let session = session::open(options)?;
+    if let Some(notice) = &session.notice {
+        eprintln!("{notice}");
+    }
+    Ok(session)
+}
+
+/// `gpumem` without a subcommand: the REPL (a piped transcript with errors fails).
+fn repl(options: &SessionOptions, limits: Limits) -> Result<(), CliError> {
+    let session = open_session(options)?;
+    match repl::run(session.runtime, limits) {
+        Ok(0) => Ok(()),
+        Ok(_) => Err(CliError::Reported(Exit::Failure)),
+        Err(error) => Err(CliError::Usage(error.to_string())),
+    }
+}
+
+/// `gpumem run FILE`.
+fn run(options: &SessionOptions, limits: Limits, file: &Path) -> Result<(), CliError> {
+    let session = open_session(options)?;
+    let host = Host::with_limits(session.runtime, PrintSink::Stdout, limits);
+    Ok(host.run_file(file)?)
+}
+
+/// `gpumem bench alloc`.
+fn bench_alloc(options: &SessionOptions, rounds: u32, json: bool) -> Result<(), CliError> {
+    let session = open_session(options)?;
+    let timings = session
+        .runtime
+        .with_allocator(|allocator| gpumem::bench::time_patterns(allocator, rounds as usize))
+        .map_err(|error| CliError::Failed(error.to_string()))?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "device": session.device.to_string(),
+                "cached_pair_ns": timings.cached_pair_ns,
+                "mixed_pair_ns": timings.mixed_pair_ns,
+            })
+        );
+    } else {
+        println!("device {}", session.device);
+        println!(
+            "cached 1 MiB malloc+free       {:8.1} ns",
+            timings.cached_pair_ns
+        );
+        println!(
+            "1000 live mixed, per pair      {:8.1} ns",
+            timings.mixed_pair_ns
+        );
+    }
+    Ok(())
+}
+
+/// `gpumem bench randn`: needs a CUDA device.
+fn bench_randn(options: &SessionOptions, reps: u32, torch_script: &Path) -> Result<(), CliError> {
+    let index = match options.device {
+        None => 0,
+        Some(DeviceSpec::Cuda(index)) => index,
+        Some(DeviceSpec::Sim(_)) => {
+            return Err(CliError::Usage(
+                "bench randn measures a CUDA device; use --device cuda[:N]".into(),
+            ))
+        }
+    };
+    let report = gpumem::bench::randn::randn(index, reps, torch_script)
+        .map_err(|error| CliError::Usage(format!("cannot use cuda:{index}: {error}")))?;
+    println!("{report}");
+    Ok(())
+}
