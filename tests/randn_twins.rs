@@ -7,6 +7,9 @@
 //!    checked at the same time: the host's stand-in for `rsqrt.approx` is off by -2 .. +2 ulps,
 //!    and the corrected square root must still be the correctly rounded one. Skipped (with a
 //!    line saying so) where no C++ compiler is found.
+//!    The same program runs the kernels' grid-stride loop (`randn_f32_grid`, both layouts)
+//!    thread by thread on small grids and checks that every value is written once and nothing
+//!    past the tensor.
 //! 2. Where NVRTC can be loaded (e.g. `LD_LIBRARY_PATH` naming a CUDA toolkit's lib64, or the
 //!    `nvidia-cuda-nvrtc` wheel's lib folder), the production and benchmark sources are
 //!    compiled for sm_90 exactly as on the GPU machine. Skipped otherwise.
@@ -27,6 +30,7 @@ const SHIM: &str = r#"
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #define __device__
 #define __forceinline__ inline
 typedef unsigned int u32;
@@ -67,6 +71,9 @@ float rsqrt_approx(float y) {
 float2 swap_if_bit30(u32 w, float a, float b) {
     return (w & 0x40000000u) ? make_float2(b, a) : make_float2(a, b);
 }
+// The launch geometry, set by the grid check before "running" each thread.
+struct Dim { unsigned x; };
+static Dim blockIdx, blockDim, gridDim, threadIdx;
 "#;
 
 /// Reads `rounds hilo transform seed block` lines and prints the block's four float bits.
@@ -82,8 +89,61 @@ static float4 run(unsigned long long seed, unsigned long long block) {
     key.m0 = PHILOX_M0; key.m1 = PHILOX_M1;
     return variant_normal4<R, H, T>(block, key);
 }
+template <int R, bool H, int T>
+struct HostGen {
+    float4 operator()(unsigned long long block, const PhiloxKeys& key) const {
+        return variant_normal4<R, H, T>(block, key);
+    }
+};
+
+// Runs randn_f32_grid<PER> thread by thread over n values (stream offset 4 * block0) on a
+// grid of `grid` blocks of `threads` threads, and checks every value against the generator and
+// that nothing past n is written. Prints one line per failure; returns the failure count.
+template <int PER>
+static int check_grid(unsigned long long n, unsigned grid, unsigned threads, unsigned long long block0) {
+    PhiloxKeys key;
+    for (int r = 0; r < PHILOX_MAX_ROUNDS; ++r) { key.k[2 * r] = 77u + r; key.k[2 * r + 1] = 5u * r; }
+    key.m0 = PHILOX_M0; key.m1 = PHILOX_M1;
+    const unsigned long long slots = n + 64;
+    float4* storage = new float4[slots / 4 + 1];
+    float* out = reinterpret_cast<float*>(storage);
+    for (unsigned long long j = 0; j < slots; ++j) out[j] = __uint_as_float(0x7fc0dead);
+    gridDim.x = grid; blockDim.x = threads;
+    for (unsigned b = 0; b < grid; ++b)
+        for (unsigned t = 0; t < threads; ++t) {
+            blockIdx.x = b; threadIdx.x = t;
+            randn_f32_grid<PER, false>(out, n, block0, key, HostGen<7, false, 2>());
+        }
+    int failures = 0;
+    for (unsigned long long j = 0; j < slots; ++j) {
+        const float4 v = variant_normal4<7, false, 2>(block0 + j / 4, key);
+        const float lanes[4] = {v.x, v.y, v.z, v.w};
+        const u32 want = j < n ? __float_as_uint(lanes[j % 4]) : 0x7fc0dead;
+        if (__float_as_uint(out[j]) != want && failures++ < 3)
+            std::printf("grid per=%d n=%llu grid=%u threads=%u: value %llu is %08x, want %08x\n", PER, n,
+                        grid, threads, j, __float_as_uint(out[j]), want);
+    }
+    delete[] storage;
+    return failures;
+}
+
 #define CASE(R, H, T) if (rounds == R && hilo == H && transform == T) v = run<R, H != 0, T>(seed, block);
 int main(int argc, char** argv) {
+    if (argc > 1 && std::strcmp(argv[1], "grid") == 0) {
+        int failures = 0;
+        const unsigned geometry[][2] = {{1, 1}, {1, 4}, {3, 4}, {2, 32}, {5, 7}};
+        for (unsigned long long n = 0; n < 300; ++n)
+            for (const auto& g : geometry) {
+                failures += check_grid<1>(n, g[0], g[1], 5);
+                failures += check_grid<2>(n, g[0], g[1], 5);
+            }
+        for (unsigned long long n : {4099ull, 65536ull, 100003ull}) {
+            failures += check_grid<1>(n, 13, 64, 0xFFFFFFF0ull);
+            failures += check_grid<2>(n, 13, 64, 0xFFFFFFF0ull);
+        }
+        std::printf("grid failures %d\n", failures);
+        return failures != 0;
+    }
     rsqrt_error_ulps = argc > 1 ? std::atoi(argv[1]) : 0;
     int rounds, hilo, transform;
     unsigned long long seed, block;
@@ -232,6 +292,14 @@ fn cuda_generator_source_equals_the_twins_on_the_host() {
             mismatches.join("\n")
         );
     }
+    // The kernels' loop: every value written once, nothing past the end, for both layouts.
+    let grid = Command::new(&binary)
+        .arg("grid")
+        .output()
+        .expect("run the grid check");
+    let report = String::from_utf8_lossy(&grid.stdout);
+    assert!(grid.status.success(), "{report}");
+    assert!(report.contains("grid failures 0"), "{report}");
     let _ = std::fs::remove_dir_all(&dir);
     // Every transform of the matrix was covered.
     for transform in [

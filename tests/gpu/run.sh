@@ -79,6 +79,7 @@ if int(field("twin_over") or -1) != 0: bad.append("first 1e6 values differ from 
 if int(field("twin_not_identical") or -1) != 0: bad.append("first 1e6 values not bit-identical to the CPU twin's")
 if field("twin_tail_identical") != "yes": bad.append("the tensor's last values differ from the twin's")
 if int(field("variants_not_identical") or -1) != 0: bad.append("a candidate kernel differs from its own CPU twin")
+if field("candidates_compiled") != "yes": bad.append("the candidate kernels did not compile")
 if field("reproducible") != "yes": bad.append("not reproducible")
 if field("deterministic_sum") != "yes": bad.append("sum() not deterministic")
 versus = f"PyTorch normal_ {float(torch):.3f} TB/s, ratio {tbps / float(torch):.2f}x" if torch else "PyTorch not measured"

@@ -382,14 +382,22 @@ pub fn randn(index: usize, reps: u32, torch_script: &Path) -> Result<String, Str
 
     let current = gpu.activate().map_err(bench_error)?;
     let kernels = gpu.kernels().map_err(bench_error)?;
-    let module = gpu
+    // The candidates; without them (a bug) the production kernel is still measured.
+    let candidates = gpu
         .compile_module(&source(), "randn_variants.cu")
-        .map_err(bench_error)?;
-    let variant_kernels = VARIANTS
-        .iter()
-        .map(|v| RandnKernel::new(module.function(v.name)?, gpu.multiprocessors()))
-        .collect::<Result<Vec<_>, DeviceError>>()
-        .map_err(bench_error)?;
+        .and_then(|module| {
+            VARIANTS
+                .iter()
+                .map(|v| RandnKernel::new(module.function(v.name)?, gpu.multiprocessors()))
+                .collect::<Result<Vec<_>, DeviceError>>()
+        });
+    let (variant_kernels, candidates_compiled) = match candidates {
+        Ok(kernels) => (kernels, true),
+        Err(error) => {
+            out.push(format!("candidates: not compiled: {error}"));
+            (Vec::new(), false)
+        }
+    };
 
     let production_label = VARIANTS
         .iter()
@@ -528,6 +536,10 @@ pub fn randn(index: usize, reps: u32, torch_script: &Path) -> Result<String, Str
         if tail_identical { "yes" } else { "no" }
     ));
     out.push(format!("variants_not_identical={variants_not_identical}"));
+    out.push(format!(
+        "candidates_compiled={}",
+        if candidates_compiled { "yes" } else { "no" }
+    ));
     out.push(format!(
         "reproducible={}",
         if sum == 0.0 && diff_std == 0.0 {

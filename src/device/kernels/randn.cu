@@ -174,43 +174,59 @@ __device__ __forceinline__ float4 normal4(u64 block, const PhiloxKeys& key) {
     return make_float4(a.x, a.y, b.x, b.y);
 }
 
-#ifndef GPUMEM_HOST_CHECK
 // ---------------------------------------------------------------------------------------------
-// Writing a float32 tensor. `Gen` maps (block, key) to the block's four values.
+// Writing a float32 tensor. `Gen` maps (block, key) to the block's four values. (The host check
+// compiles this part too, with blockIdx etc. as variables, to run every thread's loop.)
 
 template <bool STREAMING>
 __device__ __forceinline__ void store4(float4* p, float4 v) {
+#ifndef GPUMEM_HOST_CHECK
     if (STREAMING) {
         __stcs(p, v);  // st.global.cs: evict-first, the data is not read back soon
-    } else {
-        *p = v;
+        return;
     }
+#endif
+    *p = v;
 }
 
 // A grid-stride loop over the tensor's blocks of four values: the grid fills the device once
-// (multiprocessors x resident blocks, kernels::resident_grid), so constants and set-up are paid
-// once per thread. PER_THREAD = 2 makes two independent blocks per iteration, `threads` apart, so
-// each store stays coalesced across the warp and the two Philox chains overlap. `out` is 16-byte
-// aligned (allocator blocks are 512-byte aligned; randn writes whole tensors); the thread of
-// block 0 writes the last, partial block when n is not a multiple of 4.
+// (multiprocessors x resident blocks, kernels::RandnKernel), so constants and set-up are paid once
+// per thread. `out` is 16-byte aligned (allocator blocks are 512-byte aligned; randn writes whole
+// tensors); the thread of block 0 writes the last, partial block when n is not a multiple of 4.
+//
+// PER_THREAD = 1 is the plain loop. PER_THREAD = 2 makes two independent blocks per iteration,
+// `threads` apart, so each store stays coalesced across the warp and the two Philox chains
+// overlap; it counts its iterations in 32 bits (at most full / threads, which is small) and steps
+// the counter and the address instead of recomputing them from the index.
 template <int PER_THREAD, bool STREAMING, typename Gen>
 __device__ __forceinline__ void randn_f32_grid(float* out, u64 n, u64 block0, const PhiloxKeys& key, Gen gen) {
     float4* out4 = reinterpret_cast<float4*>(out);
     const u64 full = n / 4, threads = (u64)gridDim.x * blockDim.x;
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (PER_THREAD == 2) {
-        for (; i + threads < full; i += 2 * threads) {
-            const float4 a = gen(block0 + i, key);
-            const float4 b = gen(block0 + i + threads, key);
-            store4<STREAMING>(out4 + i, a);
-            store4<STREAMING>(out4 + i + threads, b);
+        if (i < full) {
+            // Pairs (i + 2k threads, i + (2k + 1) threads) that lie wholly inside the tensor: the
+            // k with (2k + 1) threads <= full - i - 1. Afterwards at most one block is left.
+            u32 pairs = (u32)((full - i - 1 + threads) / (2 * threads));
+            u64 block = block0 + i;
+            float4* p = out4 + i;
+            for (; pairs != 0; --pairs) {
+                const float4 a = gen(block, key);
+                const float4 b = gen(block + threads, key);
+                store4<STREAMING>(p, a);
+                store4<STREAMING>(p + threads, b);
+                block += 2 * threads;
+                p += 2 * threads;
+            }
+            i = (u64)(p - out4);
+            if (i < full) store4<STREAMING>(p, gen(block, key));
         }
+    } else {
+        for (; i < full; i += threads) store4<STREAMING>(out4 + i, gen(block0 + i, key));
     }
-    for (; i < full; i += threads) store4<STREAMING>(out4 + i, gen(block0 + i, key));
     if (n % 4 != 0 && blockIdx.x == 0 && threadIdx.x == 0) {
         const float4 v = gen(block0 + full, key);
         const float lanes[4] = {v.x, v.y, v.z, v.w};
         for (u64 j = 4 * full; j < n; ++j) out[j] = lanes[j - 4 * full];
     }
 }
-#endif
