@@ -27,7 +27,7 @@ use crate::device::DeviceError;
 pub const MIN_DRIVER_VERSION: i32 = 13_000;
 
 /// Driver entry points gpumem calls; [`init`] checks each before the first call.
-const DRIVER_SYMBOLS: [&str; 32] = [
+const DRIVER_SYMBOLS: [&str; 40] = [
     "cuInit",
     "cuDriverGetVersion",
     "cuGetErrorName",
@@ -60,6 +60,14 @@ const DRIVER_SYMBOLS: [&str; 32] = [
     "cuEventSynchronize",
     "cuEventElapsedTime_v2",
     "cuEventDestroy_v2",
+    "cuMemGetAllocationGranularity",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemSetAccess",
+    "cuMemUnmap",
 ];
 
 /// The entries of `$names` that the library `$culib()` returns does not export. (A macro
@@ -424,6 +432,173 @@ impl Current<'_> {
             .map_err(|_| DeviceError::InvalidArgument(format!("cannot copy {bytes} bytes")))?;
         // SAFETY: as the caller promises.
         unsafe { cu::memcpy_dtod_sync(dst.0, src.0, size) }.map_err(failed("cuMemcpyDtoD"))
+    }
+}
+
+/// The allocation properties of plain device memory on `device`: pinned (not migratable),
+/// located on the device, no shareable handle type. What PyTorch's expandable segments use.
+fn device_memory_properties(device: Device) -> sys::CUmemAllocationProp {
+    sys::CUmemAllocationProp {
+        type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: device.ordinal as i32,
+        },
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+            compressionType: 0,
+            gpuDirectRDMACapable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        },
+    }
+}
+
+/// A byte count as the driver's `size_t`.
+fn driver_size(bytes: u64, what: &str) -> Result<usize, DeviceError> {
+    usize::try_from(bytes)
+        .map_err(|_| DeviceError::InvalidArgument(format!("{what} of {bytes} bytes is too large")))
+}
+
+/// One physical allocation of device memory (`cuMemCreate`), released on drop
+/// (`cuMemRelease`). Mapping it into a reserved range keeps the memory alive until it is also
+/// unmapped, as the driver counts both references.
+#[derive(Debug)]
+pub struct PhysicalMemory {
+    handle: sys::CUmemGenericAllocationHandle,
+    bytes: u64,
+}
+
+impl PhysicalMemory {
+    /// Its size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for PhysicalMemory {
+    fn drop(&mut self) {
+        // SAFETY: `handle` came from cuMemCreate and is released once, here. A failure leaves
+        // the memory to the driver, which reclaims it at process exit; nothing can be reported
+        // from a destructor.
+        let _ = unsafe { sys::cuMemRelease(self.handle) };
+    }
+}
+
+impl Current<'_> {
+    /// The granularity of physical allocations for device memory on this device
+    /// (`cuMemGetAllocationGranularity`, `CU_MEM_ALLOC_GRANULARITY_MINIMUM`): sizes passed to
+    /// [`Current::mem_create`] and mapping offsets must be multiples of it.
+    pub fn allocation_granularity(&self) -> Result<u64, DeviceError> {
+        self.check()?;
+        let properties = device_memory_properties(self.context.device);
+        let mut granularity = 0usize;
+        // SAFETY: writes one size_t; `properties` lives across the call.
+        unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut granularity,
+                &properties,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        }
+        .result()
+        .map_err(failed("cuMemGetAllocationGranularity"))?;
+        Ok(granularity as u64)
+    }
+
+    /// Reserves `bytes` of virtual address space, no memory behind it
+    /// (`cuMemAddressReserve(&ptr, bytes, 0, 0, 0)`: default alignment, no address hint, as
+    /// PyTorch's expandable segments do).
+    pub fn address_reserve(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        self.check()?;
+        let size = driver_size(bytes, "an address reservation")?;
+        let mut base: sys::CUdeviceptr = 0;
+        // SAFETY: writes one CUdeviceptr.
+        unsafe { sys::cuMemAddressReserve(&mut base, size, 0, 0, 0) }
+            .result()
+            .map_err(failed("cuMemAddressReserve"))?;
+        Ok(DevicePtr(base))
+    }
+
+    /// Frees a reservation made by [`Current::address_reserve`] (`cuMemAddressFree`).
+    ///
+    /// # Safety
+    /// `base` and `bytes` must be exactly one reservation's, with nothing mapped in it.
+    pub unsafe fn address_free(&self, base: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.check()?;
+        let size = driver_size(bytes, "an address reservation")?;
+        // SAFETY: as the caller promises.
+        unsafe { sys::cuMemAddressFree(base.0, size) }
+            .result()
+            .map_err(failed("cuMemAddressFree"))
+    }
+
+    /// A physical allocation of `bytes` of device memory (`cuMemCreate`);
+    /// [`DeviceError::OutOfMemory`] when the device has no room.
+    pub fn mem_create(&self, bytes: u64) -> Result<PhysicalMemory, DeviceError> {
+        self.check()?;
+        let size = driver_size(bytes, "a physical allocation")?;
+        let properties = device_memory_properties(self.context.device);
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: writes one handle; `properties` lives across the call.
+        unsafe { sys::cuMemCreate(&mut handle, size, &properties, 0) }
+            .result()
+            .map_err(failed_allocating("cuMemCreate"))?;
+        Ok(PhysicalMemory { handle, bytes })
+    }
+
+    /// Maps all of `memory` at `address` (`cuMemMap`, offset 0).
+    ///
+    /// # Safety
+    /// `address .. address + memory.bytes()` must lie inside a reservation of this context and
+    /// be unmapped.
+    pub unsafe fn map(
+        &self,
+        address: DevicePtr,
+        memory: &PhysicalMemory,
+    ) -> Result<(), DeviceError> {
+        self.check()?;
+        let size = driver_size(memory.bytes, "a mapping")?;
+        // SAFETY: as the caller promises.
+        unsafe { sys::cuMemMap(address.0, size, 0, memory.handle, 0) }
+            .result()
+            .map_err(failed_allocating("cuMemMap"))
+    }
+
+    /// Grants this device read-write access to `[address, address + bytes)`
+    /// (`cuMemSetAccess`); mapped memory is inaccessible until then.
+    ///
+    /// # Safety
+    /// The range must be mapped.
+    pub unsafe fn set_access(&self, address: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.check()?;
+        let size = driver_size(bytes, "an access range")?;
+        let access = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.context.device.ordinal as i32,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: one descriptor, living across the call; the range is mapped as promised.
+        unsafe { sys::cuMemSetAccess(address.0, size, &access, 1) }
+            .result()
+            .map_err(failed_allocating("cuMemSetAccess"))
+    }
+
+    /// Unmaps `[address, address + bytes)` (`cuMemUnmap`); the physical memory is freed when
+    /// its [`PhysicalMemory`] is dropped too.
+    ///
+    /// # Safety
+    /// The range must be mapped, and no queued work may still use it.
+    pub unsafe fn unmap(&self, address: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.check()?;
+        let size = driver_size(bytes, "an unmapping")?;
+        // SAFETY: as the caller promises.
+        unsafe { sys::cuMemUnmap(address.0, size) }
+            .result()
+            .map_err(failed("cuMemUnmap"))
     }
 }
 
