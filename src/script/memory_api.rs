@@ -131,7 +131,7 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
     // The snapshot types derive Serialize with PyTorch's key names, so Rhai's serde support
     // turns them into maps directly.
     engine.register_fn("memory_snapshot", move || -> BindingResult<Dynamic> {
-        rhai::serde::to_dynamic(rt.allocator().snapshot())
+        rhai::serde::to_dynamic(rt.with_allocator(|a| a.snapshot()))
     });
     let rt = Rc::clone(runtime);
     engine.register_fn("manual_seed", move |seed: Dynamic| -> BindingResult<()> {
