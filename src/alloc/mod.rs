@@ -24,6 +24,7 @@ pub mod trace;
 mod vmm;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use thiserror::Error;
 
@@ -149,8 +150,13 @@ pub struct ExpandableInfo {
     pub pool: Pool,
 }
 
+/// Hands every allocator a distinct [`CachingAllocator::id`].
+static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
+
 /// PyTorch's caching allocator for one device.
 pub struct CachingAllocator {
+    /// Distinguishes allocators that live side by side (a script may open a second one).
+    id: u64,
     device: Box<dyn DeviceMemory>,
     config: AllocConf,
     blocks: BlockArena,
@@ -175,6 +181,7 @@ impl CachingAllocator {
     /// the config is applied at once, as PyTorch does at start-up.
     pub fn new(device: Box<dyn DeviceMemory>, config: AllocConf) -> Result<Self, AllocError> {
         let mut allocator = CachingAllocator {
+            id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
             device,
             stats: DeviceStats::new(config.max_split_size_stat()),
             config,
@@ -191,6 +198,12 @@ impl CachingAllocator {
             allocator.set_memory_fraction(fraction)?;
         }
         Ok(allocator)
+    }
+
+    /// An id no other allocator of this process has: a block belongs to the allocator whose
+    /// id was current when it was handed out.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The configuration in force.
