@@ -124,6 +124,12 @@ impl BlockArena {
         self.slots.get(id as usize)?.as_ref()
     }
 
+    /// Mutable access to the block with this id, if it exists.
+    #[inline]
+    pub fn get_mut(&mut self, id: BlockId) -> Option<&mut Block> {
+        self.slots.get_mut(id as usize)?.as_mut()
+    }
+
     /// The block with this id. Callers pass ids taken from live links, so a miss is a bug in
     /// the allocator, not a user error.
     #[inline]
@@ -201,6 +207,19 @@ impl BlockPool {
     /// The set of `stream`, created (in stream order) when missing.
     #[inline]
     fn set_or_new(&mut self, stream: StreamId) -> &mut BTreeSet<(u64, u64, BlockId)> {
+        // Most programs use one stream: its set comes first.
+        if self
+            .streams
+            .first()
+            .is_some_and(|entry| entry.stream == stream)
+        {
+            return &mut self.streams[0].blocks;
+        }
+        self.set_or_new_slow(stream)
+    }
+
+    #[cold]
+    fn set_or_new_slow(&mut self, stream: StreamId) -> &mut BTreeSet<(u64, u64, BlockId)> {
         let index = match self.streams.iter().position(|entry| entry.stream >= stream) {
             Some(index) if self.streams[index].stream == stream => index,
             Some(index) => {

@@ -107,7 +107,7 @@ impl ExpandableSegment {
             .unwrap_or(false)
     }
 
-    /// The page holding byte offset `offset`, rounded down (PyTorch's `segmentLeft`).
+    /// The page holding `address` (PyTorch's `segmentLeft`).
     pub fn page_left(&self, address: u64) -> u64 {
         (address - self.base) / self.page
     }

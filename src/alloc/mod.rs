@@ -125,6 +125,20 @@ struct Request {
     alloc_size: u64,
 }
 
+/// What `free` read from the block it frees, handed to `free_block` so the block is read once.
+#[derive(Debug, Clone, Copy)]
+struct Freed {
+    id: BlockId,
+    pool: Pool,
+    size: u64,
+    requested: u64,
+    ptr: u64,
+    stream: StreamId,
+    prev: BlockId,
+    next: BlockId,
+    expandable: bool,
+}
+
 /// A `cudaMalloc` segment: its size, pool and stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct DeviceSegment {
@@ -676,56 +690,65 @@ impl CachingAllocator {
         if allocation.is_null() {
             return Ok(());
         }
-        match self.blocks.get(allocation.id) {
-            Some(block) if block.allocated && block.ptr == allocation.ptr => {}
+        let freed = match self.blocks.get_mut(allocation.id) {
+            Some(block) if block.allocated && block.ptr == allocation.ptr => {
+                block.allocated = false;
+                Freed {
+                    id: allocation.id,
+                    pool: block.pool,
+                    size: block.size,
+                    requested: block.requested_size,
+                    ptr: block.ptr,
+                    stream: block.stream,
+                    prev: block.prev,
+                    next: block.next,
+                    expandable: block.is_expandable(),
+                }
+            }
             _ => {
                 return Err(AllocError::InvalidFree(format!(
                     "no live allocation at {:#x}",
                     allocation.ptr
                 )))
             }
-        }
-        let id = allocation.id;
-        let max_split_size = self.config.max_split_size;
-        let block = self.blocks.at_mut(id);
-        block.allocated = false;
-        let (pool, size, requested, ptr, stream) = (
-            block.pool,
-            block.size,
-            block.requested_size,
-            block.ptr,
-            block.stream,
-        );
+        };
+        let pool = freed.pool;
         self.stats.allocation.decrease(pool, 1);
-        self.stats.allocated_bytes.decrease(pool, size as i64);
-        self.trace
-            .record(TraceAction::FreeRequested, ptr, requested, stream);
-        if size >= max_split_size {
+        self.stats.allocated_bytes.decrease(pool, freed.size as i64);
+        self.trace.record(
+            TraceAction::FreeRequested,
+            freed.ptr,
+            freed.requested,
+            freed.stream,
+        );
+        if freed.size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
-        self.free_block(id);
+        self.free_block(freed);
         Ok(())
     }
 
     /// Merges a freed block with its free neighbours and caches it (PyTorch's `free_block`).
-    fn free_block(&mut self, id: BlockId) {
-        let block = self.blocks.at(id);
-        let (pool, orig_size, requested, ptr, stream) = (
-            block.pool,
-            block.size,
-            block.requested_size,
-            block.ptr,
-            block.stream,
-        );
+    #[inline]
+    fn free_block(&mut self, freed: Freed) {
+        let Freed {
+            id,
+            pool,
+            size: orig_size,
+            requested,
+            ptr,
+            stream,
+            prev,
+            next,
+            expandable,
+        } = freed;
         self.trace
             .record(TraceAction::FreeCompleted, ptr, requested, stream);
         let mut net_count: i64 = 0;
         let mut net_bytes: i64 = 0;
-        let (prev, next) = (block.prev, block.next);
-        let counts_split = !block.is_expandable();
         let (mut base, mut size) = (ptr, orig_size);
         for neighbour in [prev, next] {
-            if let Some((merged, merged_base)) = self.try_merge(id, neighbour) {
+            if let Some((merged, merged_base)) = self.try_merge(id, neighbour, true) {
                 net_count -= 1;
                 net_bytes -= merged as i64;
                 size += merged;
@@ -738,7 +761,7 @@ impl CachingAllocator {
             net_bytes += size as i64;
         }
         let stats = &mut self.stats;
-        if counts_split {
+        if !expandable {
             stats.inactive_split.apply(pool, net_count);
             stats.inactive_split_bytes.apply(pool, net_bytes);
         }
@@ -747,18 +770,24 @@ impl CachingAllocator {
         stats.requested_bytes.decrease(pool, requested as i64);
     }
 
-    /// Absorbs a free neighbour into `id` when both are mapped or both unmapped (PyTorch's
-    /// `try_merge_blocks`); returns the bytes absorbed and the merged block's base, or `None`
-    /// when the neighbour is absent, in use or of the other kind.
-    #[inline]
-    fn try_merge(&mut self, id: BlockId, neighbour: BlockId) -> Option<(u64, u64)> {
+    /// Absorbs the free neighbour `neighbour` into `id` when both are `mapped` (or both
+    /// unmapped), as PyTorch's `try_merge_blocks`; returns the bytes absorbed and the merged
+    /// block's base, or `None` when the neighbour is absent, in use or of the other kind.
+    #[inline(always)]
+    fn try_merge(&mut self, id: BlockId, neighbour: BlockId, mapped: bool) -> Option<(u64, u64)> {
         let other = self.blocks.get(neighbour)?;
-        if other.allocated || other.mapped != self.blocks.at(id).mapped {
+        if other.allocated || other.mapped != mapped {
             return None;
         }
-        let (other_ptr, other_size) = (other.ptr, other.size);
+        let (other_ptr, other_size, other_stream, other_pool) =
+            (other.ptr, other.size, other.stream, other.pool);
         let (other_prev, other_next) = (other.prev, other.next);
-        self.uncache(neighbour);
+        let pool = self.pool_mut(other_pool);
+        if mapped {
+            pool.remove(other_stream, other_size, other_ptr, neighbour);
+        } else {
+            pool.remove_unmapped(other_stream, other_ptr, neighbour);
+        }
         self.blocks.remove(neighbour);
         let block = self.blocks.at_mut(id);
         block.size += other_size;

@@ -169,8 +169,8 @@ impl CachingAllocator {
                 .insert_unmapped(stream, ptr + mapped, rest);
         }
         let (prev, next) = (self.blocks.at(id).prev, self.blocks.at(id).next);
-        self.try_merge(id, prev);
-        self.try_merge(id, next);
+        self.try_merge(id, prev, true);
+        self.try_merge(id, next, true);
         self.insert_free(id);
         self.total_allocated_memory += mapped;
         self.stats.reserved_bytes.increase(pool, mapped as i64);
@@ -228,8 +228,8 @@ impl CachingAllocator {
         block.size = unmapped;
         block.mapped = false;
         let (prev, next) = (block.prev, block.next);
-        self.try_merge(id, prev);
-        self.try_merge(id, next);
+        self.try_merge(id, prev, false);
+        self.try_merge(id, next, false);
         let ptr = self.blocks.at(id).ptr;
         self.pool_mut(pool).insert_unmapped(stream, ptr, id);
         self.total_allocated_memory -= unmapped;
