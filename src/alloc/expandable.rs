@@ -6,7 +6,8 @@
 //! ([`SMALL_BUFFER`]) for the small pool and 20 MiB ([`LARGE_BUFFER`], PyTorch's
 //! `large_segment_size`) for the large pool. PyTorch takes these page sizes from its own
 //! constants; the device's allocation granularity does not enter (a page that is not a multiple
-//! of it makes `cuMemCreate`, here [`DeviceMemory::map_pages`], fail).
+//! of it makes `cuMemCreate`, here [`DeviceMemory::map_pages`], fail; gpumem checks it before
+//! reserving a range, to say so clearly).
 //!
 //! This module keeps the page bookkeeping of one segment; the allocator's rules that use it
 //! (finding room, mapping, unmapping, releasing) are in [`super::vmm`].

@@ -482,3 +482,52 @@ fn trace_records_pytorchs_events_in_order() {
         ]
     );
 }
+
+#[test]
+fn expandable_segments_need_the_devices_virtual_memory_calls() {
+    use crate::device::{DeviceError, DeviceMemory, ProcessMemory};
+
+    /// A device without the virtual-memory calls (as the CUDA device is until it gets them),
+    /// or with a granularity that does not divide PyTorch's pages.
+    struct Plain(SimDevice, Option<u64>);
+    impl DeviceMemory for Plain {
+        fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+            self.0.malloc(bytes)
+        }
+        fn free(&mut self, address: u64) -> Result<(), DeviceError> {
+            self.0.free(address)
+        }
+        fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
+            self.0.mem_get_info()
+        }
+        fn total_memory(&self) -> u64 {
+            self.0.total_memory()
+        }
+        fn index(&self) -> usize {
+            0
+        }
+        fn process_memory(&self) -> Vec<ProcessMemory> {
+            Vec::new()
+        }
+        fn label(&self) -> String {
+            "plain".into()
+        }
+        fn allocation_granularity(&self) -> Result<u64, DeviceError> {
+            self.1.ok_or_else(crate::device::vmm_unsupported)
+        }
+    }
+    let conf = AllocConf::parse("expandable_segments:True").expect("valid config");
+    let device = Plain(SimDevice::new(1 << 30), None);
+    let mut a = CachingAllocator::new(Box::new(device), conf.clone()).expect("allocator");
+    let err = a.malloc(1000).expect_err("no VMM");
+    assert!(err
+        .to_string()
+        .contains("does not support virtual memory management"));
+    assert_eq!(a.stats(), &DeviceStats::new(-1));
+    let device = Plain(SimDevice::new(1 << 30), Some(3 << 20));
+    let mut a = CachingAllocator::new(Box::new(device), conf).expect("allocator");
+    let err = a.malloc(1000).expect_err("bad granularity");
+    assert!(err
+        .to_string()
+        .contains("granularity of 3145728 bytes does not divide"));
+}

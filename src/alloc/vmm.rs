@@ -90,6 +90,14 @@ impl CachingAllocator {
     /// unmapped block.
     fn new_expandable_segment(&mut self, stream: u64, pool: Pool) -> Result<BlockId, AllocError> {
         let page = page_size(pool);
+        // PyTorch does not consult the granularity: a page it does not divide makes the first
+        // cuMemCreate fail. Checking first gives that failure a clear message.
+        let granularity = self.device.allocation_granularity()?;
+        if granularity == 0 || !page.is_multiple_of(granularity) {
+            return Err(AllocError::Device(format!(
+                "expandable segments map pages of {page} bytes, which the device's allocation granularity of {granularity} bytes does not divide"
+            )));
+        }
         let pages = reserved_pages(self.device.total_memory(), page);
         let bytes = page
             .checked_mul(pages)
