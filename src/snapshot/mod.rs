@@ -9,6 +9,7 @@
 pub mod capture;
 pub mod model;
 pub mod pickle;
+pub mod replay;
 pub mod settings;
 
 pub use model::{Action, Block, Frame, Segment, Snapshot, TraceEvent};

@@ -47,6 +47,8 @@ pub struct Emitted {
     pub list: u32,
     /// Index among all trace events so far (0-based).
     pub index: u64,
+    /// Bytes of the pickle read so far (for progress reports).
+    pub offset: u64,
     /// The event.
     pub event: RawEvent,
 }
@@ -285,12 +287,14 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
         list.items.extend(kept);
         list.streamed += emitted.len() as u64;
         let id = list.id;
+        let offset = self.input.offset();
         for event in emitted {
             let index = self.events;
             self.events += 1;
             (self.handler)(Emitted {
                 list: id,
                 index,
+                offset,
                 event,
             })
             .map_err(StreamError::Handler)?;
