@@ -82,8 +82,7 @@ impl Workload {
             let Ok(block) = self.allocator.malloc(size) else {
                 return self.free_one();
             };
-            self.watch
-                .collect(&self.allocator, &mut self.device_events);
+            self.watch.collect(&self.allocator, &mut self.device_events);
             let device_events = std::mem::take(&mut self.device_events);
             for (action, addr, bytes) in device_events {
                 self.event(action, addr, bytes);
@@ -201,4 +200,12 @@ pub fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// CPU time this thread has run, in nanoseconds (/proc/thread-self/schedstat), where the
+/// system reports it: on a shared machine it measures the work, where the wall clock also
+/// measures the neighbours.
+pub fn thread_cpu_ns() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    text.split_whitespace().next()?.parse().ok()
 }

@@ -58,8 +58,11 @@ pub struct ReplayArgs {
 }
 
 fn parse_conf(text: &str, what: &str) -> Result<AllocConf, CliError> {
-    AllocConf::parse(text)
-        .map_err(|error| CliError::Usage(format!("invalid allocator config '{text}' ({what}): {error}")))
+    AllocConf::parse(text).map_err(|error| {
+        CliError::Usage(format!(
+            "invalid allocator config '{text}' ({what}): {error}"
+        ))
+    })
 }
 
 fn replay_error(file: &Path, error: ReplayError) -> CliError {
@@ -73,10 +76,9 @@ fn progress_bar(file: &Path) -> Option<ProgressBar> {
         return None;
     }
     let bar = ProgressBar::new(bytes);
-    let style = ProgressStyle::with_template(
-        "replaying {bar:40} {bytes}/{total_bytes} {msg} ({eta} left)",
-    )
-    .ok()?;
+    let style =
+        ProgressStyle::with_template("replaying {bar:40} {bytes}/{total_bytes} {msg} ({eta} left)")
+            .ok()?;
     bar.set_style(style);
     Some(bar)
 }
@@ -198,7 +200,10 @@ fn describe_search(found: &CapacitySearch) -> String {
             "min capacity    {} ({bytes} bytes, --device sim:{bytes}); {bounds}",
             format_size(bytes)
         ),
-        None => format!("min capacity    does not fit even on {}; {bounds}", format_size(found.upper)),
+        None => format!(
+            "min capacity    does not fit even on {}; {bounds}",
+            format_size(found.upper)
+        ),
     }
 }
 
@@ -211,7 +216,12 @@ fn print_comparison(
     let with_search = own_search.is_some();
     say_part!(
         "{:<44} {:>12} {:>12} {:>10} {:>8} {:>6}",
-        "config", "peak alloc", "peak reserv", "cudaMalloc", "retries", "OOMs"
+        "config",
+        "peak alloc",
+        "peak reserv",
+        "cudaMalloc",
+        "retries",
+        "OOMs"
     );
     if with_search {
         say_part!(" {:>14}", "min capacity");
@@ -252,12 +262,14 @@ pub fn bench(events: u64, file: Option<&Path>, keep: bool) -> Result<(), CliErro
     let generated = file.is_none_or(|path| !path.exists());
     let path = match file {
         Some(path) => path.to_path_buf(),
-        None => std::env::temp_dir().join(format!("gpumem-bench-replay-{}.pickle", std::process::id())),
+        None => {
+            std::env::temp_dir().join(format!("gpumem-bench-replay-{}.pickle", std::process::id()))
+        }
     };
     if generated {
         let start = Instant::now();
-        let bytes = gpumem::bench::replay::write_synthetic(&path, events, 1)
-            .map_err(CliError::Failed)?;
+        let bytes =
+            gpumem::bench::replay::write_synthetic(&path, events, 1).map_err(CliError::Failed)?;
         say!(
             "generated {events} events ({:.1} MB) in {:.2} s: {}",
             bytes as f64 / 1e6,
@@ -266,19 +278,30 @@ pub fn bench(events: u64, file: Option<&Path>, keep: bool) -> Result<(), CliErro
         );
     }
     let rss_before = gpumem::bench::replay::peak_rss_kib();
+    let cpu_before = gpumem::bench::replay::thread_cpu_ns();
     let start = Instant::now();
     let report = replay(&path, &ReplayOptions::default(), &mut |_, _| {})
         .map_err(|error| replay_error(&path, error));
     let seconds = start.elapsed().as_secs_f64();
+    let cpu_seconds = match (cpu_before, gpumem::bench::replay::thread_cpu_ns()) {
+        (Some(before), Some(after)) => Some(after.saturating_sub(before) as f64 / 1e9),
+        _ => None,
+    };
     if generated && !keep {
         let _ = std::fs::remove_file(&path);
     }
     let report = report?;
     let replayed = report.counts.events;
     say!(
-        "replayed {replayed} events in {seconds:.2} s: {:.2} million events/s",
+        "replayed {replayed} events in {seconds:.2} s: {:.2} million events/s (wall clock)",
         replayed as f64 / seconds / 1e6
     );
+    if let Some(cpu) = cpu_seconds {
+        say!(
+            "  on the CPU {cpu:.2} s: {:.2} million events/s of CPU time (the wall clock also counts other processes sharing the cores)",
+            replayed as f64 / cpu / 1e6
+        );
+    }
     say!(
         "live at the end: {} blocks, peak allocated {}; segment events {} recorded, {} replayed, {} differ",
         report.stat("allocation.all.current"),

@@ -135,6 +135,13 @@ impl Action {
         Action::ALL.into_iter().find(|action| action.name() == name)
     }
 
+    /// The action PyTorch names `name` (as bytes), if any.
+    pub fn from_bytes(name: &[u8]) -> Option<Action> {
+        Action::ALL
+            .into_iter()
+            .find(|action| action.name().as_bytes() == name)
+    }
+
     /// Whether the action is a device-level segment event (`segment_*`).
     pub fn is_segment_event(self) -> bool {
         matches!(

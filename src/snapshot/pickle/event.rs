@@ -301,7 +301,7 @@ impl<'a> Fast<'a> {
             match field {
                 Field::Action => {
                     let name = self.text()?;
-                    event.action = Action::from_name(std::str::from_utf8(name.bytes()?).ok()?)?;
+                    event.action = Action::from_bytes(name.bytes()?)?;
                     has_action = true;
                 }
                 Field::Addr => {

@@ -287,17 +287,8 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
         list.items.extend(kept);
         list.streamed += emitted.len() as u64;
         let id = list.id;
-        let offset = self.input.offset();
         for event in emitted {
-            let index = self.events;
-            self.events += 1;
-            (self.handler)(Emitted {
-                list: id,
-                index,
-                offset,
-                event,
-            })
-            .map_err(StreamError::Handler)?;
+            self.emit(id, event)?;
         }
         Ok(())
     }
@@ -376,11 +367,43 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
             for (id, value) in puts {
                 self.memo.put(id, &value);
             }
+            // Inside a MARK batch of a list with nothing else pending (how picklers write a
+            // trace), the event goes out at once; otherwise it waits for its APPEND.
+            if let Some(list) = self.batch_list() {
+                let id = list.id;
+                list.streamed += 1;
+                return self.emit(id, event);
+            }
             self.stack.push(Value::Event(Box::new(event)));
         } else {
             self.stack.push(Value::Dict(Vec::new()));
         }
         Ok(())
+    }
+
+    /// The list being filled by the current MARK batch, when the batch holds nothing yet.
+    fn batch_list(&mut self) -> Option<&mut List> {
+        let &mark = self.marks.last()?;
+        if self.stack.len() != mark || mark == 0 {
+            return None;
+        }
+        match self.stack.get_mut(mark - 1) {
+            Some(Value::List(list)) => Some(list),
+            _ => None,
+        }
+    }
+
+    /// Hands one event of list `list` to the handler.
+    fn emit(&mut self, list: u32, event: RawEvent) -> Step<E> {
+        let index = self.events;
+        self.events += 1;
+        (self.handler)(Emitted {
+            list,
+            index,
+            offset: self.input.offset(),
+            event,
+        })
+        .map_err(StreamError::Handler)
     }
 
     /// Runs the machine to `STOP` and returns the top-level value (with trace events taken
