@@ -124,12 +124,6 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
         }
     });
     let rt = Rc::clone(runtime);
-    // The snapshot types derive Serialize with PyTorch's key names, so Rhai's serde support
-    // turns them into maps directly.
-    engine.register_fn("memory_snapshot", move || -> BindingResult<Dynamic> {
-        rhai::serde::to_dynamic(rt.allocator().snapshot())
-    });
-    let rt = Rc::clone(runtime);
     engine.register_fn("manual_seed", move |seed: Dynamic| -> BindingResult<()> {
         let seed = integer("manual_seed", "seed", &seed)?;
         rt.manual_seed(non_negative("manual_seed", "seed", seed)?);
