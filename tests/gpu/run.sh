@@ -152,6 +152,7 @@ check oom-fraction-0.02 oom_keeps_nine
 check no-panics no_panics
 check golden-cuda-equals-sim golden_cuda
 check scripts-cuda scripts_cuda
+check memory-viz bash memory_viz.sh "$GPUMEM"
 check alloc-vs-pytorch alloc_compare
 check script-vs-pytorch script_compare
 
