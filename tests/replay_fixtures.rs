@@ -48,14 +48,24 @@ fn check_stats(name: &str, report: &ReplayReport, json: &Value) -> usize {
 }
 
 fn check_default(name: &str) {
+    check(name, &["segment_alloc", "segment_free"]);
+}
+
+fn check_expandable(name: &str) {
+    check(name, &["segment_map", "segment_unmap"]);
+}
+
+fn check(name: &str, device_actions: &[&str]) {
     let (report, json) = replayed(name);
     eprintln!("{report}");
     assert_eq!(report.conf_source, ConfSource::Recorded, "{name}");
     assert!(report.fits(), "{name}");
     check_stats(name, &report, &json);
     let segments = &report.segment_events;
-    let recorded = json["actions"]["segment_alloc"].as_u64().unwrap_or(0)
-        + json["actions"]["segment_free"].as_u64().unwrap_or(0);
+    let recorded: u64 = device_actions
+        .iter()
+        .map(|action| json["actions"][action].as_u64().unwrap_or(0))
+        .sum();
     assert_eq!(segments.recorded, recorded, "{name}");
     assert_eq!(segments.replayed, recorded, "{name}");
     assert_eq!(
@@ -64,10 +74,11 @@ fn check_default(name: &str) {
         segments.first_difference
     );
     println!(
-        "{name}: {} counters equal; {} segment events equal in action, size and order, {} at the same address",
+        "{name}: {} counters equal; {} segment events equal in action, size and order, {} at the same address, {} at the same offset from the first",
         report.final_stats.len(),
         segments.recorded,
-        segments.same_address
+        segments.same_address,
+        segments.same_offset
     );
 }
 
@@ -89,6 +100,26 @@ fn transformer_fp32_default() {
 #[test]
 fn transformer_bf16_default() {
     check_default("transformer_bf16.default");
+}
+
+#[test]
+fn convnet_expandable() {
+    check_expandable("convnet.expandable");
+}
+
+#[test]
+fn inference_expandable() {
+    check_expandable("inference.expandable");
+}
+
+#[test]
+fn transformer_fp32_expandable() {
+    check_expandable("transformer_fp32.expandable");
+}
+
+#[test]
+fn transformer_bf16_expandable() {
+    check_expandable("transformer_bf16.expandable");
 }
 
 /// Under the simulator's own placement model (addresses as the H200 driver placed them in

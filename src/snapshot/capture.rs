@@ -15,7 +15,7 @@ pub fn segments(
     frames_of: &FramesOf<'_>,
 ) -> Vec<Segment> {
     allocator
-        .snapshot()
+        .segment_snapshots()
         .iter()
         .map(|segment| convert_segment(segment, device, frames_of))
         .collect()
@@ -29,10 +29,10 @@ fn convert_segment(segment: &SegmentSnapshot, device: usize, frames_of: &FramesO
         allocated_size: int(segment.allocated_size),
         active_size: int(segment.active_size),
         requested_size: int(segment.requested_size),
-        stream: 0,
+        stream: int(segment.stream),
         segment_type: segment.segment_type.to_string(),
         segment_pool_id: (0, 0),
-        is_expandable: false,
+        is_expandable: segment.is_expandable,
         frames: Vec::new(),
         blocks: segment
             .blocks

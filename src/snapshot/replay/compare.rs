@@ -43,6 +43,9 @@ pub struct SegmentComparison {
     pub differing: u64,
     /// Pairs that agree in action and size and also in address.
     pub same_address: u64,
+    /// Pairs that agree in action and size and in the address's offset from their side's
+    /// first device event (the same layout, wherever the address space starts).
+    pub same_offset: u64,
     /// The first difference.
     pub first_difference: Option<Difference>,
     #[serde(skip)]
@@ -51,6 +54,9 @@ pub struct SegmentComparison {
     waiting_replayed: VecDeque<Seen>,
     #[serde(skip)]
     paired: u64,
+    /// Each side's first device event address.
+    #[serde(skip)]
+    origins: (Option<u64>, Option<u64>),
 }
 
 impl SegmentComparison {
@@ -86,6 +92,12 @@ impl SegmentComparison {
                 if a.action == b.action && a.size == b.size {
                     if a.addr == b.addr {
                         self.same_address += 1;
+                    }
+                    let recorded_origin = *self.origins.0.get_or_insert(a.addr);
+                    let replayed_origin = *self.origins.1.get_or_insert(b.addr);
+                    if a.addr.wrapping_sub(recorded_origin) == b.addr.wrapping_sub(replayed_origin)
+                    {
+                        self.same_offset += 1;
                     }
                 } else {
                     self.differ(Some(a), Some(b));
@@ -138,6 +150,7 @@ mod tests {
         assert_eq!(comparison.recorded, 4);
         assert_eq!(comparison.replayed, 3);
         assert_eq!(comparison.same_address, 1);
+        assert_eq!(comparison.same_offset, 1);
         assert_eq!(comparison.differing, 2);
         let first = comparison.first_difference.expect("a difference");
         assert_eq!(first.position, 2);

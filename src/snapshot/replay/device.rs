@@ -112,6 +112,29 @@ impl DeviceMemory for ReplayDevice {
     fn driver_memory(&self) -> Result<DriverMemory, DeviceError> {
         self.inner.driver_memory()
     }
+
+    // Expandable segments: reserved ranges and their pages are the simulator's (only
+    // `cudaMalloc` segments take recorded addresses).
+
+    fn allocation_granularity(&self) -> Result<u64, DeviceError> {
+        self.inner.allocation_granularity()
+    }
+
+    fn reserve_address_range(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        self.inner.reserve_address_range(bytes)
+    }
+
+    fn free_address_range(&mut self, base: u64, bytes: u64) -> Result<(), DeviceError> {
+        self.inner.free_address_range(base, bytes)
+    }
+
+    fn map_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+        self.inner.map_pages(address, bytes, page)
+    }
+
+    fn unmap_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+        self.inner.unmap_pages(address, bytes, page)
+    }
 }
 
 #[cfg(test)]

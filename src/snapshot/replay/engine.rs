@@ -245,7 +245,7 @@ impl Engine {
             ));
         }
         let size = non_negative(event.size, "size")?;
-        match self.allocator.malloc(size) {
+        match self.allocator.malloc_on(event.stream as u64, size) {
             Ok(allocation) => {
                 self.live.insert(
                     addr,
@@ -313,7 +313,7 @@ impl Engine {
     fn recorded_oom(&mut self, _index: u64, event: &RawEvent) -> Result<(), String> {
         self.counts.recorded_ooms += 1;
         let size = non_negative(event.size, "size")?;
-        match self.allocator.malloc(size) {
+        match self.allocator.malloc_on(event.stream as u64, size) {
             Ok(allocation) => self
                 .allocator
                 .free(allocation)

@@ -231,8 +231,8 @@ impl fmt::Display for ReplayReport {
         if paired > 0 {
             write!(
                 f,
-                "; {} of {} at the same address",
-                segments.same_address, paired
+                "; {} of {} at the same address, {} at the same offset from the first",
+                segments.same_address, paired, segments.same_offset
             )?;
         }
         writeln!(f)?;
