@@ -62,7 +62,10 @@ fn a_truncated_pickle_says_where_it_ends() {
         &path,
         &["half.pickle", "ends early", "truncated", "trace events"],
     );
-    assert!(stderr.contains(&format!("at byte {}", bytes.len() / 2)), "{stderr}");
+    assert!(
+        stderr.contains(&format!("at byte {}", bytes.len() / 2)),
+        "{stderr}"
+    );
     let path = write(&dir, "empty.pickle", b"");
     refused(&path, &["ends early", "after 0 trace events"]);
 }
@@ -93,7 +96,10 @@ fn a_pickle_that_is_not_a_snapshot_is_refused() {
     dict.insert(key("weights"), Value::List(vec![Value::F64(0.5)]));
     let dict = serde_pickle::value_to_vec(&Value::Dict(dict), SerOptions::new()).expect("pickles");
     let path = write(&dir, "dict.pickle", &dict);
-    refused(&path, &["not a PyTorch memory snapshot", "no 'device_traces'"]);
+    refused(
+        &path,
+        &["not a PyTorch memory snapshot", "no 'device_traces'"],
+    );
     // A pickled Python object (`collections.OrderedDict()`, protocol 2).
     let path = write(
         &dir,
@@ -127,7 +133,11 @@ fn a_free_of_an_address_never_allocated_names_its_index() {
     let path = write(&dir, "free.pickle", &bytes);
     refused(
         &path,
-        &["event 3:", "free_requested of address 0x2000", "never allocated"],
+        &[
+            "event 3:",
+            "free_requested of address 0x2000",
+            "never allocated",
+        ],
     );
     let bytes = snapshot(vec![event("alloc", 4096, 100), event("alloc", 4096, 100)]);
     let path = write(&dir, "twice.pickle", &bytes);

@@ -6,6 +6,7 @@ pub mod args;
 pub mod bindings;
 pub mod docs;
 pub mod errors;
+pub mod history;
 pub mod limits;
 pub mod memory_api;
 pub mod snapshot_api;

@@ -116,6 +116,35 @@ pub fn stream(
     decode::remainder(&top).map_err(SnapshotError::NotASnapshot)
 }
 
+/// Reads the whole pickle at `path` into values, trace events included and shared objects
+/// resolved (what Python's `pickle.load` gives). For files that fit in memory: tests and
+/// tools that compare snapshots; a replay streams instead.
+pub fn load(path: &Path) -> Result<value::Value, SnapshotError> {
+    let io = |error: std::io::Error| SnapshotError::Io {
+        path: path.display().to_string(),
+        message: error.to_string(),
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let mut unpickler = Unpickler::whole(
+        std::io::BufReader::new(file),
+        |_: Emitted| -> Result<(), SnapshotError> { Ok(()) },
+    );
+    unpickler.run().map_err(|error| match error {
+        StreamError::Pickle {
+            offset,
+            message,
+            events,
+        } => SnapshotError::Corrupt {
+            offset,
+            message,
+            events,
+        },
+        StreamError::Event { index, message } => SnapshotError::Event { index, message },
+        StreamError::Handler(error) => error,
+        StreamError::Io(error) => io(error),
+    })
+}
+
 /// [`stream`] from the file `path`.
 pub fn stream_file(
     path: &Path,

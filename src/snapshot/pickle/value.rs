@@ -109,9 +109,11 @@ impl Value {
     }
 
     /// What the memo keeps of this value: immutable scalars and strings whole, small tuples
-    /// whole, containers only as the `empty_cache` mark when they carry it.
-    fn memo_form(&self) -> Option<Value> {
+    /// whole, containers only as the `empty_cache` mark when they carry it (or whole when
+    /// `containers` is set).
+    fn memo_form(&self, containers: bool) -> Option<Value> {
         match self {
+            Value::List(_) | Value::Dict(_) | Value::Tuple(_) if containers => Some(self.clone()),
             Value::List(_) | Value::Dict(_) | Value::Elided(_) => {
                 self.has_empty_cache_frame().then_some(Value::Elided(true))
             }
@@ -129,9 +131,19 @@ pub struct Memo {
     kept: HashMap<u32, Value>,
     /// One past the highest id assigned (`MEMOIZE` uses it as the next id).
     next: u32,
+    /// Whether containers are kept whole (reading a whole snapshot into values).
+    containers: bool,
 }
 
 impl Memo {
+    /// A memo that keeps containers whole: for reading a whole (small) pickle as values.
+    pub fn keeping_containers() -> Memo {
+        Memo {
+            containers: true,
+            ..Memo::default()
+        }
+    }
+
     /// The id `MEMOIZE` gives the next value.
     pub fn next_id(&self) -> u32 {
         self.next
@@ -139,7 +151,7 @@ impl Memo {
 
     /// Records `value` under `id`.
     pub fn put(&mut self, id: u32, value: &Value) {
-        match value.memo_form() {
+        match value.memo_form(self.containers) {
             Some(kept) => {
                 self.kept.insert(id, kept);
             }

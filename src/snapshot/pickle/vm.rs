@@ -139,6 +139,8 @@ pub struct Unpickler<R, F> {
     next_list: u32,
     events: u64,
     handler: F,
+    /// Whether trace events stay in their lists as dicts (reading a whole pickle).
+    whole: bool,
 }
 
 type Step<E> = Result<(), StreamError<E>>;
@@ -155,7 +157,17 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
             next_list: 0,
             events: 0,
             handler,
+            whole: false,
         }
+    }
+
+    /// An unpickler that keeps everything, trace events included, with shared containers
+    /// resolved: Python's `pickle.load` for a snapshot small enough to hold in memory.
+    pub fn whole(reader: R, handler: F) -> Self {
+        let mut unpickler = Unpickler::new(reader, handler);
+        unpickler.memo = Memo::keeping_containers();
+        unpickler.whole = true;
+        unpickler
     }
 
     /// Trace events handed out so far.
@@ -262,6 +274,18 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
 
     /// Appends `items` to the list on top of the stack, handing trace events out.
     fn extend_list(&mut self, items: Vec<Value>) -> Step<E> {
+        if self.whole {
+            return match self.top()? {
+                Value::List(list) => {
+                    list.items.extend(items);
+                    Ok(())
+                }
+                other => {
+                    let kind = other.type_name();
+                    self.corrupt(format!("APPEND to a {kind}, not a list"))
+                }
+            };
+        }
         let mut kept = Vec::new();
         let mut emitted = Vec::new();
         for item in items {
@@ -358,6 +382,10 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
     /// An `EMPTY_DICT`: a whole trace event through the fast path when the bytes are one,
     /// else an empty dict to be filled by the opcodes that follow.
     fn empty_dict(&mut self) -> Step<E> {
+        if self.whole {
+            self.stack.push(Value::Dict(Vec::new()));
+            return Ok(());
+        }
         let fast = match self.input.window(EVENT_WINDOW) {
             Ok(window) => fast_event(window, &self.memo),
             Err(error) => return Err(self.input_error(error)),

@@ -115,7 +115,10 @@ mod tests {
     fn range_subtraction() {
         assert_eq!(subtract(&[(0, 10)], &[]), [(0, 10)]);
         assert_eq!(subtract(&[(0, 10)], &[(0, 4)]), [(4, 10)]);
-        assert_eq!(subtract(&[(0, 10), (20, 30)], &[(2, 4), (8, 22)]), [(0, 2), (4, 8), (22, 30)]);
+        assert_eq!(
+            subtract(&[(0, 10), (20, 30)], &[(2, 4), (8, 22)]),
+            [(0, 2), (4, 8), (22, 30)]
+        );
         assert!(subtract(&[(0, 10)], &[(0, 10)]).is_empty());
     }
 }
