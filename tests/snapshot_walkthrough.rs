@@ -8,6 +8,10 @@ use gpumem::snapshot::pickle::{self, value::Value};
 
 mod common;
 
+/// A segment as compared: type, total, allocated, active, requested, blocks (size,
+/// requested, state).
+type SegmentSummary = (String, i64, i64, i64, i64, Vec<(i64, i64, String)>);
+
 fn load(path: &std::path::Path) -> Value {
     pickle::load(path).expect("a readable pickle")
 }
@@ -103,31 +107,30 @@ fn the_walkthrough_snapshot_has_pytorchs_layout_and_content() {
     assert!(compared > 100, "only {compared} keys compared");
 
     // Segments and blocks: sizes and states.
-    let segments =
-        |snapshot: &Value| -> Vec<(String, i64, i64, i64, i64, Vec<(i64, i64, String)>)> {
-            list(get(snapshot, "segments"))
-                .iter()
-                .map(|segment| {
-                    (
-                        text(segment, "segment_type").to_string(),
-                        int(segment, "total_size"),
-                        int(segment, "allocated_size"),
-                        int(segment, "active_size"),
-                        int(segment, "requested_size"),
-                        list(get(segment, "blocks"))
-                            .iter()
-                            .map(|block| {
-                                (
-                                    int(block, "size"),
-                                    int(block, "requested_size"),
-                                    text(block, "state").to_string(),
-                                )
-                            })
-                            .collect(),
-                    )
-                })
-                .collect()
-        };
+    let segments = |snapshot: &Value| -> Vec<SegmentSummary> {
+        list(get(snapshot, "segments"))
+            .iter()
+            .map(|segment| {
+                (
+                    text(segment, "segment_type").to_string(),
+                    int(segment, "total_size"),
+                    int(segment, "allocated_size"),
+                    int(segment, "active_size"),
+                    int(segment, "requested_size"),
+                    list(get(segment, "blocks"))
+                        .iter()
+                        .map(|block| {
+                            (
+                                int(block, "size"),
+                                int(block, "requested_size"),
+                                text(block, "state").to_string(),
+                            )
+                        })
+                        .collect(),
+                )
+            })
+            .collect()
+    };
     assert_eq!(segments(&ours), segments(&theirs));
 
     // The trace: actions and sizes in order.

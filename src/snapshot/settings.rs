@@ -170,8 +170,10 @@ mod tests {
 
     #[test]
     fn recorded_values_win_over_the_text() {
-        let mut settings = AllocatorSettings::default();
-        settings.max_split_size = 100 << 20;
+        let settings = AllocatorSettings {
+            max_split_size: 100 << 20,
+            ..AllocatorSettings::default()
+        };
         assert_eq!(
             settings.to_conf().map(|conf| conf.max_split_size),
             Ok(100 << 20)

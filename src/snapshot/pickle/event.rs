@@ -126,11 +126,14 @@ impl Text<'_> {
     }
 }
 
+/// What the fast path read: the event, the bytes it took, and the memo entries it made.
+pub type FastEvent = (RawEvent, usize, Vec<(u32, Value)>);
+
 /// Parses one event dict from `bytes`, which start just after its `EMPTY_DICT` opcode.
 /// Returns the event, the bytes it took and the memo entries it made, or `None` when the bytes
 /// are not an event dict in the layout Python's pickler and serde-pickle write (the caller
 /// then parses them generically). Nothing is changed unless it succeeds.
-pub fn fast_event(bytes: &[u8], memo: &Memo) -> Option<(RawEvent, usize, Vec<(u32, Value)>)> {
+pub fn fast_event(bytes: &[u8], memo: &Memo) -> Option<FastEvent> {
     let mut parser = Fast {
         bytes,
         at: 0,
@@ -172,18 +175,18 @@ impl<'a> Fast<'a> {
 
     /// A memo store right after a value, if there is one: its id.
     fn memo_store(&mut self) -> Option<Option<u32>> {
-        let id = match self.bytes.get(self.at)? {
-            &op::MEMOIZE => {
+        let id = match *self.bytes.get(self.at)? {
+            op::MEMOIZE => {
                 self.at += 1;
                 let id = self.next_id;
                 self.next_id += 1;
                 id
             }
-            &op::BINPUT => {
+            op::BINPUT => {
                 self.at += 1;
                 u32::from(self.byte()?)
             }
-            &op::LONG_BINPUT => {
+            op::LONG_BINPUT => {
                 self.at += 1;
                 self.u32()?
             }

@@ -318,7 +318,7 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
     }
 
     fn set_items(&mut self, items: Vec<Value>) -> Step<E> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return self.corrupt("SETITEMS with an odd number of values");
         }
         let entries = match self.top()? {

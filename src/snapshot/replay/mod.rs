@@ -172,7 +172,7 @@ fn run(
         last_index = emitted.index;
         let offset = emitted.offset;
         engine.handle(emitted)?;
-        if engine.counts.events % PROGRESS_EVERY == 0 {
+        if engine.counts.events.is_multiple_of(PROGRESS_EVERY) {
             progress(offset, engine.counts.events);
         }
         Ok(())
