@@ -11,4 +11,5 @@ pub mod bench;
 pub mod device;
 pub mod script;
 pub mod session;
+pub mod snapshot;
 pub mod tensor;

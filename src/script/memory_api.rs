@@ -141,10 +141,14 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
         },
     );
     let rt = Rc::clone(runtime);
-    engine.register_fn("empty_cache", move || -> BindingResult<()> {
-        rt.with_allocator(|a| a.empty_cache())
-            .or_else(|error| fail("empty_cache", error))
-    });
+    engine.register_fn(
+        "empty_cache",
+        move |context: NativeCallContext| -> BindingResult<()> {
+            super::history::stamp(&context, &rt);
+            rt.with_allocator(|a| a.empty_cache())
+                .or_else(|error| fail("empty_cache", error))
+        },
+    );
     let rt = Rc::clone(runtime);
     engine.register_fn("reset_peak_memory_stats", move || {
         rt.with_allocator(|a| a.reset_peak_stats())
@@ -177,12 +181,6 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
             ]),
             Err(error) => fail("mem_get_info", error),
         }
-    });
-    let rt = Rc::clone(runtime);
-    // The snapshot types derive Serialize with PyTorch's key names, so Rhai's serde support
-    // turns them into maps directly.
-    engine.register_fn("memory_snapshot", move || -> BindingResult<Dynamic> {
-        rhai::serde::to_dynamic(rt.with_allocator(|a| a.snapshot()))
     });
     let rt = Rc::clone(runtime);
     engine.register_fn(

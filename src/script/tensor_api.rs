@@ -2,9 +2,10 @@
 
 use std::rc::Rc;
 
-use rhai::{Array, Dynamic, Engine, ImmutableString, INT};
+use rhai::{Array, Dynamic, Engine, ImmutableString, NativeCallContext, INT};
 
 use super::args::{dtype_arg, fail, number, shape_arg, tensor_fail, BindingResult};
+use super::history::stamp;
 use crate::tensor::{DType, Runtime, Tensor};
 
 /// A tensor constructor taking a shape and a dtype.
@@ -49,13 +50,18 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
     ];
     for (name, make) in makers {
         let rt = Rc::clone(runtime);
-        engine.register_fn(name, move |shape: Dynamic| {
+        engine.register_fn(name, move |context: NativeCallContext, shape: Dynamic| {
+            stamp(&context, &rt);
             create(name, &rt, &shape, "float32", make)
         });
         let rt = Rc::clone(runtime);
-        engine.register_fn(name, move |shape: Dynamic, dtype: ImmutableString| {
-            create(name, &rt, &shape, &dtype, make)
-        });
+        engine.register_fn(
+            name,
+            move |context: NativeCallContext, shape: Dynamic, dtype: ImmutableString| {
+                stamp(&context, &rt);
+                create(name, &rt, &shape, &dtype, make)
+            },
+        );
         // Rhai tries the string overload first; any other dtype argument lands here.
         engine.register_fn(
             name,
@@ -65,13 +71,21 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
         );
     }
     let rt = Rc::clone(runtime);
-    engine.register_fn("full", move |shape: Dynamic, value: Dynamic| {
-        full(&rt, &shape, &value, "float32")
-    });
+    engine.register_fn(
+        "full",
+        move |context: NativeCallContext, shape: Dynamic, value: Dynamic| {
+            stamp(&context, &rt);
+            full(&rt, &shape, &value, "float32")
+        },
+    );
     let rt = Rc::clone(runtime);
     engine.register_fn(
         "full",
-        move |shape: Dynamic, value: Dynamic, dtype: ImmutableString| {
+        move |context: NativeCallContext,
+              shape: Dynamic,
+              value: Dynamic,
+              dtype: ImmutableString| {
+            stamp(&context, &rt);
             full(&rt, &shape, &value, &dtype)
         },
     );

@@ -2,9 +2,10 @@
 //! `+ - * /` with tensors or numbers, `t.sum()`, `t.mean()`, `t.std()`, `t.item()`,
 //! and `t.to_array()`.
 
-use rhai::{Array, Dynamic, Engine, FLOAT, INT};
+use rhai::{Array, Dynamic, Engine, NativeCallContext, FLOAT, INT};
 
 use super::args::{fail, integer, non_negative, shape_arg, tensor_fail, wrong_type, BindingResult};
+use super::history::stamp;
 use crate::tensor::backend::{BinaryOp, Reduction};
 use crate::tensor::ops::Arg;
 use crate::tensor::{DType, Tensor};
@@ -20,24 +21,44 @@ fn to_dynamic(dtype: DType, value: f64) -> Dynamic {
 
 /// Registers `a op b` for tensor ⊕ tensor, tensor ⊕ number and number ⊕ tensor.
 fn register_operator(engine: &mut Engine, symbol: &'static str, op: BinaryOp) {
-    let run = move |lhs: Arg<'_>, rhs: Arg<'_>| -> BindingResult<Tensor> {
+    let run = move |context: &NativeCallContext,
+                    tensor: &Tensor,
+                    lhs: Arg<'_>,
+                    rhs: Arg<'_>|
+          -> BindingResult<Tensor> {
+        stamp(context, tensor.runtime());
         Tensor::binary(op, lhs, rhs).or_else(|error| tensor_fail(symbol, error))
     };
-    engine.register_fn(symbol, move |a: &mut Tensor, b: Tensor| {
-        run(Arg::Tensor(a), Arg::Tensor(&b))
-    });
-    engine.register_fn(symbol, move |a: &mut Tensor, b: FLOAT| {
-        run(Arg::Tensor(a), Arg::Scalar(b))
-    });
-    engine.register_fn(symbol, move |a: &mut Tensor, b: INT| {
-        run(Arg::Tensor(a), Arg::Scalar(b as f64))
-    });
-    engine.register_fn(symbol, move |a: FLOAT, b: Tensor| {
-        run(Arg::Scalar(a), Arg::Tensor(&b))
-    });
-    engine.register_fn(symbol, move |a: INT, b: Tensor| {
-        run(Arg::Scalar(a as f64), Arg::Tensor(&b))
-    });
+    engine.register_fn(
+        symbol,
+        move |context: NativeCallContext, a: &mut Tensor, b: Tensor| {
+            run(&context, a, Arg::Tensor(a), Arg::Tensor(&b))
+        },
+    );
+    engine.register_fn(
+        symbol,
+        move |context: NativeCallContext, a: &mut Tensor, b: FLOAT| {
+            run(&context, a, Arg::Tensor(a), Arg::Scalar(b))
+        },
+    );
+    engine.register_fn(
+        symbol,
+        move |context: NativeCallContext, a: &mut Tensor, b: INT| {
+            run(&context, a, Arg::Tensor(a), Arg::Scalar(b as f64))
+        },
+    );
+    engine.register_fn(
+        symbol,
+        move |context: NativeCallContext, a: FLOAT, b: Tensor| {
+            run(&context, &b, Arg::Scalar(a), Arg::Tensor(&b))
+        },
+    );
+    engine.register_fn(
+        symbol,
+        move |context: NativeCallContext, a: INT, b: Tensor| {
+            run(&context, &b, Arg::Scalar(a as f64), Arg::Tensor(&b))
+        },
+    );
     // Rhai tries the typed overloads first; any other right-hand side lands here.
     engine.register_fn(
         symbol,
@@ -72,10 +93,14 @@ pub fn register(engine: &mut Engine) {
                 .or_else(|error| fail("slice", error))
         },
     );
-    engine.register_fn("clone", |t: &mut Tensor| -> BindingResult<Tensor> {
-        t.clone_values()
-            .or_else(|error| tensor_fail("clone", error))
-    });
+    engine.register_fn(
+        "clone",
+        |context: NativeCallContext, t: &mut Tensor| -> BindingResult<Tensor> {
+            stamp(&context, t.runtime());
+            t.clone_values()
+                .or_else(|error| tensor_fail("clone", error))
+        },
+    );
     register_operator(engine, "+", BinaryOp::Add);
     register_operator(engine, "-", BinaryOp::Sub);
     register_operator(engine, "*", BinaryOp::Mul);
