@@ -72,7 +72,7 @@ impl DeviceMemory for ReplayDevice {
             // The simulator's own address collides with a recorded one still live: give up
             // the segment rather than hand out overlapping memory.
             self.inner.free(own)?;
-            return Err(DeviceError::Driver(format!(
+            return Err(DeviceError::InvalidArgument(format!(
                 "replay placement: {address:#x} overlaps a live segment"
             )));
         }
@@ -82,7 +82,7 @@ impl DeviceMemory for ReplayDevice {
 
     fn free(&mut self, address: u64) -> Result<(), DeviceError> {
         let Some((_, own)) = self.live.remove(&address) else {
-            return Err(DeviceError::Driver(format!(
+            return Err(DeviceError::InvalidArgument(format!(
                 "cudaFree of {address:#x}, which is not a segment"
             )));
         };
