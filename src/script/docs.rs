@@ -89,7 +89,7 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("set_per_process_memory_fraction", Function, "set_per_process_memory_fraction(f)", "cap the allocator at f × total memory", "set_per_process_memory_fraction(0.5)"),
     doc("get_per_process_memory_fraction", Function, "get_per_process_memory_fraction()", "the cap in force (1.0 when none)", "get_per_process_memory_fraction()"),
     doc("mem_get_info", Function, "mem_get_info()", "[free, total] bytes as the driver reports them", "mem_get_info()"),
-    doc("with_allocator_conf", Function, "with_allocator_conf(conf, || { ... })", "run the closure on a fresh simulated GPU of this size under allocator config conf (sim only); returns its value", "with_allocator_conf(\"expandable_segments:True\", || { let x = empty(5000000, \"uint8\"); memory_reserved() })"),
+    doc("with_allocator_conf", Function, "with_allocator_conf(conf, || { ... })", "run the closure against a second allocator under config conf (a fresh simulated GPU of this size, or the same CUDA GPU); returns its value", "with_allocator_conf(\"expandable_segments:True\", || { let x = empty(5000000, \"uint8\"); memory_reserved() })"),
     doc("manual_seed", Function, "manual_seed(seed)", "restart the random generator at seed", "manual_seed(0)"),
     doc("synchronize", Function, "synchronize()", "wait until every kernel launched so far has finished (nothing is pending on sim)", "synchronize()"),
 ];
