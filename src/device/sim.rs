@@ -36,10 +36,14 @@ const VA_PRETAKEN: u64 = 512 * MIB;
 /// The physical allocation granularity of `cuMemCreate` (`cuMemGetAllocationGranularity`,
 /// minimum, pinned device memory): 2 MiB on the H200, as on every current NVIDIA GPU.
 pub const VMM_GRANULARITY: u64 = 2 * MIB;
-/// Where the model places virtual ranges reserved for expandable segments: top-down from here,
-/// 1 TiB below the top of the `cudaMalloc` window (an assumption; see
+/// Where the H200's driver put the first range reserved for an expandable segment in a PyTorch
+/// process (`cuMemAddressReserve`, measured: tests/fixtures/pytorch-traces/
+/// traces_expandable_addr.json.gz); later ranges go above it (see
 /// [`AddressSpace::place_reservation`]).
-const VMM_TOP: u64 = VA_TOP - (1 << 40);
+const VMM_FLOOR: u64 = 0x3_0200_0000;
+/// Reserved ranges start on 32 MiB boundaries (measured: each new range began at the first
+/// 32 MiB boundary past the end of the range below it).
+const VMM_ALIGN: u64 = 32 * MIB;
 
 /// One range of virtual address space the driver reserved, from which segments are carved.
 #[derive(Debug, Clone)]
@@ -136,40 +140,34 @@ impl AddressSpace {
     /// Where `cuMemAddressReserve` puts a range of `size` bytes, and records it there; `None`
     /// when the window has no room.
     ///
-    /// This is a model, not a measurement: where the H200's driver places reservations has not
-    /// been recorded yet. Reservations go top-down from [`VMM_TOP`] (1 TiB below the top of the
-    /// `cudaMalloc` window, so on devices of up to a few hundred GiB they never meet
-    /// `cudaMalloc` segments) into the highest gap that holds them, aligned down to `align`.
-    /// Only the relative order of reservations matters to the allocator (PyTorch prefers the
-    /// lowest-addressed segment with room), so replacing this function is all a measured model
-    /// needs.
+    /// Measured on the H200 (driver 580) in PyTorch processes with `expandable_segments:True`
+    /// (tests/fixtures/pytorch-traces/traces_expandable_addr.json.gz, 6 traces): ranges are
+    /// placed bottom-up, first fit: the lowest address from [`VMM_FLOOR`] on, on a
+    /// [`VMM_ALIGN`] boundary, where the range fits below everything above it — far below the
+    /// `cudaMalloc` window, which is filled top-down. A range freed earlier is reused by the
+    /// next reservation that fits in it. This order matters to the allocator: PyTorch maps
+    /// into the lowest-addressed expandable segment with room, so where a range left reserved
+    /// by a failed request lands decides which segment later allocations grow.
     fn place_reservation(&mut self, size: u64, align: u64) -> Option<u64> {
-        let align = align.max(1);
-        let mut gap_top = VMM_TOP;
-        let mut ranges = self.used_ranges().into_iter().peekable();
-        loop {
-            // The next used range that ends at or below the gap's top bounds the gap below.
-            let below = loop {
-                match ranges.peek().copied() {
-                    Some((base, length)) if base + length > gap_top => {
-                        gap_top = gap_top.min(base);
-                        ranges.next();
-                    }
-                    other => break other,
-                }
-            };
-            let floor = below.map_or(VA_FLOOR, |(base, length)| base + length);
-            if let Some(start) = gap_top.checked_sub(size) {
-                let start = start / align * align;
-                if start >= floor && start >= VA_FLOOR {
-                    self.reservations.insert(start, size);
-                    return Some(start);
-                }
+        let align = align.max(VMM_ALIGN);
+        let mut used = self.used_ranges();
+        used.sort_unstable_by_key(|&(base, _)| base);
+        let mut candidate = VMM_FLOOR.div_ceil(align) * align;
+        for (base, length) in used {
+            let end = base.checked_add(length)?;
+            if end <= candidate {
+                continue;
             }
-            let (base, _) = below?;
-            gap_top = base;
-            ranges.next();
+            if base >= candidate.checked_add(size)? {
+                break;
+            }
+            candidate = end.div_ceil(align).checked_mul(align)?;
         }
+        if candidate.checked_add(size)? > VA_TOP {
+            return None;
+        }
+        self.reservations.insert(candidate, size);
+        Some(candidate)
     }
 
     /// Forgets the reservation at `base`; `false` unless it exists with exactly `size` bytes.
@@ -507,9 +505,18 @@ mod tests {
         assert_eq!(device.allocation_granularity(), Ok(2 * MIB));
         let base = device.reserve_address_range(100 * MIB).expect("reserve");
         assert_eq!(base % (2 * MIB), 0);
-        assert!(base + 100 * MIB <= VMM_TOP);
+        assert_eq!(base, VMM_FLOOR, "the first range at the measured floor");
         let other = device.reserve_address_range(40 * MIB).expect("reserve");
-        assert!(other + 40 * MIB <= base, "top-down, no overlap");
+        assert_eq!(
+            other,
+            (base + 100 * MIB).div_ceil(VMM_ALIGN) * VMM_ALIGN,
+            "bottom-up, on the next 32 MiB boundary"
+        );
+        device.free_address_range(base, 100 * MIB).expect("free");
+        let reused = device.reserve_address_range(60 * MIB).expect("reserve");
+        assert_eq!(reused, base, "a freed range is reused first fit");
+        device.free_address_range(reused, 60 * MIB).expect("free");
+        let base = device.reserve_address_range(100 * MIB).expect("reserve");
         assert_eq!(device.mem_get_info().expect("info").0, free);
         device.map_pages(base, 40 * MIB, 20 * MIB).expect("map");
         assert_eq!(device.mem_get_info().expect("info").0, free - 40 * MIB);
