@@ -12,8 +12,15 @@ const MIB: u64 = 1 << 20;
 
 /// `cudaMemGetInfo`'s total on the H200 we measure on (`totalGlobalMem`), the default capacity.
 pub const H200_TOTAL_MEMORY: u64 = 150_109_880_320;
-/// What a bare CUDA context costs on the H200 in the driver's view (measured: 527 MiB).
+/// What a bare CUDA context costs on the H200 in `cudaMemGetInfo`'s free figure (measured:
+/// 527 MiB = total − free − reserved in PyTorch processes).
 pub const H200_CONTEXT_BYTES: u64 = 527 * MIB;
+/// The part of that cost NVML attributes to the process (its per-process "used", which PyTorch's
+/// OOM message quotes as "this process has ... in use"): 520 MiB, measured as NVML's 547356672
+/// bytes for a PyTorch process holding one 2 MiB segment (tests/fixtures/
+/// pytorch-seed-walkthrough.json, step 1). The other 7 MiB count as used on the device but as
+/// nobody's.
+pub const H200_PROCESS_CONTEXT_BYTES: u64 = 520 * MIB;
 /// NVML's "used" on the H200 before any process creates a context: memory the driver keeps
 /// for itself (measured: 644939776 bytes).
 pub const H200_DRIVER_RESERVED_BYTES: u64 = 644_939_776;
@@ -252,6 +259,8 @@ impl AddressSpace {
 pub struct SimDevice {
     total: u64,
     context_bytes: u64,
+    /// The part of `context_bytes` NVML attributes to this process.
+    process_context_bytes: u64,
     /// Bytes of device pages held by segments.
     used: u64,
     segments: BTreeMap<u64, u64>,
@@ -264,9 +273,15 @@ impl SimDevice {
     /// A simulated device of `total` bytes. Its context costs what the H200's does, but never
     /// more than an eighth of the device, so small simulated devices stay usable.
     pub fn new(total: u64) -> SimDevice {
+        let context_bytes = H200_CONTEXT_BYTES.min(total / 8);
+        // The attributed share keeps the H200's proportion on a smaller simulated device.
+        let process_context_bytes = (u128::from(context_bytes)
+            * u128::from(H200_PROCESS_CONTEXT_BYTES)
+            / u128::from(H200_CONTEXT_BYTES)) as u64;
         SimDevice {
             total,
-            context_bytes: H200_CONTEXT_BYTES.min(total / 8),
+            context_bytes,
+            process_context_bytes,
             used: 0,
             segments: BTreeMap::new(),
             addresses: AddressSpace::new(),
@@ -370,7 +385,7 @@ impl DeviceMemory for SimDevice {
         vec![ProcessMemory {
             pid: std::process::id(),
             is_current: true,
-            used_bytes: self.context_bytes + self.used,
+            used_bytes: self.process_context_bytes + self.used,
         }]
     }
 
@@ -449,14 +464,15 @@ impl DeviceMemory for SimDevice {
     }
 
     /// The model's account: the H200's driver reservation (at most a sixteenth of a smaller
-    /// simulated device), the context, and the segments' pages; no other processes.
+    /// simulated device), the context, and the segments' pages; no other processes. The
+    /// context's share NVML does not attribute to the process stays in "used" unattributed.
     fn driver_memory(&self) -> Result<DriverMemory, DeviceError> {
         // NVML's total counts the memory the driver keeps for itself, which CUDA's total
         // leaves out: on the H200, 143771 MiB = 150109880320 + 644939776 bytes.
         let reserved = H200_DRIVER_RESERVED_BYTES.min(self.total / 16);
         let total = self.total + reserved;
-        let process = self.context_bytes + self.used;
-        let used = (reserved + process).min(total);
+        let process = self.process_context_bytes + self.used;
+        let used = (reserved + self.context_bytes + self.used).min(total);
         Ok(DriverMemory {
             method: "sim-model",
             total_bytes: total,
