@@ -205,7 +205,7 @@ fn every_error_class_names_the_function_and_argument() {
         ("randn([2, 3]).reshape([7])", "reshape: invalid shape: cannot reshape a tensor of 6 elements"),
         ("randn([2, 3]).slice(0, -1, 1)", "slice: start must be non-negative, got -1"),
         ("randn([2, 3]).slice(0, 1, 5)", "slice: out of range: slice 1..5 of dimension 0 with size 2"),
-        ("set_per_process_memory_fraction(\"half\")", "set_per_process_memory_fraction: fraction must be a number, got string"),
+        ("set_per_process_memory_fraction(\"half\")", "set_per_process_memory_fraction: fraction must be a float"),
         ("set_per_process_memory_fraction(1.5)", "set_per_process_memory_fraction:"),
         ("manual_seed(-1)", "manual_seed: seed must be non-negative, got -1"),
         ("empty(200 * 1073741824, \"uint8\")", "CUDA out of memory. Tried to allocate 200.00 GiB. GPU 0 has a total capacity of 139.80 GiB"),

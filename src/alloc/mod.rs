@@ -314,7 +314,7 @@ impl CachingAllocator {
         }
         // Do not return an oversized block for a large request much smaller than it.
         if request.size >= max_split_size
-            && block_size >= request.size.saturating_add(max_non_split_rounding)
+            && block_size >= request.size.wrapping_add(max_non_split_rounding)
         {
             return None;
         }
