@@ -15,6 +15,7 @@ use clap::{Parser, Subcommand};
 use thiserror::Error;
 
 use gpumem::device::DeviceSpec;
+use gpumem::script::directives::{self, Directives};
 use gpumem::script::{on_script_stack, Host, Limits, PrintSink, ScriptError};
 use gpumem::session::{self, ConfigSource, Session, SessionError, SessionOptions};
 
@@ -58,6 +59,9 @@ pub enum CliError {
     /// errors); only the status remains.
     #[error("")]
     Reported(Exit),
+    /// A script called `exit(code)`: the process ends with that status, printing nothing.
+    #[error("")]
+    ScriptExit(u8),
 }
 
 impl CliError {
@@ -67,6 +71,16 @@ impl CliError {
             CliError::Session(_) | CliError::Io(_) | CliError::Usage(_) => Exit::Usage,
             CliError::Script(_) | CliError::Failed(_) => Exit::Failure,
             CliError::Reported(exit) => *exit,
+            CliError::ScriptExit(0) => Exit::Success,
+            CliError::ScriptExit(_) => Exit::Failure,
+        }
+    }
+
+    /// The process exit status: [`CliError::exit`], or the script's own `exit(code)`.
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            CliError::ScriptExit(code) => ExitCode::from(*code),
+            other => other.exit().into(),
         }
     }
 }
@@ -75,6 +89,7 @@ impl From<ScriptError> for CliError {
     fn from(error: ScriptError) -> CliError {
         match error {
             io @ ScriptError::Io { .. } => CliError::Io(io.to_string()),
+            ScriptError::Exit(code) => CliError::ScriptExit(code),
             other => CliError::Script(other),
         }
     }
@@ -153,7 +168,7 @@ pub fn main() -> ExitCode {
             if !text.is_empty() {
                 eprintln!("{text}");
             }
-            error.exit().into()
+            error.exit_code()
         }
     }
 }
@@ -209,18 +224,53 @@ fn open_session(options: &SessionOptions) -> Result<Session, CliError> {
 /// `gpumem` without a subcommand: the REPL (a piped transcript with errors fails).
 fn repl(options: &SessionOptions, limits: Limits) -> Result<(), CliError> {
     let session = open_session(options)?;
-    match repl::run(session.runtime, limits) {
+    match repl::run(session.runtime, session.device, limits) {
         Ok(0) => Ok(()),
-        Ok(_) => Err(CliError::Reported(Exit::Failure)),
+        Ok(code) => Err(CliError::ScriptExit(code)),
         Err(error) => Err(CliError::Usage(error.to_string())),
     }
 }
 
-/// `gpumem run FILE`.
+/// `gpumem run FILE`: the script's directives choose its device and config, over the flags.
 fn run(options: &SessionOptions, limits: Limits, file: &Path) -> Result<(), CliError> {
-    let session = open_session(options)?;
+    let name = file.display().to_string();
+    let source = std::fs::read_to_string(file)
+        .map_err(|error| CliError::Io(format!("cannot read {name}: {error}")))?;
+    let pinned =
+        directives::parse(&source).map_err(|error| CliError::Failed(format!("{name}: {error}")))?;
+    let session = open_session(&pinned_options(options, &pinned, file))?;
     let host = Host::with_limits(session.runtime, PrintSink::Stdout, limits);
-    Ok(host.run_file(file)?)
+    Ok(host.run_source(&name, &source)?)
+}
+
+/// The session options for a script with directives `pinned`: each directive replaces the
+/// flag (or environment variable), saying so on stderr when it overrides one that was given.
+fn pinned_options(options: &SessionOptions, pinned: &Directives, file: &Path) -> SessionOptions {
+    let mut resolved = options.clone();
+    if let Some(device) = pinned.device {
+        if let Some(flag) = options.device.filter(|flag| *flag != device) {
+            eprintln!(
+                "gpumem: {} pins `//! device: {device}`; ignoring --device {flag}",
+                file.display()
+            );
+        }
+        resolved.device = Some(device);
+    }
+    if let Some(text) = &pinned.alloc_conf {
+        if options.config != ConfigSource::Default && options.config.text() != text {
+            eprintln!(
+                "gpumem: {} pins `//! alloc-conf: {text}`; ignoring '{}' from {}",
+                file.display(),
+                options.config.text(),
+                options.config
+            );
+        }
+        resolved.config = ConfigSource::Directive {
+            script: file.to_path_buf(),
+            text: text.clone(),
+        };
+    }
+    resolved
 }
 
 /// `gpumem bench alloc`.
