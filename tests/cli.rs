@@ -521,3 +521,33 @@ fn every_way_of_running_a_script_reads_its_directives_alike() {
         "{stderr}"
     );
 }
+
+#[test]
+fn experiment_scripts_refuse_a_session_with_live_tensors_and_run_after_reset() {
+    for script in [
+        "scripts/walkthrough.rhai",
+        "scripts/training_loop.rhai",
+        "scripts/fragmentation.rhai",
+        "scripts/oom.rhai",
+    ] {
+        let input = format!(
+            // Refused with a live tensor; runs after :reset; runs with only cached memory.
+            "let keep = empty(1000000, \"uint8\");\n:load {script}\nprint(`kept ${{keep.nbytes}}`);\n:reset\n:load {script}\n:reset\nlet t = empty(5000000, \"uint8\");\nt = ();\n:load {script}\n"
+        );
+        let (stdout, stderr, code) = repl(&input);
+        assert_eq!(code, 1, "{script}: {stderr}");
+        assert_eq!(
+            stderr
+                .matches("needs a session without live tensors")
+                .count(),
+            1,
+            "{script}: only the first load is refused:\n{stderr}"
+        );
+        assert!(stderr.contains("977.00 KiB are allocated"), "{stderr}");
+        assert!(stdout.contains("kept 1000000"), "{stdout}");
+        assert!(
+            !stderr.contains("check::"),
+            "{script}: a check failed:\n{stderr}"
+        );
+    }
+}
