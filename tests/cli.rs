@@ -551,3 +551,29 @@ fn experiment_scripts_refuse_a_session_with_live_tensors_and_run_after_reset() {
         );
     }
 }
+
+#[test]
+fn a_short_soak_passes_on_sim() {
+    for conf in ["", "max_split_size_mb:64,roundup_power2_divisions:4"] {
+        let output = gpumem(
+            &[
+                "--device",
+                "sim",
+                "--alloc-conf",
+                conf,
+                "bench",
+                "soak",
+                "--seconds",
+                "1",
+                "--seed",
+                "5",
+            ],
+            "",
+        );
+        let (stdout, stderr, code) = outcome(&output);
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        assert!(stdout.contains("invariant checks"), "{stdout}");
+        assert!(stdout.contains("(leftover 0 bytes)"), "{stdout}");
+        assert!(stdout.trim_end().ends_with("PASS"), "{stdout}");
+    }
+}

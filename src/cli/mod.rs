@@ -7,6 +7,7 @@
 pub mod golden;
 pub mod paint;
 pub mod repl;
+pub mod soak;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -155,6 +156,17 @@ enum BenchTarget {
         #[arg(long, default_value = "benches/compare/randn_torch.py")]
         torch_script: PathBuf,
     },
+    /// A random workload (1 B to 4 GiB requests, frees, empty_cache, caught OOMs) with the
+    /// allocator's invariants checked as it goes; everything freed at the end must leave the
+    /// driver's view at the context alone. Exit 1 on any fault.
+    Soak {
+        /// How long to run.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// The random seed (a seed reproduces a run).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 /// Parses the command line, runs the command and turns its outcome into the exit status,
@@ -201,6 +213,9 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
         }
         Some(Command::Bench(BenchTarget::Randn { reps, torch_script })) => {
             bench_randn(&options, reps, &torch_script)
+        }
+        Some(Command::Bench(BenchTarget::Soak { seconds, seed })) => {
+            bench_soak(&options, seconds, seed)
         }
         None => on_stack(|| repl(&options, cli.limits)),
     }
@@ -301,6 +316,41 @@ fn bench_alloc(options: &SessionOptions, rounds: u32, json: bool) -> Result<(), 
         );
     }
     Ok(())
+}
+
+/// `gpumem bench soak`.
+fn bench_soak(options: &SessionOptions, seconds: f64, seed: u64) -> Result<(), CliError> {
+    if !(seconds.is_finite() && seconds >= 0.0) {
+        return Err(CliError::Usage(format!(
+            "bench soak: --seconds must be a non-negative number, got {seconds}"
+        )));
+    }
+    let session = open_session(options)?;
+    let tolerance = match session.device {
+        DeviceSpec::Sim(_) => 0,
+        DeviceSpec::Cuda(_) => 2 << 20,
+    };
+    let report = session.runtime.with_allocator(|allocator| {
+        soak::soak(
+            allocator,
+            std::time::Duration::from_secs_f64(seconds),
+            seed,
+            tolerance,
+        )
+    });
+    println!(
+        "{}",
+        report.render(
+            &session.device.to_string(),
+            seconds,
+            seed,
+            options.config.text()
+        )
+    );
+    match report.fault {
+        None => Ok(()),
+        Some(_) => Err(CliError::Reported(Exit::Failure)),
+    }
 }
 
 /// `gpumem bench randn`: needs a CUDA device.
