@@ -119,7 +119,7 @@ fn shown(via: Via) -> String {
         Args(args) => code(&format!("gpumem --device sim {}", args.join(" "))),
         Conf(conf) => code(&format!("--alloc-conf {conf}")),
         Env(conf) => code(&format!("PYTORCH_CUDA_ALLOC_CONF={conf}")),
-        Run(flags, source) if flags.is_empty() => code(source),
+        Run(&[], source) => code(source),
         Run(flags, source) => format!("{} with {}", code(source), code(&flags.join(" "))),
         Repl(text) => code(text),
     }

@@ -139,7 +139,7 @@ fn run(
                 report.empty_caches += 1;
             }
         }
-        if report.ops % CHECK_EVERY == 0 {
+        if report.ops.is_multiple_of(CHECK_EVERY) {
             report.checks += 1;
             allocator.check_invariants().map_err(|violation| {
                 format!("invariant broken after {} ops: {violation}", report.ops)
