@@ -198,8 +198,14 @@ pub fn render(name: &str, source: &str, position: Position, message: &str) -> St
     let text = source.split('\n').nth(line - 1).unwrap_or("");
     let (shown, caret) = excerpt(text, column);
     let gutter = line.to_string();
+    // Rhai's positions are 16-bit and stop counting there.
+    let note = if column >= usize::from(u16::MAX) {
+        " (Rhai counts columns only up to 65535: the error is at or after this one)"
+    } else {
+        ""
+    };
     format!(
-        "{name}:{line}:{column}: error: {message}\n{gutter} | {shown}\n{} | {}^",
+        "{name}:{line}:{column}: error: {message}{note}\n{gutter} | {shown}\n{} | {}^",
         " ".repeat(gutter.len()),
         " ".repeat(caret)
     )
