@@ -486,6 +486,11 @@ fn run_honours_directives_over_the_flags_and_says_so() {
         stderr.contains("ignoring 'max_split_size_mb:128' from --alloc-conf"),
         "{stderr}"
     );
+    // Without a GPU, a script pinned to one says that its directive asked for it.
+    let (_, stderr, code) = run_script(&[], "//! device: cuda\nprint(1);\n");
+    if code == 2 {
+        assert!(stderr.contains("pins with `//! device:`"), "{stderr}");
+    }
     for (source, expected) in [
         ("//! devise: sim\nprint(1);\n", "unknown key 'devise'"),
         ("print(1);\n//! device: sim\n", "comes after code"),

@@ -253,7 +253,14 @@ fn run(options: &SessionOptions, limits: Limits, file: &Path) -> Result<(), CliE
         .map_err(|error| CliError::Io(format!("cannot read {name}: {error}")))?;
     let pinned =
         directives::parse(&source).map_err(|error| CliError::Failed(format!("{name}: {error}")))?;
-    let session = open_session(&pinned_options(options, &pinned, file))?;
+    let session = match open_session(&pinned_options(options, &pinned, file)) {
+        Err(CliError::Session(error @ SessionError::Cuda { .. })) if pinned.device.is_some() => {
+            return Err(CliError::Usage(format!(
+                "{error} (the device {name} pins with `//! device:`)"
+            )))
+        }
+        other => other?,
+    };
     let host = Host::with_limits(session.runtime, PrintSink::Stdout, limits);
     Ok(host.run_source(&name, &source)?)
 }

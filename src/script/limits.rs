@@ -29,7 +29,7 @@ pub struct Limits {
     pub max_operations: Option<u64>,
     /// Maximum depth of nested function calls (0 = unlimited). Whatever the value, recursion
     /// stops with a "Stack overflow" error before the 256 MiB script stack runs out: about
-    /// 30,000 levels of a simple recursive function in a release build, 4,000 in a debug build.
+    /// 28,000 levels of a simple recursive function in a release build, 4,000 in a debug build.
     #[arg(long, global = true, value_name = "N", default_value_t = Limits::DEFAULT.max_call_depth)]
     pub max_call_depth: usize,
     /// Maximum nesting depth of an expression, also inside functions (0 = unlimited). A flat

@@ -1,7 +1,7 @@
 //! The thread scripts run on, and the guard that keeps deep recursion from overflowing it.
 //!
 //! Rhai evaluates, compares, prints and drops nested values recursively and each script call
-//! level costs several kilobytes of native stack (about 7 KiB in a release build, 50 KiB
+//! level costs several kilobytes of native stack (about 7.5 KiB in a release build, 50 KiB
 //! in a debug build), so no fixed call-depth limit is safe for every script. Scripts therefore
 //! run on a thread with a [`SCRIPT_STACK_BYTES`] stack, and [`nearly_full`] — polled by the
 //! engine before every operation (see `Host`) — stops a script with a clean "Stack overflow"
