@@ -164,8 +164,11 @@ fn ctrl_c_stops_a_long_reduction_and_keeps_the_tensor() {
     repl.send_line("let big = randn([200, 300, 200, 20]);")
         .expect("send");
     repl.exp_string(PROMPT).expect("prompt");
-    repl.send_line("print(`sum=${big.sum()}`)").expect("send");
-    std::thread::sleep(Duration::from_millis(500));
+    // The marker is printed only once the line runs (its echo reads `"red" + "uce"`).
+    repl.send_line("print(\"red\" + \"uce\"); print(`sum=${big.sum()}`)")
+        .expect("send");
+    repl.exp_string("reduce").expect("the line runs");
+    std::thread::sleep(Duration::from_millis(200));
     repl.send_control('c').expect("ctrl-c");
     let before = repl
         .exp_string("interrupted (Ctrl-C)")
