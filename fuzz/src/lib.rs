@@ -24,18 +24,33 @@ pub const SCRIPT_LIMITS: Limits = Limits {
 };
 
 /// Target 1: arbitrary bytes as a script on a 16 MiB simulated device. Any outcome but a
-/// panic, an abort or a hang is fine.
+/// panic, an abort or a hang is fine, as long as the allocator is consistent afterwards and
+/// every tensor the script made was freed with its variables.
 pub fn script(data: &[u8]) {
     let source = String::from_utf8_lossy(data).into_owned();
     let outcome = on_script_stack(move || {
         let conf = AllocConf::default();
         let runtime = Runtime::sim(SimDevice::new(16 * MIB), conf).expect("runtime");
         let output = Rc::new(RefCell::new(String::new()));
-        let host = Host::with_limits(runtime, PrintSink::Buffer(output), SCRIPT_LIMITS);
+        let host = Host::with_limits(
+            Rc::clone(&runtime),
+            PrintSink::Buffer(output),
+            SCRIPT_LIMITS,
+        );
         match host.run_source("fuzz", &source) {
             Ok(()) | Err(ScriptError::Script { .. }) | Err(ScriptError::Exit(_)) => {}
             Err(other) => panic!("unexpected error kind: {other}"),
         }
+        drop(host);
+        let allocator = runtime.allocator();
+        if let Err(violation) = allocator.check_invariants() {
+            panic!("invariant broken after the script: {violation}");
+        }
+        let left = allocator.stats().allocated_bytes.all.current;
+        assert_eq!(
+            left, 0,
+            "{left} bytes still allocated after the script ended"
+        );
     });
     if let Err(panic) = outcome {
         panic!("the script thread panicked: {panic}");
