@@ -21,6 +21,7 @@ pub fn fail<T>(function: &str, message: impl std::fmt::Display) -> BindingResult
 pub fn tensor_fail<T>(function: &str, error: TensorError) -> BindingResult<T> {
     match error {
         TensorError::Alloc(AllocError::OutOfMemory(oom)) => Err(oom.message.into()),
+        TensorError::Interrupted => super::control::Stop::Interrupted.error(),
         other => fail(function, other),
     }
 }

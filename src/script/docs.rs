@@ -92,6 +92,7 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("with_allocator_conf", Function, "with_allocator_conf(conf, || { ... })", "run the closure against a second allocator under config conf (a fresh simulated GPU of this size, or the same CUDA GPU); returns its value", "with_allocator_conf(\"expandable_segments:True\", || { let x = empty(5000000, \"uint8\"); memory_reserved() })"),
     doc("manual_seed", Function, "manual_seed(seed)", "restart the random generator at seed", "manual_seed(0)"),
     doc("synchronize", Function, "synchronize()", "wait until every kernel launched so far has finished (nothing is pending on sim)", "synchronize()"),
+    doc("exit", Function, "exit([code])", "end the script (and gpumem run, or the REPL) with exit status code, 0 to 255 (default 0)", "if false { exit(3) }"),
 ];
 
 /// The dtype names scripts may pass, for completion.

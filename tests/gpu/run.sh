@@ -168,6 +168,22 @@ sys.exit(0 if ratio >= 3 and loop >= 1 else 1)
 PY
 }
 
+# Issue 12: a 60 s random soak (1 B to 4 GiB requests, frees, empty_cache, caught OOMs) with
+# the allocator's invariants checked as it goes; at the end NVML must show the context alone.
+# The same under expandable segments, once the allocator accepts them (until then: skipped).
+# The 10-minute run: "$GPUMEM" --device cuda:0 bench soak --seconds 600 --seed 12
+soak() {
+    local out
+    out=$("$GPUMEM" --device cuda:0 --alloc-conf "$1" bench soak --seconds 60 --seed 12 2>&1)
+    local rc=$?
+    echo "$out"
+    if [ $rc -ne 0 ] && grep -q "not yet supported" <<<"$out"; then
+        echo "SKIP: $1 is not supported by this build"
+        return 0
+    fi
+    [ $rc -eq 0 ] && grep -q '^PASS' <<<"$out"
+}
+
 check walkthrough-cuda walkthrough cuda:0
 check walkthrough-cuda-equals-sim walkthrough_same_on_sim
 check values-cuda script_ok cuda:0 values.rhai
@@ -180,6 +196,8 @@ check scripts-cuda scripts_cuda
 check memory-viz bash memory_viz.sh "$GPUMEM"
 check alloc-vs-pytorch alloc_compare
 check script-vs-pytorch script_compare
+check soak soak ""
+check soak-expandable soak expandable_segments:True
 
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]
