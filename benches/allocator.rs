@@ -4,8 +4,12 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use gpumem::alloc::{AllocConf, CachingAllocator};
-use gpumem::bench::{cached_pair, mixed_round, mixed_sizes, CACHED_PAIR_BYTES};
+// The patterns `gpumem bench alloc` times (binary code, not library API), compiled in here too.
+#[allow(dead_code, unused_imports)]
+#[path = "../src/cli/bench/alloc.rs"]
+mod patterns;
 use gpumem::device::sim::SimDevice;
+use patterns::{cached_pair, mixed_round, mixed_sizes, CACHED_PAIR_BYTES};
 
 fn allocator() -> CachingAllocator {
     CachingAllocator::new(Box::new(SimDevice::h200()), AllocConf::default()).expect("allocator")

@@ -7,7 +7,6 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
-pub mod bench;
 pub mod device;
 pub mod script;
 pub mod session;

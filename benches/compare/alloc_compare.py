@@ -57,7 +57,7 @@ std::vector<double> time_patterns(std::vector<int64_t> sizes, int64_t rounds) {
 
 
 def mixed_sizes():
-    """The same list as gpumem::bench::mixed_sizes()."""
+    """The same list as mixed_sizes() in src/cli/bench/alloc.rs."""
     state, mask, sizes = 0x2545F4914F6CDD1D, (1 << 64) - 1, []
     for _ in range(1000):
         state = (state * 6364136223846793005 + 1442695040888963407) & mask

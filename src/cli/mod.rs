@@ -4,6 +4,7 @@
 //! [`main`] parses the arguments and runs [`try_main`]; every failure comes back as one
 //! [`CliError`] whose [`CliError::exit`] names the exit status, and is printed in one place.
 
+pub mod bench;
 pub mod golden;
 pub mod paint;
 pub mod repl;
@@ -366,7 +367,7 @@ fn bench_alloc(options: &SessionOptions, rounds: u32, json: bool) -> Result<(), 
     let session = open_session(options)?;
     let timings = session
         .runtime
-        .with_allocator(|allocator| gpumem::bench::time_patterns(allocator, rounds as usize))
+        .with_allocator(|allocator| crate::cli::bench::time_patterns(allocator, rounds as usize))
         .map_err(|error| CliError::Failed(error.to_string()))?;
     if json {
         println!(
@@ -437,7 +438,7 @@ fn bench_randn(options: &SessionOptions, reps: u32, torch_script: &Path) -> Resu
             ))
         }
     };
-    let report = gpumem::bench::randn::randn(index, reps, torch_script)
+    let report = crate::cli::bench::randn::randn(index, reps, torch_script)
         .map_err(|error| CliError::Usage(format!("cannot use cuda:{index}: {error}")))?;
     println!("{report}");
     Ok(())

@@ -268,8 +268,8 @@ pub fn bench(events: u64, file: Option<&Path>, keep: bool) -> Result<(), CliErro
     };
     if generated {
         let start = Instant::now();
-        let bytes =
-            gpumem::bench::replay::write_synthetic(&path, events, 1).map_err(CliError::Failed)?;
+        let bytes = crate::cli::bench::replay::write_synthetic(&path, events, 1)
+            .map_err(CliError::Failed)?;
         say!(
             "generated {events} events ({:.1} MB) in {:.2} s: {}",
             bytes as f64 / 1e6,
@@ -277,13 +277,13 @@ pub fn bench(events: u64, file: Option<&Path>, keep: bool) -> Result<(), CliErro
             path.display()
         );
     }
-    let rss_before = gpumem::bench::replay::peak_rss_kib();
-    let cpu_before = gpumem::bench::replay::thread_cpu_ns();
+    let rss_before = crate::cli::bench::replay::peak_rss_kib();
+    let cpu_before = crate::cli::bench::replay::thread_cpu_ns();
     let start = Instant::now();
     let report = replay(&path, &ReplayOptions::default(), &mut |_, _| {})
         .map_err(|error| replay_error(&path, error));
     let seconds = start.elapsed().as_secs_f64();
-    let cpu_seconds = match (cpu_before, gpumem::bench::replay::thread_cpu_ns()) {
+    let cpu_seconds = match (cpu_before, crate::cli::bench::replay::thread_cpu_ns()) {
         (Some(before), Some(after)) => Some(after.saturating_sub(before) as f64 / 1e9),
         _ => None,
     };
@@ -310,7 +310,7 @@ pub fn bench(events: u64, file: Option<&Path>, keep: bool) -> Result<(), CliErro
         report.segment_events.replayed,
         report.segment_events.differing
     );
-    match (rss_before, gpumem::bench::replay::peak_rss_kib()) {
+    match (rss_before, crate::cli::bench::replay::peak_rss_kib()) {
         (Some(before), Some(after)) => say!(
             "peak RSS (VmHWM): {:.1} MiB (before the replay: {:.1} MiB)",
             after as f64 / 1024.0,

@@ -12,21 +12,27 @@
 //! the median pass with the spread of all passes (a difference between two candidates smaller
 //! than their spreads is noise).
 
+#[cfg(test)]
+mod host_check;
+/// The statistical checks the library's own twin tests use (a test file both crates include).
+#[cfg(test)]
+#[path = "../../../tensor/philox_stats.rs"]
+mod stats;
 pub mod twins;
 
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use crate::alloc::AllocConf;
-use crate::device::cuda::driver::Event;
-use crate::device::cuda::{CudaGpu, Current, DevicePtr};
-use crate::device::kernels::{RandnKernel, RANDN_LAYOUT, RANDN_SOURCE};
-use crate::device::DeviceError;
-use crate::tensor::backend::{BinaryOp, Reduction};
-use crate::tensor::ops::Arg;
-use crate::tensor::philox::{self, PHILOX_ROUNDS};
-use crate::tensor::{DType, Runtime, Tensor};
+use gpumem::alloc::AllocConf;
+use gpumem::device::cuda::driver::Event;
+use gpumem::device::cuda::{CudaGpu, Current, DevicePtr};
+use gpumem::device::kernels::{RandnKernel, RANDN_LAYOUT, RANDN_SOURCE};
+use gpumem::device::DeviceError;
+use gpumem::tensor::backend::{BinaryOp, Reduction};
+use gpumem::tensor::ops::Arg;
+use gpumem::tensor::philox::{self, PHILOX_ROUNDS};
+use gpumem::tensor::{DType, Runtime, Tensor};
 
 pub use twins::Transform;
 
@@ -69,7 +75,9 @@ pub struct Variant {
 }
 
 impl Variant {
-    /// Whether it generates normals a tensor could use (the diagnostics time one stage alone).
+    /// Whether it generates normals a tensor could use (the diagnostics time one stage alone);
+    /// the twins' statistical tests check those.
+    #[cfg(test)]
     pub fn is_candidate(&self) -> bool {
         matches!(
             self.transform,

@@ -10,11 +10,11 @@ use std::path::Path;
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 
-use crate::alloc::{AllocConf, Allocation, CachingAllocator};
-use crate::device::sim::SimDevice;
-use crate::snapshot::model::{int, Action, Annotation, Segment, TraceEvent};
-use crate::snapshot::replay::observe::{DeviceEvent, SegmentWatch};
-use crate::snapshot::AllocatorSettings;
+use gpumem::alloc::{AllocConf, Allocation, CachingAllocator};
+use gpumem::device::sim::SimDevice;
+use gpumem::snapshot::model::{int, Action, Annotation, Segment, TraceEvent};
+use gpumem::snapshot::replay::observe::{DeviceEvent, SegmentWatch};
+use gpumem::snapshot::AllocatorSettings;
 
 /// Live bytes the workload stays under (well inside the simulated H200).
 const LIVE_LIMIT: u64 = 16 << 30;

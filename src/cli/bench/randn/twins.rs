@@ -3,7 +3,7 @@
 //! twin. The production transform's twin is `tensor::philox` itself; this file holds the
 //! others: the previous transform ("v1", the baseline) and the two diagnostics.
 
-use crate::tensor::philox::{self, horner};
+use gpumem::tensor::philox::{self, horner};
 
 /// 2^-32 and 2^-33 (exact in float32).
 const TWO_POW_M32: f32 = 1.0 / 4_294_967_296.0;
@@ -135,8 +135,8 @@ impl Transform {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::randn::VARIANTS;
-    use crate::tensor::philox::stats;
+    use crate::cli::bench::randn::stats;
+    use crate::cli::bench::randn::VARIANTS;
     use std::collections::HashSet;
 
     #[test]

@@ -6,6 +6,4 @@ pub mod alloc;
 pub mod randn;
 pub mod replay;
 
-pub use alloc::{
-    cached_pair, mixed_round, mixed_sizes, time_patterns, AllocTimings, CACHED_PAIR_BYTES,
-};
+pub use alloc::time_patterns;

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::alloc::{AllocError, Allocation, CachingAllocator};
+use gpumem::alloc::{AllocError, Allocation, CachingAllocator};
 
 /// Size of the cached malloc+free pattern: 1 MiB, the largest small-pool request.
 pub const CACHED_PAIR_BYTES: u64 = 1 << 20;

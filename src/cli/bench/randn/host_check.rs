@@ -18,7 +18,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use gpumem::bench::randn::{self as bench, Transform, VARIANTS};
+use super::{self as bench, Transform, VARIANTS};
 use gpumem::device::cuda::nvrtc;
 use gpumem::device::kernels;
 
