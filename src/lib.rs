@@ -12,3 +12,4 @@ pub mod device;
 pub mod script;
 pub mod session;
 pub mod tensor;
+pub mod viz;

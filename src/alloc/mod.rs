@@ -9,6 +9,7 @@ pub mod block;
 pub mod config;
 pub mod format;
 mod invariants;
+pub mod measure;
 pub mod snapshot;
 pub mod stats;
 pub mod summary;
@@ -20,7 +21,7 @@ pub use block::{Block, BlockId, Pool, NIL};
 use block::{BlockArena, BlockPool};
 pub use config::{AllocConf, ConfigError};
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot};
-pub use stats::{DeviceStats, Stat, StatArray};
+pub use stats::{DeviceStats, ScopeMark, ScopeReport, Stat, StatArray};
 
 /// One mebibyte.
 pub const MIB: u64 = 1 << 20;

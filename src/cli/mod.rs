@@ -220,6 +220,7 @@ fn repl(options: &SessionOptions, limits: Limits) -> Result<(), CliError> {
 fn run(options: &SessionOptions, limits: Limits, file: &Path) -> Result<(), CliError> {
     let session = open_session(options)?;
     let host = Host::with_limits(session.runtime, PrintSink::Stdout, limits);
+    host.set_map_options(paint::stdout_map_options());
     Ok(host.run_file(file)?)
 }
 

@@ -11,6 +11,7 @@ pub mod memory_api;
 pub mod stdlib;
 pub mod tensor_api;
 pub mod values_api;
+pub mod viz_api;
 
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -93,6 +94,7 @@ pub fn on_script_stack<T: Send>(work: impl FnOnce() -> T + Send) -> Result<T, St
 pub struct Host {
     engine: Engine,
     runtime: Rc<Runtime>,
+    map_settings: viz_api::MapSettings,
 }
 
 impl Host {
@@ -113,8 +115,24 @@ impl Host {
         engine.on_debug(move |text, _source, position| {
             sink.line(&format!("[debug {position}] {text}"))
         });
-        bindings::register(&mut engine, &runtime);
-        Host { engine, runtime }
+        let map_settings = viz_api::MapSettings::default();
+        bindings::register(&mut engine, &runtime, &map_settings);
+        Host {
+            engine,
+            runtime,
+            map_settings,
+        }
+    }
+
+    /// Sets how `memory_map()` draws without a width argument: the terminal's width and
+    /// whether to colour (plain 80 columns until called).
+    pub fn set_map_options(&self, options: crate::viz::MapOptions) {
+        self.map_settings.set(options);
+    }
+
+    /// How `memory_map()` draws without a width argument.
+    pub fn map_options(&self) -> crate::viz::MapOptions {
+        self.map_settings.get()
     }
 
     /// The runtime scripts run against.

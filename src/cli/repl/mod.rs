@@ -133,6 +133,9 @@ impl Repl {
             ("vars", _) => self.out.line(&commands::vars(&self.scope)),
             ("mem", _) => self.out.line(&commands::mem(&runtime)),
             ("summary", _) => self.out.line(&commands::summary(&runtime)),
+            ("map", _) => self
+                .out
+                .line(&commands::map(&runtime, self.host.map_options())),
             ("load", "") => self.error(":load: which file? usage: :load FILE"),
             ("load", file) => self.load(Path::new(file)),
             ("reset", _) => self.reset(),
@@ -193,6 +196,10 @@ pub fn run(runtime: Rc<Runtime>, limits: Limits) -> Result<usize, ReplError> {
     let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let color = interactive && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let mut repl = Repl::new(runtime, PrintSink::Stdout, limits)?;
+    if interactive {
+        repl.host
+            .set_map_options(crate::cli::paint::stdout_map_options());
+    }
     let interrupt = Arc::new(AtomicBool::new(false));
     let handler_flag = Arc::clone(&interrupt);
     if let Err(error) = ctrlc::set_handler(move || handler_flag.store(true, Ordering::Relaxed)) {
