@@ -7,6 +7,7 @@
 
 pub mod block;
 pub mod config;
+pub mod diagnosis;
 pub mod format;
 mod invariants;
 pub mod measure;
@@ -76,6 +77,15 @@ pub struct OutOfMemory {
     pub message: String,
     /// Bytes of the segment that could not be obtained ("Tried to allocate ...").
     pub alloc_size: u64,
+    /// The facts at the error and their cause ([`diagnosis`]).
+    pub diagnosis: Box<diagnosis::OomDiagnosis>,
+}
+
+impl OutOfMemory {
+    /// gpumem's line saying why, printed after PyTorch's message.
+    pub fn why(&self) -> String {
+        self.diagnosis.why()
+    }
 }
 
 /// Everything the allocator can refuse.
@@ -262,6 +272,7 @@ impl CachingAllocator {
             return Err(AllocError::OutOfMemory(OutOfMemory {
                 message: "CUDA out of memory. Tried to allocate more than 1EB memory.".into(),
                 alloc_size: orig_size,
+                diagnosis: Box::new(self.diagnose(orig_size, orig_size, orig_size)),
             }));
         }
         let size = self.round_size(orig_size);
@@ -290,7 +301,7 @@ impl CachingAllocator {
         }
         match found {
             Some(id) => Ok(self.alloc_found_block(id, request, orig_size)),
-            None => Err(self.out_of_memory(request)),
+            None => Err(self.out_of_memory(request, orig_size)),
         }
     }
 
@@ -657,7 +668,7 @@ impl CachingAllocator {
     }
 
     /// Builds PyTorch's OOM error after every attempt failed.
-    fn out_of_memory(&mut self, request: Request) -> AllocError {
+    fn out_of_memory(&mut self, request: Request, orig_size: u64) -> AllocError {
         let (device_free, device_total) = self.device.mem_get_info().unwrap_or((0, 0));
         self.stats.num_ooms += 1;
         let allocated = self.stats.allocated_bytes.all.current.max(0) as u64;
@@ -690,6 +701,7 @@ impl CachingAllocator {
         AllocError::OutOfMemory(OutOfMemory {
             message,
             alloc_size: request.alloc_size,
+            diagnosis: Box::new(self.diagnose(orig_size, request.size, request.alloc_size)),
         })
     }
 

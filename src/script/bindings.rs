@@ -4,7 +4,7 @@ use std::rc::Rc;
 
 use rhai::Engine;
 
-use super::{memory_api, tensor_api, values_api, viz_api};
+use super::{memory_api, oom_error, tensor_api, values_api, viz_api};
 use crate::tensor::Runtime;
 
 /// Registers the tensor, memory and visualisation bindings; `map_settings` is how
@@ -14,4 +14,5 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>, map_settings: &viz_a
     memory_api::register(engine, runtime);
     values_api::register(engine);
     viz_api::register(engine, runtime, map_settings);
+    oom_error::register(engine);
 }

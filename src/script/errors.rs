@@ -72,7 +72,7 @@ impl ScriptError {
         }
         let position = error.take_position();
         let message = match &error {
-            EvalAltResult::ErrorRuntime(value, _) => value.to_string(),
+            EvalAltResult::ErrorRuntime(value, _) => super::oom_error::OomError::describe(value),
             EvalAltResult::ErrorTerminated(value, _) => value.to_string(),
             EvalAltResult::ErrorStackOverflow(_) => {
                 "Stack overflow: function calls nested too deeply (raise the limit with \

@@ -8,6 +8,7 @@ pub mod docs;
 pub mod errors;
 pub mod limits;
 pub mod memory_api;
+pub mod oom_error;
 pub mod stdlib;
 pub mod tensor_api;
 pub mod values_api;

@@ -78,6 +78,10 @@ pub fn help() -> String {
         ("Functions", Kind::Function),
         ("Tensor properties", Kind::Property),
         ("Tensor methods", Kind::Method),
+        (
+            "Out-of-memory errors (`catch (e)`; print(e) shows PyTorch's text and the why line)",
+            Kind::Error,
+        ),
     ] {
         let _ = writeln!(text, "{title}:");
         for doc in BINDINGS.iter().filter(|doc| doc.kind == kind) {
