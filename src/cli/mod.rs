@@ -17,6 +17,9 @@ use thiserror::Error;
 use gpumem::device::DeviceSpec;
 use gpumem::script::{on_script_stack, Host, Limits, PrintSink, ScriptError};
 use gpumem::session::{self, ConfigSource, Session, SessionError, SessionOptions};
+use gpumem::viz::chart::{self, ChartSize};
+use gpumem::viz::report::{self, ReportInput};
+use gpumem::viz::{Recorder, Timeline};
 
 /// The process exit statuses `gpumem` uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +108,14 @@ enum Command {
     Run {
         /// The `.rhai` script.
         file: PathBuf,
+        /// Also draw allocated and reserved memory over the script's allocator events, OOMs
+        /// and empty_cache() marked with their script lines, to FILE (.svg or .png).
+        #[arg(long, value_name = "FILE")]
+        timeline: Option<PathBuf>,
+        /// Also write a self-contained HTML report to FILE: the timeline (hover for events),
+        /// the segment map after any event, the counters and memory_summary().
+        #[arg(long, value_name = "FILE")]
+        report: Option<PathBuf>,
     },
     /// Run golden tests: every X.rhai under the paths must print exactly X.out.
     Test {
@@ -165,7 +176,15 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
         config: ConfigSource::flag_or_environment(cli.alloc_conf.clone()),
     };
     match cli.command {
-        Some(Command::Run { file }) => on_stack(|| run(&options, cli.limits, &file)),
+        Some(Command::Run {
+            file,
+            timeline,
+            report,
+        }) => {
+            let outputs = Outputs { timeline, report };
+            outputs.check()?;
+            on_stack(|| run(&options, cli.limits, &file, &outputs))
+        }
         Some(Command::Test { paths, bless }) => {
             let golden_options = golden::Options {
                 device: cli.device,
@@ -216,12 +235,104 @@ fn repl(options: &SessionOptions, limits: Limits) -> Result<(), CliError> {
     }
 }
 
-/// `gpumem run FILE`.
-fn run(options: &SessionOptions, limits: Limits, file: &Path) -> Result<(), CliError> {
+/// What `gpumem run` draws besides running the script.
+struct Outputs {
+    timeline: Option<PathBuf>,
+    report: Option<PathBuf>,
+}
+
+/// The chart format a `--timeline` file's extension asks for.
+#[derive(Clone, Copy)]
+enum ChartFormat {
+    Svg,
+    Png,
+}
+
+impl Outputs {
+    fn wanted(&self) -> bool {
+        self.timeline.is_some() || self.report.is_some()
+    }
+
+    fn chart_format(path: &Path) -> Option<ChartFormat> {
+        match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
+            "svg" => Some(ChartFormat::Svg),
+            "png" => Some(ChartFormat::Png),
+            _ => None,
+        }
+    }
+
+    /// Refuses a `--timeline` file that is neither .svg nor .png before anything runs.
+    fn check(&self) -> Result<(), CliError> {
+        match &self.timeline {
+            Some(path) if Outputs::chart_format(path).is_none() => Err(CliError::Usage(format!(
+                "--timeline {}: the file must end in .svg or .png",
+                path.display()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes the chart and the report of `timeline`; `runtime` gives the end state.
+    fn write(
+        &self,
+        timeline: &Timeline,
+        runtime: &gpumem::tensor::Runtime,
+        config: &str,
+    ) -> Result<(), CliError> {
+        let failed = |error: gpumem::viz::chart::ChartError| CliError::Failed(error.to_string());
+        let write = |path: &Path, bytes: &[u8], what: &str| -> Result<(), CliError> {
+            std::fs::write(path, bytes).map_err(|error| {
+                CliError::Io(format!("cannot write {}: {error}", path.display()))
+            })?;
+            eprintln!(
+                "gpumem: wrote the {what} of {} allocator events to {}",
+                timeline.events.len(),
+                path.display()
+            );
+            Ok(())
+        };
+        if let Some(path) = &self.timeline {
+            let size = ChartSize::default();
+            let bytes = match Outputs::chart_format(path) {
+                Some(ChartFormat::Png) => chart::png(timeline, size).map_err(failed)?,
+                _ => chart::svg(timeline, size).map_err(failed)?.0.into_bytes(),
+            };
+            write(path, &bytes, "timeline")?;
+        }
+        if let Some(path) = &self.report {
+            let allocator = runtime.allocator();
+            let mut input = ReportInput::at_end(timeline, &allocator, runtime.device_label());
+            input.config = config.to_string();
+            let page = report::html(&input).map_err(failed)?;
+            write(path, page.as_bytes(), "report")?;
+        }
+        Ok(())
+    }
+}
+
+/// `gpumem run FILE [--timeline FILE] [--report FILE]`. The outputs are written even when
+/// the script fails (an uncaught OOM is often what one wants to see).
+fn run(
+    options: &SessionOptions,
+    limits: Limits,
+    file: &Path,
+    outputs: &Outputs,
+) -> Result<(), CliError> {
     let session = open_session(options)?;
     let host = Host::with_limits(session.runtime, PrintSink::Stdout, limits);
     host.set_map_options(paint::stdout_map_options());
-    Ok(host.run_file(file)?)
+    if !outputs.wanted() {
+        return Ok(host.run_file(file)?);
+    }
+    let runtime = std::rc::Rc::clone(host.runtime());
+    host.locator().set_enabled(true);
+    let recorder = Recorder::install(&runtime, file.display().to_string());
+    let result = host.run_file(file);
+    runtime.set_observer(None);
+    host.locator().set_enabled(false);
+    let timeline = recorder.borrow().timeline(host.locator().labels());
+    outputs.write(&timeline, &runtime, options.config.text())?;
+    Ok(result?)
 }
 
 /// `gpumem bench alloc`.

@@ -4,9 +4,10 @@
 
 use std::rc::Rc;
 
-use rhai::{Array, Dynamic, Engine, Map, INT};
+use rhai::{Array, Dynamic, Engine, Map, NativeCallContext, INT};
 
 use super::args::{fail, flag, integer, non_negative, number, BindingResult};
+use super::location::Locator;
 use crate::alloc::summary::memory_summary;
 use crate::alloc::DeviceStats;
 use crate::device::DriverMemory;
@@ -43,8 +44,8 @@ fn device_memory_map(device: &str, memory: &DriverMemory, allocator_reserved: u6
 /// Reads one figure from the counters.
 type Figure = fn(&DeviceStats) -> INT;
 
-/// Registers the memory functions.
-pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
+/// Registers the memory functions; `empty_cache` marks its script line with `locator`.
+pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>, locator: &Rc<Locator>) {
     // The typed counters, read as torch.cuda's functions read them (`memory_allocated()` is
     // `memory_stats()["allocated_bytes.all.current"]`, ...).
     let figures: [(&str, Figure); 4] = [
@@ -85,11 +86,14 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
             ))
         },
     );
-    let rt = Rc::clone(runtime);
-    engine.register_fn("empty_cache", move || -> BindingResult<()> {
-        rt.with_allocator(|a| a.empty_cache())
-            .or_else(|error| fail("empty_cache", error))
-    });
+    let (rt, at) = (Rc::clone(runtime), Rc::clone(locator));
+    engine.register_fn(
+        "empty_cache",
+        move |context: NativeCallContext| -> BindingResult<()> {
+            at.mark(&context);
+            rt.empty_cache().or_else(|error| fail("empty_cache", error))
+        },
+    );
     let rt = Rc::clone(runtime);
     engine.register_fn("reset_peak_memory_stats", move || {
         rt.with_allocator(|a| a.reset_peak_stats())

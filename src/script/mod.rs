@@ -7,8 +7,10 @@ pub mod bindings;
 pub mod docs;
 pub mod errors;
 pub mod limits;
+pub mod location;
 pub mod memory_api;
 pub mod oom_error;
+pub mod progress_api;
 pub mod stdlib;
 pub mod tensor_api;
 pub mod values_api;
@@ -96,6 +98,7 @@ pub struct Host {
     engine: Engine,
     runtime: Rc<Runtime>,
     map_settings: viz_api::MapSettings,
+    locator: Rc<location::Locator>,
 }
 
 impl Host {
@@ -117,12 +120,20 @@ impl Host {
             sink.line(&format!("[debug {position}] {text}"))
         });
         let map_settings = viz_api::MapSettings::default();
-        bindings::register(&mut engine, &runtime, &map_settings);
+        let locator = Rc::new(location::Locator::new(Rc::clone(&runtime)));
+        bindings::register(&mut engine, &runtime, &map_settings, &locator);
         Host {
             engine,
             runtime,
             map_settings,
+            locator,
         }
+    }
+
+    /// The script-line stamper: turn it on while recording a timeline, and read its labels
+    /// (`file:line` per context id) afterwards.
+    pub fn locator(&self) -> &Rc<location::Locator> {
+        &self.locator
     }
 
     /// Sets how `memory_map()` draws without a width argument: the terminal's width and

@@ -2,9 +2,10 @@
 
 use std::rc::Rc;
 
-use rhai::{Array, Dynamic, Engine, ImmutableString, INT};
+use rhai::{Array, Dynamic, Engine, ImmutableString, NativeCallContext, INT};
 
 use super::args::{dtype_arg, fail, number, shape_arg, tensor_fail, BindingResult};
+use super::location::Locator;
 use crate::tensor::{DType, Runtime, Tensor};
 
 /// A tensor constructor taking a shape and a dtype.
@@ -22,8 +23,9 @@ fn create(
     make(runtime, &shape, dtype).or_else(|error| tensor_fail(function, error))
 }
 
-/// Registers creation functions and tensor properties.
-pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
+/// Registers creation functions and tensor properties; creation marks its script line with
+/// `locator`.
+pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>, locator: &Rc<Locator>) {
     engine
         .register_type_with_name::<Tensor>("Tensor")
         .register_fn("to_string", |t: &mut Tensor| t.to_string())
@@ -48,14 +50,19 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
         }),
     ];
     for (name, make) in makers {
-        let rt = Rc::clone(runtime);
-        engine.register_fn(name, move |shape: Dynamic| {
+        let (rt, at) = (Rc::clone(runtime), Rc::clone(locator));
+        engine.register_fn(name, move |context: NativeCallContext, shape: Dynamic| {
+            at.mark(&context);
             create(name, &rt, &shape, "float32", make)
         });
-        let rt = Rc::clone(runtime);
-        engine.register_fn(name, move |shape: Dynamic, dtype: ImmutableString| {
-            create(name, &rt, &shape, &dtype, make)
-        });
+        let (rt, at) = (Rc::clone(runtime), Rc::clone(locator));
+        engine.register_fn(
+            name,
+            move |context: NativeCallContext, shape: Dynamic, dtype: ImmutableString| {
+                at.mark(&context);
+                create(name, &rt, &shape, &dtype, make)
+            },
+        );
         // Rhai tries the string overload first; any other dtype argument lands here.
         engine.register_fn(
             name,
@@ -64,14 +71,22 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
             },
         );
     }
-    let rt = Rc::clone(runtime);
-    engine.register_fn("full", move |shape: Dynamic, value: Dynamic| {
-        full(&rt, &shape, &value, "float32")
-    });
-    let rt = Rc::clone(runtime);
+    let (rt, at) = (Rc::clone(runtime), Rc::clone(locator));
     engine.register_fn(
         "full",
-        move |shape: Dynamic, value: Dynamic, dtype: ImmutableString| {
+        move |context: NativeCallContext, shape: Dynamic, value: Dynamic| {
+            at.mark(&context);
+            full(&rt, &shape, &value, "float32")
+        },
+    );
+    let (rt, at) = (Rc::clone(runtime), Rc::clone(locator));
+    engine.register_fn(
+        "full",
+        move |context: NativeCallContext,
+              shape: Dynamic,
+              value: Dynamic,
+              dtype: ImmutableString| {
+            at.mark(&context);
             full(&rt, &shape, &value, &dtype)
         },
     );

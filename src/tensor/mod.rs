@@ -7,6 +7,7 @@ pub mod backend;
 pub mod convert;
 pub mod cuda_backend;
 pub mod dtype;
+pub mod observe;
 pub mod ops;
 pub mod philox;
 pub mod shape;
@@ -24,6 +25,7 @@ use crate::device::sim::SimDevice;
 use backend::{Backend, SimBackend, Span};
 use cuda_backend::CudaBackend;
 pub use dtype::DType;
+use observe::{MemoryEvent, MemoryObserver};
 
 /// Seed of the random generator until `manual_seed` is called (PyTorch's default seed).
 pub const DEFAULT_SEED: u64 = 67_280_421_310_721;
@@ -63,6 +65,8 @@ pub struct Runtime {
     label: String,
     seed: Cell<u64>,
     philox_offset: Cell<u64>,
+    observer: RefCell<Option<Box<dyn MemoryObserver>>>,
+    context: Cell<u32>,
 }
 
 impl Runtime {
@@ -105,7 +109,62 @@ impl Runtime {
             label,
             seed: Cell::new(DEFAULT_SEED),
             philox_offset: Cell::new(0),
+            observer: RefCell::new(None),
+            context: Cell::new(0),
         })
+    }
+
+    /// Installs (or with `None` removes) the observer told about every allocation, free and
+    /// `empty_cache()`; returns the one it replaces.
+    pub fn set_observer(
+        &self,
+        observer: Option<Box<dyn MemoryObserver>>,
+    ) -> Option<Box<dyn MemoryObserver>> {
+        self.observer.replace(observer)
+    }
+
+    /// Sets the id handed to the observer with every event from now on (the script layer
+    /// stamps the script line making the call).
+    #[inline]
+    pub fn set_context(&self, context: u32) {
+        self.context.set(context);
+    }
+
+    /// The id [`Runtime::set_context`] set (0 until then).
+    pub fn context(&self) -> u32 {
+        self.context.get()
+    }
+
+    /// Tells the observer, if any, about `event`.
+    #[inline]
+    fn notify(&self, event: MemoryEvent<'_>, allocator: &CachingAllocator) {
+        if let Ok(mut observer) = self.observer.try_borrow_mut() {
+            if let Some(observer) = observer.as_mut() {
+                observer.observe(event, self.context.get(), allocator);
+            }
+        }
+    }
+
+    /// Allocates a block for `nbytes` bytes of a tensor.
+    pub fn malloc(&self, nbytes: u64) -> Result<Allocation, AllocError> {
+        let mut allocator = self.allocator.borrow_mut();
+        let result = allocator.malloc(nbytes);
+        self.notify(
+            MemoryEvent::Malloc {
+                requested: nbytes,
+                result: &result,
+            },
+            &allocator,
+        );
+        result
+    }
+
+    /// `torch.cuda.empty_cache()`.
+    pub fn empty_cache(&self) -> Result<(), AllocError> {
+        let mut allocator = self.allocator.borrow_mut();
+        let result = allocator.empty_cache();
+        self.notify(MemoryEvent::EmptyCache, &allocator);
+        result
     }
 
     /// The backend that computes values.
@@ -213,6 +272,8 @@ impl Drop for Storage {
             if let Err(error) = allocator.free(allocation) {
                 eprintln!("gpumem: internal error returning a tensor's block: {error}");
             }
+            self.runtime
+                .notify(MemoryEvent::Free(allocation), &allocator);
         } else {
             eprintln!("gpumem: internal error: a tensor was dropped while the allocator was busy");
         }
@@ -236,7 +297,7 @@ impl Tensor {
         dtype: DType,
     ) -> Result<Tensor, TensorError> {
         let nbytes = shape::nbytes(shape, dtype.size())?;
-        let allocation = runtime.with_allocator(|allocator| allocator.malloc(nbytes))?;
+        let allocation = runtime.malloc(nbytes)?;
         Ok(Tensor {
             storage: Rc::new(Storage {
                 runtime: Rc::clone(runtime),

@@ -2,11 +2,15 @@
 //! report. Everything here reads the allocator from outside (its snapshot and counters, and
 //! the events a [`timeline::Recorder`] is told about); the allocator knows nothing of it.
 
+pub mod chart;
 pub mod fragmentation;
 pub mod layout;
 pub mod map;
+pub mod report;
+pub mod timeline;
 pub mod units;
 
 pub use fragmentation::{Fragmentation, FreeSpace};
 pub use layout::{MemoryLayout, Region, SegmentLayout, Span};
 pub use map::MapOptions;
+pub use timeline::{Event, EventKind, Recorder, Timeline};

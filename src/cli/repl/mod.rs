@@ -157,7 +157,7 @@ impl Repl {
         self.scope.clear();
         self.definitions = Definitions::default();
         let runtime = Rc::clone(self.host.runtime());
-        match runtime.with_allocator(|allocator| allocator.empty_cache()) {
+        match runtime.empty_cache() {
             Ok(()) => self.out.line(&format!(
                 "reset: every variable dropped, cache emptied ({})",
                 commands::mem(&runtime)

@@ -1,0 +1,261 @@
+// gpumem report: the timeline's hover and click, and the segment map at any event, rebuilt
+// from the layout at the start plus the events (no request leaves the page).
+"use strict";
+(function () {
+  const data = JSON.parse(document.getElementById("data").textContent);
+  const KINDS = data.kinds;
+  const events = data.events; // [kind, address, size, pool, allocated, reserved, context]
+  const N = events.length;
+  const UNITS = [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
+
+  function bytes(n) {
+    for (const [name, size] of UNITS) {
+      if (n >= size) return trim(n / size) + " " + name;
+    }
+    return n + " B";
+  }
+  function trim(value) {
+    return value.toFixed(2).replace(/0+$/, "").replace(/\.$/, "");
+  }
+  function hex(n) {
+    return "0x" + n.toString(16);
+  }
+  function label(context) {
+    return context > 0 && context <= data.labels.length ? data.labels[context - 1] : "";
+  }
+  function escapeText(text) {
+    return String(text).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
+  }
+  const POOLS = ["small", "large"];
+
+  // One event in words: "alloc 4 MiB at 0x7f.. (large pool)".
+  function describe(k) {
+    if (k === 0) {
+      return { kind: "start", text: "start of the recording", where: "" };
+    }
+    const [code, address, size, pool, , , context] = events[k - 1];
+    const kind = KINDS[code];
+    let text;
+    switch (kind) {
+      case "oom": text = "out of memory: a " + bytes(size) + " segment could not be had"; break;
+      case "empty_cache": text = "empty_cache() called"; break;
+      default: text = kind + " " + bytes(size) + " at " + hex(address) + " (" + POOLS[pool] + " pool)";
+    }
+    return { kind, text, where: label(context) };
+  }
+  function figures(k) {
+    return k === 0 ? [data.initial.allocated, data.initial.reserved] : [events[k - 1][4], events[k - 1][5]];
+  }
+
+  // ---- the layout after k events ----
+  function initialState() {
+    const segments = new Map();
+    for (const [base, size, pool, blocks] of data.initial.segments) {
+      const allocated = new Map();
+      const unmapped = new Map();
+      for (const [address, blockSize, region] of blocks) {
+        if (region === 0) allocated.set(address, blockSize);
+        if (region === 3) unmapped.set(address, blockSize);
+      }
+      segments.set(base, { base, size, pool, allocated, unmapped });
+    }
+    return { k: 0, segments };
+  }
+  function owner(segments, address) {
+    for (const segment of segments.values()) {
+      if (address >= segment.base && address < segment.base + segment.size) return segment;
+    }
+    return null;
+  }
+  function apply(state, event) {
+    const [code, address, size, pool] = event;
+    const kind = KINDS[code];
+    const segments = state.segments;
+    if (kind === "segment_alloc") {
+      segments.set(address, { base: address, size, pool, allocated: new Map(), unmapped: new Map() });
+    } else if (kind === "segment_free") {
+      segments.delete(address);
+    } else if (kind === "alloc" || kind === "free_completed" || kind === "segment_map" || kind === "segment_unmap") {
+      const segment = owner(segments, address);
+      if (!segment) return;
+      if (kind === "alloc") segment.allocated.set(address, size);
+      else if (kind === "free_completed") segment.allocated.delete(address);
+      else if (kind === "segment_unmap") segment.unmapped.set(address, size);
+      else segment.unmapped.delete(address);
+    }
+  }
+  let state = initialState();
+  function stateAt(k) {
+    if (k < state.k) state = initialState();
+    while (state.k < k) {
+      apply(state, events[state.k]);
+      state.k += 1;
+    }
+    return state;
+  }
+
+  // ---- the map ----
+  const maxSegment = Math.max(
+    1,
+    ...data.initial.segments.map((s) => s[1]),
+    ...events.filter((e) => KINDS[e[0]] === "segment_alloc").map((e) => e[2])
+  );
+  const svg = document.getElementById("map");
+  const NS = "http://www.w3.org/2000/svg";
+  const ROW = 22, LABEL = 300, BAR = 760, MAX_ROWS = 500;
+
+  function spans(segment) {
+    const pieces = [];
+    for (const [address, size] of segment.allocated) pieces.push([address, size, "allocated"]);
+    for (const [address, size] of segment.unmapped) pieces.push([address, size, "unmapped"]);
+    pieces.sort((a, b) => a[0] - b[0]);
+    const free = segment.allocated.size > 0 ? "split_free" : "cached_free";
+    const out = [];
+    let at = segment.base;
+    for (const [address, size, region] of pieces) {
+      if (address > at) out.push([at, address - at, free]);
+      out.push([address, size, region]);
+      at = Math.max(at, address + size);
+    }
+    const end = segment.base + segment.size;
+    if (at < end) out.push([at, end - at, free]);
+    return out;
+  }
+  function drawMap(k) {
+    const current = stateAt(k);
+    const changed = k > 0 ? events[k - 1] : null;
+    const segments = [...current.segments.values()].sort((a, b) => a.base - b.base);
+    const shown = segments.slice(0, MAX_ROWS);
+    const parts = [];
+    let y = 4;
+    for (const segment of shown) {
+      const width = Math.max(4, (segment.size / maxSegment) * BAR);
+      const allocated = [...segment.allocated.values()].reduce((a, b) => a + b, 0);
+      parts.push(
+        '<text x="0" y="' + (y + 14) + '">' + hex(segment.base) + "  " + escapeText(bytes(segment.size)).padStart(9) +
+          " " + POOLS[segment.pool] + "  " + escapeText(bytes(allocated)) + " used</text>"
+      );
+      for (const [address, size, region] of spans(segment)) {
+        const x = LABEL + ((address - segment.base) / segment.size) * width;
+        const w = Math.max(0.6, (size / segment.size) * width);
+        parts.push(
+          '<rect class="' + region + '" x="' + x.toFixed(2) + '" y="' + y + '" width="' + w.toFixed(2) +
+            '" height="' + (ROW - 6) + '"><title>' + region.replace("_", " ") + " " + escapeText(bytes(size)) +
+            " at " + hex(address) + "</title></rect>"
+        );
+      }
+      parts.push('<rect class="outline" x="' + LABEL + '" y="' + y + '" width="' + width.toFixed(2) + '" height="' + (ROW - 6) + '"/>');
+      if (changed) {
+        const [code, address, size] = changed;
+        const kind = KINDS[code];
+        if ((kind === "alloc" || kind === "free_completed" || kind === "segment_alloc") &&
+            address >= segment.base && address < segment.base + segment.size) {
+          const x = LABEL + ((address - segment.base) / segment.size) * width;
+          const w = Math.max(2, (size / segment.size) * width);
+          parts.push('<rect class="changed" x="' + x.toFixed(2) + '" y="' + (y - 1) + '" width="' + w.toFixed(2) + '" height="' + (ROW - 4) + '"/>');
+        }
+      }
+      y += ROW;
+    }
+    if (segments.length === 0) {
+      parts.push('<text x="0" y="18">no segments: nothing reserved</text>');
+      y += ROW;
+    } else if (segments.length > shown.length) {
+      parts.push('<text x="0" y="' + (y + 14) + '">… and ' + (segments.length - shown.length) + " more segments</text>");
+      y += ROW;
+    }
+    svg.setAttribute("width", String(LABEL + BAR + 10));
+    svg.setAttribute("height", String(y + 4));
+    svg.setAttribute("viewBox", "0 0 " + (LABEL + BAR + 10) + " " + (y + 4));
+    svg.innerHTML = parts.join("");
+  }
+
+  // ---- slider, buttons, event text ----
+  const slider = document.getElementById("slider");
+  const info = document.getElementById("event-info");
+  const indexText = document.getElementById("event-index");
+  slider.max = String(N);
+  function show(k) {
+    k = Math.max(0, Math.min(N, k | 0));
+    slider.value = String(k);
+    const d = describe(k);
+    const [allocated, reserved] = figures(k);
+    indexText.textContent = k + " of " + N;
+    info.innerHTML =
+      '<span class="kind ' + d.kind + '">' + escapeText(d.text) + "</span>" +
+      (d.where ? " — " + escapeText(d.where) : "") +
+      " — allocated " + escapeText(bytes(allocated)) + ", reserved " + escapeText(bytes(reserved));
+    drawMap(k);
+  }
+  slider.addEventListener("input", () => show(Number(slider.value)));
+  document.getElementById("prev").addEventListener("click", () => show(Number(slider.value) - 1));
+  document.getElementById("next").addEventListener("click", () => show(Number(slider.value) + 1));
+  const marked = [];
+  events.forEach((e, i) => {
+    const kind = KINDS[e[0]];
+    if (kind === "oom" || kind === "empty_cache") marked.push(i + 1);
+  });
+  document.getElementById("next-mark").addEventListener("click", () => {
+    const k = Number(slider.value);
+    const next = marked.find((m) => m > k);
+    if (next !== undefined) show(next);
+  });
+  document.getElementById("prev-mark").addEventListener("click", () => {
+    const k = Number(slider.value);
+    const previous = marked.filter((m) => m < k).pop();
+    if (previous !== undefined) show(previous);
+  });
+
+  // ---- the chart's hover and click ----
+  const wrap = document.getElementById("chart-wrap");
+  const chart = wrap.querySelector("svg");
+  const cursor = document.getElementById("cursor");
+  const tip = document.getElementById("tip");
+  const g = data.geometry;
+  function pointAt(clientX) {
+    const rect = chart.getBoundingClientRect();
+    const scale = g.width / rect.width;
+    const x = (clientX - rect.left) * scale;
+    const k = Math.round(((x - g.left) / (g.right - g.left)) * g.points);
+    return { k: Math.max(0, Math.min(N, k)), rect, scale };
+  }
+  if (chart) {
+    chart.addEventListener("mousemove", (event) => {
+      const { k, rect, scale } = pointAt(event.clientX);
+      const d = describe(k);
+      const [allocated, reserved] = figures(k);
+      const x = (g.left + (k / g.points) * (g.right - g.left)) / scale;
+      const top = g.top / scale;
+      cursor.style.display = "block";
+      cursor.style.left = (chart.offsetLeft + x) + "px";
+      cursor.style.top = (chart.offsetTop + top) + "px";
+      cursor.style.height = ((g.bottom - g.top) / scale) + "px";
+      tip.innerHTML =
+        "<b>#" + k + "</b> " + escapeText(d.text) + (d.where ? "<br>" + escapeText(d.where) : "") +
+        "<br>allocated " + escapeText(bytes(allocated)) + " · reserved " + escapeText(bytes(reserved));
+      tip.style.display = "block";
+      const left = chart.offsetLeft + x + 12;
+      tip.style.left = Math.min(left, chart.offsetLeft + rect.width - tip.offsetWidth - 4) + "px";
+      tip.style.top = (chart.offsetTop + top + 8) + "px";
+    });
+    chart.addEventListener("mouseleave", () => {
+      cursor.style.display = "none";
+      tip.style.display = "none";
+    });
+    chart.addEventListener("click", (event) => show(pointAt(event.clientX).k));
+  }
+
+  // Start on the first OOM if there is one, else on the highest reserved point.
+  let start = N;
+  const oom = events.findIndex((e) => KINDS[e[0]] === "oom");
+  if (oom >= 0) {
+    start = oom + 1;
+  } else {
+    let best = -1;
+    events.forEach((e, i) => {
+      if (e[5] > best) { best = e[5]; start = i + 1; }
+    });
+  }
+  show(start);
+  document.body.dataset.ready = "1";
+})();
