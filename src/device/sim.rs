@@ -2,6 +2,7 @@
 //! segment addresses placed the way the H200's driver places them, so best-fit ties between
 //! equal-size blocks break exactly as on the real device.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 
 use super::{DeviceError, DeviceMemory, DriverMemory, ProcessMemory};
@@ -177,10 +178,16 @@ impl AddressSpace {
 }
 
 /// A simulated GPU of a given capacity.
+///
+/// Its CUDA context comes into being at the first call that needs one (`cudaMalloc`,
+/// `cudaMemGetInfo`), as a real GPU's does: until then the driver's view shows this process
+/// using nothing, which is what a script reading `device_memory()` first sees.
 #[derive(Debug, Clone)]
 pub struct SimDevice {
     total: u64,
     context_bytes: u64,
+    /// Whether a call that needs the context has been made.
+    context_created: Cell<bool>,
     /// Bytes of device pages held by segments.
     used: u64,
     segments: BTreeMap<u64, u64>,
@@ -194,6 +201,7 @@ impl SimDevice {
         SimDevice {
             total,
             context_bytes: H200_CONTEXT_BYTES.min(total / 8),
+            context_created: Cell::new(false),
             used: 0,
             segments: BTreeMap::new(),
             addresses: AddressSpace::new(),
@@ -210,15 +218,35 @@ impl SimDevice {
         self.context_bytes
     }
 
+    /// Whether the context exists yet (a call that needs it was made).
+    pub fn has_context(&self) -> bool {
+        self.context_created.get()
+    }
+
+    /// Creates the context if it does not exist yet (the first CUDA call does).
+    fn touch_context(&self) {
+        self.context_created.set(true);
+    }
+
+    /// What the context costs now: nothing before it exists.
+    fn context_now(&self) -> u64 {
+        if self.context_created.get() {
+            self.context_bytes
+        } else {
+            0
+        }
+    }
+
     fn free_bytes(&self) -> u64 {
         self.total
-            .saturating_sub(self.context_bytes)
+            .saturating_sub(self.context_now())
             .saturating_sub(self.used)
     }
 }
 
 impl DeviceMemory for SimDevice {
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        self.touch_context();
         if bytes == 0 {
             return Err(DeviceError::Driver("cudaMalloc of 0 bytes".into()));
         }
@@ -247,6 +275,7 @@ impl DeviceMemory for SimDevice {
     }
 
     fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
+        self.touch_context();
         Ok((self.free_bytes(), self.total))
     }
 
@@ -258,11 +287,15 @@ impl DeviceMemory for SimDevice {
         0
     }
 
+    /// This process, once it has a context (NVML lists only processes with one).
     fn process_memory(&self) -> Vec<ProcessMemory> {
+        if !self.has_context() {
+            return Vec::new();
+        }
         vec![ProcessMemory {
             pid: std::process::id(),
             is_current: true,
-            used_bytes: self.context_bytes + self.used,
+            used_bytes: self.context_now() + self.used,
         }]
     }
 
@@ -277,7 +310,7 @@ impl DeviceMemory for SimDevice {
         // leaves out: on the H200, 143771 MiB = 150109880320 + 644939776 bytes.
         let reserved = H200_DRIVER_RESERVED_BYTES.min(self.total / 16);
         let total = self.total + reserved;
-        let process = self.context_bytes + self.used;
+        let process = self.context_now() + self.used;
         let used = (reserved + process).min(total);
         Ok(DriverMemory {
             method: "sim-model",
@@ -308,6 +341,21 @@ mod tests {
         assert!(device.free(a).is_ok());
         assert!(device.free(a).is_err());
         assert_eq!(device.mem_get_info().map(|i| i.0), Ok(free));
+    }
+
+    #[test]
+    fn the_context_appears_at_the_first_call_that_needs_it() {
+        let device = SimDevice::h200();
+        let before = device.driver_memory().expect("driver view");
+        assert_eq!(before.process_bytes, 0);
+        assert_eq!(before.used_bytes, H200_DRIVER_RESERVED_BYTES);
+        assert!(device.process_memory().is_empty());
+        assert!(!device.has_context());
+        let (free, total) = device.mem_get_info().expect("info");
+        assert_eq!(total - free, H200_CONTEXT_BYTES);
+        let after = device.driver_memory().expect("driver view");
+        assert_eq!(after.process_bytes, H200_CONTEXT_BYTES);
+        assert_eq!(after.used_bytes - before.used_bytes, H200_CONTEXT_BYTES);
     }
 
     #[test]
