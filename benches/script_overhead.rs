@@ -14,13 +14,13 @@ use gpumem::viz::Recorder;
 
 const ITERATIONS: u64 = 100_000;
 
-fn host() -> Host {
+fn new_host() -> Host {
     let runtime = Runtime::sim(SimDevice::h200(), AllocConf::default()).expect("sim runtime");
     Host::new(runtime, PrintSink::Stdout)
 }
 
 fn allocation_loop(c: &mut Criterion) {
-    let host = host();
+    let host = new_host();
     let source = format!("for i in 0..{ITERATIONS} {{ let t = empty(1048576, \"uint8\"); }}");
     let ast = host.compile("bench", &source).expect("compiles");
     let mut group = c.benchmark_group("script_overhead");
@@ -31,7 +31,7 @@ fn allocation_loop(c: &mut Criterion) {
     });
     // Recording: script lines stamped, every event kept. A fresh recorder per run (set up
     // outside the timing), so the kept events do not pile up across runs.
-    let recording = host();
+    let recording = new_host();
     recording.locator().set_enabled(true);
     group.bench_function("empty_1MiB_uint8_loop_100k_recording", |b| {
         b.iter_batched(
@@ -50,7 +50,7 @@ fn allocation_loop(c: &mut Criterion) {
 }
 
 fn host_and_run_empty() {
-    host().run_source("empty", "").expect("runs");
+    new_host().run_source("empty", "").expect("runs");
 }
 
 criterion_group!(benches, allocation_loop);

@@ -153,7 +153,9 @@ try {
   }
   const tooltip = await evaluate(`(() => { const t = document.getElementById("tip"); return t.style.display === "block" ? t.textContent : ""; })()`);
   const { cssContentSize } = await page("Page.getLayoutMetrics");
-  const height = Math.ceil(Math.min(cssContentSize.height, 6000));
+  // The whole page, or its top $SCREENSHOT_HEIGHT pixels (what docs/report.png shows).
+  const cap = Number(process.env.SCREENSHOT_HEIGHT) || 6000;
+  const height = Math.ceil(Math.min(cssContentSize.height, cap));
   await page("Emulation.setDeviceMetricsOverride", { width: 1400, height, deviceScaleFactor: 1, mobile: false });
   await new Promise((r) => setTimeout(r, 100));
   const shot = await page("Page.captureScreenshot", { format: "png" });

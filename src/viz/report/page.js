@@ -102,7 +102,7 @@
   );
   const svg = document.getElementById("map");
   const NS = "http://www.w3.org/2000/svg";
-  const ROW = 22, LABEL = 300, BAR = 760, MAX_ROWS = 500;
+  const ROW = 22, LABEL = 345, BAR = 760, MAX_ROWS = 500;
 
   function spans(segment) {
     const pieces = [];
@@ -224,19 +224,23 @@
       const { k, rect, scale } = pointAt(event.clientX);
       const d = describe(k);
       const [allocated, reserved] = figures(k);
-      const x = (g.left + (k / g.points) * (g.right - g.left)) / scale;
-      const top = g.top / scale;
+      // Positions relative to the wrapper (SVG elements have no offsetLeft/offsetTop).
+      const origin = wrap.getBoundingClientRect();
+      const chartLeft = rect.left - origin.left;
+      const chartTop = rect.top - origin.top;
+      const x = chartLeft + (g.left + (k / g.points) * (g.right - g.left)) / scale;
+      const top = chartTop + g.top / scale;
       cursor.style.display = "block";
-      cursor.style.left = (chart.offsetLeft + x) + "px";
-      cursor.style.top = (chart.offsetTop + top) + "px";
-      cursor.style.height = ((g.bottom - g.top) / scale) + "px";
+      cursor.style.left = x + "px";
+      cursor.style.top = top + "px";
+      cursor.style.height = (g.bottom - g.top) / scale + "px";
       tip.innerHTML =
         "<b>#" + k + "</b> " + escapeText(d.text) + (d.where ? "<br>" + escapeText(d.where) : "") +
         "<br>allocated " + escapeText(bytes(allocated)) + " · reserved " + escapeText(bytes(reserved));
       tip.style.display = "block";
-      const left = chart.offsetLeft + x + 12;
-      tip.style.left = Math.min(left, chart.offsetLeft + rect.width - tip.offsetWidth - 4) + "px";
-      tip.style.top = (chart.offsetTop + top + 8) + "px";
+      const right = chartLeft + rect.width - tip.offsetWidth - 4;
+      tip.style.left = (x + 12 > right ? x - tip.offsetWidth - 12 : x + 12) + "px";
+      tip.style.top = top + 8 + "px";
     });
     chart.addEventListener("mouseleave", () => {
       cursor.style.display = "none";
@@ -245,7 +249,7 @@
     chart.addEventListener("click", (event) => show(pointAt(event.clientX).k));
   }
 
-  // Start on the first OOM if there is one, else on the highest reserved point.
+  // Start on the first OOM if there is one, else where allocated memory peaked.
   let start = N;
   const oom = events.findIndex((e) => KINDS[e[0]] === "oom");
   if (oom >= 0) {
@@ -253,7 +257,7 @@
   } else {
     let best = -1;
     events.forEach((e, i) => {
-      if (e[5] > best) { best = e[5]; start = i + 1; }
+      if (e[4] > best) { best = e[4]; start = i + 1; }
     });
   }
   show(start);
