@@ -35,7 +35,7 @@ fn tensor_properties_and_views() {
     .expect("runs");
     assert_eq!(
         printed,
-        "[2, 3]\nfloat16\n6\n12\nsim\ntrue\n6\ntensor(shape=[1, 3], dtype=float16, device=sim, 6 bytes, [-2.4102, -1.9385, -0.3203])\n"
+        "[2, 3]\nfloat16\n6\n12\nsim\ntrue\n6\ntensor(shape=[1, 3], dtype=float16, device=sim, 6 bytes, [0.8608, -1.1553, -0.3933])\n"
     );
 }
 

@@ -17,19 +17,25 @@ pub struct DriverView {
     baseline_used: u64,
 }
 
-fn nvml_error(call: &str, error: impl std::fmt::Display) -> DeviceError {
-    DeviceError::Driver(format!("NVML {call} failed: {error}"))
+fn nvml_error(call: &'static str, error: impl std::fmt::Display) -> DeviceError {
+    DeviceError::Nvml {
+        call,
+        message: error.to_string(),
+    }
 }
 
 impl DriverView {
     /// Opens NVML and finds the device by `uuid` (CUDA ordinals and NVML indices differ under
     /// `CUDA_VISIBLE_DEVICES`), falling back to NVML index `ordinal`. Call before the CUDA
     /// context exists.
-    pub fn open(uuid: &str, ordinal: usize) -> Result<DriverView, String> {
-        let nvml = Nvml::init().map_err(|error| format!("cannot load NVML: {error}"))?;
+    pub fn open(uuid: &str, ordinal: usize) -> Result<DriverView, DeviceError> {
+        let nvml = Nvml::init()
+            .map_err(|error| DeviceError::Unavailable(format!("cannot load NVML: {error}")))?;
         let index = match nvml.device_by_uuid(uuid) {
-            Ok(device) => device.index().map_err(|error| error.to_string())?,
-            Err(_) => ordinal as u32,
+            Ok(device) => device
+                .index()
+                .map_err(|error| nvml_error("nvmlDeviceGetIndex", error))?,
+            Err(_) => u32::try_from(ordinal).unwrap_or(u32::MAX),
         };
         let mut view = DriverView {
             nvml,
@@ -37,8 +43,8 @@ impl DriverView {
             index,
             baseline_used: 0,
         };
-        let (total, free, _) = view.memory().map_err(|error| error.to_string())?;
-        view.baseline_used = total - free;
+        let (total, free, _) = view.memory()?;
+        view.baseline_used = total.saturating_sub(free);
         Ok(view)
     }
 
@@ -55,7 +61,7 @@ impl DriverView {
         self.nvml
             .device_by_uuid(self.uuid.as_str())
             .or_else(|_| self.nvml.device_by_index(self.index))
-            .map_err(|error| nvml_error("device lookup", error))
+            .map_err(|error| nvml_error("nvmlDeviceGetHandleByUUID", error))
     }
 
     /// Every compute process on the device with its usage, this one marked.

@@ -248,7 +248,7 @@ impl DeviceMemory for SimDevice {
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
         self.touch_context();
         if bytes == 0 {
-            return Err(DeviceError::Driver("cudaMalloc of 0 bytes".into()));
+            return Err(DeviceError::InvalidArgument("cudaMalloc of 0 bytes".into()));
         }
         let pages = bytes.div_ceil(DEVICE_PAGE) * DEVICE_PAGE;
         if pages > self.free_bytes() {
@@ -265,7 +265,7 @@ impl DeviceMemory for SimDevice {
 
     fn free(&mut self, address: u64) -> Result<(), DeviceError> {
         let Some(bytes) = self.segments.remove(&address) else {
-            return Err(DeviceError::Driver(format!(
+            return Err(DeviceError::InvalidArgument(format!(
                 "cudaFree of {address:#x}, which is not a segment"
             )));
         };

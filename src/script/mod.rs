@@ -94,6 +94,26 @@ pub fn on_script_stack<T: Send>(work: impl FnOnce() -> T + Send) -> Result<T, St
 }
 
 /// A Rhai engine bound to a runtime, ready to run scripts.
+///
+/// ```
+/// use std::{cell::RefCell, rc::Rc};
+/// use gpumem::alloc::AllocConf;
+/// use gpumem::device::sim::SimDevice;
+/// use gpumem::script::{Host, PrintSink};
+/// use gpumem::tensor::Runtime;
+///
+/// let runtime = Runtime::sim(SimDevice::new(8 << 30), AllocConf::default())?;
+/// let printed = Rc::new(RefCell::new(String::new()));
+/// let host = Host::new(runtime, PrintSink::Buffer(Rc::clone(&printed)));
+/// host.run_source("demo", r#"
+///     let x = empty(1000, "uint8");   // rounded to 1024 bytes in a 2 MiB small segment
+///     print(memory_allocated());
+///     x = ();                         // freed, but the segment stays cached
+///     print(memory_reserved());
+/// "#)?;
+/// assert_eq!(*printed.borrow(), "1024\n2097152\n");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Host {
     engine: Engine,
     runtime: Rc<Runtime>,

@@ -1,27 +1,30 @@
 //! The CUDA implementation of [`Backend`]: maps tensor operations onto the kernels of
-//! `device::kernels` for the session's GPU.
+//! `device::kernels` for the session's GPU. Every operation first makes the GPU's primary
+//! context current on the calling thread ([`CudaGpu::activate`]).
 
-use std::rc::Rc;
+use std::sync::Arc;
 
 use super::backend::{finish_reduction, Backend, BinaryOp, Operand, Reduction, Span};
 use super::convert::{decode, fill_pattern};
 use super::{DType, TensorError};
-use crate::device::cuda::CudaGpu;
-use crate::device::kernels::{self, ElementwiseOp, Kernels, Operands, RandnFormat};
+use crate::device::cuda::{CudaGpu, Current, DevicePtr};
+use crate::device::kernels::{ElementwiseOp, Kernels, Operands, RandnFormat};
 
 /// Runs tensor operations on a CUDA GPU.
 pub struct CudaBackend {
-    gpu: Rc<CudaGpu>,
+    gpu: Arc<CudaGpu>,
 }
 
 impl CudaBackend {
-    /// A backend on `gpu` (the same handle the allocator's device uses).
-    pub fn new(gpu: Rc<CudaGpu>) -> CudaBackend {
+    /// A backend on `gpu` (the same process-wide handle the allocator's device uses).
+    pub fn new(gpu: Arc<CudaGpu>) -> CudaBackend {
         CudaBackend { gpu }
     }
 
-    fn kernels(&self) -> Result<&Kernels, TensorError> {
-        Ok(self.gpu.kernels()?)
+    /// The context made current on this thread, and the kernels (compiled on first use).
+    fn kernels(&self) -> Result<(Current<'_>, &Kernels), TensorError> {
+        let current = self.gpu.activate()?;
+        Ok((current, self.gpu.kernels()?))
     }
 }
 
@@ -65,21 +68,37 @@ impl Backend for CudaBackend {
 
     fn fill(&self, dst: &Span, value: f64) -> Result<(), TensorError> {
         let pattern = fill_pattern(dst.dtype, value);
-        self.kernels()?
-            .fill(dst.ptr, dst.numel as u64, dst.dtype.size(), pattern)?;
+        let (current, kernels) = self.kernels()?;
+        kernels.fill(
+            &current,
+            DevicePtr(dst.ptr),
+            dst.numel as u64,
+            dst.dtype.size(),
+            pattern,
+        )?;
         Ok(())
     }
 
     fn randn(&self, dst: &Span, seed: u64, offset: u64) -> Result<(), TensorError> {
         let format = randn_format(dst.dtype)?;
-        self.kernels()?
-            .randn(format, dst.ptr, dst.numel as u64, seed, offset)?;
+        let (current, kernels) = self.kernels()?;
+        kernels.randn(
+            &current,
+            format,
+            DevicePtr(dst.ptr),
+            dst.numel as u64,
+            seed,
+            offset,
+        )?;
         Ok(())
     }
 
     fn copy(&self, dst: &Span, src: &Span) -> Result<(), TensorError> {
-        self.gpu.activate()?;
-        kernels::copy(dst.ptr, src.ptr, src.numel * src.dtype.size())?;
+        let current = self.gpu.activate()?;
+        let bytes = (src.numel * src.dtype.size()) as u64;
+        // SAFETY: both spans are live tensors of this device, `bytes` long (same dtype and
+        // element count).
+        unsafe { current.copy_device(DevicePtr(dst.ptr), DevicePtr(src.ptr), bytes) }?;
         Ok(())
     }
 
@@ -94,15 +113,15 @@ impl Backend for CudaBackend {
             (Operand::Tensor(a), Operand::Tensor(b)) => {
                 float32_only(op.symbol(), &a)?;
                 float32_only(op.symbol(), &b)?;
-                Operands::Tensors(a.ptr, b.ptr)
+                Operands::Tensors(DevicePtr(a.ptr), DevicePtr(b.ptr))
             }
             (Operand::Tensor(a), Operand::Scalar(s)) => {
                 float32_only(op.symbol(), &a)?;
-                Operands::TensorScalar(a.ptr, s as f32)
+                Operands::TensorScalar(DevicePtr(a.ptr), s as f32)
             }
             (Operand::Scalar(s), Operand::Tensor(b)) => {
                 float32_only(op.symbol(), &b)?;
-                Operands::ScalarTensor(s as f32, b.ptr)
+                Operands::ScalarTensor(s as f32, DevicePtr(b.ptr))
             }
             (Operand::Scalar(_), Operand::Scalar(_)) => {
                 return Err(TensorError::Unsupported(format!(
@@ -111,22 +130,29 @@ impl Backend for CudaBackend {
                 )))
             }
         };
-        self.kernels()?
-            .binary_f32(elementwise(op), operands, out.ptr, out.numel as u64)?;
+        let (current, kernels) = self.kernels()?;
+        kernels.binary_f32(
+            &current,
+            elementwise(op),
+            operands,
+            DevicePtr(out.ptr),
+            out.numel as u64,
+        )?;
         Ok(())
     }
 
     fn reduce(&self, op: Reduction, src: &Span) -> Result<f64, TensorError> {
         float32_only(op.name(), src)?;
-        let kernels = self.kernels()?;
+        let (current, kernels) = self.kernels()?;
         let n = src.numel as u64;
-        let (sum, squares) = kernels.moments_f32(src.ptr, n, 0.0)?;
+        let ptr = DevicePtr(src.ptr);
+        let (sum, squares) = kernels.moments_f32(&current, ptr, n, 0.0)?;
         if op != Reduction::Std || n < 2 {
             return Ok(finish_reduction(op, n as f64, sum, squares));
         }
         // Second pass around the mean, so a large mean does not cancel the variance away.
         let mean = sum / n as f64;
-        let (shifted_sum, shifted_squares) = kernels.moments_f32(src.ptr, n, mean)?;
+        let (shifted_sum, shifted_squares) = kernels.moments_f32(&current, ptr, n, mean)?;
         Ok(finish_reduction(
             Reduction::Std,
             n as f64,
@@ -136,9 +162,11 @@ impl Backend for CudaBackend {
     }
 
     fn read(&self, src: &Span, count: usize) -> Result<Vec<f64>, TensorError> {
-        self.gpu.activate()?;
+        let current = self.gpu.activate()?;
         let count = count.min(src.numel);
-        let bytes = kernels::read(src.ptr, count * src.dtype.size())?;
+        let mut bytes = vec![0u8; count * src.dtype.size()];
+        // SAFETY: the span is a live tensor of this device holding at least `count` elements.
+        unsafe { current.copy_to_host(&mut bytes, DevicePtr(src.ptr)) }?;
         Ok(decode(src.dtype, &bytes))
     }
 }

@@ -15,6 +15,7 @@ pub mod shape;
 use std::cell::{Cell, Ref, RefCell};
 use std::fmt;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use thiserror::Error;
 
@@ -93,8 +94,8 @@ impl Runtime {
 
     /// A runtime on a CUDA GPU: the allocator's segments and the value kernels share `gpu`'s
     /// one context. Creating it makes no context yet (NVML's baseline is read first).
-    pub fn cuda(gpu: Rc<CudaGpu>, conf: AllocConf) -> Result<Rc<Runtime>, AllocError> {
-        let allocator = CachingAllocator::new(Box::new(CudaDevice::new(Rc::clone(&gpu))), conf)?;
+    pub fn cuda(gpu: Arc<CudaGpu>, conf: AllocConf) -> Result<Rc<Runtime>, AllocError> {
+        let allocator = CachingAllocator::new(Box::new(CudaDevice::new(Arc::clone(&gpu))), conf)?;
         Ok(Runtime::assemble(
             allocator,
             Box::new(CudaBackend::new(gpu)),

@@ -1,108 +1,87 @@
-//! gpumem's CUDA kernels (`values.cu`): compiled with NVRTC to PTX for the device's
-//! architecture the first time a process needs them (sessions share the device handle, so once
-//! per process), loaded into the current context, and launched on the legacy default stream.
-//! The driver's JIT cache keeps the PTX-to-machine-code step on disk between runs.
+//! gpumem's CUDA kernels: `randn.cu` (the normal generator, twin of `tensor::philox`) and
+//! `values.cu` (randn per dtype, fills, elementwise arithmetic, reductions), compiled together
+//! with NVRTC to PTX for the device's architecture the first time a process needs them (the
+//! device handle is process-wide, so once per process), loaded into the primary context, and
+//! launched on the legacy default stream. The driver's JIT cache keeps the PTX-to-machine-code
+//! step on disk between runs.
 //!
-//! Everything here takes raw device addresses and element counts: the device layer knows
-//! nothing of tensors or dtypes beyond the store formats listed in [`RandnFormat`].
+//! Only the kernels tensors use are here; `gpumem bench randn` compiles its candidate kernels
+//! from its own source (`src/bench/randn/variants.cu`, in front of which it puts
+//! [`RANDN_SOURCE`]).
+//!
+//! Everything here takes device addresses ([`DevicePtr`]) and element counts: the device layer
+//! knows nothing of tensors or dtypes beyond the store formats listed in [`RandnFormat`].
 
-use std::ffi::{c_void, CString};
+use std::sync::{Arc, Mutex};
 
-use cudarc::driver::result::{self as cu, event, module};
-use cudarc::driver::sys;
-use cudarc::nvrtc::{self, CompileOptions};
-
-use super::cuda::{describe, driver_error, missing_symbols};
+use super::cuda::driver::{param, Current, DevicePtr, Function, Module};
 use super::DeviceError;
+use crate::tensor::philox::PHILOX_ROUNDS;
 
-/// The kernels' CUDA C source.
-pub const SOURCE: &str = include_str!("values.cu");
+/// The generator's CUDA source (device functions shared by the production kernels and the
+/// benchmark's candidates).
+pub const RANDN_SOURCE: &str = include_str!("randn.cu");
+/// The production kernels' CUDA source, compiled after [`RANDN_SOURCE`].
+pub const VALUES_SOURCE: &str = include_str!("values.cu");
+/// The name NVRTC and the logs give the production source.
+pub const SOURCE_NAME: &str = "values.cu";
 
-/// Threads per block for every launch.
-const THREADS: u32 = 256;
-/// Upper bound on blocks for grid-stride kernels (enough to fill any current GPU).
+/// Threads per block for every launch (a multiple of the warp size that lets the randn kernels
+/// keep every multiprocessor full: 2048 threads per multiprocessor on Hopper = 8 blocks).
+pub const THREADS: u32 = 256;
+/// Upper bound on blocks for the elementwise grid-stride kernels (fills, arithmetic): enough to
+/// fill any current GPU several times over.
 const MAX_GRID: u64 = 65_535;
+/// Blocks for the first reduction pass (the size of `moments_partials` in `values.cu`).
+const MOMENTS_MAX_BLOCKS: u64 = 1024;
 
-/// NVRTC entry points gpumem calls; checked before the first call.
-const NVRTC_SYMBOLS: [&str; 7] = [
-    "nvrtcCreateProgram",
-    "nvrtcCompileProgram",
-    "nvrtcDestroyProgram",
-    "nvrtcGetPTXSize",
-    "nvrtcGetPTX",
-    "nvrtcGetProgramLogSize",
-    "nvrtcGetProgramLog",
-];
-
-/// How a randn kernel covers the tensor.
+/// How the production randn kernel lays its work out. None of it changes values (those depend
+/// only on [`PHILOX_ROUNDS`] and the transform in `randn.cu`); `gpumem bench randn` times each
+/// choice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RandnLaunch {
-    /// One thread per block of four values.
-    Each,
-    /// A grid that fills the device once (multiprocessors × resident blocks), each thread
-    /// looping over blocks of four values with a grid-sized stride.
-    Loop,
+pub struct RandnLayout {
+    /// Philox's multiplies as `__umulhi` plus a separate low multiply (IMAD.HI + IMAD) instead
+    /// of one 32×32→64 multiply (IMAD.WIDE).
+    pub hilo: bool,
+    /// Blocks of four values each thread makes per loop iteration (1 or 2).
+    pub per_thread: u32,
+    /// Evict-first stores (`st.global.cs`).
+    pub streaming: bool,
 }
 
-/// One float32 randn kernel of `values.cu`, as `gpumem bench randn` lists it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RandnVariant {
-    /// The kernel's name in `values.cu`.
-    pub name: &'static str,
-    /// How it is launched.
-    pub launch: RandnLaunch,
-    /// Whether it computes gpumem's generator (the values of the CPU twin,
-    /// `tensor::philox`); the others run the previous generator's arithmetic, kept as
-    /// timing references.
-    pub twin: bool,
+/// The layout of the production `randn_f32` kernel: the candidate `gpumem bench randn` showed
+/// (or, before a measurement, is expected) to be fastest; see README, "randn".
+pub const RANDN_LAYOUT: RandnLayout = RandnLayout {
+    hilo: false,
+    per_thread: 2,
+    streaming: false,
+};
+
+/// The production source: the configuration ([`PHILOX_ROUNDS`], [`RANDN_LAYOUT`]) as
+/// `#define`s, then [`RANDN_SOURCE`] and [`VALUES_SOURCE`].
+pub fn production_source() -> String {
+    format!(
+        "#define GPUMEM_PHILOX_ROUNDS {}\n#define GPUMEM_PHILOX_HILO {}\n#define GPUMEM_RANDN_PER_THREAD {}\n#define GPUMEM_RANDN_STREAMING {}\n{RANDN_SOURCE}\n{VALUES_SOURCE}",
+        PHILOX_ROUNDS,
+        u8::from(RANDN_LAYOUT.hilo),
+        RANDN_LAYOUT.per_thread,
+        u8::from(RANDN_LAYOUT.streaming),
+    )
 }
 
-/// The float32 randn kernels. The `twin` ones give identical values and differ only in how
-/// the work is laid out (`each`/`loop`, see [`RandnLaunch`]) or multiplied (`umulhi`:
-/// Philox's mulhilo as `__umulhi` plus a low multiply instead of one 32×32→64 multiply).
-/// `libm` and `libm_fast` run the previous generator's Box-Muller (CUDA's logf/sincospif,
-/// resp. __logf/__sincosf), which no CPU code can reproduce bit for bit.
-pub const RANDN_F32_VARIANTS: [RandnVariant; 6] = [
-    RandnVariant {
-        name: "randn_f32_each",
-        launch: RandnLaunch::Each,
-        twin: true,
-    },
-    RandnVariant {
-        name: "randn_f32_loop",
-        launch: RandnLaunch::Loop,
-        twin: true,
-    },
-    RandnVariant {
-        name: "randn_f32_umulhi_each",
-        launch: RandnLaunch::Each,
-        twin: true,
-    },
-    RandnVariant {
-        name: "randn_f32_umulhi_loop",
-        launch: RandnLaunch::Loop,
-        twin: true,
-    },
-    RandnVariant {
-        name: "randn_f32_libm_each",
-        launch: RandnLaunch::Each,
-        twin: false,
-    },
-    RandnVariant {
-        name: "randn_f32_libm_fast_each",
-        launch: RandnLaunch::Each,
-        twin: false,
-    },
-];
-
-/// Philox4x32-10's round keys for `seed`, as `values.cu`'s `PhiloxKeys`: round r uses
+/// Philox's key schedule for `seed`, as `randn.cu`'s `PhiloxKeys`: round r uses
 /// `(k[2r], k[2r+1]) = (lo + r·0x9E3779B9, hi + r·0xBB67AE85)` with `(lo, hi)` the seed's
-/// 32-bit halves. Computed once per launch on the host instead of in every thread.
+/// 32-bit halves, for up to 10 rounds; `m0`, `m1` are Philox's multipliers (the `hilo` form's
+/// low multiplies read them). Computed once per launch on the host instead of in every thread.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PhiloxKeys {
     /// Interleaved (k0, k1) of rounds 0..10.
     pub k: [u32; 20],
+    /// `PHILOX_M0`, 0xD2511F53.
+    pub m0: u32,
+    /// `PHILOX_M1`, 0xCD9E8D57.
+    pub m1: u32,
 }
 
 impl PhiloxKeys {
@@ -116,30 +95,19 @@ impl PhiloxKeys {
             k0 = k0.wrapping_add(0x9E37_79B9);
             k1 = k1.wrapping_add(0xBB67_AE85);
         }
-        PhiloxKeys { k }
+        PhiloxKeys {
+            k,
+            m0: 0xD251_1F53,
+            m1: 0xCD9E_8D57,
+        }
     }
 }
 
-/// The variant tensors use (an index into [`RANDN_F32_VARIANTS`]): the grid-stride loop,
-/// which pays per-thread setup and constant loads once rather than per block of values.
-///
-/// Measured on an NVIDIA H200 (`gpumem --device cuda bench randn`: 960 MB tensor, 20 reps
-/// after warm-up, CUDA events): `loop` 2.68 TB/s, `each` 2.44, `umulhi_loop` 2.73,
-/// `umulhi_each` 2.45, every one of the first 10⁶ values bit-identical to the CPU twin;
-/// the previous `libm` generator 1.92 and its hardware-approximation variant 2.98 (no twin);
-/// PyTorch's `normal_` 1.80 in the same run.
-pub const RANDN_F32_DEFAULT: usize = 1;
-
-/// Blocks for the first reduction pass (the size of `moments_partials` in `values.cu`).
-const MOMENTS_MAX_BLOCKS: u64 = 1024;
-
-/// How `randn` stores each float32 normal.
+/// How `randn` stores each normal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RandnFormat {
-    /// float32, with the default kernel ([`RANDN_F32_DEFAULT`]).
+    /// float32.
     F32,
-    /// float32 with one of [`RANDN_F32_VARIANTS`] (benchmarks).
-    F32Variant(usize),
     /// Converted to float64.
     F64,
     /// Converted to IEEE half.
@@ -165,31 +133,105 @@ pub enum ElementwiseOp {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Operands {
     /// Two tensors `a ⊕ b`.
-    Tensors(u64, u64),
+    Tensors(DevicePtr, DevicePtr),
     /// Tensor and number `a ⊕ s`.
-    TensorScalar(u64, f32),
+    TensorScalar(DevicePtr, f32),
     /// Number and tensor `s ⊕ b`.
-    ScalarTensor(f32, u64),
+    ScalarTensor(f32, DevicePtr),
 }
 
-/// The loaded module and its functions.
+/// A float32 randn kernel (`(float* out, u64 n, u64 block0, PhiloxKeys key)`, a grid-stride
+/// loop) with the grid that fills the device once.
+#[derive(Debug, Clone)]
+pub struct RandnKernel {
+    function: Function,
+    grid: u32,
+}
+
+impl RandnKernel {
+    /// `function` of a loaded module, which must have randn_f32's parameters and loop over the
+    /// tensor; its grid is sized to the device's `multiprocessors`.
+    pub fn new(function: Function, multiprocessors: u32) -> Result<RandnKernel, DeviceError> {
+        let per_multiprocessor = function.resident_blocks_per_multiprocessor(THREADS)?;
+        Ok(RandnKernel {
+            function,
+            grid: multiprocessors.saturating_mul(per_multiprocessor),
+        })
+    }
+
+    /// The kernel's name.
+    pub fn name(&self) -> &str {
+        self.function.name()
+    }
+
+    /// Writes stream values `offset .. offset + n` of the generator keyed by `seed` at `ptr`.
+    /// `offset` must be a multiple of 4 and `ptr` 16-byte aligned.
+    pub fn launch(
+        &self,
+        current: &Current<'_>,
+        ptr: DevicePtr,
+        n: u64,
+        seed: u64,
+        offset: u64,
+    ) -> Result<(), DeviceError> {
+        check_randn(ptr, offset, 16)?;
+        if n == 0 {
+            return Ok(());
+        }
+        // Never more threads than blocks of four values.
+        let needed = n.div_ceil(4).div_ceil(u64::from(THREADS));
+        let grid = u32::try_from(needed.min(u64::from(self.grid)))
+            .unwrap_or(self.grid)
+            .max(1);
+        let (mut ptr, mut n, mut block0) = (ptr, n, offset / 4);
+        let mut keys = PhiloxKeys::new(seed);
+        let mut params = [
+            param(&mut ptr),
+            param(&mut n),
+            param(&mut block0),
+            param(&mut keys),
+        ];
+        // SAFETY: (float* out, u64 n, u64 block0, PhiloxKeys key) with DevicePtr
+        // #[repr(transparent)] over the address and PhiloxKeys #[repr(C)] as the kernel's struct
+        // of 22 u32; the caller's `ptr` holds n floats.
+        unsafe { self.function.launch(current, grid, THREADS, &mut params) }
+    }
+}
+
+/// The checks every randn launch makes: the stream offset is a whole block of four, and the
+/// address suits the kernel's `align`-byte stores (a misaligned store would fault and poison
+/// the context for every later call).
+fn check_randn(ptr: DevicePtr, offset: u64, align: u64) -> Result<(), DeviceError> {
+    if !offset.is_multiple_of(4) {
+        return Err(DeviceError::InvalidArgument(format!(
+            "randn: stream offset {offset} is not a multiple of 4"
+        )));
+    }
+    if !ptr.is_aligned(align) {
+        return Err(DeviceError::InvalidArgument(format!(
+            "randn: address {:#x} is not {align}-byte aligned",
+            ptr.addr()
+        )));
+    }
+    Ok(())
+}
+
+/// The loaded production kernels.
 pub struct Kernels {
-    /// The [`RANDN_F32_VARIANTS`] kernels, each with its grid limit (`None`: one thread per
-    /// block of values; `Some(g)`: at most `g` thread blocks, looping).
-    randn_f32: Vec<(sys::CUfunction, Option<u64>)>,
-    randn_f64: sys::CUfunction,
-    randn_f16: sys::CUfunction,
-    randn_bf16: sys::CUfunction,
-    fills: [sys::CUfunction; 4],
-    binary_f32: sys::CUfunction,
-    moments_f32: sys::CUfunction,
-    moments_finish: sys::CUfunction,
+    randn_f32: RandnKernel,
+    randn_f64: Function,
+    randn_f16: Function,
+    randn_bf16: Function,
+    fills: [Function; 4],
+    binary_f32: Function,
+    moments_f32: Function,
+    moments_finish: Function,
     /// The module's `moments_scratch` (two doubles).
-    scratch: u64,
-}
-
-fn launch_error(kernel: &str, error: cu::DriverError) -> DeviceError {
-    DeviceError::Driver(format!("launching {kernel} failed: {}", describe(error)))
+    scratch: DevicePtr,
+    /// Held from the first reduction launch until its result is copied back: the module (so
+    /// `moments_partials` and `moments_scratch`) is shared by every thread of the process, and
+    /// two reductions at once would overwrite each other's partial sums.
+    reducing: Mutex<()>,
 }
 
 /// Blocks for a grid-stride kernel over `n` elements.
@@ -197,137 +239,52 @@ fn grid_for(n: u64) -> u32 {
     n.div_ceil(u64::from(THREADS)).clamp(1, MAX_GRID) as u32
 }
 
-/// Thread blocks of `f` that fill the device once: `multiprocessors` × the blocks of
-/// [`THREADS`] threads one multiprocessor holds at a time (the driver's occupancy figure).
-fn resident_grid(f: sys::CUfunction, name: &str, multiprocessors: u32) -> Result<u64, DeviceError> {
-    // SAFETY: `f` is a function of the loaded module.
-    let per_multiprocessor =
-        unsafe { cu::occupancy::max_active_block_per_multiprocessor(f, THREADS as i32, 0) }
-            .map_err(|error| {
-                driver_error(
-                    &format!("cuOccupancyMaxActiveBlocksPerMultiprocessor({name})"),
-                    error,
-                )
-            })?;
-    Ok(u64::from(multiprocessors) * u64::from(per_multiprocessor.max(1) as u32))
-}
-
-/// Launches `f` on the default stream.
-///
-/// # Safety
-/// `params` must point at live values of exactly the kernel's parameter types, and every
-/// address among them must be valid device memory of the sizes the kernel touches.
-unsafe fn launch(
-    f: sys::CUfunction,
-    name: &str,
-    grid: u32,
-    params: &mut [*mut c_void],
-) -> Result<(), DeviceError> {
-    cu::launch_kernel(
-        f,
-        (grid, 1, 1),
-        (THREADS, 1, 1),
-        0,
-        cu::stream::null(),
-        params,
-    )
-    .map_err(|error| launch_error(name, error))
-}
-
-/// A pointer to `value` as a kernel parameter.
-fn param<T>(value: &mut T) -> *mut c_void {
-    (value as *mut T).cast()
-}
-
 impl Kernels {
-    /// Compiles `values.cu` for `compute_capability` and loads it into the current context;
-    /// `multiprocessors` sizes the grid-stride launches.
-    pub fn load(
-        compute_capability: (i32, i32),
-        multiprocessors: u32,
-    ) -> Result<Kernels, DeviceError> {
-        // SAFETY: only tries to load the library.
-        if !unsafe { nvrtc::sys::is_culib_present() } {
-            return Err(DeviceError::Driver(
-                "NVRTC (libnvrtc.so) was not found; it ships with the CUDA toolkit: add its lib64 folder to LD_LIBRARY_PATH"
-                    .into(),
-            ));
-        }
-        let missing = missing_symbols!(nvrtc::sys::culib, NVRTC_SYMBOLS);
-        if !missing.is_empty() {
-            return Err(DeviceError::Driver(format!(
-                "the NVRTC library lacks {}",
-                missing.join(", ")
-            )));
-        }
-        let (major, minor) = compute_capability;
-        let options = CompileOptions {
-            options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
-            name: Some("values.cu".into()),
-            ..Default::default()
-        };
-        let ptx = nvrtc::compile_ptx_with_opts(SOURCE, options).map_err(|error| {
-            DeviceError::Driver(format!(
-                "compiling the kernels with NVRTC failed: {error:?}"
-            ))
-        })?;
-        let image = CString::new(ptx.to_src())
-            .map_err(|_| DeviceError::Driver("NVRTC produced PTX containing NUL".into()))?;
-        // SAFETY: `image` is NUL-terminated PTX text; a context is current (the caller
-        // activated it). The module stays loaded for the rest of the process.
-        let handle = unsafe { module::load_data(image.as_ptr().cast()) }
-            .map_err(|error| driver_error("cuModuleLoadData", error))?;
-        let function = |name: &str| -> Result<sys::CUfunction, DeviceError> {
-            let c_name = CString::new(name)
-                .map_err(|_| DeviceError::Driver(format!("bad kernel name {name}")))?;
-            // SAFETY: `handle` is a loaded module.
-            unsafe { module::get_function(handle, c_name) }
-                .map_err(|error| driver_error(&format!("cuModuleGetFunction({name})"), error))
-        };
-        let scratch_name = CString::new("moments_scratch")
-            .map_err(|_| DeviceError::Driver("bad symbol name".into()))?;
-        // SAFETY: `handle` is a loaded module declaring `moments_scratch`.
-        let (scratch, _) = unsafe { module::get_global(handle, scratch_name) }
-            .map_err(|error| driver_error("cuModuleGetGlobal(moments_scratch)", error))?;
-        let randn_f32 = RANDN_F32_VARIANTS
-            .iter()
-            .map(|variant| {
-                let f = function(variant.name)?;
-                let limit = match variant.launch {
-                    RandnLaunch::Each => None,
-                    RandnLaunch::Loop => Some(resident_grid(f, variant.name, multiprocessors)?),
-                };
-                Ok((f, limit))
-            })
-            .collect::<Result<Vec<_>, DeviceError>>()?;
+    /// The production kernels of `module` (compiled from [`production_source`]);
+    /// `multiprocessors` sizes the randn grid.
+    pub fn load(module: &Arc<Module>, multiprocessors: u32) -> Result<Kernels, DeviceError> {
+        let (scratch, _) = module.global("moments_scratch")?;
         Ok(Kernels {
-            randn_f32,
-            randn_f64: function("randn_f64")?,
-            randn_f16: function("randn_f16")?,
-            randn_bf16: function("randn_bf16")?,
+            randn_f32: RandnKernel::new(module.function("randn_f32")?, multiprocessors)?,
+            randn_f64: module.function("randn_f64")?,
+            randn_f16: module.function("randn_f16")?,
+            randn_bf16: module.function("randn_bf16")?,
             fills: [
-                function("fill_u8")?,
-                function("fill_u16")?,
-                function("fill_u32")?,
-                function("fill_u64")?,
+                module.function("fill_u8")?,
+                module.function("fill_u16")?,
+                module.function("fill_u32")?,
+                module.function("fill_u64")?,
             ],
-            binary_f32: function("binary_f32")?,
-            moments_f32: function("moments_f32")?,
-            moments_finish: function("moments_finish")?,
+            binary_f32: module.function("binary_f32")?,
+            moments_f32: module.function("moments_f32")?,
+            moments_finish: module.function("moments_finish")?,
             scratch,
+            reducing: Mutex::new(()),
         })
+    }
+
+    /// The float32 randn kernel.
+    pub fn randn_f32(&self) -> &RandnKernel {
+        &self.randn_f32
     }
 
     /// Sets `n` elements of `width` bytes (1, 2, 4 or 8) at `ptr` to the low bytes of
     /// `pattern`.
-    pub fn fill(&self, ptr: u64, n: u64, width: usize, pattern: u64) -> Result<(), DeviceError> {
+    pub fn fill(
+        &self,
+        current: &Current<'_>,
+        ptr: DevicePtr,
+        n: u64,
+        width: usize,
+        pattern: u64,
+    ) -> Result<(), DeviceError> {
         let f = match width {
-            1 => self.fills[0],
-            2 => self.fills[1],
-            4 => self.fills[2],
-            8 => self.fills[3],
+            1 => &self.fills[0],
+            2 => &self.fills[1],
+            4 => &self.fills[2],
+            8 => &self.fills[3],
             _ => {
-                return Err(DeviceError::Driver(format!(
+                return Err(DeviceError::InvalidArgument(format!(
                     "no fill kernel for {width}-byte elements"
                 )))
             }
@@ -338,55 +295,33 @@ impl Kernels {
         let (mut ptr, mut n, mut pattern) = (ptr, n, pattern);
         let mut params = [param(&mut ptr), param(&mut n), param(&mut pattern)];
         // SAFETY: (T* out, u64 n, u64 pattern); `ptr` holds n elements of `width` bytes.
-        unsafe { launch(f, "fill", grid_for(n), &mut params) }
+        unsafe { f.launch(current, grid_for(n), THREADS, &mut params) }
     }
 
-    /// Writes stream values `offset .. offset + n` of the generator keyed by `seed` at
-    /// `ptr`. `offset` must be a multiple of 4; for float32 formats `ptr` must be 16-byte
-    /// aligned.
+    /// Writes stream values `offset .. offset + n` of the generator keyed by `seed` at `ptr`.
+    /// `offset` must be a multiple of 4; for float32 `ptr` must be 16-byte aligned.
     pub fn randn(
         &self,
+        current: &Current<'_>,
         format: RandnFormat,
-        ptr: u64,
+        ptr: DevicePtr,
         n: u64,
         seed: u64,
         offset: u64,
     ) -> Result<(), DeviceError> {
-        if !offset.is_multiple_of(4) {
-            return Err(DeviceError::Driver(format!(
-                "randn: stream offset {offset} is not a multiple of 4"
-            )));
-        }
+        let f = match format {
+            RandnFormat::F32 => return self.randn_f32.launch(current, ptr, n, seed, offset),
+            RandnFormat::F64 => &self.randn_f64,
+            RandnFormat::F16 => &self.randn_f16,
+            RandnFormat::BF16 => &self.randn_bf16,
+        };
+        check_randn(ptr, offset, 1)?;
         if n == 0 {
             return Ok(());
         }
-        // The float32 kernels store four values at a time (16-byte stores); a misaligned store
-        // would fault and poison the context for every later call.
-        if matches!(format, RandnFormat::F32 | RandnFormat::F32Variant(_))
-            && !ptr.is_multiple_of(16)
-        {
-            return Err(DeviceError::Driver(format!(
-                "randn: address {ptr:#x} is not 16-byte aligned"
-            )));
-        }
-        let variant = |index: usize| {
-            self.randn_f32
-                .get(index)
-                .copied()
-                .ok_or_else(|| DeviceError::Driver(format!("no randn variant {index}")))
-        };
-        let (f, limit) = match format {
-            RandnFormat::F32 => variant(RANDN_F32_DEFAULT)?,
-            RandnFormat::F32Variant(index) => variant(index)?,
-            RandnFormat::F64 => (self.randn_f64, None),
-            RandnFormat::F16 => (self.randn_f16, None),
-            RandnFormat::BF16 => (self.randn_bf16, None),
-        };
-        // One thread per block of four values, fewer when the kernel loops.
-        let grid = n.div_ceil(4).div_ceil(u64::from(THREADS));
-        let grid = limit.map_or(grid, |limit| grid.min(limit));
-        let grid = u32::try_from(grid).map_err(|_| {
-            DeviceError::Driver(format!("randn: {n} elements are too many for one launch"))
+        // One thread per block of four values.
+        let grid = u32::try_from(n.div_ceil(4).div_ceil(u64::from(THREADS))).map_err(|_| {
+            DeviceError::InvalidArgument(format!("randn: {n} elements are too many for one launch"))
         })?;
         let (mut ptr, mut n, mut block0) = (ptr, n, offset / 4);
         let mut keys = PhiloxKeys::new(seed);
@@ -396,26 +331,28 @@ impl Kernels {
             param(&mut block0),
             param(&mut keys),
         ];
-        // SAFETY: (T* out, u64 n, u64 block0, PhiloxKeys key) with PhiloxKeys #[repr(C)] as
-        // the kernel's struct of 20 u32; `ptr` holds n elements.
-        unsafe { launch(f, "randn", grid, &mut params) }
+        // SAFETY: (T* out, u64 n, u64 block0, PhiloxKeys key) as in RandnKernel::launch; `ptr`
+        // holds n elements.
+        unsafe { f.launch(current, grid, THREADS, &mut params) }
     }
 
     /// `out = a op b` over `n` float32 elements.
     pub fn binary_f32(
         &self,
+        current: &Current<'_>,
         op: ElementwiseOp,
         operands: Operands,
-        out: u64,
+        out: DevicePtr,
         n: u64,
     ) -> Result<(), DeviceError> {
         if n == 0 {
             return Ok(());
         }
+        let null = DevicePtr(0);
         let (mut a, mut b, mut mode, mut scalar) = match operands {
             Operands::Tensors(a, b) => (a, b, 0i32, 0f32),
-            Operands::TensorScalar(a, s) => (a, 0, 1, s),
-            Operands::ScalarTensor(s, b) => (0, b, 2, s),
+            Operands::TensorScalar(a, s) => (a, null, 1, s),
+            Operands::ScalarTensor(s, b) => (null, b, 2, s),
         };
         let (mut out, mut n, mut op) = (out, n, op as i32);
         let mut params = [
@@ -429,87 +366,45 @@ impl Kernels {
         ];
         // SAFETY: (const float* a, const float* b, float* out, u64 n, int op, int mode,
         // float scalar); the kernel reads only the tensor operands `mode` names.
-        unsafe { launch(self.binary_f32, "binary_f32", grid_for(n), &mut params) }
+        unsafe {
+            self.binary_f32
+                .launch(current, grid_for(n), THREADS, &mut params)
+        }
     }
 
     /// `(Σ (x − shift), Σ (x − shift)²)` over `n` float32 elements, accumulated in double in
     /// a fixed order (the same input always gives the same bits).
-    pub fn moments_f32(&self, ptr: u64, n: u64, shift: f64) -> Result<(f64, f64), DeviceError> {
+    pub fn moments_f32(
+        &self,
+        current: &Current<'_>,
+        ptr: DevicePtr,
+        n: u64,
+        shift: f64,
+    ) -> Result<(f64, f64), DeviceError> {
         let mut blocks = n.div_ceil(u64::from(THREADS)).clamp(1, MOMENTS_MAX_BLOCKS);
         let (mut ptr, mut n, mut shift) = (ptr, n, shift);
+        // No data behind the lock: a panic elsewhere cannot leave the scratch inconsistent.
+        let _reducing = self
+            .reducing
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut params = [param(&mut ptr), param(&mut n), param(&mut shift)];
         // SAFETY: (const float* x, u64 n, double shift); `ptr` holds n floats; at most
         // MOMENTS_MAX_BLOCKS blocks, the size of the partials array.
-        unsafe { launch(self.moments_f32, "moments_f32", blocks as u32, &mut params) }?;
+        unsafe {
+            self.moments_f32
+                .launch(current, blocks as u32, THREADS, &mut params)
+        }?;
         let mut params = [param(&mut blocks)];
         // SAFETY: (u64 blocks); reads the partials the previous launch wrote.
-        unsafe { launch(self.moments_finish, "moments_finish", 1, &mut params) }?;
-        let mut result = [0f64; 2];
-        // SAFETY: copies the 16-byte scratch; synchronous, after the kernels on the same stream.
-        unsafe { cu::memcpy_dtoh_sync(&mut result, self.scratch) }
-            .map_err(|error| driver_error("cuMemcpyDtoH", error))?;
-        Ok((result[0], result[1]))
+        unsafe { self.moments_finish.launch(current, 1, THREADS, &mut params) }?;
+        let mut bytes = [0u8; 16];
+        // SAFETY: the module's 16-byte scratch; the copy waits for the kernels on the stream.
+        unsafe { current.copy_to_host(&mut bytes, self.scratch) }?;
+        let (sum, squares) = bytes.split_at(8);
+        let value = |half: &[u8]| f64::from_ne_bytes(half.try_into().unwrap_or([0; 8]));
+        Ok((value(sum), value(squares)))
     }
-
-    /// Milliseconds per launch of `randn` over `n` elements at `ptr`, timed with CUDA events
-    /// around `reps` back-to-back launches after one warm-up launch.
-    pub fn time_randn(
-        &self,
-        format: RandnFormat,
-        ptr: u64,
-        n: u64,
-        seed: u64,
-        reps: u32,
-    ) -> Result<f64, DeviceError> {
-        self.randn(format, ptr, n, seed, 0)?;
-        let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
-        let start = event::create(flags).map_err(|error| driver_error("cuEventCreate", error))?;
-        let stop = event::create(flags).map_err(|error| driver_error("cuEventCreate", error))?;
-        let timed = (|| {
-            // SAFETY: both events were just created on the current context.
-            unsafe { event::record(start, cu::stream::null()) }
-                .map_err(|error| driver_error("cuEventRecord", error))?;
-            for _ in 0..reps {
-                self.randn(format, ptr, n, seed, 0)?;
-            }
-            // SAFETY: as above.
-            unsafe { event::record(stop, cu::stream::null()) }
-                .map_err(|error| driver_error("cuEventRecord", error))?;
-            // SAFETY: as above. The elapsed time is defined once `stop` has completed.
-            unsafe { event::synchronize(stop) }
-                .map_err(|error| driver_error("cuEventSynchronize", error))?;
-            // SAFETY: as above.
-            unsafe { event::elapsed(start, stop) }
-                .map_err(|error| driver_error("cuEventElapsedTime", error))
-        })();
-        // SAFETY: the events are not used after this.
-        unsafe {
-            let _ = event::destroy(start);
-            let _ = event::destroy(stop);
-        }
-        Ok(f64::from(timed?) / f64::from(reps.max(1)))
-    }
-}
-
-/// Copies `bytes` bytes from device address `src` to the host.
-pub fn read(src: u64, bytes: usize) -> Result<Vec<u8>, DeviceError> {
-    let mut host = vec![0u8; bytes];
-    if bytes > 0 {
-        // SAFETY: `src` holds at least `bytes` bytes; synchronous copy on the default stream.
-        unsafe { cu::memcpy_dtoh_sync(&mut host, src) }
-            .map_err(|error| driver_error("cuMemcpyDtoH", error))?;
-    }
-    Ok(host)
-}
-
-/// Copies `bytes` bytes between device addresses.
-pub fn copy(dst: u64, src: u64, bytes: usize) -> Result<(), DeviceError> {
-    if bytes == 0 {
-        return Ok(());
-    }
-    // SAFETY: both ranges are valid device memory of `bytes` bytes.
-    unsafe { cu::memcpy_dtod_sync(dst, src, bytes) }
-        .map_err(|error| driver_error("cuMemcpyDtoD", error))
 }
 
 #[cfg(test)]
@@ -526,40 +421,54 @@ mod tests {
             keys.k[19],
             0xFFFF_FFFFu32.wrapping_add(9u32.wrapping_mul(0xBB67_AE85))
         );
+        assert_eq!((keys.m0, keys.m1), (0xD251_1F53, 0xCD9E_8D57));
+        assert!(RANDN_SOURCE.contains("#define PHILOX_M0 0xD2511F53u"));
+        assert!(RANDN_SOURCE.contains("#define PHILOX_M1 0xCD9E8D57u"));
     }
 
     #[test]
     fn round_keys_give_the_twins_philox() {
-        // Philox with the host's key schedule, round by round as values.cu runs it, equals
-        // the CPU twin's Philox (which derives the keys itself).
+        // Philox with the host's key schedule, round by round as randn.cu runs it, equals the
+        // CPU twin's Philox (which derives the keys itself), for every supported round count.
         let seed = 0x0123_4567_89AB_CDEF;
         let keys = PhiloxKeys::new(seed);
-        let mut c = [7u32, 9, 0, 0];
-        for round in keys.k.chunks_exact(2) {
-            let p0 = u64::from(0xD251_1F53u32) * u64::from(c[0]);
-            let p1 = u64::from(0xCD9E_8D57u32) * u64::from(c[2]);
-            c = [
-                (p1 >> 32) as u32 ^ c[1] ^ round[0],
-                p1 as u32,
-                (p0 >> 32) as u32 ^ c[3] ^ round[1],
-                p0 as u32,
-            ];
+        for rounds in philox::SUPPORTED_ROUNDS {
+            let mut c = [7u32, 9, 0, 0];
+            for round in keys.k.chunks_exact(2).take(rounds) {
+                let p0 = u64::from(keys.m0) * u64::from(c[0]);
+                let p1 = u64::from(keys.m1) * u64::from(c[2]);
+                c = [
+                    (p1 >> 32) as u32 ^ c[1] ^ round[0],
+                    p1 as u32,
+                    (p0 >> 32) as u32 ^ c[3] ^ round[1],
+                    p0 as u32,
+                ];
+            }
+            assert_eq!(c, philox::block_words(seed, 7 | (9 << 32), rounds));
         }
-        assert_eq!(
-            c,
-            philox::philox4x32_10([7, 9, 0, 0], [seed as u32, (seed >> 32) as u32])
-        );
     }
 
     #[test]
-    fn every_variant_is_in_values_cu_and_the_default_is_exact() {
-        assert!(RANDN_F32_VARIANTS[RANDN_F32_DEFAULT].twin);
-        let names: Vec<_> = RANDN_F32_VARIANTS.iter().map(|v| v.name).collect();
-        for name in names {
-            assert!(
-                SOURCE.contains(&format!("RANDN_F32({name},")),
-                "{name} not in values.cu"
-            );
-        }
+    fn the_production_source_carries_its_configuration() {
+        let source = production_source();
+        assert!(source.starts_with(&format!("#define GPUMEM_PHILOX_ROUNDS {PHILOX_ROUNDS}\n")));
+        assert!(source.contains("extern \"C\" __global__ void randn_f32("));
+        const { assert!(RANDN_LAYOUT.per_thread == 1 || RANDN_LAYOUT.per_thread == 2) };
+        // No benchmark-only code in the production module.
+        assert!(!source.contains("box_muller_v1") && !source.contains("RANDN_VARIANT"));
+    }
+
+    #[test]
+    fn randn_arguments_are_checked_before_launching() {
+        assert!(check_randn(DevicePtr(512), 8, 16).is_ok());
+        assert!(matches!(
+            check_randn(DevicePtr(512), 6, 16),
+            Err(DeviceError::InvalidArgument(_))
+        ));
+        let error = check_randn(DevicePtr(520), 0, 16).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "randn: address 0x208 is not 16-byte aligned"
+        );
     }
 }

@@ -1,0 +1,345 @@
+//! A real CUDA GPU through cudarc: one process-wide handle per device ([`CudaGpu`]) holding the
+//! device's primary context (created lazily, on the first call that needs it), the compiled
+//! value kernels and NVML's view of the device; and the [`DeviceMemory`] the caching allocator
+//! draws segments from ([`CudaDevice`]): plain `cuMemAlloc`/`cuMemFree`, exactly as PyTorch's
+//! allocator gets them from `cudaMalloc`/`cudaFree`, and the driver's free/total figures.
+//!
+//! Stream-ordered pools, managed memory and cudarc's `CudaSlice` are deliberately not used: they
+//! would hide segments in the driver's own pool, out of the allocator's (and NVML's) sight.
+//!
+//! Layers: [`driver`] wraps the driver API (the only caller of `cudarc::driver`), [`nvrtc`] the
+//! compiler; this module owns the handles; `device::kernels` launches kernels through them.
+//!
+//! Set `GPUMEM_LOG=cuda` to have one line on stderr for the context's creation and for each
+//! NVRTC compilation, with its time.
+
+pub mod driver;
+pub mod nvrtc;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+pub use driver::{Current, DevicePtr, Module, PrimaryContext, MIN_DRIVER_VERSION};
+
+use super::kernels::Kernels;
+use super::nvml::DriverView;
+use super::{DeviceError, DeviceMemory, DriverMemory, ProcessMemory};
+
+/// The environment variable naming what gpumem logs on stderr (comma-separated topics).
+pub const LOG_VARIABLE: &str = "GPUMEM_LOG";
+/// The [`LOG_VARIABLE`] topic for the CUDA layer.
+pub const LOG_TOPIC: &str = "cuda";
+
+/// Whether `GPUMEM_LOG` names the `cuda` topic (read once per process).
+pub fn logging() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| {
+        std::env::var(LOG_VARIABLE).is_ok_and(|value| {
+            value
+                .split(',')
+                .any(|topic| topic.trim().eq_ignore_ascii_case(LOG_TOPIC))
+        })
+    })
+}
+
+/// Prints one `gpumem[cuda]: ...` line on stderr when [`logging`] is on.
+fn log(message: impl FnOnce() -> String) {
+    if logging() {
+        eprintln!("gpumem[{LOG_TOPIC}]: {}", message());
+    }
+}
+
+/// Locks `mutex`, ignoring poisoning: the mutexes here guard no data, only one-time
+/// initialisation that a panicking thread cannot have left half done.
+fn lock(mutex: &Mutex<()>) -> MutexGuard<'_, ()> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One CUDA device and, once something needed them, its primary context and compiled kernels.
+///
+/// There is one per device per process ([`CudaGpu::open`] hands out the same `Arc`), shared by
+/// every session and thread — the [`CudaDevice`] each allocator owns and the tensor layer's
+/// CUDA backend — so the process has one context, one kernel module and one NVML baseline per
+/// device, as PyTorch has. Each thread that uses it makes the context current on itself
+/// ([`CudaGpu::activate`]).
+pub struct CudaGpu {
+    device: driver::Device,
+    name: String,
+    uuid: String,
+    total: u64,
+    compute_capability: (i32, i32),
+    /// Streaming multiprocessors (sizes grid-stride launches).
+    multiprocessors: u32,
+    /// Declared before `context`, so the module is unloaded before the context is released.
+    kernels: OnceLock<Kernels>,
+    context: OnceLock<Arc<PrimaryContext>>,
+    /// Serialise the creation of `context`, resp. the compilation of `kernels`, so threads
+    /// starting at once create and compile once.
+    context_init: Mutex<()>,
+    kernels_init: Mutex<()>,
+    /// NVRTC compilations this handle made (each logged under `GPUMEM_LOG=cuda`).
+    compiles: AtomicUsize,
+    /// NVML's view of the device, opened before the context existed so its baseline excludes
+    /// it; the reason when NVML is unavailable.
+    driver_view: Result<DriverView, DeviceError>,
+}
+
+/// The handles opened so far, one per device.
+static OPENED: Mutex<Vec<Arc<CudaGpu>>> = Mutex::new(Vec::new());
+
+impl CudaGpu {
+    /// The process-wide handle of device `ordinal`. The first call finds the device and reads
+    /// NVML's baseline without creating a context; it fails with [`DeviceError::Unavailable`]
+    /// when the driver library or one of its symbols is missing or the driver is older than
+    /// [`MIN_DRIVER_VERSION`], and with [`DeviceError::NoSuchDevice`] when there is no device
+    /// `ordinal`. Failures are not remembered: a later call tries again.
+    pub fn open(ordinal: usize) -> Result<Arc<CudaGpu>, DeviceError> {
+        let mut opened = OPENED
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(gpu) = opened.iter().find(|gpu| gpu.ordinal() == ordinal) {
+            return Ok(Arc::clone(gpu));
+        }
+        let gpu = Arc::new(Self::find(ordinal)?);
+        opened.push(Arc::clone(&gpu));
+        Ok(gpu)
+    }
+
+    /// Looks device `ordinal` up and opens NVML's view of it (before any context exists, so the
+    /// view's baseline leaves the context out).
+    fn find(ordinal: usize) -> Result<CudaGpu, DeviceError> {
+        driver::init()?;
+        let device = driver::Device::get(ordinal)?;
+        let uuid = device.uuid()?;
+        let major = device.attribute(driver::Attribute::ComputeCapabilityMajor)?;
+        let minor = device.attribute(driver::Attribute::ComputeCapabilityMinor)?;
+        let multiprocessors = device.attribute(driver::Attribute::MultiprocessorCount)?;
+        let driver_view = DriverView::open(&uuid, ordinal);
+        Ok(CudaGpu {
+            device,
+            name: device.name()?,
+            uuid,
+            total: device.total_memory()?,
+            compute_capability: (major, minor),
+            multiprocessors: u32::try_from(multiprocessors).unwrap_or(0).max(1),
+            kernels: OnceLock::new(),
+            context: OnceLock::new(),
+            context_init: Mutex::new(()),
+            kernels_init: Mutex::new(()),
+            compiles: AtomicUsize::new(0),
+            driver_view,
+        })
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.device.ordinal()
+    }
+
+    /// The marketing name (`NVIDIA H200`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, the form NVML uses.
+    pub fn uuid(&self) -> &str {
+        &self.uuid
+    }
+
+    /// `(major, minor)` compute capability.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute_capability
+    }
+
+    /// Streaming multiprocessors.
+    pub fn multiprocessors(&self) -> u32 {
+        self.multiprocessors
+    }
+
+    /// The primary context, created (retained) on first use.
+    pub fn context(&self) -> Result<&Arc<PrimaryContext>, DeviceError> {
+        if let Some(context) = self.context.get() {
+            return Ok(context);
+        }
+        let _creating = lock(&self.context_init);
+        if let Some(context) = self.context.get() {
+            return Ok(context);
+        }
+        let start = Instant::now();
+        let context = Arc::new(PrimaryContext::retain(self.device)?);
+        log(|| {
+            format!(
+                "created the primary context of cuda:{} in {:.1} ms",
+                self.ordinal(),
+                start.elapsed().as_secs_f64() * 1e3
+            )
+        });
+        Ok(self.context.get_or_init(|| context))
+    }
+
+    /// Makes the device's primary context current on this thread (creating it on first use)
+    /// and returns the proof that calls needing it take. Every call that touches the device
+    /// goes through here.
+    pub fn activate(&self) -> Result<Current<'_>, DeviceError> {
+        self.context()?.current()
+    }
+
+    /// Waits until every kernel launched on the device has finished (`cuCtxSynchronize`);
+    /// kernel launches return before the kernel runs. Nothing to wait for without a context.
+    pub fn synchronize(&self) -> Result<(), DeviceError> {
+        match self.context.get() {
+            Some(context) => context.current()?.synchronize(),
+            None => Ok(()),
+        }
+    }
+
+    /// Compiles `source` (named `name` in messages and logs) with NVRTC for this device and
+    /// loads it into the primary context. Counted ([`CudaGpu::compiles`]) and, under
+    /// `GPUMEM_LOG=cuda`, logged with its time.
+    pub fn compile_module(&self, source: &str, name: &str) -> Result<Arc<Module>, DeviceError> {
+        let context = self.context()?;
+        let start = Instant::now();
+        let ptx = nvrtc::compile(source, name, self.compute_capability)?;
+        let compiled = start.elapsed();
+        let module = Module::load_ptx(context, &ptx)?;
+        let count = self.compiles.fetch_add(1, Ordering::Relaxed) + 1;
+        log(|| {
+            let (major, minor) = self.compute_capability;
+            format!(
+                "compiled {name} for compute_{major}{minor} with NVRTC in {:.1} ms, loaded in {:.1} ms (compilation {count} of this process)",
+                compiled.as_secs_f64() * 1e3,
+                (start.elapsed() - compiled).as_secs_f64() * 1e3
+            )
+        });
+        Ok(module)
+    }
+
+    /// NVRTC compilations made so far through this handle (the production kernels once, plus
+    /// one per `gpumem bench randn` run).
+    pub fn compiles(&self) -> usize {
+        self.compiles.load(Ordering::Relaxed)
+    }
+
+    /// The value kernels, compiled for this device on first use: once per process, whichever
+    /// thread or session asks first (the others wait for it).
+    pub fn kernels(&self) -> Result<&Kernels, DeviceError> {
+        if let Some(kernels) = self.kernels.get() {
+            return Ok(kernels);
+        }
+        let _compiling = lock(&self.kernels_init);
+        if let Some(kernels) = self.kernels.get() {
+            return Ok(kernels);
+        }
+        let module = self.compile_module(
+            &super::kernels::production_source(),
+            super::kernels::SOURCE_NAME,
+        )?;
+        let kernels = Kernels::load(&module, self.multiprocessors)?;
+        Ok(self.kernels.get_or_init(|| kernels))
+    }
+}
+
+/// The [`DeviceMemory`] of a CUDA GPU: what the caching allocator draws segments from.
+pub struct CudaDevice {
+    gpu: Arc<CudaGpu>,
+}
+
+impl CudaDevice {
+    /// The device of `gpu`.
+    pub fn new(gpu: Arc<CudaGpu>) -> CudaDevice {
+        CudaDevice { gpu }
+    }
+
+    /// The shared device handle (for the value backend).
+    pub fn gpu(&self) -> &Arc<CudaGpu> {
+        &self.gpu
+    }
+}
+
+impl DeviceMemory for CudaDevice {
+    fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        Ok(self.gpu.activate()?.mem_alloc(bytes)?.addr())
+    }
+
+    fn free(&mut self, address: u64) -> Result<(), DeviceError> {
+        let current = self.gpu.activate()?;
+        // SAFETY: the allocator frees only addresses `malloc` returned, once, and only blocks
+        // no tensor uses; work queued on them ran on the same (legacy default) stream, which
+        // cuMemFree waits for.
+        unsafe { current.mem_free(DevicePtr(address)) }
+    }
+
+    fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
+        self.gpu.activate()?.mem_get_info()
+    }
+
+    fn total_memory(&self) -> u64 {
+        self.gpu.total
+    }
+
+    fn index(&self) -> usize {
+        self.gpu.ordinal()
+    }
+
+    fn process_memory(&self) -> Vec<ProcessMemory> {
+        match &self.gpu.driver_view {
+            Ok(view) => view.processes().unwrap_or_default(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    fn label(&self) -> String {
+        format!("cuda:{}", self.gpu.ordinal())
+    }
+
+    fn driver_memory(&self) -> Result<DriverMemory, DeviceError> {
+        match &self.gpu.driver_view {
+            Ok(view) => view.read(),
+            Err(reason) => Err(DeviceError::Unavailable(format!(
+                "NVML is unavailable: {reason}"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_handle_is_shared_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<CudaGpu>();
+        assert_send_sync::<Arc<CudaGpu>>();
+        assert_send_sync::<Kernels>();
+    }
+
+    #[test]
+    fn log_lines_name_their_topic() {
+        assert_eq!(LOG_VARIABLE, "GPUMEM_LOG");
+        assert_eq!(LOG_TOPIC, "cuda");
+    }
+
+    #[test]
+    fn opening_without_a_usable_gpu_is_a_typed_error_every_time() {
+        // Where CUDA works this opens the device; elsewhere (CI) it must say why, the same way on
+        // every call, without panicking and without caching the failure.
+        match (CudaGpu::open(0), CudaGpu::open(0)) {
+            (Ok(first), Ok(second)) => assert!(Arc::ptr_eq(&first, &second)),
+            (Err(first), Err(second)) => {
+                assert_eq!(first, second);
+                assert!(
+                    matches!(
+                        first,
+                        DeviceError::Unavailable(_) | DeviceError::NoSuchDevice { .. }
+                    ),
+                    "{first:?}"
+                );
+            }
+            (first, second) => panic!("{:?} then {:?}", first.err(), second.err()),
+        }
+    }
+}

@@ -1,0 +1,109 @@
+"""Replays PyTorch's recorded allocator traces through the gpumem binary on a device and compares
+every recorded counter after every op (the GPU-side twin of tests/pytorch_traces.rs).
+
+usage: traces.py GPUMEM DEVICE FIXTURE.json[.gz] [...]
+Each fixture becomes one Rhai script: the traces' ops on 12 slots, `memory_stats()` printed after
+every op, run with the fixture's allocator config and memory fraction. Traces on a second stream
+are skipped (scripts have no stream binding). Prints one line per fixture and `FAIL` lines for
+the first mismatches; exits 1 on any mismatch.
+"""
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+# Counters the shared fixtures count from each trace's start (their README); the recorded .gz
+# fixtures reset every accumulated counter at each trace start instead.
+PER_TRACE = ["num_alloc_retries", "num_device_alloc", "num_device_free", "num_ooms"]
+
+
+def load(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def script_for(fixture, keys):
+    lines = ["let slots = [(), (), (), (), (), (), (), (), (), (), (), ()];"]
+    if fixture["memory_fraction"] < 1.0:
+        lines.append(f"set_per_process_memory_fraction({float(fixture['memory_fraction'])});")
+    resets = fixture.get("per_trace_counters", "").startswith("all")
+    for t, trace in enumerate(fixture["traces"]):
+        lines.append("slots = [(), (), (), (), (), (), (), (), (), (), (), ()];")
+        lines.append("synchronize(); empty_cache(); reset_peak_memory_stats();")
+        if resets:
+            lines.append("reset_accumulated_memory_stats();")
+        lines.append(f'print("T {t} " + memory_stats().to_json());')
+        for i, step in enumerate(trace["ops"]):
+            op = step["op"]
+            if op[0] == "alloc":
+                lines.append(f'try {{ slots[{op[1]}] = empty({op[2]}, "uint8"); print("A {t} {i} ok"); }} '
+                             f'catch (e) {{ print("A {t} {i} oom"); }}')
+            elif op[0] == "free":
+                lines.append(f"slots[{op[1]}] = ();")
+            else:
+                lines.append("empty_cache();")
+            lines.append(f'print("S {t} {i} " + memory_stats().to_json());')
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    gpumem, device, paths = sys.argv[1], sys.argv[2], sys.argv[3:]
+    failures = 0
+    for path in paths:
+        fixture = load(path)
+        if fixture.get("streams"):
+            print(f"skip {os.path.basename(path)}: second-stream traces need a stream binding")
+            continue
+        keys = sorted(fixture["traces"][0]["ops"][0]["stats"])
+        script = f"/tmp/gpumem-trace-{os.path.basename(path)}.rhai"
+        open(script, "w").write(script_for(fixture, keys))
+        run = subprocess.run([gpumem, "--device", device, "--alloc-conf", fixture["alloc_conf"],
+                              "--max-operations", "0", "run", script],
+                             capture_output=True, text=True)
+        if run.returncode != 0:
+            print(f"FAIL {path}: exit {run.returncode}: {run.stderr[-800:]}")
+            failures += 1
+            continue
+        base, stats, outcome = {}, {}, {}
+        for line in run.stdout.splitlines():
+            kind, rest = line[:1], line[2:]
+            if kind == "T":
+                t, js = rest.split(" ", 1)
+                base[int(t)] = json.loads(js)
+            elif kind == "S":
+                t, i, js = rest.split(" ", 2)
+                stats[(int(t), int(i))] = json.loads(js)
+            elif kind == "A":
+                t, i, what = rest.split(" ")
+                outcome[(int(t), int(i))] = what
+        resets = fixture.get("per_trace_counters", "").startswith("all")
+        compared = mismatches = 0
+        for t, trace in enumerate(fixture["traces"]):
+            for i, step in enumerate(trace["ops"]):
+                op = step["op"]
+                if op[0] == "alloc":
+                    expected = "oom" if op[-1] == "oom" else "ok"
+                    if outcome.get((t, i)) != expected:
+                        mismatches += 1
+                        if mismatches <= 5:
+                            print(f"FAIL {os.path.basename(path)} trace {t} op {i} {op}: "
+                                  f"gpumem {outcome.get((t, i))}, PyTorch {expected}")
+                got = stats.get((t, i), {})
+                for key, want in step["stats"].items():
+                    value = got.get(key)
+                    if value is not None and not resets and key in PER_TRACE:
+                        value -= base[t].get(key, 0)
+                    compared += 1
+                    if value != want:
+                        mismatches += 1
+                        if mismatches <= 5:
+                            print(f"FAIL {os.path.basename(path)} trace {t} op {i} {op} {key}: "
+                                  f"gpumem {value}, PyTorch {want}")
+        print(f"{os.path.basename(path)} on {device}: {compared} counters compared, {mismatches} differ")
+        failures += mismatches > 0
+    sys.exit(1 if failures else 0)
+
+
+main()
