@@ -400,3 +400,21 @@ fn timeline_and_report_are_written_even_when_the_script_fails() {
     assert!(stderr.contains("must end in .svg or .png"), "{stderr}");
     assert!(!bad.exists());
 }
+
+#[test]
+fn piped_map_command_draws_plain_cells() {
+    let (stdout, stderr, code) = repl("let x = randn([2, 3]);\n:map\n");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("memory map: 1 segment, 2 MiB reserved, 512 B allocated"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(" small ") && stdout.contains("|1"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains('\u{1b}'),
+        "no colour when piped: {stdout:?}"
+    );
+}
