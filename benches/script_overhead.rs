@@ -29,10 +29,10 @@ fn allocation_loop(c: &mut Criterion) {
     group.bench_function("empty_1MiB_uint8_loop_100k", |b| {
         b.iter(|| host.engine().run_ast(&ast).expect("runs"))
     });
-    // Recording: script lines stamped, every event kept. A fresh recorder per run (set up
-    // outside the timing), so the kept events do not pile up across runs.
+    // Recording: script lines stamped (an observed runtime makes bindings stamp them), every
+    // event kept. A fresh recorder per run (set up outside the timing), so the kept events do
+    // not pile up across runs.
     let recording = new_host();
-    recording.locator().set_enabled(true);
     group.bench_function("empty_1MiB_uint8_loop_100k_recording", |b| {
         b.iter_batched(
             || Recorder::install(recording.runtime(), "bench"),

@@ -11,5 +11,6 @@ pub mod bench;
 pub mod device;
 pub mod script;
 pub mod session;
+pub mod snapshot;
 pub mod tensor;
 pub mod viz;

@@ -1,17 +1,19 @@
-//! Property tests: random operation sequences under random configs keep the allocator
-//! consistent — no overlaps, segments tiled exactly, every counter equal to a recount — and
-//! freeing everything then `empty_cache()` returns every segment.
+//! Property tests: random operation sequences on several streams under random configs (with
+//! and without expandable segments) keep the allocator consistent — no overlaps, segments and
+//! reserved ranges tiled exactly, every counter equal to a recount, reserved bytes equal to
+//! what the device handed out — and freeing everything then `empty_cache()` returns every
+//! segment, page and reserved range.
 
 use gpumem::alloc::{AllocConf, AllocError, Allocation, CachingAllocator};
 use gpumem::device::sim::SimDevice;
-use gpumem::device::DeviceMemory;
+use gpumem::device::{DeviceError, DeviceMemory};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Alloc { slot: usize, size: u64 },
+    Alloc { slot: usize, size: u64, stream: u64 },
     Free { slot: usize },
     EmptyCache,
     ResetPeak,
@@ -29,7 +31,8 @@ fn size_strategy() -> impl Strategy<Value = u64> {
 
 fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0_usize..16, size_strategy()).prop_map(|(slot, size)| Op::Alloc { slot, size }),
+        6 => (0_usize..16, size_strategy(), prop_oneof![4 => Just(0_u64), 1 => Just(1), 1 => Just(7)])
+            .prop_map(|(slot, size, stream)| Op::Alloc { slot, size, stream }),
         4 => (0_usize..16).prop_map(|slot| Op::Free { slot }),
         1 => Just(Op::EmptyCache),
         1 => Just(Op::ResetPeak),
@@ -45,29 +48,51 @@ fn config_strategy() -> impl Strategy<Value = (String, Option<f64>)> {
         Just("roundup_power2_divisions:[1:2,4:4,>:8]".to_string()),
         Just("garbage_collection_threshold:0.6".to_string()),
         Just("garbage_collection_threshold:0.3,max_split_size_mb:40".to_string()),
+        Just("expandable_segments:True".to_string()),
+        Just("expandable_segments:True,max_split_size_mb:20".to_string()),
+        Just("expandable_segments:True,roundup_power2_divisions:4".to_string()),
+        Just("expandable_segments:True,garbage_collection_threshold:0.5".to_string()),
     ];
     let fraction = prop_oneof![Just(None), (0.0005_f64..0.004).prop_map(Some)];
     (conf, fraction)
 }
 
-/// A device that counts what is outstanding so the test can see every segment came back.
+/// What a [`Tracked`] device has handed out and not yet taken back.
+#[derive(Debug, Default)]
+struct Outstanding {
+    segments: i64,
+    segment_bytes: u64,
+    mapped_bytes: u64,
+    reservations: i64,
+}
+
+type Shared = std::rc::Rc<std::cell::RefCell<Outstanding>>;
+
+/// A device that counts what is outstanding so the test can see every segment, page and
+/// reserved range came back, and compare the allocator's reserved bytes with the device's.
 struct Tracked {
     inner: SimDevice,
-    outstanding: std::rc::Rc<std::cell::Cell<i64>>,
+    outstanding: Shared,
+    sizes: std::collections::HashMap<u64, u64>,
 }
 
 impl DeviceMemory for Tracked {
-    fn malloc(&mut self, bytes: u64) -> Result<u64, gpumem::device::DeviceError> {
+    fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
         let ptr = self.inner.malloc(bytes)?;
-        self.outstanding.set(self.outstanding.get() + 1);
+        let mut out = self.outstanding.borrow_mut();
+        out.segments += 1;
+        out.segment_bytes += bytes;
+        self.sizes.insert(ptr, bytes);
         Ok(ptr)
     }
-    fn free(&mut self, address: u64) -> Result<(), gpumem::device::DeviceError> {
+    fn free(&mut self, address: u64) -> Result<(), DeviceError> {
         self.inner.free(address)?;
-        self.outstanding.set(self.outstanding.get() - 1);
+        let mut out = self.outstanding.borrow_mut();
+        out.segments -= 1;
+        out.segment_bytes -= self.sizes.remove(&address).unwrap_or(0);
         Ok(())
     }
-    fn mem_get_info(&self) -> Result<(u64, u64), gpumem::device::DeviceError> {
+    fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
         self.inner.mem_get_info()
     }
     fn total_memory(&self) -> u64 {
@@ -82,6 +107,29 @@ impl DeviceMemory for Tracked {
     fn label(&self) -> String {
         "tracked".into()
     }
+    fn allocation_granularity(&self) -> Result<u64, DeviceError> {
+        self.inner.allocation_granularity()
+    }
+    fn reserve_address_range(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        let base = self.inner.reserve_address_range(bytes)?;
+        self.outstanding.borrow_mut().reservations += 1;
+        Ok(base)
+    }
+    fn free_address_range(&mut self, base: u64, bytes: u64) -> Result<(), DeviceError> {
+        self.inner.free_address_range(base, bytes)?;
+        self.outstanding.borrow_mut().reservations -= 1;
+        Ok(())
+    }
+    fn map_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+        self.inner.map_pages(address, bytes, page)?;
+        self.outstanding.borrow_mut().mapped_bytes += bytes;
+        Ok(())
+    }
+    fn unmap_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+        self.inner.unmap_pages(address, bytes, page)?;
+        self.outstanding.borrow_mut().mapped_bytes -= bytes;
+        Ok(())
+    }
 }
 
 proptest! {
@@ -93,9 +141,14 @@ proptest! {
         device_gib in prop_oneof![Just(1_u64), Just(2), Just(140)],
         ops in proptest::collection::vec(op_strategy(), 1..160),
     ) {
-        let outstanding = std::rc::Rc::new(std::cell::Cell::new(0));
-        let device = Tracked { inner: SimDevice::new(device_gib << 30), outstanding: outstanding.clone() };
+        let outstanding = Shared::default();
+        let device = Tracked {
+            inner: SimDevice::new(device_gib << 30),
+            outstanding: outstanding.clone(),
+            sizes: Default::default(),
+        };
         let conf = AllocConf::parse(&conf).expect("valid config");
+        let expandable = conf.expandable_segments;
         let mut allocator = CachingAllocator::new(Box::new(device), conf).expect("allocator");
         if let Some(fraction) = fraction {
             allocator.set_memory_fraction(fraction).expect("fraction");
@@ -103,7 +156,7 @@ proptest! {
         let mut slots: Vec<Option<Allocation>> = vec![None; 16];
         for op in &ops {
             match *op {
-                Op::Alloc { slot, size } => match allocator.malloc(size) {
+                Op::Alloc { slot, size, stream } => match allocator.malloc_on(stream, size) {
                     Ok(new) => {
                         prop_assert!(new.size >= size);
                         if let Some(old) = slots[slot].replace(new) {
@@ -135,6 +188,22 @@ proptest! {
             let stats = allocator.stats();
             prop_assert!(stats.allocated_bytes.all.peak >= stats.allocated_bytes.all.current);
             prop_assert!(stats.reserved_bytes.all.current >= stats.allocated_bytes.all.current);
+            let out = outstanding.borrow();
+            prop_assert_eq!(
+                stats.reserved_bytes.all.current as u64,
+                out.segment_bytes + out.mapped_bytes,
+                "reserved bytes are the segments' plus the mapped pages'"
+            );
+            prop_assert_eq!(allocator.total_allocated_memory(), out.segment_bytes + out.mapped_bytes);
+            if expandable {
+                prop_assert_eq!(stats.segment.all.current, 0);
+                prop_assert_eq!(stats.inactive_split.all.current, 0);
+                prop_assert_eq!(out.segments, 0);
+                prop_assert_eq!(out.reservations as usize, allocator.expandable_segments().len());
+            } else {
+                prop_assert_eq!(out.mapped_bytes, 0);
+                prop_assert_eq!(out.reservations, 0);
+            }
         }
         for slot in slots.iter_mut() {
             if let Some(allocation) = slot.take() {
@@ -144,8 +213,18 @@ proptest! {
         allocator.empty_cache().expect("final empty_cache");
         prop_assert_eq!(allocator.stats().reserved_bytes.all.current, 0);
         prop_assert_eq!(allocator.stats().segment.all.current, 0);
-        prop_assert_eq!(outstanding.get(), 0);
-        prop_assert_eq!(allocator.stats().num_device_alloc, allocator.stats().num_device_free);
+        {
+            let out = outstanding.borrow();
+            prop_assert_eq!(out.segments, 0);
+            prop_assert_eq!(out.mapped_bytes, 0);
+            prop_assert_eq!(out.reservations, 0, "every reserved range was freed");
+        }
+        prop_assert!(allocator.expandable_segments().is_empty());
+        if !expandable {
+            // One cudaFree per cudaMalloc. Expandable segments count map and unmap calls, and
+            // one unmap may return pages mapped by several maps.
+            prop_assert_eq!(allocator.stats().num_device_alloc, allocator.stats().num_device_free);
+        }
         prop_assert!(allocator.check_invariants().is_ok());
     }
 }

@@ -121,6 +121,14 @@ fn every_experiment_script_runs_on_sim() {
             "max_split_size_mb:1024",
             "scripts/fragmentation.rhai",
         ],
+        &[
+            "run",
+            "--device",
+            "sim",
+            "--alloc-conf",
+            "expandable_segments:True",
+            "scripts/fragmentation.rhai",
+        ],
     ] {
         let output = gpumem(args, "");
         assert!(

@@ -75,6 +75,9 @@ fn replay(file: &str) -> Vec<String> {
                 "empty_cache" => allocator.empty_cache().expect("empty_cache"),
                 other => panic!("unknown op {other}"),
             }
+            if let Err(violation) = allocator.check_invariants() {
+                mismatches.push(format!("{at}: invariant broken: {violation}"));
+            }
             for (key, expected) in step["stats"].as_object().expect("stats") {
                 let mut actual = allocator
                     .stats()
@@ -172,4 +175,14 @@ fn max_split_size() {
 #[test]
 fn roundup_power2_divisions() {
     check("traces_pow2div4.json");
+}
+
+#[test]
+fn expandable_segments() {
+    check("traces_expandable.json");
+}
+
+#[test]
+fn expandable_segments_with_memory_fraction() {
+    check("traces_expandable_frac.json");
 }

@@ -1,9 +1,11 @@
 //! Blocks, the arena that owns them, and the free-block pools.
 //!
-//! A segment is one device allocation; it is carved into blocks chained by `prev`/`next` in
-//! address order. Free blocks sit in their pool's ordered set, keyed like PyTorch's
-//! `BlockComparatorSize` by (size, address) — one stream, so the stream part of the key is
-//! constant — so the first block at or after `(size, 0)` is the best fit, lowest address first.
+//! A segment is one device allocation (or one expandable segment's virtual range); it is carved
+//! into blocks chained by `prev`/`next` in address order. Free blocks sit in their pool's
+//! ordered set, keyed like PyTorch's `BlockComparatorSize` by (stream, size, address), so the
+//! first block at or after `(stream, size, 0)` is the stream's best fit, lowest address first.
+//! The unmapped ranges of expandable segments sit in a second set keyed like
+//! `BlockComparatorAddress` by (stream, address).
 
 use std::collections::BTreeSet;
 
@@ -12,6 +14,16 @@ pub type BlockId = u32;
 
 /// "No block": the end of a `prev`/`next` chain.
 pub const NIL: BlockId = BlockId::MAX;
+
+/// Index of an expandable segment in the allocator's segment table.
+pub type SegmentId = u32;
+
+/// "Not in an expandable segment": the block belongs to a `cudaMalloc` segment.
+pub const NO_SEGMENT: SegmentId = SegmentId::MAX;
+
+/// A CUDA stream as the allocator knows it: an opaque id, 0 for the default stream. Pools are
+/// ordered by it as PyTorch orders them by the `cudaStream_t` value.
+pub type StreamId = u64;
 
 /// Which of the two default pools a block belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -35,6 +47,8 @@ impl Pool {
 /// A contiguous range of device memory inside one segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Block {
+    /// The stream the block's segment was allocated on; it is reused only on that stream.
+    pub stream: StreamId,
     /// Device address of the first byte.
     pub ptr: u64,
     /// Bytes covered (a rounded size for allocated blocks).
@@ -45,6 +59,11 @@ pub struct Block {
     pub pool: Pool,
     /// Whether the block is handed out to a user.
     pub allocated: bool,
+    /// Whether physical memory backs the range: false only for the unmapped ranges of
+    /// expandable segments (PyTorch's `Block::mapped`).
+    pub mapped: bool,
+    /// The expandable segment the block lies in, or [`NO_SEGMENT`].
+    pub segment: SegmentId,
     /// The block just below in the same segment, or [`NIL`].
     pub prev: BlockId,
     /// The block just above in the same segment, or [`NIL`].
@@ -59,6 +78,12 @@ impl Block {
     #[inline]
     pub fn is_split(&self) -> bool {
         self.prev != NIL || self.next != NIL
+    }
+
+    /// Whether the block lies in an expandable segment.
+    #[inline]
+    pub fn is_expandable(&self) -> bool {
+        self.segment != NO_SEGMENT
     }
 }
 
@@ -99,6 +124,12 @@ impl BlockArena {
         self.slots.get(id as usize)?.as_ref()
     }
 
+    /// Mutable access to the block with this id, if it exists.
+    #[inline]
+    pub fn get_mut(&mut self, id: BlockId) -> Option<&mut Block> {
+        self.slots.get_mut(id as usize)?.as_mut()
+    }
+
     /// The block with this id. Callers pass ids taken from live links, so a miss is a bug in
     /// the allocator, not a user error.
     #[inline]
@@ -127,65 +158,268 @@ impl BlockArena {
     }
 }
 
-/// The cached free blocks of one pool, ordered by (size, address).
+/// A free block's place in its pool: PyTorch's `BlockComparatorSize` order (stream, size,
+/// address), with the id carried along so a lookup needs no second search.
+pub type FreeKey = (StreamId, u64, u64, BlockId);
+
+/// The free blocks of one stream in a pool, ordered by (size, address).
 ///
-/// Stored as a set of `(size, address, id)` triples: one stream means the stream part of
-/// PyTorch's key is constant, and keeping the id in the key (rather than as a map value) keeps
-/// each tree node to one array, which makes inserts and removals cheaper.
+/// Each set holds plain `(size, address, id)` triples: keeping the id in the key (rather than
+/// as a map value) keeps each tree node to one array, which makes inserts and removals cheaper.
+#[derive(Debug)]
+struct StreamBlocks {
+    stream: StreamId,
+    blocks: BTreeSet<(u64, u64, BlockId)>,
+}
+
+/// The cached free blocks of one pool, ordered by (stream, size, address), and the unmapped
+/// ranges of its expandable segments, ordered by (stream, address).
+///
+/// The free blocks are kept in one (size, address) set per stream, the sets in stream order:
+/// the order is PyTorch's, while the tree keys stay 24 bytes and a lookup compares no stream
+/// (programs use one or a few streams, so finding the stream's set is a short scan).
 #[derive(Debug, Default)]
 pub struct BlockPool {
-    blocks: BTreeSet<(u64, u64, BlockId)>,
+    streams: Vec<StreamBlocks>,
+    unmapped: BTreeSet<(StreamId, u64, BlockId)>,
     /// Best-fit lookups made in this pool while garbage collection is on (PyTorch's
     /// `get_free_blocks_call_count`), the clock that ages cached blocks.
     pub get_free_blocks_call_count: u64,
 }
 
 impl BlockPool {
-    /// The smallest free block of at least `size` bytes, lowest address first, as
-    /// `(size, address, id)`.
     #[inline]
-    pub fn best_fit(&self, size: u64) -> Option<(u64, u64, BlockId)> {
-        self.blocks.range((size, 0, 0)..).next().copied()
+    fn set(&self, stream: StreamId) -> Option<&BTreeSet<(u64, u64, BlockId)>> {
+        self.streams
+            .iter()
+            .find(|entry| entry.stream == stream)
+            .map(|entry| &entry.blocks)
     }
 
-    /// Removes and returns the best fit for `size` in one traversal.
     #[inline]
-    pub fn take_best_fit(&mut self, size: u64) -> Option<BlockId> {
-        self.blocks
+    fn set_mut(&mut self, stream: StreamId) -> Option<&mut BTreeSet<(u64, u64, BlockId)>> {
+        self.streams
+            .iter_mut()
+            .find(|entry| entry.stream == stream)
+            .map(|entry| &mut entry.blocks)
+    }
+
+    /// The set of `stream`, created (in stream order) when missing.
+    #[inline]
+    fn set_or_new(&mut self, stream: StreamId) -> &mut BTreeSet<(u64, u64, BlockId)> {
+        // Most programs use one stream: its set comes first.
+        if self
+            .streams
+            .first()
+            .is_some_and(|entry| entry.stream == stream)
+        {
+            return &mut self.streams[0].blocks;
+        }
+        self.set_or_new_slow(stream)
+    }
+
+    #[cold]
+    fn set_or_new_slow(&mut self, stream: StreamId) -> &mut BTreeSet<(u64, u64, BlockId)> {
+        let index = match self.streams.iter().position(|entry| entry.stream >= stream) {
+            Some(index) if self.streams[index].stream == stream => index,
+            Some(index) => {
+                self.streams.insert(index, StreamBlocks::new(stream));
+                index
+            }
+            None => {
+                self.streams.push(StreamBlocks::new(stream));
+                self.streams.len() - 1
+            }
+        };
+        &mut self.streams[index].blocks
+    }
+
+    /// The smallest free block of `stream` with at least `size` bytes, lowest address first.
+    #[inline]
+    pub fn best_fit(&self, stream: StreamId, size: u64) -> Option<FreeKey> {
+        let &(size, ptr, id) = self.set(stream)?.range((size, 0, 0)..).next()?;
+        Some((stream, size, ptr, id))
+    }
+
+    /// Removes and returns the best fit of `stream` for `size` in one traversal.
+    #[inline]
+    pub fn take_best_fit(&mut self, stream: StreamId, size: u64) -> Option<BlockId> {
+        self.set_mut(stream)?
             .extract_if((size, 0, 0).., |_| true)
             .next()
             .map(|(_, _, id)| id)
     }
 
+    /// The free blocks from `key` onwards (it included), in pool order: the rest of the key's
+    /// stream, then every later stream.
+    pub fn from_key(&self, key: FreeKey) -> impl Iterator<Item = FreeKey> + '_ {
+        let (stream, size, ptr, id) = key;
+        let same = self
+            .set(stream)
+            .into_iter()
+            .flat_map(move |set| set.range((size, ptr, id)..))
+            .map(move |&(size, ptr, id)| (stream, size, ptr, id));
+        let later = self
+            .streams
+            .iter()
+            .filter(move |entry| entry.stream > stream)
+            .flat_map(StreamBlocks::keys);
+        same.chain(later)
+    }
+
+    /// The free blocks below `key`, largest first (for PyTorch's backwards walk in
+    /// `release_available_cached_blocks`): the key's stream below it, then every earlier
+    /// stream from its largest block down.
+    pub fn before_key(&self, key: FreeKey) -> impl Iterator<Item = FreeKey> + '_ {
+        let (stream, size, ptr, id) = key;
+        let same = self
+            .set(stream)
+            .into_iter()
+            .flat_map(move |set| set.range(..(size, ptr, id)).rev())
+            .map(move |&(size, ptr, id)| (stream, size, ptr, id));
+        let earlier = self
+            .streams
+            .iter()
+            .rev()
+            .filter(move |entry| entry.stream < stream)
+            .flat_map(|entry| entry.keys().rev());
+        same.chain(earlier)
+    }
+
     /// Caches a free block.
     #[inline]
-    pub fn insert(&mut self, size: u64, ptr: u64, id: BlockId) {
-        self.blocks.insert((size, ptr, id));
+    pub fn insert(&mut self, stream: StreamId, size: u64, ptr: u64, id: BlockId) {
+        self.set_or_new(stream).insert((size, ptr, id));
     }
 
     /// Removes a cached block; `false` if it was not cached.
     #[inline]
-    pub fn remove(&mut self, size: u64, ptr: u64, id: BlockId) -> bool {
-        self.blocks.remove(&(size, ptr, id))
+    pub fn remove(&mut self, stream: StreamId, size: u64, ptr: u64, id: BlockId) -> bool {
+        self.set_mut(stream)
+            .is_some_and(|set| set.remove(&(size, ptr, id)))
     }
 
     /// Whether this block is cached here.
-    pub fn contains(&self, size: u64, ptr: u64, id: BlockId) -> bool {
-        self.blocks.contains(&(size, ptr, id))
+    pub fn contains(&self, stream: StreamId, size: u64, ptr: u64, id: BlockId) -> bool {
+        self.set(stream)
+            .is_some_and(|set| set.contains(&(size, ptr, id)))
     }
 
     /// Number of cached blocks.
     pub fn len(&self) -> usize {
-        self.blocks.len()
+        self.streams.iter().map(|entry| entry.blocks.len()).sum()
     }
 
     /// Whether no block is cached.
     pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
+        self.streams.iter().all(|entry| entry.blocks.is_empty())
     }
 
-    /// Every cached block as `(size, id)`, in (size, address) order.
-    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (u64, BlockId)> + '_ {
-        self.blocks.iter().map(|&(size, _, id)| (size, id))
+    /// Every cached block, in (stream, size, address) order.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = FreeKey> + '_ {
+        self.streams.iter().flat_map(StreamBlocks::keys)
+    }
+
+    /// Records an unmapped range of an expandable segment.
+    pub fn insert_unmapped(&mut self, stream: StreamId, ptr: u64, id: BlockId) {
+        self.unmapped.insert((stream, ptr, id));
+    }
+
+    /// Forgets an unmapped range; `false` if it was not recorded.
+    pub fn remove_unmapped(&mut self, stream: StreamId, ptr: u64, id: BlockId) -> bool {
+        self.unmapped.remove(&(stream, ptr, id))
+    }
+
+    /// Whether this unmapped range is recorded here.
+    pub fn contains_unmapped(&self, stream: StreamId, ptr: u64, id: BlockId) -> bool {
+        self.unmapped.contains(&(stream, ptr, id))
+    }
+
+    /// The unmapped ranges of `stream`, lowest address first (PyTorch's `unmapped` set from
+    /// `lower_bound(stream, 0)` while the stream matches).
+    pub fn unmapped_of(&self, stream: StreamId) -> impl Iterator<Item = BlockId> + '_ {
+        self.unmapped
+            .range((stream, 0, 0)..=(stream, u64::MAX, NIL))
+            .map(|&(_, _, id)| id)
+    }
+
+    /// Number of unmapped ranges recorded.
+    pub fn unmapped_len(&self) -> usize {
+        self.unmapped.len()
+    }
+}
+
+impl StreamBlocks {
+    fn new(stream: StreamId) -> StreamBlocks {
+        StreamBlocks {
+            stream,
+            blocks: BTreeSet::new(),
+        }
+    }
+
+    fn keys(&self) -> impl DoubleEndedIterator<Item = FreeKey> + '_ {
+        let stream = self.stream;
+        self.blocks
+            .iter()
+            .map(move |&(size, ptr, id)| (stream, size, ptr, id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(iter: impl Iterator<Item = FreeKey>) -> Vec<(u64, u64)> {
+        iter.map(|(stream, size, _, _)| (stream, size)).collect()
+    }
+
+    #[test]
+    fn pools_order_by_stream_size_address() {
+        let mut pool = BlockPool::default();
+        pool.insert(7, 300, 0x30, 1);
+        pool.insert(0, 200, 0x20, 2);
+        pool.insert(0, 200, 0x10, 3);
+        pool.insert(3, 100, 0x40, 4);
+        pool.insert(7, 100, 0x50, 5);
+        assert_eq!(
+            keys(pool.iter()),
+            [(0, 200), (0, 200), (3, 100), (7, 100), (7, 300)]
+        );
+        assert_eq!(
+            pool.iter().next().map(|k| k.2),
+            Some(0x10),
+            "ties by address"
+        );
+        // Best fit searches only the request's stream.
+        assert_eq!(pool.best_fit(0, 150).map(|k| k.3), Some(3));
+        assert_eq!(pool.best_fit(3, 150), None);
+        assert_eq!(pool.best_fit(5, 1), None);
+        assert_eq!(pool.best_fit(7, 150).map(|k| k.3), Some(1));
+        // PyTorch's lower_bound walks on into later streams, and back into earlier ones.
+        assert_eq!(keys(pool.from_key((3, 150, 0, 0))), [(7, 100), (7, 300)]);
+        assert_eq!(
+            keys(pool.before_key((3, 150, 0, 0))),
+            [(3, 100), (0, 200), (0, 200)]
+        );
+        assert_eq!(pool.take_best_fit(0, 1), Some(3));
+        assert_eq!(pool.take_best_fit(3, 101), None);
+        assert!(pool.remove(7, 100, 0x50, 5));
+        assert!(!pool.remove(7, 100, 0x50, 5));
+        assert!(!pool.contains(7, 100, 0x50, 5));
+        assert_eq!(pool.len(), 3);
+        assert_eq!(keys(pool.iter().rev()), [(7, 300), (3, 100), (0, 200)]);
+    }
+
+    #[test]
+    fn unmapped_ranges_order_by_stream_and_address() {
+        let mut pool = BlockPool::default();
+        pool.insert_unmapped(1, 0x200, 1);
+        pool.insert_unmapped(0, 0x300, 2);
+        pool.insert_unmapped(1, 0x100, 3);
+        assert_eq!(pool.unmapped_of(1).collect::<Vec<_>>(), [3, 1]);
+        assert_eq!(pool.unmapped_of(0).collect::<Vec<_>>(), [2]);
+        assert!(pool.remove_unmapped(1, 0x100, 3));
+        assert!(pool.contains_unmapped(1, 0x200, 1));
+        assert_eq!(pool.unmapped_len(), 2);
     }
 }

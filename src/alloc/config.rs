@@ -46,7 +46,8 @@ pub struct AllocConf {
     /// Fraction of the allowed memory above which cached blocks are garbage-collected before
     /// a new segment is requested; 0 = off. Only active together with a memory fraction.
     pub garbage_collection_threshold: f64,
-    /// Whether `expandable_segments:True` was asked for (rejected until implemented).
+    /// Whether new memory comes from expandable segments (`expandable_segments:True`): one
+    /// growable virtual range per stream and pool, mapped in whole pages.
     pub expandable_segments: bool,
     /// A fraction given in the config (`per_process_memory_fraction`), applied at start.
     pub per_process_memory_fraction: Option<f64>,
@@ -176,9 +177,6 @@ impl AllocConf {
                     )))
                 }
             }
-        }
-        if conf.expandable_segments {
-            return Err(ConfigError::Unsupported("expandable_segments:True".into()));
         }
         Ok(conf)
     }
@@ -411,11 +409,20 @@ mod tests {
         assert!(err("garbage_collection_threshold:1.5").contains("(0.0, 1.0)"));
         assert!(err("roundup_power2_divisions:3").contains("power of 2"));
         assert!(err("bogus:1").contains("Unrecognized key 'bogus'"));
-        assert!(err("expandable_segments:True").contains("not yet supported"));
         assert!(err("expandable_segments:yes").contains("True or False"));
         assert!(err("max_split_size_mb").contains("end of the config"));
         assert!(err("max_split_size_mb:64:32").contains("expected ','"));
         assert!(err("roundup_power2_divisions:[256:1").contains("end of the config"));
         assert!(AllocConf::parse("expandable_segments:False").is_ok());
+        assert_eq!(
+            AllocConf::parse("expandable_segments:True").map(|c| c.expandable_segments),
+            Ok(true)
+        );
+        assert_eq!(
+            AllocConf::parse("max_split_size_mb:64,expandable_segments:True")
+                .map(|c| (c.expandable_segments, c.max_split_size)),
+            Ok((true, 64 * MIB))
+        );
+        assert!(err("backend:cudaMallocAsync").contains("not yet supported"));
     }
 }

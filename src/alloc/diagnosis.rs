@@ -21,7 +21,7 @@
 //! its pages fit into the device's free memory plus the whole pages inside free blocks.
 
 use super::format::format_size as fs;
-use super::{CachingAllocator, Pool, LARGE_BUFFER, SMALL_BUFFER};
+use super::{CachingAllocator, Pool};
 
 /// The cause an out-of-memory error is put down to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,14 +119,19 @@ impl OomDiagnosis {
     /// large pool, 8.00 MiB needed; ...`.
     pub fn why(&self) -> String {
         let pool = self.pool.name();
+        // Expandable segments map pages instead of allocating a segment.
+        let needed = if self.expandable {
+            format!("{} of pages", fs(self.segment))
+        } else {
+            format!("a {} segment", fs(self.segment))
+        };
         let mut line = match self.cause {
             OomCause::Impossible => format!(
                 "gpumem: {} bytes requested: 1 EiB or more can never be allocated",
                 self.requested
             ),
             OomCause::NeverFits => format!(
-                "gpumem: it cannot fit on this device: a {} segment needed, but with every tensor freed at most {} ({} free + {} reserved) is available; the rest of the {} is the CUDA context and other memory",
-                fs(self.segment),
+                "gpumem: it cannot fit on this device: {needed} needed, but with every tensor freed at most {} ({} free + {} reserved) is available; the rest of the {} is the CUDA context and other memory",
                 fs(self.device_free.saturating_add(self.reserved)),
                 fs(self.device_free),
                 fs(self.reserved),
@@ -136,16 +141,14 @@ impl OomDiagnosis {
                 let allowed = self.allowed.unwrap_or(0);
                 let head = if self.segment > allowed {
                     format!(
-                        "gpumem: over the memory fraction: the {} segment alone exceeds the {} allowed (fraction {})",
-                        fs(self.segment),
+                        "gpumem: over the memory fraction: {needed} alone is more than the {} allowed (fraction {})",
                         fs(allowed),
                         fraction_text(self.fraction())
                     )
                 } else {
                     format!(
-                        "gpumem: over the memory fraction: {} reserved + a {} segment > {} allowed (fraction {})",
+                        "gpumem: over the memory fraction: {} reserved + {needed} > {} allowed (fraction {})",
                         fs(self.reserved),
-                        fs(self.segment),
                         fs(allowed),
                         fraction_text(self.fraction())
                     )
@@ -170,8 +173,7 @@ impl OomDiagnosis {
                 fs(self.rounded)
             ),
             OomCause::DriverRefused => format!(
-                "gpumem: the device refused a {} segment although it reports {} free (the driver's own fragmentation or granularity)",
-                fs(self.segment),
+                "gpumem: the device refused {needed} although it reports {} free (the driver's own fragmentation or granularity)",
                 fs(self.device_free)
             ),
             OomCause::DeviceFull => {
@@ -185,8 +187,7 @@ impl OomDiagnosis {
                     String::new()
                 };
                 format!(
-                    "gpumem: the device is full: a {} segment needed, {} free on the device; live tensors hold {}{cached}",
-                    fs(self.segment),
+                    "gpumem: the device is full: {needed} needed, {} free on the device; live tensors hold {}{cached}",
                     fs(self.device_free),
                     fs(self.allocated)
                 )
@@ -209,23 +210,19 @@ fn fraction_text(fraction: f64) -> String {
     text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
-/// The page size expandable segments use for `pool` (PyTorch's `kSmallBuffer` and
-/// `kLargeBuffer`).
-fn expandable_page(pool: Pool) -> u64 {
-    match pool {
-        Pool::Small => SMALL_BUFFER,
-        Pool::Large => LARGE_BUFFER,
-    }
-}
-
 impl CachingAllocator {
     /// The facts of an out-of-memory error for a request of `requested` bytes, rounded to
     /// `rounded`, that needed a `segment`-byte segment, with the cause they point to.
     pub(super) fn diagnose(&self, requested: u64, rounded: u64, segment: u64) -> OomDiagnosis {
         let pool = Self::pool_for(rounded);
-        let page = expandable_page(pool);
+        let page = super::expandable::page_size(pool);
         let (mut largest_free, mut cached_free, mut cached_free_all, mut free_pages) = (0, 0, 0, 0);
-        for block in self.blocks().filter(|block| !block.allocated) {
+        // Free blocks with memory behind them (unmapped ranges of expandable segments are
+        // blocks too, but hold nothing).
+        for block in self
+            .blocks()
+            .filter(|block| !block.allocated && block.mapped)
+        {
             cached_free_all += block.size;
             if block.pool != pool {
                 continue;
@@ -233,11 +230,14 @@ impl CachingAllocator {
             cached_free += block.size;
             largest_free = largest_free.max(block.size);
             // Whole pages counted from the segment's base, as an expandable segment's are.
-            let base = self
-                .segments
-                .range(..=block.ptr)
-                .next_back()
-                .map_or(block.ptr, |(&base, _)| base);
+            let base = match self.expandable.get(block.segment) {
+                Some(segment) => segment.base,
+                None => self
+                    .segments
+                    .range(..=block.ptr)
+                    .next_back()
+                    .map_or(block.ptr, |(&base, _)| base),
+            };
             let first = (block.ptr - base).div_ceil(page);
             let last = (block.ptr + block.size - base) / page;
             free_pages += last.saturating_sub(first) * page;

@@ -1,28 +1,43 @@
 //! The caching allocator: a re-implementation of PyTorch's native CUDA caching allocator
-//! (`c10/cuda/CUDACachingAllocator.cpp`, `DeviceCachingAllocator`) for one device and one
-//! stream. Pure logic: it knows devices only through [`DeviceMemory`] and nothing of scripts.
+//! (`c10/cuda/CUDACachingAllocator.cpp`, `DeviceCachingAllocator`) for one device, with pools
+//! kept per stream. Pure logic: it knows devices only through [`DeviceMemory`] and nothing of
+//! scripts.
 //!
 //! For the same sequence of requests it makes the same device calls and keeps the same
 //! counters as PyTorch 2.11, so `memory_stats()`, `memory_summary()` and the OOM message match.
+//! The malloc/free path is here; releasing memory (`empty_cache`, the retry path, garbage
+//! collection) is in `release.rs`, expandable segments in [`expandable`] (page bookkeeping)
+//! and `vmm.rs` (the rules using it), the OOM message in `oom.rs`, the event trace in
+//! [`trace`].
 
 pub mod block;
 pub mod config;
 pub mod diagnosis;
+pub mod expandable;
 pub mod format;
 mod invariants;
 pub mod measure;
+mod oom;
+mod release;
 pub mod snapshot;
 pub mod stats;
 pub mod summary;
+pub mod trace;
+mod vmm;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use thiserror::Error;
 
 use crate::device::{DeviceError, DeviceMemory};
-pub use block::{Block, BlockId, Pool, NIL};
+pub use block::{Block, BlockId, Pool, SegmentId, StreamId, NIL, NO_SEGMENT};
 use block::{BlockArena, BlockPool};
 pub use config::{AllocConf, ConfigError};
+use expandable::SegmentTable;
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot};
 pub use stats::{DeviceStats, ScopeMark, ScopeReport, Stat, StatArray};
+pub use trace::{TraceAction, TraceEntry, TraceRecorder};
 
 /// One mebibyte.
 pub const MIB: u64 = 1 << 20;
@@ -111,28 +126,79 @@ impl From<DeviceError> for AllocError {
     }
 }
 
-/// What a malloc looks for: the rounded size, its pool and the segment size a miss needs.
+/// What a malloc looks for: the stream, the rounded size, its pool and the segment size a miss
+/// needs (PyTorch's `AllocParams`).
 #[derive(Debug, Clone, Copy)]
 struct Request {
+    stream: StreamId,
     size: u64,
     pool: Pool,
     alloc_size: u64,
 }
 
-/// PyTorch's caching allocator for one device and one stream.
+/// What `free` read from the block it frees, handed to `free_block` so the block is read once.
+#[derive(Debug, Clone, Copy)]
+struct Freed {
+    id: BlockId,
+    pool: Pool,
+    size: u64,
+    requested: u64,
+    ptr: u64,
+    stream: StreamId,
+    prev: BlockId,
+    next: BlockId,
+    expandable: bool,
+}
+
+/// A `cudaMalloc` segment: its size, pool and stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DeviceSegment {
+    size: u64,
+    pool: Pool,
+    stream: StreamId,
+}
+
+/// One expandable segment as [`CachingAllocator::expandable_segments`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpandableInfo {
+    /// First byte of the reserved virtual range.
+    pub base: u64,
+    /// Bytes of the reserved range.
+    pub reserved: u64,
+    /// Bytes per page.
+    pub page: u64,
+    /// Bytes mapped now.
+    pub mapped: u64,
+    /// The stream it serves.
+    pub stream: StreamId,
+    /// The pool it serves.
+    pub pool: Pool,
+}
+
+/// Hands every allocator a distinct [`CachingAllocator::id`].
+static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
+
+/// PyTorch's caching allocator for one device.
 pub struct CachingAllocator {
+    /// Distinguishes allocators that live side by side (a script may open a second one).
+    id: u64,
     device: Box<dyn DeviceMemory>,
     config: AllocConf,
     blocks: BlockArena,
     small: BlockPool,
     large: BlockPool,
     stats: DeviceStats,
-    /// Bytes currently held from the device (PyTorch's `total_allocated_memory`).
+    /// Bytes currently held from the device (PyTorch's `total_allocated_memory`): `cudaMalloc`
+    /// segments plus mapped pages.
     total_allocated_memory: u64,
     /// The cap set by `set_per_process_memory_fraction` (PyTorch's `allowed_memory_maximum`).
     allowed_memory_maximum: Option<u64>,
-    /// Every segment: base address → (size, pool). Touched only when segments come and go.
-    segments: std::collections::BTreeMap<u64, (u64, Pool)>,
+    /// Every `cudaMalloc` segment by base address. Touched only when segments come and go.
+    segments: BTreeMap<u64, DeviceSegment>,
+    /// Every live expandable segment (PyTorch's `expandable_segments_`).
+    expandable: SegmentTable,
+    /// The event trace (PyTorch's `alloc_buffer` and `record_history`).
+    trace: TraceRecorder,
 }
 
 impl CachingAllocator {
@@ -140,6 +206,7 @@ impl CachingAllocator {
     /// the config is applied at once, as PyTorch does at start-up.
     pub fn new(device: Box<dyn DeviceMemory>, config: AllocConf) -> Result<Self, AllocError> {
         let mut allocator = CachingAllocator {
+            id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
             device,
             stats: DeviceStats::new(config.max_split_size_stat()),
             config,
@@ -148,12 +215,20 @@ impl CachingAllocator {
             large: BlockPool::default(),
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
-            segments: Default::default(),
+            segments: BTreeMap::new(),
+            expandable: SegmentTable::default(),
+            trace: TraceRecorder::default(),
         };
         if let Some(fraction) = allocator.config.per_process_memory_fraction {
             allocator.set_memory_fraction(fraction)?;
         }
         Ok(allocator)
+    }
+
+    /// An id no other allocator of this process has: a block belongs to the allocator whose
+    /// id was current when it was handed out.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The configuration in force.
@@ -174,6 +249,22 @@ impl CachingAllocator {
     /// The counters (`torch.cuda.memory_stats()`).
     pub fn stats(&self) -> &DeviceStats {
         &self.stats
+    }
+
+    /// The event trace.
+    pub fn trace(&self) -> &TraceRecorder {
+        &self.trace
+    }
+
+    /// The event trace, to turn recording on or off, size or clear it.
+    pub fn trace_mut(&mut self) -> &mut TraceRecorder {
+        &mut self.trace
+    }
+
+    /// Sets the opaque context id stamped on every trace entry from now on (the script layer
+    /// maps it to "file:line").
+    pub fn set_trace_context(&mut self, context: u32) {
+        self.trace.set_context(context);
     }
 
     /// `torch.cuda.reset_peak_memory_stats()`.
@@ -240,7 +331,8 @@ impl CachingAllocator {
     }
 
     /// Bytes requested from the device when no cached block fits a rounded `size`
-    /// (PyTorch's `get_allocation_size`).
+    /// (PyTorch's `get_allocation_size`). With expandable segments only the memory-fraction
+    /// check and the OOM message use it; pages are mapped for the rounded size itself.
     pub fn allocation_size(size: u64) -> u64 {
         if size <= SMALL_SIZE {
             SMALL_BUFFER
@@ -258,13 +350,38 @@ impl CachingAllocator {
         }
     }
 
+    fn pool_ref(&self, pool: Pool) -> &BlockPool {
+        match pool {
+            Pool::Small => &self.small,
+            Pool::Large => &self.large,
+        }
+    }
+
     fn garbage_collection_enabled(&self) -> bool {
         self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0
     }
 
-    /// Hands out a block of at least `orig_size` bytes: a cached one when one fits, else a new
-    /// segment, freeing cached segments and retrying before giving up with PyTorch's OOM.
+    /// Whether new memory comes from expandable segments (PyTorch's
+    /// `is_expandable_segments_active`: the option is on; gpumem has no private pools).
+    #[inline]
+    fn expandable_active(&self) -> bool {
+        self.config.expandable_segments
+    }
+
+    /// [`CachingAllocator::malloc_on`] on the default stream (0).
+    #[inline]
     pub fn malloc(&mut self, orig_size: u64) -> Result<Allocation, AllocError> {
+        self.malloc_on(0, orig_size)
+    }
+
+    /// Hands out a block of at least `orig_size` bytes for use on `stream`: a cached block of
+    /// that stream when one fits, else new device memory, freeing cached memory and retrying
+    /// before giving up with PyTorch's OOM (PyTorch's `DeviceCachingAllocator::malloc`).
+    pub fn malloc_on(
+        &mut self,
+        stream: StreamId,
+        orig_size: u64,
+    ) -> Result<Allocation, AllocError> {
         if orig_size == 0 {
             return Ok(Allocation::NULL);
         }
@@ -278,6 +395,7 @@ impl CachingAllocator {
         let size = self.round_size(orig_size);
         let pool = Self::pool_for(size);
         let request = Request {
+            stream,
             size,
             pool,
             alloc_size: Self::allocation_size(size),
@@ -305,37 +423,87 @@ impl CachingAllocator {
         }
     }
 
-    /// Best fit from the pool (PyTorch's `get_free_block`), with the `max_split_size` rules
+    /// Best fit from the pool (PyTorch's `get_free_block`): the smallest free block of the
+    /// request's stream, with the expandable-segment adjustment and the `max_split_size` rules
     /// that keep oversize blocks for oversize requests.
     fn get_free_block(&mut self, request: Request) -> Option<BlockId> {
         let gc = self.garbage_collection_enabled();
         let max_split_size = self.config.max_split_size;
-        let max_non_split_rounding = self.config.max_non_split_rounding_size;
+        let expandable = self.expandable_active();
         let pool = self.pool_mut(request.pool);
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
-        if max_split_size == u64::MAX {
-            // No split limit, so no rejection rule applies: take the best fit in one traversal.
-            return pool.take_best_fit(request.size);
+        if max_split_size == u64::MAX && !expandable {
+            // No split limit and no expandable block, so no rule applies: take the best fit
+            // in one traversal.
+            return pool.take_best_fit(request.stream, request.size);
         }
-        let (block_size, ptr, id) = pool.best_fit(request.size)?;
+        let mut key = pool.best_fit(request.stream, request.size)?;
+        if self.blocks.at(key.3).is_expandable() {
+            key = self.expandable_best_fit(request, key, expandable)?;
+        }
+        let (_, block_size, ptr, id) = key;
         // Do not return an oversized block for a small request.
         if request.size < max_split_size && block_size >= max_split_size {
             return None;
         }
         // Do not return an oversized block for a large request much smaller than it.
         if request.size >= max_split_size
-            && block_size >= request.size.saturating_add(max_non_split_rounding)
+            && block_size
+                >= request
+                    .size
+                    .saturating_add(self.config.max_non_split_rounding_size)
         {
             return None;
         }
-        pool.remove(block_size, ptr, id);
+        self.pool_mut(request.pool)
+            .remove(request.stream, block_size, ptr, id);
         Some(id)
     }
 
-    /// Asks the device for a new segment (PyTorch's `alloc_block`). `Ok(None)` means refused
-    /// for lack of memory (by the device or the fraction cap).
+    /// The expandable part of `get_free_block`, starting from the best fit `first`, which lies
+    /// in an expandable segment. With expandable segments on, a free block counts as large as
+    /// it can grow (its size plus the unmapped range right after it), and the search moves on
+    /// while the next block's growable size is smaller. With them off, expandable blocks are
+    /// skipped.
+    fn expandable_best_fit(
+        &self,
+        request: Request,
+        first: block::FreeKey,
+        active: bool,
+    ) -> Option<block::FreeKey> {
+        let pool = self.pool_ref(request.pool);
+        let mut candidates = pool.from_key(first).skip(1);
+        if !active {
+            return candidates
+                .find(|key| key.0 != request.stream || !self.blocks.at(key.3).is_expandable())
+                .filter(|key| key.0 == request.stream);
+        }
+        let growable = |id: BlockId| {
+            let block = self.blocks.at(id);
+            let after = match self.blocks.get(block.next) {
+                Some(next) if !next.mapped => next.size,
+                _ => 0,
+            };
+            block.size + after
+        };
+        let mut chosen = first;
+        for next in candidates {
+            if !self.blocks.at(chosen.3).is_expandable()
+                || next.0 != request.stream
+                || growable(next.3) >= growable(chosen.3)
+            {
+                break;
+            }
+            chosen = next;
+        }
+        Some(chosen)
+    }
+
+    /// Gets new device memory for a request (PyTorch's `alloc_block`): a new `cudaMalloc`
+    /// segment, or pages mapped into an expandable segment. `Ok(None)` means refused for lack
+    /// of memory (by the device or the fraction cap).
     fn alloc_block(
         &mut self,
         request: Request,
@@ -350,6 +518,9 @@ impl CachingAllocator {
                 return Ok(None);
             }
         }
+        if self.expandable_active() {
+            return self.try_allocate_expandable_block(request);
+        }
         let ptr = match self.device.malloc(size) {
             Ok(ptr) => ptr,
             Err(DeviceError::OutOfMemory) => return Ok(None),
@@ -363,45 +534,71 @@ impl CachingAllocator {
             self.stats.oversize_segments.increase(1);
         }
         self.stats.num_device_alloc += 1;
-        self.segments.insert(ptr, (size, pool));
+        self.trace
+            .record(TraceAction::SegmentAlloc, ptr, size, request.stream);
+        self.segments.insert(
+            ptr,
+            DeviceSegment {
+                size,
+                pool,
+                stream: request.stream,
+            },
+        );
         Ok(Some(self.blocks.insert(Block {
+            stream: request.stream,
             ptr,
             size,
             requested_size: 0,
             pool,
             allocated: false,
+            mapped: true,
+            segment: NO_SEGMENT,
             prev: NIL,
             next: NIL,
             gc_count_base: 0,
         })))
     }
 
-    /// Whether a found block is carved up (PyTorch's `should_split`).
+    /// Whether a found block is carved up (PyTorch's `should_split`): with expandable segments
+    /// on, or in the small pool, when at least 512 bytes would remain; in the large pool when
+    /// the request is below `max_split_size` and more than 1 MiB would remain.
     fn should_split(&self, block: &Block, size: u64) -> bool {
         let remaining = block.size - size;
-        match block.pool {
-            Pool::Small => remaining >= MIN_BLOCK_SIZE,
-            Pool::Large => size < self.config.max_split_size && remaining > SMALL_SIZE,
+        if block.pool == Pool::Small || self.expandable_active() {
+            remaining >= MIN_BLOCK_SIZE
+        } else {
+            size < self.config.max_split_size && remaining > SMALL_SIZE
         }
     }
 
     /// Splits off and hands out the front of a found block (PyTorch's `alloc_found_block`).
+    /// Blocks of expandable segments leave the inactive-split counters alone.
     fn alloc_found_block(&mut self, id: BlockId, request: Request, orig_size: u64) -> Allocation {
         let size = request.size;
         let pool = request.pool;
         let block = self.blocks.at(id);
         let already_split = block.is_split();
+        let counts_split = !block.is_expandable();
         let split = self.should_split(block, size);
         let handed_out = if split {
             // The allocated piece takes the low end; the remainder keeps the old block's id
             // and goes back to the pool.
-            let (front, before) = (block.ptr, block.prev);
+            let (front, before, stream, segment, whole) = (
+                block.ptr,
+                block.prev,
+                block.stream,
+                block.segment,
+                block.size,
+            );
             let piece = self.blocks.insert(Block {
+                stream,
                 ptr: front,
                 size,
                 requested_size: 0,
                 pool,
                 allocated: false,
+                mapped: true,
+                segment,
                 prev: before,
                 next: id,
                 gc_count_base: 0,
@@ -409,23 +606,25 @@ impl CachingAllocator {
             if before != NIL {
                 self.blocks.at_mut(before).next = piece;
             }
+            let (rest_ptr, rest_size) = (front + size, whole - size);
             let rest = self.blocks.at_mut(id);
             rest.prev = piece;
-            rest.ptr += size;
-            rest.size -= size;
-            let rest_size = rest.size;
-            self.insert_free(id);
-            if already_split {
-                self.stats.inactive_split_bytes.decrease(pool, size as i64);
-            } else {
-                self.stats
-                    .inactive_split_bytes
-                    .increase(pool, rest_size as i64);
-                self.stats.inactive_split.increase(pool, 1);
+            rest.ptr = rest_ptr;
+            rest.size = rest_size;
+            self.insert_free_at(id, stream, rest_size, rest_ptr, pool);
+            if counts_split {
+                if already_split {
+                    self.stats.inactive_split_bytes.decrease(pool, size as i64);
+                } else {
+                    self.stats
+                        .inactive_split_bytes
+                        .increase(pool, rest_size as i64);
+                    self.stats.inactive_split.increase(pool, 1);
+                }
             }
             piece
         } else {
-            if already_split {
+            if already_split && counts_split {
                 let block_size = self.blocks.at(id).size;
                 self.stats
                     .inactive_split_bytes
@@ -438,7 +637,9 @@ impl CachingAllocator {
         let block = self.blocks.at_mut(handed_out);
         block.allocated = true;
         block.requested_size = orig_size;
-        let (ptr, block_size) = (block.ptr, block.size);
+        let (ptr, block_size, stream) = (block.ptr, block.size, block.stream);
+        self.trace
+            .record(TraceAction::Alloc, ptr, orig_size, stream);
         let stats = &mut self.stats;
         stats.allocation.increase(pool, 1);
         stats.allocated_bytes.increase(pool, block_size as i64);
@@ -455,266 +656,207 @@ impl CachingAllocator {
         }
     }
 
-    /// Caches a free block in its pool, stamping its age for the garbage collector.
+    /// Caches a free block in its pool, stamping its age for the garbage collector (PyTorch's
+    /// `insert_into_blocks`).
     #[inline]
     fn insert_free(&mut self, id: BlockId) {
         let block = self.blocks.at(id);
-        let (size, ptr, pool) = (block.size, block.ptr, block.pool);
+        let (stream, size, ptr, pool) = (block.stream, block.size, block.ptr, block.pool);
+        self.insert_free_at(id, stream, size, ptr, pool);
+    }
+
+    /// [`CachingAllocator::insert_free`] for a caller that has the block's key at hand (the
+    /// hot paths: reading back fields just written costs a store-forwarding stall).
+    #[inline]
+    fn insert_free_at(&mut self, id: BlockId, stream: StreamId, size: u64, ptr: u64, pool: Pool) {
         let pool = self.pool_mut(pool);
         let clock = pool.get_free_blocks_call_count;
-        pool.insert(size, ptr, id);
+        pool.insert(stream, size, ptr, id);
         self.blocks.at_mut(id).gc_count_base = clock;
     }
 
-    /// Returns a block to the cache, merging it with free neighbours (PyTorch's `free` followed
-    /// at once by `free_block`, as on one stream without `record_stream`). Nothing goes back to
-    /// the device.
+    /// Takes a free block out of its pool's free set, or an unmapped range out of the unmapped
+    /// set.
+    #[inline]
+    fn uncache(&mut self, id: BlockId) {
+        let block = self.blocks.at(id);
+        let (stream, size, ptr, pool, mapped) = (
+            block.stream,
+            block.size,
+            block.ptr,
+            block.pool,
+            block.mapped,
+        );
+        let pool = self.pool_mut(pool);
+        if mapped {
+            pool.remove(stream, size, ptr, id);
+        } else {
+            pool.remove_unmapped(stream, ptr, id);
+        }
+    }
+
+    /// Returns a block to the cache, merging it with free neighbours of its segment (PyTorch's
+    /// `free` followed at once by `free_block`, as without `record_stream`). Nothing goes back
+    /// to the device.
     pub fn free(&mut self, allocation: Allocation) -> Result<(), AllocError> {
         if allocation.is_null() {
             return Ok(());
         }
-        match self.blocks.get(allocation.id) {
-            Some(block) if block.allocated && block.ptr == allocation.ptr => {}
+        let freed = match self.blocks.get_mut(allocation.id) {
+            Some(block) if block.allocated && block.ptr == allocation.ptr => {
+                block.allocated = false;
+                Freed {
+                    id: allocation.id,
+                    pool: block.pool,
+                    size: block.size,
+                    requested: block.requested_size,
+                    ptr: block.ptr,
+                    stream: block.stream,
+                    prev: block.prev,
+                    next: block.next,
+                    expandable: block.is_expandable(),
+                }
+            }
             _ => {
                 return Err(AllocError::InvalidFree(format!(
                     "no live allocation at {:#x}",
                     allocation.ptr
                 )))
             }
-        }
-        let id = allocation.id;
-        let max_split_size = self.config.max_split_size;
-        let block = self.blocks.at_mut(id);
-        block.allocated = false;
-        let (pool, orig_size, requested) = (block.pool, block.size, block.requested_size);
+        };
+        let pool = freed.pool;
         self.stats.allocation.decrease(pool, 1);
-        self.stats.allocated_bytes.decrease(pool, orig_size as i64);
-        if orig_size >= max_split_size {
+        self.stats.allocated_bytes.decrease(pool, freed.size as i64);
+        self.trace.record(
+            TraceAction::FreeRequested,
+            freed.ptr,
+            freed.requested,
+            freed.stream,
+        );
+        if freed.size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
-
-        let mut net_count: i64 = 0;
-        let mut net_bytes: i64 = 0;
-        let (prev, next) = (block.prev, block.next);
-        for neighbour in [prev, next] {
-            if let Some(merged) = self.try_merge(id, neighbour) {
-                net_count -= 1;
-                net_bytes -= merged as i64;
-            }
-        }
-        self.insert_free(id);
-        let block = self.blocks.at(id);
-        if block.is_split() {
-            net_count += 1;
-            net_bytes += block.size as i64;
-        }
-        let stats = &mut self.stats;
-        stats.inactive_split.apply(pool, net_count);
-        stats.inactive_split_bytes.apply(pool, net_bytes);
-        stats.active.decrease(pool, 1);
-        stats.active_bytes.decrease(pool, orig_size as i64);
-        stats.requested_bytes.decrease(pool, requested as i64);
+        self.free_block(freed);
         Ok(())
     }
 
-    /// Absorbs a free neighbour into `id` (PyTorch's `try_merge_blocks`); returns the bytes
-    /// absorbed, or `None` when the neighbour is absent or in use.
-    fn try_merge(&mut self, id: BlockId, neighbour: BlockId) -> Option<u64> {
-        if neighbour == NIL {
+    /// Merges a freed block with its free neighbours and caches it (PyTorch's `free_block`).
+    #[inline]
+    fn free_block(&mut self, freed: Freed) {
+        let Freed {
+            id,
+            pool,
+            size: orig_size,
+            requested,
+            ptr,
+            stream,
+            prev,
+            next,
+            expandable,
+        } = freed;
+        self.trace
+            .record(TraceAction::FreeCompleted, ptr, requested, stream);
+        let mut net_count: i64 = 0;
+        let mut net_bytes: i64 = 0;
+        let (mut base, mut size) = (ptr, orig_size);
+        for neighbour in [prev, next] {
+            if let Some((merged, merged_base)) = self.try_merge(id, neighbour, true) {
+                net_count -= 1;
+                net_bytes -= merged as i64;
+                size += merged;
+                base = merged_base;
+            }
+        }
+        self.insert_free_at(id, stream, size, base, pool);
+        if self.blocks.at(id).is_split() {
+            net_count += 1;
+            net_bytes += size as i64;
+        }
+        let stats = &mut self.stats;
+        if !expandable {
+            stats.inactive_split.apply(pool, net_count);
+            stats.inactive_split_bytes.apply(pool, net_bytes);
+        }
+        stats.active.decrease(pool, 1);
+        stats.active_bytes.decrease(pool, orig_size as i64);
+        stats.requested_bytes.decrease(pool, requested as i64);
+    }
+
+    /// Absorbs the free neighbour `neighbour` into `id` when both are `mapped` (or both
+    /// unmapped), as PyTorch's `try_merge_blocks`; returns the bytes absorbed and the merged
+    /// block's base, or `None` when the neighbour is absent, in use or of the other kind.
+    #[inline(always)]
+    fn try_merge(&mut self, id: BlockId, neighbour: BlockId, mapped: bool) -> Option<(u64, u64)> {
+        let other = self.blocks.get(neighbour)?;
+        if other.allocated || other.mapped != mapped {
             return None;
         }
-        let other = self.blocks.at(neighbour);
-        if other.allocated {
-            return None;
-        }
-        let (other_ptr, other_size, other_pool) = (other.ptr, other.size, other.pool);
+        let (other_ptr, other_size, other_stream, other_pool) =
+            (other.ptr, other.size, other.stream, other.pool);
         let (other_prev, other_next) = (other.prev, other.next);
-        self.pool_mut(other_pool)
-            .remove(other_size, other_ptr, neighbour);
+        let pool = self.pool_mut(other_pool);
+        if mapped {
+            pool.remove(other_stream, other_size, other_ptr, neighbour);
+        } else {
+            pool.remove_unmapped(other_stream, other_ptr, neighbour);
+        }
         self.blocks.remove(neighbour);
         let block = self.blocks.at_mut(id);
-        if block.prev == neighbour {
+        block.size += other_size;
+        let base = if block.prev == neighbour {
             block.ptr = other_ptr;
             block.prev = other_prev;
             if other_prev != NIL {
                 self.blocks.at_mut(other_prev).next = id;
             }
+            other_ptr
         } else {
+            let base = block.ptr;
             block.next = other_next;
             if other_next != NIL {
                 self.blocks.at_mut(other_next).prev = id;
             }
-        }
-        self.blocks.at_mut(id).size += other_size;
-        Some(other_size)
-    }
-
-    /// `torch.cuda.empty_cache()`: returns every completely free segment to the device.
-    /// Pieces of segments that still hold an allocation stay cached.
-    pub fn empty_cache(&mut self) -> Result<(), AllocError> {
-        self.release_cached_blocks()
-    }
-
-    /// PyTorch's `release_cached_blocks`: synchronise, then free whole cached segments of the
-    /// large pool and then of the small pool.
-    fn release_cached_blocks(&mut self) -> Result<(), AllocError> {
-        self.stats.num_sync_all_streams += 1;
-        for pool in [Pool::Large, Pool::Small] {
-            let cached: Vec<BlockId> = self.pool_mut(pool).iter().map(|(_, id)| id).collect();
-            let whole: Vec<BlockId> = cached
-                .into_iter()
-                .filter(|&id| !self.blocks.at(id).is_split())
-                .collect();
-            for id in whole {
-                self.release_block(id)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Returns one cached, unsplit segment to the device (PyTorch's `release_block`).
-    fn release_block(&mut self, id: BlockId) -> Result<(), AllocError> {
-        let block = self.blocks.at(id);
-        let (ptr, size, pool) = (block.ptr, block.size, block.pool);
-        self.device.free(ptr)?;
-        self.pool_mut(pool).remove(size, ptr, id);
-        self.blocks.remove(id);
-        self.segments.remove(&ptr);
-        self.total_allocated_memory -= size;
-        self.stats.num_device_free += 1;
-        self.stats.segment.decrease(pool, 1);
-        self.stats.reserved_bytes.decrease(pool, size as i64);
-        if size >= self.config.max_split_size {
-            self.stats.oversize_segments.decrease(1);
-        }
-        Ok(())
-    }
-
-    /// With `max_split_size_mb` set: before flushing everything, free just enough oversize
-    /// cached segments — the smallest one that covers the request, else the largest ones in
-    /// turn (PyTorch's `release_available_cached_blocks`).
-    fn release_available_cached_blocks(&mut self, request: Request) -> Result<bool, AllocError> {
-        if !self.config.has_split_limit() {
-            return Ok(false);
-        }
-        let max_split_size = self.config.max_split_size;
-        let target = request.size.max(max_split_size);
-        let pool = self.pool_mut(request.pool);
-        if let Some((_, _, id)) = pool.best_fit(target) {
-            self.release_block(id)?;
-            return Ok(true);
-        }
-        // No single block is large enough: free oversize blocks from the largest down.
-        let candidates: Vec<(u64, BlockId)> = pool.iter().rev().collect();
-        let mut released = 0;
-        for (size, id) in candidates {
-            if released >= target || size < max_split_size {
-                break;
-            }
-            self.release_block(id)?;
-            released += size;
-        }
-        Ok(released >= target)
-    }
-
-    /// With a memory fraction and `garbage_collection_threshold` set: when the bytes held pass
-    /// the threshold, free the oldest unsplit cached large segments until back under it
-    /// (PyTorch's `garbage_collect_cached_blocks`).
-    fn garbage_collect_cached_blocks(&mut self) -> Result<(), AllocError> {
-        let Some(allowed) = self.allowed_memory_maximum else {
-            return Ok(());
+            base
         };
-        let threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
-        if self.total_allocated_memory <= threshold {
-            return Ok(());
-        }
-        let target = self.total_allocated_memory - threshold;
-        let clock = self.large.get_free_blocks_call_count;
-        let age = |block: &Block| clock.saturating_sub(block.gc_count_base) as f64;
-        let mut total_age = 0.0;
-        let mut freeable = 0_u64;
-        for (_, id) in self.large.iter() {
-            let block = self.blocks.at(id);
-            if !block.is_split() {
-                total_age += age(block);
-                freeable += 1;
-            }
-        }
-        if freeable == 0 {
-            return Ok(());
-        }
-        let mut reclaimed = 0;
-        let mut freed_any = true;
-        while reclaimed < target && freed_any && freeable > 0 {
-            let age_threshold = total_age / freeable as f64;
-            freed_any = false;
-            let order: Vec<BlockId> = self.large.iter().map(|(_, id)| id).collect();
-            for id in order {
-                let block = self.blocks.at(id);
-                if block.is_split() {
-                    continue;
-                }
-                let block_age = age(block);
-                if block_age >= age_threshold {
-                    freed_any = true;
-                    reclaimed += block.size;
-                    total_age -= block_age;
-                    freeable -= 1;
-                    self.release_block(id)?;
-                }
-            }
-        }
-        Ok(())
+        Some((other_size, base))
     }
 
-    /// Builds PyTorch's OOM error after every attempt failed.
-    fn out_of_memory(&mut self, request: Request, orig_size: u64) -> AllocError {
-        let (device_free, device_total) = self.device.mem_get_info().unwrap_or((0, 0));
-        self.stats.num_ooms += 1;
-        let allocated = self.stats.allocated_bytes.all.current.max(0) as u64;
-        let reserved = self.stats.reserved_bytes.all.current.max(0) as u64;
-        let fs = format::format_size;
-        let allowed_info = match self.allowed_memory_maximum {
-            Some(allowed) => format!("{} allowed; ", fs(allowed)),
-            None => String::new(),
-        };
-        let mut proc_info = String::new();
-        for process in self.device.process_memory() {
-            if process.is_current {
-                proc_info.push_str("Including non-PyTorch memory, this process");
-            } else {
-                proc_info.push_str(&format!("Process {}", process.pid));
-            }
-            proc_info.push_str(&format!(" has {} memory in use. ", fs(process.used_bytes)));
-        }
-        let message = format!(
-            "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is free. {}{}Of the allocated memory {} is allocated by PyTorch, and {} is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
-            fs(request.alloc_size),
-            self.device.index(),
-            fs(device_total),
-            fs(device_free),
-            proc_info,
-            allowed_info,
-            fs(allocated),
-            fs(reserved.saturating_sub(allocated)),
-        );
-        AllocError::OutOfMemory(OutOfMemory {
-            message,
-            alloc_size: request.alloc_size,
-            diagnosis: Box::new(self.diagnose(orig_size, request.size, request.alloc_size)),
-        })
-    }
-
-    /// Every live block, for snapshots and invariant checks.
+    /// Every live block (mapped or not), for snapshots and invariant checks.
     pub fn blocks(&self) -> impl Iterator<Item = &Block> {
         self.blocks.iter().map(|(_, block)| block)
     }
 
-    /// Every segment as (base address, size, pool), by address.
+    /// Every `cudaMalloc` segment as (base address, size, pool), by address. Expandable
+    /// segments are not segments in this sense (see [`CachingAllocator::expandable_segments`]).
     pub fn segments(&self) -> impl Iterator<Item = (u64, u64, Pool)> + '_ {
         self.segments
             .iter()
-            .map(|(&ptr, &(size, pool))| (ptr, size, pool))
+            .map(|(&ptr, segment)| (ptr, segment.size, segment.pool))
+    }
+
+    /// Every `cudaMalloc` segment's stream, by address, as (base address, stream).
+    pub fn segment_streams(&self) -> impl Iterator<Item = (u64, StreamId)> + '_ {
+        self.segments
+            .iter()
+            .map(|(&ptr, segment)| (ptr, segment.stream))
+    }
+
+    /// Every live expandable segment, lowest base first.
+    pub fn expandable_segments(&self) -> Vec<ExpandableInfo> {
+        let mut list: Vec<ExpandableInfo> = self
+            .expandable
+            .iter()
+            .map(|(_, segment)| ExpandableInfo {
+                base: segment.base,
+                reserved: segment.size(),
+                page: segment.page,
+                mapped: segment.mapped_bytes(),
+                stream: segment.stream,
+                pool: segment.pool,
+            })
+            .collect();
+        list.sort_unstable_by_key(|info| info.base);
+        list
     }
 
     /// Number of free blocks cached in each pool: (small, large).
@@ -724,15 +866,19 @@ impl CachingAllocator {
 }
 
 impl Drop for CachingAllocator {
-    /// Returns every segment to the device. No tensor can outlive its allocator (each storage
-    /// holds the runtime that owns it), so by now every block is free; a session that ends
-    /// therefore leaves nothing behind on the device, as `empty_cache()` would.
+    /// Returns every segment to the device: `cudaMalloc` segments are freed, expandable
+    /// segments unmapped and their ranges freed. No tensor can outlive its allocator (each
+    /// storage holds the runtime that owns it), so by now every block is free; a session that
+    /// ends therefore leaves nothing behind on the device, as `empty_cache()` would.
     fn drop(&mut self) {
         let segments: Vec<u64> = self.segments.keys().copied().collect();
         for ptr in segments {
             // Nothing can be reported from a destructor; a failing free leaves the segment to
             // the driver, which reclaims it when the process exits.
             let _ = self.device.free(ptr);
+        }
+        for segment in self.expandable.drain() {
+            let _ = segment.release(self.device.as_mut());
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::{CachingAllocator, Pool};
+use super::{CachingAllocator, TraceAction};
 
 /// A block's state as PyTorch names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -39,47 +39,68 @@ pub struct BlockSnapshot {
     pub state: BlockState,
 }
 
-/// One segment (one device allocation) and its blocks, in address order.
+/// One segment and its blocks, in address order: a `cudaMalloc` segment, or one contiguous
+/// mapped range of an expandable segment (PyTorch reports each such range as a segment).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SegmentSnapshot {
     /// Base address.
     pub address: u64,
-    /// Bytes held from the device.
+    /// Bytes of the segment (of the mapped range, for expandable segments).
     pub total_size: u64,
     /// Bytes of allocated blocks.
     pub allocated_size: u64,
-    /// Bytes of active blocks (equal to allocated on one stream).
+    /// Bytes of active blocks (equal to allocated without `record_stream`).
     pub active_size: u64,
     /// Requested bytes of active blocks.
     pub requested_size: u64,
+    /// The stream the segment serves (0 = default).
+    pub stream: u64,
     /// `"small"` or `"large"`.
     pub segment_type: &'static str,
+    /// Whether the range lies in an expandable segment.
+    pub is_expandable: bool,
     /// The blocks, lowest address first.
     pub blocks: Vec<BlockSnapshot>,
 }
 
 impl CachingAllocator {
-    /// Every segment with its blocks, sorted by address.
-    pub fn snapshot(&self) -> Vec<SegmentSnapshot> {
-        let mut blocks: Vec<_> = self.blocks().collect();
-        blocks.sort_unstable_by_key(|block| block.ptr);
-        let mut blocks = blocks.into_iter().peekable();
+    /// Every segment with its blocks, sorted by address (PyTorch's `snapshot()`): one entry per
+    /// `cudaMalloc` segment and one per contiguous mapped range of each expandable segment.
+    /// Records a `snapshot` trace entry with the bytes of active blocks.
+    pub fn snapshot(&mut self) -> Vec<SegmentSnapshot> {
+        let segments = self.segment_snapshots();
+        let active: u64 = segments.iter().map(|segment| segment.active_size).sum();
+        self.trace.record(TraceAction::Snapshot, 0, active, 0);
+        segments
+    }
+
+    /// The segments of [`CachingAllocator::snapshot`], without recording a trace entry.
+    pub fn segment_snapshots(&self) -> Vec<SegmentSnapshot> {
         let mut segments = Vec::new();
-        for (address, total_size, pool) in self.segments() {
-            let end = address + total_size;
+        for block in self.blocks() {
+            // A segment starts at a mapped block with no mapped block before it.
+            let starts = block.mapped
+                && self
+                    .blocks
+                    .get(block.prev)
+                    .is_none_or(|previous| !previous.mapped);
+            if !starts {
+                continue;
+            }
             let mut segment = SegmentSnapshot {
-                address,
-                total_size,
+                address: block.ptr,
+                total_size: 0,
                 allocated_size: 0,
                 active_size: 0,
                 requested_size: 0,
-                segment_type: match pool {
-                    Pool::Small => "small",
-                    Pool::Large => "large",
-                },
+                stream: block.stream,
+                segment_type: block.pool.name(),
+                is_expandable: block.is_expandable(),
                 blocks: Vec::new(),
             };
-            while let Some(block) = blocks.next_if(|block| block.ptr < end) {
+            let mut cursor = Some(block);
+            while let Some(block) = cursor.filter(|block| block.mapped) {
+                segment.total_size += block.size;
                 let state = if block.allocated {
                     segment.allocated_size += block.size;
                     segment.active_size += block.size;
@@ -94,9 +115,11 @@ impl CachingAllocator {
                     requested_size: block.requested_size,
                     state,
                 });
+                cursor = self.blocks.get(block.next);
             }
             segments.push(segment);
         }
+        segments.sort_unstable_by_key(|segment| segment.address);
         segments
     }
 }

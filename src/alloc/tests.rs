@@ -1,7 +1,7 @@
 //! Unit tests of the allocator's rules, with the figures PyTorch 2.11 gave on the H200.
 
 use super::*;
-use crate::device::sim::SimDevice;
+use crate::device::sim::{SimDevice, H200_TOTAL_MEMORY as H200_TOTAL};
 
 fn allocator(conf: &str) -> CachingAllocator {
     let conf = AllocConf::parse(conf).expect("valid config");
@@ -216,4 +216,318 @@ fn dropping_the_allocator_returns_every_segment() {
     assert_eq!(live.get(), 2);
     drop(a);
     assert_eq!(live.get(), 0);
+}
+
+fn expandable(device_bytes: u64) -> CachingAllocator {
+    let conf = AllocConf::parse("expandable_segments:True").expect("valid config");
+    CachingAllocator::new(Box::new(SimDevice::new(device_bytes)), conf).expect("allocator")
+}
+
+/// Bytes the simulated device has handed out (segments and mapped pages).
+fn device_used(a: &CachingAllocator) -> u64 {
+    let (free, total) = a.device().mem_get_info().expect("info");
+    total - SimDevice::new(total).context_bytes() - free
+}
+
+fn check(a: &CachingAllocator) {
+    if let Err(violation) = a.check_invariants() {
+        panic!("invariant broken: {violation}");
+    }
+}
+
+#[test]
+fn expandable_segments_grow_by_whole_pages() {
+    // §14 item 18 of the reference notes, observed on the H200.
+    let mut a = expandable(H200_TOTAL);
+    let five = a.malloc(5 * MIB).expect("5 MiB");
+    assert_eq!(
+        get(&a, "reserved_bytes.large_pool.current"),
+        20 * MIB as i64
+    );
+    assert_eq!(get(&a, "segment.all.current"), 0);
+    assert_eq!(get(&a, "inactive_split.all.current"), 0);
+    assert_eq!(get(&a, "num_device_alloc"), 1);
+    let thirty = a.malloc(30 * MIB).expect("30 MiB");
+    assert_eq!(get(&a, "reserved_bytes.all.current"), 40 * MIB as i64);
+    assert_eq!(get(&a, "num_device_alloc"), 2);
+    let snapshot = a.snapshot();
+    assert_eq!(snapshot.len(), 1);
+    let segment = &snapshot[0];
+    assert!(segment.is_expandable);
+    assert_eq!(segment.total_size, 40 * MIB);
+    let blocks: Vec<(u64, BlockState)> = segment.blocks.iter().map(|b| (b.size, b.state)).collect();
+    assert_eq!(
+        blocks,
+        [
+            (5 * MIB, BlockState::ActiveAllocated),
+            (30 * MIB, BlockState::ActiveAllocated),
+            (5 * MIB, BlockState::Inactive)
+        ]
+    );
+    // The 30 MiB block starts where the 5 MiB one ends: it grew into the newly mapped page.
+    assert_eq!(thirty.ptr, five.ptr + 5 * MIB);
+    let small = a.malloc(1000).expect("1000 B");
+    assert_eq!(get(&a, "reserved_bytes.small_pool.current"), 2 * MIB as i64);
+    assert_eq!(device_used(&a), 42 * MIB);
+    check(&a);
+    for allocation in [five, thirty, small] {
+        a.free(allocation).expect("free");
+    }
+    assert_eq!(get(&a, "inactive_split.all.current"), 0);
+    a.empty_cache().expect("empty_cache");
+    assert_eq!(get(&a, "reserved_bytes.all.current"), 0);
+    assert_eq!(get(&a, "num_device_free"), 2, "one unmap per free block");
+    assert_eq!(get(&a, "num_sync_all_streams"), 1);
+    assert_eq!(device_used(&a), 0);
+    assert!(
+        a.expandable_segments().is_empty(),
+        "wholly unmapped segments are released"
+    );
+    check(&a);
+}
+
+#[test]
+fn expandable_empty_cache_unmaps_only_whole_free_pages() {
+    let mut a = expandable(H200_TOTAL);
+    let first = a.malloc(5 * MIB).expect("a"); //  [0, 5)
+    let second = a.malloc(30 * MIB).expect("b"); // [5, 35): maps page 1
+    let third = a.malloc(12 * MIB).expect("c"); // [35, 47): maps page 2
+    assert_eq!(get(&a, "reserved_bytes.all.current"), 60 * MIB as i64);
+    a.free(second).expect("free b");
+    a.empty_cache().expect("empty");
+    // [5, 35) holds no whole page (page 0 has a, page 1 ends at 40 under c), nor does [47, 60).
+    assert_eq!(get(&a, "reserved_bytes.all.current"), 60 * MIB as i64);
+    assert_eq!(get(&a, "num_device_free"), 0);
+    a.free(first).expect("free a");
+    a.empty_cache().expect("empty");
+    // [0, 35) is free: page 0 goes, [20, 35) stays mapped as a free block.
+    assert_eq!(get(&a, "reserved_bytes.all.current"), 40 * MIB as i64);
+    assert_eq!(get(&a, "num_device_free"), 1);
+    let segments = a.snapshot();
+    assert_eq!(segments.len(), 1, "one mapped range");
+    let sizes: Vec<u64> = segments[0].blocks.iter().map(|b| b.size).collect();
+    assert_eq!(sizes, [15 * MIB, 12 * MIB, 13 * MIB]);
+    check(&a);
+    // The lowest unmapped range with room comes first: 30 MiB fills page 0 again plus the
+    // free 15 MiB after it.
+    let again = a.malloc(30 * MIB).expect("30 MiB");
+    assert_eq!(again.ptr, first.ptr);
+    assert_eq!(get(&a, "reserved_bytes.all.current"), 60 * MIB as i64);
+    check(&a);
+    a.free(again).expect("free");
+    a.free(third).expect("free c");
+    a.empty_cache().expect("empty");
+    assert_eq!(get(&a, "reserved_bytes.all.current"), 0);
+    check(&a);
+}
+
+#[test]
+fn expandable_retry_unmaps_then_raises_oom() {
+    // 1 GiB device: its simulated context costs 128 MiB, so 896 MiB can be mapped.
+    let mut a = expandable(1 << 30);
+    let first = a.malloc(400 * MIB).expect("400 MiB");
+    let _second = a.malloc(400 * MIB).expect("400 MiB");
+    a.free(first).expect("free");
+    let err = a.malloc(500 * MIB).expect_err("no room");
+    let AllocError::OutOfMemory(oom) = err else {
+        panic!("expected OOM, got {err:?}")
+    };
+    assert_eq!(
+        oom.message,
+        "CUDA out of memory. Tried to allocate 500.00 MiB. GPU 0 has a total capacity of 1024.00 MiB of which 496.00 MiB is free. Including non-PyTorch memory, this process has 528.00 MiB memory in use. Of the allocated memory 400.00 MiB is allocated by PyTorch, and 0 bytes is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"
+    );
+    assert_eq!(get(&a, "num_alloc_retries"), 1);
+    assert_eq!(get(&a, "num_ooms"), 1);
+    assert_eq!(get(&a, "num_device_alloc"), 2);
+    assert_eq!(
+        get(&a, "num_device_free"),
+        1,
+        "the cached 400 MiB were unmapped"
+    );
+    assert_eq!(get(&a, "reserved_bytes.all.current"), 400 * MIB as i64);
+    check(&a);
+}
+
+#[test]
+fn expandable_fraction_checks_the_segment_size_but_maps_the_request() {
+    let mut a = expandable(H200_TOTAL);
+    // 21 MiB allowed: a 5 MiB request is checked as a 20 MiB segment and maps one page.
+    a.set_memory_fraction((21 * MIB) as f64 / H200_TOTAL as f64)
+        .expect("fraction");
+    let _five = a.malloc(5 * MIB).expect("fits");
+    assert_eq!(get(&a, "reserved_bytes.all.current"), 20 * MIB as i64);
+    // 15 MiB are free in the mapped page: no new memory needed.
+    let _ten = a.malloc(10 * MIB).expect("fits in the page");
+    // 1000 B: a 2 MiB small page would pass 21 MiB.
+    let err = a.malloc(1000).expect_err("over the cap");
+    assert!(err.to_string().contains("Tried to allocate 2.00 MiB"));
+    assert!(err.to_string().contains("21.00 MiB allowed; "));
+    check(&a);
+}
+
+#[test]
+fn streams_keep_separate_pools_and_segments() {
+    let mut a = allocator("");
+    let x = a.malloc_on(0, 1000).expect("stream 0");
+    a.free(x).expect("free");
+    let y = a.malloc_on(7, 1000).expect("stream 7");
+    assert_eq!(
+        get(&a, "segment.small_pool.current"),
+        2,
+        "no reuse across streams"
+    );
+    let z = a.malloc(1000).expect("stream 0 again");
+    assert_eq!(z.ptr, x.ptr, "stream 0 reuses its own cached block");
+    let snapshot = a.snapshot();
+    let streams: Vec<u64> = snapshot.iter().map(|s| s.stream).collect();
+    assert!(streams.contains(&0) && streams.contains(&7));
+    a.free(y).expect("free");
+    a.free(z).expect("free");
+    a.empty_cache().expect("empty");
+    assert_eq!(
+        get(&a, "segment.all.current"),
+        0,
+        "empty_cache covers every stream"
+    );
+    check(&a);
+
+    let mut e = expandable(H200_TOTAL);
+    let p = e.malloc_on(1, 5 * MIB).expect("stream 1");
+    let q = e.malloc_on(2, 5 * MIB).expect("stream 2");
+    assert_eq!(
+        e.expandable_segments().len(),
+        2,
+        "one segment per (stream, pool)"
+    );
+    assert_eq!(get(&e, "reserved_bytes.all.current"), 40 * MIB as i64);
+    e.free(p).expect("free");
+    let r = e.malloc_on(2, 10 * MIB).expect("stream 2");
+    assert_eq!(r.ptr, q.ptr + 5 * MIB, "stream 2 stays in its own segment");
+    check(&e);
+}
+
+#[test]
+fn trace_records_pytorchs_events_in_order() {
+    fn clock() -> i64 {
+        7
+    }
+    let actions = |a: &CachingAllocator| -> Vec<(&'static str, u64, u64)> {
+        a.trace()
+            .entries()
+            .iter()
+            .map(|e| (e.action.name(), e.addr, e.size))
+            .collect()
+    };
+    let mut a = allocator("");
+    a.trace_mut().set_clock(clock);
+    a.trace_mut().set_max_entries(100);
+    let untraced = a.malloc(1000).expect("alloc");
+    assert!(a.trace().is_empty(), "off by default");
+    a.trace_mut().set_enabled(true);
+    a.set_trace_context(3);
+    let x = a.malloc(5 * MIB).expect("alloc");
+    a.free(x).expect("free");
+    a.free(untraced).expect("free");
+    let _snapshot = a.snapshot();
+    a.empty_cache().expect("empty");
+    a.set_memory_fraction(0.0).expect("fraction");
+    assert!(a.malloc(1000).is_err());
+    let (base, small) = (x.ptr, untraced.ptr);
+    let (free, _) = a.device().mem_get_info().expect("info");
+    assert_eq!(
+        actions(&a),
+        [
+            ("segment_alloc", base, 20 * MIB),
+            ("alloc", base, 5 * MIB),
+            ("free_requested", base, 5 * MIB),
+            ("free_completed", base, 5 * MIB),
+            ("free_requested", small, 1000),
+            ("free_completed", small, 1000),
+            ("snapshot", 0, 0),
+            ("empty_cache", 0, 0),
+            ("segment_free", base, 20 * MIB),
+            ("segment_free", small, 2 * MIB),
+            ("oom", free, 1024),
+        ]
+    );
+    assert!(a
+        .trace()
+        .entries()
+        .iter()
+        .all(|e| e.context == 3 && e.time_us == 7));
+
+    let mut e = expandable(H200_TOTAL);
+    e.trace_mut().set_max_entries(100);
+    e.trace_mut().set_enabled(true);
+    let y = e.malloc(5 * MIB).expect("alloc");
+    let z = e.malloc(30 * MIB).expect("alloc");
+    let _ = e.snapshot();
+    e.free(y).expect("free");
+    e.free(z).expect("free");
+    e.empty_cache().expect("empty");
+    let base = y.ptr;
+    assert_eq!(
+        actions(&e)
+            .into_iter()
+            .filter(|(name, _, _)| !name.starts_with("free"))
+            .collect::<Vec<_>>(),
+        [
+            ("segment_map", base, 20 * MIB),
+            ("alloc", base, 5 * MIB),
+            ("segment_map", base + 20 * MIB, 20 * MIB),
+            ("alloc", base + 5 * MIB, 30 * MIB),
+            ("snapshot", 0, 35 * MIB),
+            ("empty_cache", 0, 0),
+            ("segment_unmap", base, 40 * MIB),
+        ]
+    );
+}
+
+#[test]
+fn expandable_segments_need_the_devices_virtual_memory_calls() {
+    use crate::device::{DeviceError, DeviceMemory, ProcessMemory};
+
+    /// A device without the virtual-memory calls (as the CUDA device is until it gets them),
+    /// or with a granularity that does not divide PyTorch's pages.
+    struct Plain(SimDevice, Option<u64>);
+    impl DeviceMemory for Plain {
+        fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+            self.0.malloc(bytes)
+        }
+        fn free(&mut self, address: u64) -> Result<(), DeviceError> {
+            self.0.free(address)
+        }
+        fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
+            self.0.mem_get_info()
+        }
+        fn total_memory(&self) -> u64 {
+            self.0.total_memory()
+        }
+        fn index(&self) -> usize {
+            0
+        }
+        fn process_memory(&self) -> Vec<ProcessMemory> {
+            Vec::new()
+        }
+        fn label(&self) -> String {
+            "plain".into()
+        }
+        fn allocation_granularity(&self) -> Result<u64, DeviceError> {
+            self.1.ok_or_else(crate::device::vmm_unsupported)
+        }
+    }
+    let conf = AllocConf::parse("expandable_segments:True").expect("valid config");
+    let device = Plain(SimDevice::new(1 << 30), None);
+    let mut a = CachingAllocator::new(Box::new(device), conf.clone()).expect("allocator");
+    let err = a.malloc(1000).expect_err("no VMM");
+    assert!(err
+        .to_string()
+        .contains("does not support virtual memory management"));
+    assert_eq!(a.stats(), &DeviceStats::new(-1));
+    let device = Plain(SimDevice::new(1 << 30), Some(3 << 20));
+    let mut a = CachingAllocator::new(Box::new(device), conf).expect("allocator");
+    let err = a.malloc(1000).expect_err("bad granularity");
+    assert!(err
+        .to_string()
+        .contains("granularity of 3145728 bytes does not divide"));
 }

@@ -7,11 +7,12 @@
 pub mod golden;
 pub mod paint;
 pub mod repl;
+pub mod replay;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
 use gpumem::device::DeviceSpec;
@@ -126,9 +127,40 @@ enum Command {
         #[arg(long)]
         bless: bool,
     },
+    /// Replay a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) through gpumem's
+    /// allocator on a simulated device: peaks, cudaMalloc calls, OOMs, fragmentation, and
+    /// whether gpumem's segment events equal the recorded ones. Default device: the simulated
+    /// H200 (the file does not record the capacity); default config: the one recorded.
+    Replay {
+        /// The snapshot (a .pickle written by PyTorch or by gpumem's dump_snapshot).
+        file: PathBuf,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Also replay under each of these configs and compare them side by side.
+        #[arg(long, value_name = "CONF", num_args = 1..)]
+        compare: Vec<String>,
+        /// Find the smallest simulated device on which the job runs without OOM (binary
+        /// search in 2 MiB steps), for each config.
+        #[arg(long)]
+        min_capacity: bool,
+        /// Where segments are placed: where PyTorch's driver put them (recorded), or the
+        /// simulator's own model (model).
+        #[arg(long, value_enum, default_value_t = PlacementArg::Recorded)]
+        placement: PlacementArg,
+    },
     /// Measure gpumem itself (for comparisons with PyTorch; see benches/compare/).
     #[command(subcommand)]
     Bench(BenchTarget),
+}
+
+/// `--placement`.
+#[derive(Clone, Copy, ValueEnum)]
+enum PlacementArg {
+    /// Where PyTorch's driver placed the same segment, when the trace shows it.
+    Recorded,
+    /// The simulator's placement model.
+    Model,
 }
 
 #[derive(Subcommand)]
@@ -141,6 +173,19 @@ enum BenchTarget {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+    },
+    /// Replay speed: writes a synthetic snapshot of N events, replays it, prints events per
+    /// second and the peak resident memory.
+    Replay {
+        /// Trace events in the synthetic snapshot.
+        #[arg(long, default_value_t = 10_000_000)]
+        events: u64,
+        /// Replay this file (written first if it does not exist) instead of a temporary one.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Keep the generated file.
+        #[arg(long)]
+        keep: bool,
     },
     /// The randn kernel's throughput on a CUDA device, next to PyTorch's `normal_`.
     Randn {
@@ -202,6 +247,27 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
         }
         Some(Command::Bench(BenchTarget::Alloc { rounds, json })) => {
             bench_alloc(&options, rounds, json)
+        }
+        Some(Command::Replay {
+            file,
+            json,
+            compare,
+            min_capacity,
+            placement,
+        }) => replay::command(&replay::ReplayArgs {
+            file,
+            device: cli.device,
+            alloc_conf: cli.alloc_conf,
+            compare,
+            min_capacity,
+            json,
+            placement: match placement {
+                PlacementArg::Recorded => gpumem::snapshot::replay::Placement::Recorded,
+                PlacementArg::Model => gpumem::snapshot::replay::Placement::Model,
+            },
+        }),
+        Some(Command::Bench(BenchTarget::Replay { events, file, keep })) => {
+            replay::bench(events, file.as_deref(), keep)
         }
         Some(Command::Bench(BenchTarget::Randn { reps, torch_script })) => {
             bench_randn(&options, reps, &torch_script)
@@ -325,12 +391,12 @@ fn run(
         return Ok(host.run_file(file)?);
     }
     let runtime = std::rc::Rc::clone(host.runtime());
-    host.locator().set_enabled(true);
+    // While observed, bindings stamp their script line on the allocator's trace context.
     let recorder = Recorder::install(&runtime, file.display().to_string());
     let result = host.run_file(file);
     runtime.set_observer(None);
-    host.locator().set_enabled(false);
-    let timeline = recorder.borrow().timeline(host.locator().labels());
+    let mut timeline = recorder.borrow().timeline(Vec::new());
+    timeline.labels = gpumem::script::viz_api::timeline_labels(&timeline);
     outputs.write(&timeline, &runtime, options.config.text())?;
     Ok(result?)
 }

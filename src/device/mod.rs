@@ -4,7 +4,9 @@
 //!
 //! The allocator knows devices only through this trait: it asks for whole segments on a cache
 //! miss (`cudaMalloc`), returns them on `empty_cache` (`cudaFree`) and reads the driver's free and
-//! total figures for its OOM message (`cudaMemGetInfo`).
+//! total figures for its OOM message (`cudaMemGetInfo`). With `expandable_segments:True` it
+//! uses the driver's virtual memory management instead (`cuMemAddressReserve`, `cuMemCreate` +
+//! `cuMemMap` + `cuMemSetAccess`, `cuMemUnmap` + `cuMemRelease`, `cuMemAddressFree`).
 
 pub mod cuda;
 pub mod kernels;
@@ -187,10 +189,33 @@ pub struct DriverMemory {
     pub other_processes_bytes: u64,
 }
 
+/// The error the virtual-memory calls return on a device without them.
+pub fn vmm_unsupported() -> DeviceError {
+    DeviceError::Unsupported(
+        "this device does not support virtual memory management (needed by expandable_segments:True)"
+            .into(),
+    )
+}
+
 /// A device the caching allocator can draw whole segments from.
 ///
 /// The calls mirror the CUDA runtime calls PyTorch's allocator makes: `cudaMalloc`,
-/// `cudaFree`, `cudaMemGetInfo` and `totalGlobalMem`.
+/// `cudaFree`, `cudaMemGetInfo` and `totalGlobalMem`, and for expandable segments the CUDA
+/// driver's virtual memory management calls. The virtual-memory calls have default bodies that
+/// refuse with [`vmm_unsupported`], so a device without them still works in every other mode.
+///
+/// # The virtual-memory contract (expandable segments)
+///
+/// The allocator reserves one virtual range per expandable segment, maps whole pages into it
+/// and unmaps whole pages from it; it never touches a range it did not reserve.
+/// - A *page* is `page` bytes, a multiple of [`DeviceMemory::allocation_granularity`] (the
+///   allocator uses PyTorch's 2 MiB and 20 MiB). Each page is its own physical allocation (one
+///   `cuMemCreate` handle of `page` bytes), as in PyTorch, so unmapping a page returns exactly
+///   that page's memory.
+/// - Mapped pages cost device memory: `mem_get_info`'s free figure drops by the bytes mapped
+///   and rises again by the bytes unmapped. Reserved but unmapped address space costs none.
+/// - Every address and size passed to `map_pages`/`unmap_pages` lies inside one range returned
+///   by `reserve_address_range`, and is a multiple of `page` from that range's base.
 pub trait DeviceMemory {
     /// Reserves a segment of exactly `bytes` bytes and returns its device address.
     /// Fails with [`DeviceError::OutOfMemory`] when the device cannot fit it.
@@ -214,5 +239,61 @@ pub trait DeviceMemory {
         Err(DeviceError::Unsupported(
             "this device has no driver view of memory".into(),
         ))
+    }
+
+    /// The smallest size and alignment of a physical allocation, in bytes
+    /// (`cuMemGetAllocationGranularity` with `CU_MEM_ALLOC_GRANULARITY_MINIMUM` for pinned
+    /// device memory on this device; 2 MiB on current NVIDIA GPUs). Pages passed to
+    /// [`DeviceMemory::map_pages`] are multiples of it.
+    fn allocation_granularity(&self) -> Result<u64, DeviceError> {
+        Err(vmm_unsupported())
+    }
+
+    /// Reserves `bytes` of virtual address space and returns its base
+    /// (`cuMemAddressReserve(&ptr, bytes, 0, 0, 0)`: default alignment, no address hint).
+    /// `bytes` is a multiple of the page size the allocator will map, hence of the
+    /// granularity; the base must be aligned to at least the granularity. No device memory is
+    /// used. Fails with [`DeviceError::Driver`] when no such range is available (PyTorch raises
+    /// a driver error then, not an out-of-memory error).
+    fn reserve_address_range(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        let _ = bytes;
+        Err(vmm_unsupported())
+    }
+
+    /// Frees a range returned by [`DeviceMemory::reserve_address_range`]
+    /// (`cuMemAddressFree(base, bytes)`): `base` and `bytes` are exactly the reservation's. The
+    /// allocator unmaps every page of the range first. Freeing a range that is not reserved is
+    /// an error ([`DeviceError::InvalidArgument`]), never a silent success.
+    fn free_address_range(&mut self, base: u64, bytes: u64) -> Result<(), DeviceError> {
+        let _ = (base, bytes);
+        Err(vmm_unsupported())
+    }
+
+    /// Backs `[address, address + bytes)` with device memory, one physical allocation per page
+    /// of `page` bytes: for each page `cuMemCreate(&handle, page, &prop, 0)` (pinned device
+    /// memory on this device), then `cuMemMap(page_address, page, 0, handle, 0)`, then
+    /// `cuMemSetAccess` for read-write access from this device over the whole range.
+    ///
+    /// `address` and `bytes` are multiples of `page` from the reservation's base, the range
+    /// lies inside one reservation and none of its pages is mapped. All or nothing: when a
+    /// page cannot be created for lack of memory (`CUDA_ERROR_OUT_OF_MEMORY`), release the
+    /// handles this call already created, map nothing and return
+    /// [`DeviceError::OutOfMemory`] — the allocator then frees cached memory and retries, as
+    /// PyTorch does. Any other failure is [`DeviceError::Driver`].
+    fn map_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+        let _ = (address, bytes, page);
+        Err(vmm_unsupported())
+    }
+
+    /// Returns the pages of `[address, address + bytes)` to the device: for each page of `page`
+    /// bytes `cuMemUnmap(page_address, page)` then `cuMemRelease(handle)`. Every page in the
+    /// range was mapped by [`DeviceMemory::map_pages`] (possibly over several calls) and is
+    /// unmapped exactly once; unmapping a page that is not mapped is an error
+    /// ([`DeviceError::InvalidArgument`]). The memory may still be in use by queued work: as PyTorch
+    /// does (`cudaStreamSynchronize`, or `cudaDeviceSynchronize` without a stream), wait for
+    /// the device before unmapping.
+    fn unmap_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+        let _ = (address, bytes, page);
+        Err(vmm_unsupported())
     }
 }

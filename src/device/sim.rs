@@ -1,6 +1,8 @@
 //! The simulated GPU: capacity, a CUDA context's cost, `cudaMalloc`'s 2 MiB granularity, and
 //! segment addresses placed the way the H200's driver places them, so best-fit ties between
-//! equal-size blocks break exactly as on the real device.
+//! equal-size blocks break exactly as on the real device. For expandable segments it also
+//! models the driver's virtual memory management: reserved ranges (free of cost) and mapped
+//! pages (each costing its size).
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -32,6 +34,13 @@ pub const MAX_TOTAL_MEMORY: u64 = 64 << 40;
 /// Address space below the top that is taken before the first `cudaMalloc` in a PyTorch
 /// process on the H200 (context, modules), except two ranges described in `AddressSpace::new`.
 const VA_PRETAKEN: u64 = 512 * MIB;
+/// The physical allocation granularity of `cuMemCreate` (`cuMemGetAllocationGranularity`,
+/// minimum, pinned device memory): 2 MiB on the H200, as on every current NVIDIA GPU.
+pub const VMM_GRANULARITY: u64 = 2 * MIB;
+/// Where the model places virtual ranges reserved for expandable segments: top-down from here,
+/// 1 TiB below the top of the `cudaMalloc` window (an assumption; see
+/// [`AddressSpace::place_reservation`]).
+const VMM_TOP: u64 = VA_TOP - (1 << 40);
 
 /// One range of virtual address space the driver reserved, from which segments are carved.
 #[derive(Debug, Clone)]
@@ -77,6 +86,8 @@ struct AddressSpace {
     chunks: Vec<Chunk>,
     /// Ranges used by others (base, size).
     taken: Vec<(u64, u64)>,
+    /// Virtual ranges reserved with `cuMemAddressReserve`: base → size.
+    reservations: BTreeMap<u64, u64>,
 }
 
 impl AddressSpace {
@@ -106,7 +117,75 @@ impl AddressSpace {
         AddressSpace {
             chunks: vec![older, newer],
             taken,
+            reservations: BTreeMap::new(),
         }
+    }
+
+    /// Every range in use (pre-taken, `cudaMalloc` chunks, reservations), highest first.
+    fn used_ranges(&self) -> Vec<(u64, u64)> {
+        let mut used: Vec<(u64, u64)> = self
+            .taken
+            .iter()
+            .copied()
+            .chain(self.chunks.iter().map(|chunk| (chunk.base, chunk.size)))
+            .chain(self.reservations.iter().map(|(&base, &size)| (base, size)))
+            .collect();
+        used.sort_unstable_by_key(|range| std::cmp::Reverse(range.0));
+        used
+    }
+
+    /// Where `cuMemAddressReserve` puts a range of `size` bytes, and records it there; `None`
+    /// when the window has no room.
+    ///
+    /// This is a model, not a measurement: where the H200's driver places reservations has not
+    /// been recorded yet. Reservations go top-down from [`VMM_TOP`] (1 TiB below the top of the
+    /// `cudaMalloc` window, so on devices of up to a few hundred GiB they never meet
+    /// `cudaMalloc` segments) into the highest gap that holds them, aligned down to `align`.
+    /// Only the relative order of reservations matters to the allocator (PyTorch prefers the
+    /// lowest-addressed segment with room), so replacing this function is all a measured model
+    /// needs.
+    fn place_reservation(&mut self, size: u64, align: u64) -> Option<u64> {
+        let align = align.max(1);
+        let mut gap_top = VMM_TOP;
+        let mut ranges = self.used_ranges().into_iter().peekable();
+        loop {
+            // The next used range that ends at or below the gap's top bounds the gap below.
+            let below = loop {
+                match ranges.peek().copied() {
+                    Some((base, length)) if base + length > gap_top => {
+                        gap_top = gap_top.min(base);
+                        ranges.next();
+                    }
+                    other => break other,
+                }
+            };
+            let floor = below.map_or(VA_FLOOR, |(base, length)| base + length);
+            if let Some(start) = gap_top.checked_sub(size) {
+                let start = start / align * align;
+                if start >= floor && start >= VA_FLOOR {
+                    self.reservations.insert(start, size);
+                    return Some(start);
+                }
+            }
+            let (base, _) = below?;
+            gap_top = base;
+            ranges.next();
+        }
+    }
+
+    /// Forgets the reservation at `base`; `false` unless it exists with exactly `size` bytes.
+    fn free_reservation(&mut self, base: u64, size: u64) -> bool {
+        if self.reservations.get(&base) != Some(&size) {
+            return false;
+        }
+        self.reservations.remove(&base);
+        true
+    }
+
+    /// The reservation holding `[address, address + size)`, as (base, size).
+    fn reservation_holding(&self, address: u64, size: u64) -> Option<(u64, u64)> {
+        let (&base, &length) = self.reservations.range(..=address).next_back()?;
+        (address.checked_add(size)? <= base + length).then_some((base, length))
     }
 
     /// Places a segment of `size` bytes; `None` when the address window has no room left.
@@ -134,13 +213,7 @@ impl AddressSpace {
 
     /// The top of the highest free gap strictly larger than `size`, if any.
     fn highest_gap(&self, size: u64) -> Option<u64> {
-        let mut used: Vec<(u64, u64)> = self
-            .taken
-            .iter()
-            .copied()
-            .chain(self.chunks.iter().map(|chunk| (chunk.base, chunk.size)))
-            .collect();
-        used.sort_unstable_by_key(|range| std::cmp::Reverse(range.0));
+        let used = self.used_ranges();
         let mut gap_top = VA_TOP;
         for (base, length) in used {
             let end = base + length;
@@ -179,8 +252,9 @@ impl AddressSpace {
 
 /// A simulated GPU of a given capacity.
 ///
-/// Its CUDA context comes into being at the first call that needs one (`cudaMalloc`,
-/// `cudaMemGetInfo`), as a real GPU's does: until then the driver's view shows this process
+/// Its CUDA context comes into being at the first call that needs one (every call but the
+/// total, the label and the driver's view: `cudaMalloc`, `cudaMemGetInfo`, the virtual-memory
+/// calls), as a real GPU's does: until then the driver's view shows this process
 /// using nothing, which is what a script reading `device_memory()` first sees.
 #[derive(Debug, Clone)]
 pub struct SimDevice {
@@ -192,6 +266,8 @@ pub struct SimDevice {
     used: u64,
     segments: BTreeMap<u64, u64>,
     addresses: AddressSpace,
+    /// Mapped pages of reserved ranges: page address → page size.
+    pages: BTreeMap<u64, u64>,
 }
 
 impl SimDevice {
@@ -205,6 +281,7 @@ impl SimDevice {
             used: 0,
             segments: BTreeMap::new(),
             addresses: AddressSpace::new(),
+            pages: BTreeMap::new(),
         }
     }
 
@@ -242,6 +319,40 @@ impl SimDevice {
             .saturating_sub(self.context_now())
             .saturating_sub(self.used)
     }
+
+    /// Bytes of pages currently mapped into reserved ranges.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.pages.values().sum()
+    }
+
+    /// Checks a `map_pages`/`unmap_pages` request: a whole number of granularity-sized pages,
+    /// inside one reservation, page-aligned from its base.
+    fn check_pages(
+        &self,
+        call: &str,
+        address: u64,
+        bytes: u64,
+        page: u64,
+    ) -> Result<(), DeviceError> {
+        let fail = |why: &str| {
+            Err(DeviceError::InvalidArgument(format!(
+                "{call}({address:#x}, {bytes}, page {page}): {why}"
+            )))
+        };
+        if page == 0 || !page.is_multiple_of(VMM_GRANULARITY) {
+            return fail("the page is not a multiple of the 2 MiB allocation granularity");
+        }
+        if bytes == 0 || !bytes.is_multiple_of(page) {
+            return fail("the size is not a positive multiple of the page");
+        }
+        let Some((base, _)) = self.addresses.reservation_holding(address, bytes) else {
+            return fail("the range is not inside one reserved range");
+        };
+        if !(address - base).is_multiple_of(page) {
+            return fail("the address is not page-aligned from the reservation's base");
+        }
+        Ok(())
+    }
 }
 
 impl DeviceMemory for SimDevice {
@@ -264,6 +375,7 @@ impl DeviceMemory for SimDevice {
     }
 
     fn free(&mut self, address: u64) -> Result<(), DeviceError> {
+        self.touch_context();
         let Some(bytes) = self.segments.remove(&address) else {
             return Err(DeviceError::InvalidArgument(format!(
                 "cudaFree of {address:#x}, which is not a segment"
@@ -301,6 +413,81 @@ impl DeviceMemory for SimDevice {
 
     fn label(&self) -> String {
         "sim".into()
+    }
+
+    fn allocation_granularity(&self) -> Result<u64, DeviceError> {
+        self.touch_context();
+        Ok(VMM_GRANULARITY)
+    }
+
+    fn reserve_address_range(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        self.touch_context();
+        if bytes == 0 || !bytes.is_multiple_of(VMM_GRANULARITY) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "cuMemAddressReserve of {bytes} bytes: not a positive multiple of the granularity"
+            )));
+        }
+        self.addresses
+            .place_reservation(bytes, VMM_GRANULARITY)
+            .ok_or_else(|| {
+                DeviceError::InvalidArgument(format!(
+                    "cuMemAddressReserve of {bytes} bytes: no virtual address range that large is free"
+                ))
+            })
+    }
+
+    fn free_address_range(&mut self, base: u64, bytes: u64) -> Result<(), DeviceError> {
+        self.touch_context();
+        let end = base.saturating_add(bytes);
+        if self.pages.range(base..end).next().is_some() {
+            return Err(DeviceError::InvalidArgument(format!(
+                "cuMemAddressFree({base:#x}, {bytes}): pages are still mapped"
+            )));
+        }
+        if !self.addresses.free_reservation(base, bytes) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "cuMemAddressFree({base:#x}, {bytes}): not a reserved range"
+            )));
+        }
+        Ok(())
+    }
+
+    fn map_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+        self.touch_context();
+        self.check_pages("map_pages", address, bytes, page)?;
+        if self.pages.range(address..address + bytes).next().is_some() {
+            return Err(DeviceError::InvalidArgument(format!(
+                "map_pages({address:#x}, {bytes}): part of the range is already mapped"
+            )));
+        }
+        // Each page is one cuMemCreate; running out part-way releases the pages already made,
+        // so either all fit or none is mapped.
+        if bytes > self.free_bytes() {
+            return Err(DeviceError::OutOfMemory);
+        }
+        for index in 0..bytes / page {
+            self.pages.insert(address + index * page, page);
+        }
+        self.used += bytes;
+        Ok(())
+    }
+
+    fn unmap_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+        self.touch_context();
+        self.check_pages("unmap_pages", address, bytes, page)?;
+        let count = bytes / page;
+        let all_mapped =
+            (0..count).all(|index| self.pages.get(&(address + index * page)) == Some(&page));
+        if !all_mapped || self.pages.range(address..address + bytes).count() as u64 != count {
+            return Err(DeviceError::InvalidArgument(format!(
+                "unmap_pages({address:#x}, {bytes}): not every page of the range is mapped with page size {page}"
+            )));
+        }
+        for index in 0..count {
+            self.pages.remove(&(address + index * page));
+        }
+        self.used -= bytes;
+        Ok(())
     }
 
     /// The model's account: the H200's driver reservation (at most a sixteenth of a smaller
@@ -366,6 +553,73 @@ mod tests {
         let big = device.malloc(60 << 40).expect("60 TiB fits the window");
         assert!(big >= VA_FLOOR);
         assert_eq!(device.malloc(8 << 40), Err(DeviceError::OutOfMemory));
+    }
+
+    #[test]
+    fn reservations_cost_nothing_and_mapped_pages_cost_their_size() {
+        let mut device = SimDevice::new(1 << 30);
+        let free = device.mem_get_info().expect("info").0;
+        assert_eq!(device.allocation_granularity(), Ok(2 * MIB));
+        let base = device.reserve_address_range(100 * MIB).expect("reserve");
+        assert_eq!(base % (2 * MIB), 0);
+        assert!(base + 100 * MIB <= VMM_TOP);
+        let other = device.reserve_address_range(40 * MIB).expect("reserve");
+        assert!(other + 40 * MIB <= base, "top-down, no overlap");
+        assert_eq!(device.mem_get_info().expect("info").0, free);
+        device.map_pages(base, 40 * MIB, 20 * MIB).expect("map");
+        assert_eq!(device.mem_get_info().expect("info").0, free - 40 * MIB);
+        assert_eq!(device.mapped_bytes(), 40 * MIB);
+        // Refusals: already mapped, misaligned, outside, unmapped, partial.
+        assert!(device.map_pages(base, 20 * MIB, 20 * MIB).is_err());
+        assert!(device
+            .map_pages(base + 2 * MIB, 20 * MIB, 20 * MIB)
+            .is_err());
+        assert!(device
+            .map_pages(base + 80 * MIB, 40 * MIB, 20 * MIB)
+            .is_err());
+        assert!(device.map_pages(base + 40 * MIB, 3 * MIB, 3 * MIB).is_err());
+        assert!(device
+            .unmap_pages(base + 40 * MIB, 20 * MIB, 20 * MIB)
+            .is_err());
+        assert!(device.unmap_pages(base, 40 * MIB, 2 * MIB).is_err());
+        assert!(
+            device.free_address_range(base, 100 * MIB).is_err(),
+            "still mapped"
+        );
+        // Out of memory maps nothing.
+        assert_eq!(device.map_pages(other, 40 * MIB, 2 * MIB), Ok(()));
+        let huge = device.reserve_address_range(2 << 30).expect("reserve");
+        assert_eq!(
+            device.map_pages(huge, 2 << 30, 2 * MIB),
+            Err(DeviceError::OutOfMemory)
+        );
+        assert_eq!(device.mapped_bytes(), 80 * MIB);
+        device.unmap_pages(base, 40 * MIB, 20 * MIB).expect("unmap");
+        device.unmap_pages(other, 40 * MIB, 2 * MIB).expect("unmap");
+        assert_eq!(device.mem_get_info().expect("info").0, free);
+        assert!(
+            device.free_address_range(base, 90 * MIB).is_err(),
+            "wrong size"
+        );
+        device.free_address_range(base, 100 * MIB).expect("free");
+        assert!(
+            device.free_address_range(base, 100 * MIB).is_err(),
+            "freed twice"
+        );
+        // cudaMalloc segments avoid reservations and the other way round.
+        let segment = device.malloc(64 * MIB).expect("malloc");
+        assert!(segment + 64 * MIB <= other || segment >= other + 40 * MIB);
+    }
+
+    #[test]
+    fn a_reservation_too_large_for_the_window_is_a_driver_error() {
+        let mut device = SimDevice::new(1 << 30);
+        assert!(matches!(
+            device.reserve_address_range(200 << 40),
+            Err(DeviceError::InvalidArgument(_))
+        ));
+        assert!(device.reserve_address_range(0).is_err());
+        assert!(device.reserve_address_range(MIB).is_err());
     }
 
     #[test]

@@ -1,17 +1,71 @@
 //! Memory functions named as in `torch.cuda`: `memory_stats()`, `memory_summary()`,
-//! `empty_cache()`, `set_per_process_memory_fraction(f)`, ..., and `device_memory()` (the
-//! driver's view of the device through NVML or the simulator).
+//! `empty_cache()`, `set_per_process_memory_fraction(f)`, ..., `device_memory()` (the
+//! driver's view of the device through NVML or the simulator), and gpumem's
+//! `with_allocator_conf(conf, closure)`, which runs a closure against a second allocator.
 
 use std::rc::Rc;
 
-use rhai::{Array, Dynamic, Engine, Map, NativeCallContext, INT};
+use rhai::{Array, Dynamic, Engine, FnPtr, Map, NativeCallContext, INT};
 
 use super::args::{fail, flag, integer, non_negative, number, BindingResult};
-use super::location::Locator;
 use crate::alloc::summary::memory_summary;
-use crate::alloc::DeviceStats;
+use crate::alloc::{AllocConf, CachingAllocator, DeviceStats};
+use crate::device::sim::SimDevice;
 use crate::device::DriverMemory;
 use crate::tensor::Runtime;
+
+/// `with_allocator_conf(conf, closure)`: calls `closure` with a second allocator current — a
+/// fresh simulated GPU of the session's size under the config `conf` — and returns its value.
+/// Tensors made inside belong to that allocator (even if kept afterwards); memory functions
+/// called inside report on it. Only on the simulated device: values of tensors made inside are
+/// computed by the session's backend, which on a GPU could not reach simulated addresses.
+fn with_allocator_conf(
+    runtime: &Rc<Runtime>,
+    context: &NativeCallContext,
+    conf: &Dynamic,
+    closure: &Dynamic,
+) -> BindingResult<Dynamic> {
+    const NAME: &str = "with_allocator_conf";
+    let Some(text) = conf
+        .read_lock::<rhai::ImmutableString>()
+        .map(|s| s.to_string())
+    else {
+        return fail(
+            NAME,
+            format!("conf must be a string, got {}", conf.type_name()),
+        );
+    };
+    let Some(closure) = closure.read_lock::<FnPtr>().map(|f| f.clone()) else {
+        return fail(
+            NAME,
+            format!(
+                "the second argument must be a function, as in || {{ ... }}, got {}",
+                closure.type_name()
+            ),
+        );
+    };
+    if runtime.device_label() != "sim" {
+        return fail(
+            NAME,
+            format!(
+                "needs the simulated device (this session runs on {})",
+                runtime.device_label()
+            ),
+        );
+    }
+    let config = match AllocConf::parse(&text) {
+        Ok(config) => config,
+        Err(error) => return fail(NAME, format!("invalid allocator config '{text}': {error}")),
+    };
+    let total = runtime.allocator().device().total_memory();
+    let allocator = match CachingAllocator::new(Box::new(SimDevice::new(total)), config) {
+        Ok(allocator) => allocator,
+        Err(error) => return fail(NAME, error),
+    };
+    runtime.with_allocator_swapped(allocator, || {
+        closure.call_within_context::<Dynamic>(context, ())
+    })
+}
 
 /// The `device_memory()` map: the driver's figures plus the allocator's reserved bytes and
 /// the context share they imply. Keys are a contract other scripts rely on.
@@ -44,8 +98,8 @@ fn device_memory_map(device: &str, memory: &DriverMemory, allocator_reserved: u6
 /// Reads one figure from the counters.
 type Figure = fn(&DeviceStats) -> INT;
 
-/// Registers the memory functions; `empty_cache` marks its script line with `locator`.
-pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>, locator: &Rc<Locator>) {
+/// Registers the memory functions.
+pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
     // The typed counters, read as torch.cuda's functions read them (`memory_allocated()` is
     // `memory_stats()["allocated_bytes.all.current"]`, ...).
     let figures: [(&str, Figure); 4] = [
@@ -86,11 +140,11 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>, locator: &Rc<Locator
             ))
         },
     );
-    let (rt, at) = (Rc::clone(runtime), Rc::clone(locator));
+    let rt = Rc::clone(runtime);
     engine.register_fn(
         "empty_cache",
         move |context: NativeCallContext| -> BindingResult<()> {
-            at.mark(&context);
+            super::history::stamp(&context, &rt);
             rt.empty_cache().or_else(|error| fail("empty_cache", error))
         },
     );
@@ -128,11 +182,12 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>, locator: &Rc<Locator
         }
     });
     let rt = Rc::clone(runtime);
-    // The snapshot types derive Serialize with PyTorch's key names, so Rhai's serde support
-    // turns them into maps directly.
-    engine.register_fn("memory_snapshot", move || -> BindingResult<Dynamic> {
-        rhai::serde::to_dynamic(rt.allocator().snapshot())
-    });
+    engine.register_fn(
+        "with_allocator_conf",
+        move |context: NativeCallContext, conf: Dynamic, closure: Dynamic| {
+            with_allocator_conf(&rt, &context, &conf, &closure)
+        },
+    );
     let rt = Rc::clone(runtime);
     engine.register_fn("manual_seed", move |seed: Dynamic| -> BindingResult<()> {
         let seed = integer("manual_seed", "seed", &seed)?;

@@ -6,11 +6,12 @@ pub mod args;
 pub mod bindings;
 pub mod docs;
 pub mod errors;
+pub mod history;
 pub mod limits;
-pub mod location;
 pub mod memory_api;
 pub mod oom_error;
 pub mod progress_api;
+pub mod snapshot_api;
 pub mod stdlib;
 pub mod tensor_api;
 pub mod values_api;
@@ -118,7 +119,6 @@ pub struct Host {
     engine: Engine,
     runtime: Rc<Runtime>,
     map_settings: viz_api::MapSettings,
-    locator: Rc<location::Locator>,
 }
 
 impl Host {
@@ -140,20 +140,12 @@ impl Host {
             sink.line(&format!("[debug {position}] {text}"))
         });
         let map_settings = viz_api::MapSettings::default();
-        let locator = Rc::new(location::Locator::new(Rc::clone(&runtime)));
-        bindings::register(&mut engine, &runtime, &map_settings, &locator);
+        bindings::register(&mut engine, &runtime, &map_settings);
         Host {
             engine,
             runtime,
             map_settings,
-            locator,
         }
-    }
-
-    /// The script-line stamper: turn it on while recording a timeline, and read its labels
-    /// (`file:line` per context id) afterwards.
-    pub fn locator(&self) -> &Rc<location::Locator> {
-        &self.locator
     }
 
     /// Sets how `memory_map()` draws without a width argument: the terminal's width and

@@ -5,7 +5,7 @@ use std::rc::Rc;
 use rhai::{Array, Dynamic, Engine, ImmutableString, NativeCallContext, INT};
 
 use super::args::{dtype_arg, fail, number, shape_arg, tensor_fail, BindingResult};
-use super::location::Locator;
+use super::history::stamp;
 use crate::tensor::{DType, Runtime, Tensor};
 
 /// A tensor constructor taking a shape and a dtype.
@@ -23,9 +23,8 @@ fn create(
     make(runtime, &shape, dtype).or_else(|error| tensor_fail(function, error))
 }
 
-/// Registers creation functions and tensor properties; creation marks its script line with
-/// `locator`.
-pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>, locator: &Rc<Locator>) {
+/// Registers creation functions and tensor properties.
+pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
     engine
         .register_type_with_name::<Tensor>("Tensor")
         .register_fn("to_string", |t: &mut Tensor| t.to_string())
@@ -50,16 +49,16 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>, locator: &Rc<Locator
         }),
     ];
     for (name, make) in makers {
-        let (rt, at) = (Rc::clone(runtime), Rc::clone(locator));
+        let rt = Rc::clone(runtime);
         engine.register_fn(name, move |context: NativeCallContext, shape: Dynamic| {
-            at.mark(&context);
+            stamp(&context, &rt);
             create(name, &rt, &shape, "float32", make)
         });
-        let (rt, at) = (Rc::clone(runtime), Rc::clone(locator));
+        let rt = Rc::clone(runtime);
         engine.register_fn(
             name,
             move |context: NativeCallContext, shape: Dynamic, dtype: ImmutableString| {
-                at.mark(&context);
+                stamp(&context, &rt);
                 create(name, &rt, &shape, &dtype, make)
             },
         );
@@ -71,22 +70,22 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>, locator: &Rc<Locator
             },
         );
     }
-    let (rt, at) = (Rc::clone(runtime), Rc::clone(locator));
+    let rt = Rc::clone(runtime);
     engine.register_fn(
         "full",
         move |context: NativeCallContext, shape: Dynamic, value: Dynamic| {
-            at.mark(&context);
+            stamp(&context, &rt);
             full(&rt, &shape, &value, "float32")
         },
     );
-    let (rt, at) = (Rc::clone(runtime), Rc::clone(locator));
+    let rt = Rc::clone(runtime);
     engine.register_fn(
         "full",
         move |context: NativeCallContext,
               shape: Dynamic,
               value: Dynamic,
               dtype: ImmutableString| {
-            at.mark(&context);
+            stamp(&context, &rt);
             full(&rt, &shape, &value, &dtype)
         },
     );

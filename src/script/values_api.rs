@@ -2,12 +2,10 @@
 //! `+ - * /` with tensors or numbers, `t.sum()`, `t.mean()`, `t.std()`, `t.item()`,
 //! and `t.to_array()`.
 
-use std::rc::Rc;
-
 use rhai::{Array, Dynamic, Engine, NativeCallContext, FLOAT, INT};
 
 use super::args::{fail, integer, non_negative, shape_arg, tensor_fail, wrong_type, BindingResult};
-use super::location::Locator;
+use super::history::stamp;
 use crate::tensor::backend::{BinaryOp, Reduction};
 use crate::tensor::ops::Arg;
 use crate::tensor::{DType, Tensor};
@@ -21,54 +19,44 @@ fn to_dynamic(dtype: DType, value: f64) -> Dynamic {
     }
 }
 
-/// Registers `a op b` for tensor ⊕ tensor, tensor ⊕ number and number ⊕ tensor; each marks
-/// its script line with `locator` (the result is a new allocation).
-fn register_operator(
-    engine: &mut Engine,
-    locator: &Rc<Locator>,
-    symbol: &'static str,
-    op: BinaryOp,
-) {
-    let at = Rc::clone(locator);
-    let run =
-        move |context: &NativeCallContext, lhs: Arg<'_>, rhs: Arg<'_>| -> BindingResult<Tensor> {
-            at.mark(context);
-            Tensor::binary(op, lhs, rhs).or_else(|error| tensor_fail(symbol, error))
-        };
-    let run = Rc::new(run);
-    let f = Rc::clone(&run);
+/// Registers `a op b` for tensor ⊕ tensor, tensor ⊕ number and number ⊕ tensor.
+fn register_operator(engine: &mut Engine, symbol: &'static str, op: BinaryOp) {
+    let run = move |context: &NativeCallContext,
+                    tensor: &Tensor,
+                    lhs: Arg<'_>,
+                    rhs: Arg<'_>|
+          -> BindingResult<Tensor> {
+        stamp(context, tensor.runtime());
+        Tensor::binary(op, lhs, rhs).or_else(|error| tensor_fail(symbol, error))
+    };
     engine.register_fn(
         symbol,
         move |context: NativeCallContext, a: &mut Tensor, b: Tensor| {
-            f(&context, Arg::Tensor(a), Arg::Tensor(&b))
+            run(&context, a, Arg::Tensor(a), Arg::Tensor(&b))
         },
     );
-    let f = Rc::clone(&run);
     engine.register_fn(
         symbol,
         move |context: NativeCallContext, a: &mut Tensor, b: FLOAT| {
-            f(&context, Arg::Tensor(a), Arg::Scalar(b))
+            run(&context, a, Arg::Tensor(a), Arg::Scalar(b))
         },
     );
-    let f = Rc::clone(&run);
     engine.register_fn(
         symbol,
         move |context: NativeCallContext, a: &mut Tensor, b: INT| {
-            f(&context, Arg::Tensor(a), Arg::Scalar(b as f64))
+            run(&context, a, Arg::Tensor(a), Arg::Scalar(b as f64))
         },
     );
-    let f = Rc::clone(&run);
     engine.register_fn(
         symbol,
         move |context: NativeCallContext, a: FLOAT, b: Tensor| {
-            f(&context, Arg::Scalar(a), Arg::Tensor(&b))
+            run(&context, &b, Arg::Scalar(a), Arg::Tensor(&b))
         },
     );
-    let f = Rc::clone(&run);
     engine.register_fn(
         symbol,
         move |context: NativeCallContext, a: INT, b: Tensor| {
-            f(&context, Arg::Scalar(a as f64), Arg::Tensor(&b))
+            run(&context, &b, Arg::Scalar(a as f64), Arg::Tensor(&b))
         },
     );
     // Rhai tries the typed overloads first; any other right-hand side lands here.
@@ -80,9 +68,8 @@ fn register_operator(
     );
 }
 
-/// Registers view and value functions on tensors; those that allocate mark their script line
-/// with `locator`.
-pub fn register(engine: &mut Engine, locator: &Rc<Locator>) {
+/// Registers view and value functions on tensors.
+pub fn register(engine: &mut Engine) {
     engine.register_fn(
         "reshape",
         |t: &mut Tensor, shape: Dynamic| -> BindingResult<Tensor> {
@@ -106,19 +93,18 @@ pub fn register(engine: &mut Engine, locator: &Rc<Locator>) {
                 .or_else(|error| fail("slice", error))
         },
     );
-    let at = Rc::clone(locator);
     engine.register_fn(
         "clone",
-        move |context: NativeCallContext, t: &mut Tensor| -> BindingResult<Tensor> {
-            at.mark(&context);
+        |context: NativeCallContext, t: &mut Tensor| -> BindingResult<Tensor> {
+            stamp(&context, t.runtime());
             t.clone_values()
                 .or_else(|error| tensor_fail("clone", error))
         },
     );
-    register_operator(engine, locator, "+", BinaryOp::Add);
-    register_operator(engine, locator, "-", BinaryOp::Sub);
-    register_operator(engine, locator, "*", BinaryOp::Mul);
-    register_operator(engine, locator, "/", BinaryOp::Div);
+    register_operator(engine, "+", BinaryOp::Add);
+    register_operator(engine, "-", BinaryOp::Sub);
+    register_operator(engine, "*", BinaryOp::Mul);
+    register_operator(engine, "/", BinaryOp::Div);
     for (name, op) in [
         ("sum", Reduction::Sum),
         ("mean", Reduction::Mean),

@@ -59,6 +59,26 @@ fn measure_map(report: &ScopeReport, result: Dynamic) -> Map {
     map
 }
 
+/// `file:line` for each context id the timeline's events carry (entry `i` is id `i + 1`), from
+/// the call sites bindings stamped ([`super::history::stamp`]).
+pub fn timeline_labels(timeline: &crate::viz::Timeline) -> Vec<String> {
+    let last = timeline
+        .events
+        .iter()
+        .map(|event| event.context)
+        .max()
+        .unwrap_or(0);
+    (1..=last)
+        .map(|id| {
+            super::history::frames(id)
+                .first()
+                .map_or_else(String::new, |frame| {
+                    format!("{}:{}", frame.filename, frame.line)
+                })
+        })
+        .collect()
+}
+
 /// Registers `memory_map`, `fragmentation` and `measure`.
 pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>, settings: &MapSettings) {
     let rt = Rc::clone(runtime);

@@ -62,12 +62,18 @@ const RANDOM_BLOCK: u64 = 4;
 /// backend that computes values.
 pub struct Runtime {
     allocator: RefCell<CachingAllocator>,
+    /// The allocators [`Runtime::with_allocator_swapped`] set aside while it runs, innermost
+    /// last.
+    swapped_out: RefCell<Vec<CachingAllocator>>,
+    /// Allocators swapped in and back out that still own live tensors.
+    orphans: RefCell<Vec<CachingAllocator>>,
     backend: Box<dyn Backend>,
     label: String,
     seed: Cell<u64>,
     philox_offset: Cell<u64>,
     observer: RefCell<Option<Box<dyn MemoryObserver>>>,
-    context: Cell<u32>,
+    /// Whether `observer` is set (read on every allocation, so kept apart from the RefCell).
+    observed: Cell<bool>,
 }
 
 impl Runtime {
@@ -106,12 +112,14 @@ impl Runtime {
         let label = allocator.device().label();
         Rc::new(Runtime {
             allocator: RefCell::new(allocator),
+            swapped_out: RefCell::new(Vec::new()),
+            orphans: RefCell::new(Vec::new()),
             backend,
             label,
             seed: Cell::new(DEFAULT_SEED),
             philox_offset: Cell::new(0),
             observer: RefCell::new(None),
-            context: Cell::new(0),
+            observed: Cell::new(false),
         })
     }
 
@@ -121,33 +129,34 @@ impl Runtime {
         &self,
         observer: Option<Box<dyn MemoryObserver>>,
     ) -> Option<Box<dyn MemoryObserver>> {
+        self.observed.set(observer.is_some());
         self.observer.replace(observer)
     }
 
-    /// Sets the id handed to the observer with every event from now on (the script layer
-    /// stamps the script line making the call).
+    /// Whether an observer is installed (bindings then stamp the allocator's trace context
+    /// with their script line even while the trace itself is off).
     #[inline]
-    pub fn set_context(&self, context: u32) {
-        self.context.set(context);
+    pub fn is_observed(&self) -> bool {
+        self.observed.get()
     }
 
-    /// The id [`Runtime::set_context`] set (0 until then).
-    pub fn context(&self) -> u32 {
-        self.context.get()
-    }
-
-    /// Tells the observer, if any, about `event`.
+    /// Tells the observer, if any, about `event`, with the allocator's trace context (the
+    /// script line stamped by the binding that caused it).
     #[inline]
     fn notify(&self, event: MemoryEvent<'_>, allocator: &CachingAllocator) {
+        if !self.observed.get() {
+            return;
+        }
         if let Ok(mut observer) = self.observer.try_borrow_mut() {
             if let Some(observer) = observer.as_mut() {
-                observer.observe(event, self.context.get(), allocator);
+                observer.observe(event, allocator.trace().context(), allocator);
             }
         }
     }
 
-    /// Allocates a block for `nbytes` bytes of a tensor.
-    pub fn malloc(&self, nbytes: u64) -> Result<Allocation, AllocError> {
+    /// Allocates a block for `nbytes` bytes of a tensor from the current allocator; returns
+    /// that allocator's [`CachingAllocator::id`] with the block.
+    pub fn malloc(&self, nbytes: u64) -> Result<(u64, Allocation), AllocError> {
         let mut allocator = self.allocator.borrow_mut();
         let result = allocator.malloc(nbytes);
         self.notify(
@@ -157,7 +166,7 @@ impl Runtime {
             },
             &allocator,
         );
-        result
+        Ok((allocator.id(), result?))
     }
 
     /// `torch.cuda.empty_cache()`.
@@ -181,6 +190,65 @@ impl Runtime {
     /// Runs `f` with the allocator borrowed mutably. `f` must not drop tensors.
     pub fn with_allocator<R>(&self, f: impl FnOnce(&mut CachingAllocator) -> R) -> R {
         f(&mut self.allocator.borrow_mut())
+    }
+
+    /// Runs `f` with `replacement` as the current allocator (every tensor made and every memory
+    /// function called meanwhile uses it), then puts the previous allocator back. Tensors keep
+    /// the allocator that made them: one that outlives `f` is freed into its own allocator,
+    /// which is kept until its last tensor is gone. Calls may nest.
+    pub fn with_allocator_swapped<R>(
+        &self,
+        replacement: CachingAllocator,
+        f: impl FnOnce() -> R,
+    ) -> R {
+        let outer = std::mem::replace(&mut *self.allocator.borrow_mut(), replacement);
+        self.swapped_out.borrow_mut().push(outer);
+        let result = f();
+        // Nested calls restore their own allocator before returning, so the top of the stack
+        // is the one this call swapped out.
+        let outer = self.swapped_out.borrow_mut().pop();
+        if let Some(outer) = outer {
+            let inner = std::mem::replace(&mut *self.allocator.borrow_mut(), outer);
+            if inner.stats().allocation.all.current > 0 {
+                self.orphans.borrow_mut().push(inner);
+            }
+        }
+        result
+    }
+
+    /// Returns a storage's block to the allocator that made it (`owner`): the current one, one
+    /// swapped out by [`Runtime::with_allocator_swapped`], or an orphan, which is dropped
+    /// (returning its memory) once nothing in it is allocated.
+    fn free_into_owner(&self, owner: u64, allocation: Allocation) -> Result<(), String> {
+        if allocation.is_null() {
+            return Ok(());
+        }
+        let busy = |_| "a tensor was dropped while the allocator was busy".to_string();
+        let failed = |error: AllocError| error.to_string();
+        let mut current = self.allocator.try_borrow_mut().map_err(busy)?;
+        if current.id() == owner {
+            let result = current.free(allocation).map_err(failed);
+            self.notify(MemoryEvent::Free(allocation), &current);
+            return result;
+        }
+        drop(current);
+        let mut swapped_out = self.swapped_out.try_borrow_mut().map_err(busy)?;
+        if let Some(allocator) = swapped_out.iter_mut().find(|a| a.id() == owner) {
+            return allocator.free(allocation).map_err(failed);
+        }
+        drop(swapped_out);
+        let mut orphans = self.orphans.try_borrow_mut().map_err(busy)?;
+        let Some(index) = orphans.iter().position(|a| a.id() == owner) else {
+            return Err(format!(
+                "the allocator of the block at {:#x} is gone",
+                allocation.ptr
+            ));
+        };
+        orphans[index].free(allocation).map_err(failed)?;
+        if orphans[index].stats().allocation.all.current == 0 {
+            orphans.remove(index);
+        }
+        Ok(())
     }
 
     /// The device's label (`sim`, `cuda:0`).
@@ -232,6 +300,8 @@ pub enum Contents {
 /// A block of device memory owned by one or more tensors.
 pub struct Storage {
     runtime: Rc<Runtime>,
+    /// The [`CachingAllocator::id`] of the allocator that handed out `allocation`.
+    owner: u64,
     allocation: Allocation,
     nbytes: u64,
     contents: Cell<Contents>,
@@ -266,17 +336,10 @@ impl Storage {
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        let allocation = self.allocation;
         // A storage is dropped only from script code, never while the allocator is borrowed;
         // if that ever happened the block would stay allocated, which stats would show.
-        if let Ok(mut allocator) = self.runtime.allocator.try_borrow_mut() {
-            if let Err(error) = allocator.free(allocation) {
-                eprintln!("gpumem: internal error returning a tensor's block: {error}");
-            }
-            self.runtime
-                .notify(MemoryEvent::Free(allocation), &allocator);
-        } else {
-            eprintln!("gpumem: internal error: a tensor was dropped while the allocator was busy");
+        if let Err(error) = self.runtime.free_into_owner(self.owner, self.allocation) {
+            eprintln!("gpumem: internal error returning a tensor's block: {error}");
         }
     }
 }
@@ -298,10 +361,11 @@ impl Tensor {
         dtype: DType,
     ) -> Result<Tensor, TensorError> {
         let nbytes = shape::nbytes(shape, dtype.size())?;
-        let allocation = runtime.malloc(nbytes)?;
+        let (owner, allocation) = runtime.malloc(nbytes)?;
         Ok(Tensor {
             storage: Rc::new(Storage {
                 runtime: Rc::clone(runtime),
+                owner,
                 allocation,
                 nbytes,
                 contents: Cell::new(Contents::Uninitialized),

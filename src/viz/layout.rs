@@ -3,7 +3,7 @@
 //! first frame ([`super::report`]). Built from the allocator's snapshot, so nothing here
 //! reaches into the allocator's internals.
 
-use crate::alloc::{BlockState, CachingAllocator, Pool, SegmentSnapshot};
+use crate::alloc::{Block, BlockState, CachingAllocator, Pool, SegmentSnapshot};
 
 /// What a stretch of a segment holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -147,9 +147,67 @@ impl MemoryLayout {
         MemoryLayout { segments }
     }
 
-    /// The allocator's layout now.
+    /// The allocator's layout now: every `cudaMalloc` segment, and every expandable segment
+    /// from its base to the end of its last mapped page, unmapped pages inside shown as
+    /// [`Region::Unmapped`]. In an expandable segment the whole pages of a free block are
+    /// [`Region::CachedFree`] (`empty_cache()` unmaps them) and its partial pages
+    /// [`Region::SplitFree`].
     pub fn of(allocator: &CachingAllocator) -> MemoryLayout {
-        MemoryLayout::from_snapshot(&allocator.snapshot())
+        let mut blocks: Vec<&Block> = allocator.blocks().collect();
+        blocks.sort_unstable_by_key(|block| block.ptr);
+        let blocks_in = |base: u64, end: u64| {
+            let start = blocks.partition_point(|block| block.ptr < base);
+            let stop = blocks.partition_point(|block| block.ptr < end);
+            blocks[start..stop].iter().copied()
+        };
+        let mut segments: Vec<SegmentLayout> = allocator
+            .segments()
+            .map(|(base, size, pool)| {
+                SegmentLayout::from_blocks(
+                    base,
+                    size,
+                    pool,
+                    blocks_in(base, base + size).map(|b| (b.ptr, b.size, b.allocated)),
+                )
+            })
+            .collect();
+        for info in allocator.expandable_segments() {
+            let inside: Vec<&Block> = blocks_in(info.base, info.base + info.reserved).collect();
+            let Some(end) = inside
+                .iter()
+                .filter(|block| block.mapped)
+                .map(|block| block.ptr + block.size)
+                .max()
+            else {
+                continue;
+            };
+            let mut spans = Vec::new();
+            for block in inside.iter().filter(|block| block.ptr < end) {
+                if block.allocated {
+                    spans.push(Span {
+                        address: block.ptr,
+                        size: block.size,
+                        region: Region::Allocated,
+                    });
+                } else if !block.mapped {
+                    spans.push(Span {
+                        address: block.ptr,
+                        size: block.size.min(end - block.ptr),
+                        region: Region::Unmapped,
+                    });
+                } else {
+                    free_pages(&mut spans, info.base, info.page, block.ptr, block.size);
+                }
+            }
+            segments.push(SegmentLayout {
+                address: info.base,
+                size: end - info.base,
+                pool: info.pool,
+                spans,
+            });
+        }
+        segments.sort_by_key(|segment| segment.address);
+        MemoryLayout { segments }
     }
 
     /// Bytes of `region` over every segment.
@@ -166,6 +224,32 @@ impl MemoryLayout {
             .iter()
             .map(|segment| segment.size - segment.bytes(Region::Unmapped))
             .sum()
+    }
+}
+
+/// Splits a free block of an expandable segment (pages of `page` bytes from `base`) into its
+/// whole pages ([`Region::CachedFree`]) and the partial pages around them
+/// ([`Region::SplitFree`]).
+fn free_pages(spans: &mut Vec<Span>, base: u64, page: u64, address: u64, size: u64) {
+    let page = page.max(1);
+    let end = address + size;
+    let first = base + (address - base).div_ceil(page) * page;
+    let last = base + (end - base) / page * page;
+    let mut push = |from: u64, to: u64, region: Region| {
+        if to > from {
+            spans.push(Span {
+                address: from,
+                size: to - from,
+                region,
+            });
+        }
+    };
+    if first >= last {
+        push(address, end, Region::SplitFree);
+    } else {
+        push(address, first, Region::SplitFree);
+        push(first, last, Region::CachedFree);
+        push(last, end, Region::SplitFree);
     }
 }
 
@@ -196,5 +280,29 @@ mod tests {
         assert_eq!(layout.bytes(Region::SplitFree), (20 << 20) - kept.size);
         assert_eq!(layout.bytes(Region::CachedFree), 40 << 20);
         assert_eq!(layout.reserved(), 60 << 20);
+    }
+
+    #[test]
+    fn expandable_segments_show_unmapped_pages_and_whole_free_pages() {
+        let conf = AllocConf::parse("expandable_segments:True").expect("config");
+        let mut allocator =
+            CachingAllocator::new(Box::new(SimDevice::new(1 << 30)), conf).expect("allocator");
+        let a = allocator.malloc(30 << 20).expect("fits");
+        let b = allocator.malloc(30 << 20).expect("fits");
+        allocator.free(a).expect("frees");
+        let layout = MemoryLayout::of(&allocator);
+        assert_eq!(layout.segments.len(), 1, "{layout:?}");
+        let segment = &layout.segments[0];
+        assert_eq!(layout.bytes(Region::Allocated), b.size);
+        // The freed 30 MiB holds one whole 20 MiB page; the rest is partial pages.
+        assert_eq!(segment.bytes(Region::CachedFree), 20 << 20);
+        assert_eq!(segment.bytes(Region::SplitFree), 10 << 20);
+        allocator.empty_cache().expect("empties");
+        let layout = MemoryLayout::of(&allocator);
+        assert_eq!(layout.bytes(Region::Unmapped), 20 << 20, "{layout:?}");
+        assert_eq!(
+            layout.reserved(),
+            allocator.stats().reserved_bytes.all.current as u64
+        );
     }
 }

@@ -196,6 +196,16 @@ pub fn html(input: &ReportInput<'_>) -> Result<String, ChartError> {
             "segments": layout_json(&timeline.initial),
         },
         "events": events,
+        "expandable": timeline
+            .expandable
+            .iter()
+            .map(|range| json!([
+                range.base,
+                range.size,
+                range.page,
+                u8::from(range.pool == crate::alloc::Pool::Large)
+            ]))
+            .collect::<Vec<_>>(),
         "geometry": {
             "left": geometry.left, "right": geometry.right,
             "top": geometry.top, "bottom": geometry.bottom,

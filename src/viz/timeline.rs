@@ -112,6 +112,21 @@ pub struct Timeline {
     pub labels: Vec<String>,
     /// The device's total memory, for scale.
     pub device_total: u64,
+    /// Every expandable segment's reserved virtual range seen during the run, by base.
+    pub expandable: Vec<ExpandableRange>,
+}
+
+/// An expandable segment's virtual range: pages are mapped into it and unmapped again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpandableRange {
+    /// First byte.
+    pub base: u64,
+    /// Bytes reserved.
+    pub size: u64,
+    /// Bytes per page.
+    pub page: u64,
+    /// The pool it serves.
+    pub pool: Pool,
 }
 
 impl Timeline {
@@ -144,13 +159,69 @@ pub struct Recorder {
     segments: BTreeMap<u64, (u64, Pool)>,
     /// `num_device_alloc` and `num_device_free` when segments were last compared.
     device_calls: (i64, i64),
+    /// Mapped runs of expandable segments as last seen: start → end.
+    mapped: BTreeMap<u64, u64>,
+    /// Bytes mapped in expandable segments when last compared.
+    mapped_bytes: u64,
+}
+
+/// The mapped runs of every expandable segment (start → end), from the allocator's blocks.
+fn mapped_runs(allocator: &CachingAllocator) -> BTreeMap<u64, u64> {
+    let mut blocks: Vec<(u64, u64)> = allocator
+        .blocks()
+        .filter(|block| block.mapped && block.is_expandable())
+        .map(|block| (block.ptr, block.ptr + block.size))
+        .collect();
+    blocks.sort_unstable();
+    let mut runs: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut current: Option<(u64, u64)> = None;
+    for (start, end) in blocks {
+        current = match current {
+            Some((run_start, run_end)) if run_end == start => Some((run_start, end)),
+            Some((run_start, run_end)) => {
+                runs.insert(run_start, run_end);
+                Some((start, end))
+            }
+            None => Some((start, end)),
+        };
+    }
+    if let Some((start, end)) = current {
+        runs.insert(start, end);
+    }
+    runs
+}
+
+/// The parts of `a`'s runs that `b`'s do not cover, as (start, end).
+fn uncovered(a: &BTreeMap<u64, u64>, b: &BTreeMap<u64, u64>) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for (&start, &end) in a {
+        let mut at = start;
+        // Runs of `b` that overlap [start, end), in order.
+        let first = b.range(..=start).next_back().map_or(start, |(&s, _)| s);
+        for (&b_start, &b_end) in b.range(first..end) {
+            if b_end <= at {
+                continue;
+            }
+            if b_start > at {
+                out.push((at, b_start.min(end)));
+            }
+            at = at.max(b_end);
+            if at >= end {
+                break;
+            }
+        }
+        if at < end {
+            out.push((at, end));
+        }
+    }
+    out
 }
 
 impl Recorder {
     /// A recorder starting from `allocator`'s state now.
     pub fn new(allocator: &CachingAllocator, title: impl Into<String>) -> Recorder {
         let stats = allocator.stats();
-        Recorder {
+        let mut recorder = Recorder {
             timeline: Timeline {
                 title: title.into(),
                 initial: MemoryLayout::of(allocator),
@@ -159,13 +230,73 @@ impl Recorder {
                 events: Vec::new(),
                 labels: Vec::new(),
                 device_total: allocator.device().total_memory(),
+                expandable: Vec::new(),
             },
             segments: allocator
                 .segments()
                 .map(|(base, size, pool)| (base, (size, pool)))
                 .collect(),
             device_calls: (stats.num_device_alloc, stats.num_device_free),
+            mapped: BTreeMap::new(),
+            mapped_bytes: 0,
+        };
+        recorder.note_expandable(allocator);
+        recorder.mapped = mapped_runs(allocator);
+        recorder.mapped_bytes = recorder.mapped.iter().map(|(s, e)| e - s).sum();
+        recorder
+    }
+
+    /// Adds the expandable segments not seen before to the timeline's list; returns the bytes
+    /// they map now.
+    fn note_expandable(&mut self, allocator: &CachingAllocator) -> u64 {
+        let mut mapped = 0;
+        for info in allocator.expandable_segments() {
+            mapped += info.mapped;
+            let known = &mut self.timeline.expandable;
+            if let Err(index) = known.binary_search_by_key(&info.base, |range| range.base) {
+                known.insert(
+                    index,
+                    ExpandableRange {
+                        base: info.base,
+                        size: info.reserved,
+                        page: info.page,
+                        pool: info.pool,
+                    },
+                );
+            }
         }
+        mapped
+    }
+
+    /// Records the pages of expandable segments mapped and unmapped since last time (unmaps
+    /// first), when the mapped byte count says some were.
+    fn mapping_changes(&mut self, allocator: &CachingAllocator, context: u32) {
+        if !allocator.config().expandable_segments {
+            return;
+        }
+        let mapped_bytes = self.note_expandable(allocator);
+        if mapped_bytes == self.mapped_bytes {
+            return;
+        }
+        self.mapped_bytes = mapped_bytes;
+        let now = mapped_runs(allocator);
+        let pool_of = |recorder: &Recorder, address: u64| {
+            recorder
+                .timeline
+                .expandable
+                .iter()
+                .find(|range| address >= range.base && address < range.base + range.size)
+                .map_or(Pool::Large, |range| range.pool)
+        };
+        for (start, end) in uncovered(&self.mapped, &now) {
+            let pool = pool_of(self, start);
+            self.push(EventKind::SegmentUnmap, start, end - start, pool, context);
+        }
+        for (start, end) in uncovered(&now, &self.mapped) {
+            let pool = pool_of(self, start);
+            self.push(EventKind::SegmentMap, start, end - start, pool, context);
+        }
+        self.mapped = now;
     }
 
     /// Starts recording `runtime`'s allocator; returns the shared recorder to read the
@@ -277,6 +408,7 @@ impl MemoryObserver for Recorder {
         match event {
             MemoryEvent::Malloc { result, .. } => {
                 self.segment_changes(allocator, context);
+                self.mapping_changes(allocator, context);
                 match result {
                     Ok(allocation) if !allocation.is_null() => {
                         let pool = CachingAllocator::pool_for(allocation.size);
@@ -311,6 +443,7 @@ impl MemoryObserver for Recorder {
             MemoryEvent::EmptyCache => {
                 self.push(EventKind::EmptyCache, 0, 0, Pool::Large, context);
                 self.segment_changes(allocator, context);
+                self.mapping_changes(allocator, context);
             }
         }
         self.settle(allocator);
@@ -336,7 +469,7 @@ mod tests {
     fn records_segments_blocks_ooms_and_empty_cache_with_exact_figures() {
         let runtime = Runtime::sim(SimDevice::new(1 << 30), AllocConf::default()).expect("runtime");
         let recorder = Recorder::install(&runtime, "test");
-        runtime.set_context(7);
+        runtime.with_allocator(|allocator| allocator.set_trace_context(7));
         let a = Tensor::empty(&runtime, &[30 << 20], DType::UInt8).expect("fits");
         drop(a);
         assert!(Tensor::empty(&runtime, &[2 << 30], DType::UInt8).is_err());
@@ -371,5 +504,44 @@ mod tests {
         assert!(timeline.events.iter().all(|e| e.context == 7));
         assert_eq!(timeline.label(7), "");
         assert_eq!(timeline.peaks(), (30 << 20, 30 << 20));
+    }
+
+    #[test]
+    fn expandable_segments_map_and_unmap_pages() {
+        let conf = AllocConf::parse("expandable_segments:True").expect("config");
+        let runtime = Runtime::sim(SimDevice::new(1 << 30), conf).expect("runtime");
+        let recorder = Recorder::install(&runtime, "test");
+        let a = Tensor::empty(&runtime, &[30 << 20], DType::UInt8).expect("fits");
+        drop(a);
+        runtime.empty_cache().expect("empties");
+        runtime.set_observer(None);
+        let timeline = recorder.borrow().timeline(Vec::new());
+        let kinds: Vec<&str> = timeline.events.iter().map(|e| e.kind.name()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "segment_map",
+                "alloc",
+                "free_completed",
+                "empty_cache",
+                "segment_unmap"
+            ]
+        );
+        assert_eq!(timeline.events[0].size, 40 << 20, "two 20 MiB pages");
+        assert_eq!(timeline.events[4].size, 40 << 20);
+        assert_eq!(timeline.expandable.len(), 1);
+        let last = timeline.events.last().map(|e| (e.allocated, e.reserved));
+        assert_eq!(last, Some((0, 0)));
+    }
+
+    #[test]
+    fn uncovered_parts_of_runs() {
+        let runs = |list: &[(u64, u64)]| list.iter().copied().collect::<BTreeMap<u64, u64>>();
+        assert_eq!(
+            uncovered(&runs(&[(0, 10), (20, 30)]), &runs(&[(2, 4), (25, 40)])),
+            [(0, 2), (4, 10), (20, 25)]
+        );
+        assert_eq!(uncovered(&runs(&[(0, 10)]), &runs(&[])), [(0, 10)]);
+        assert!(uncovered(&runs(&[(5, 6)]), &runs(&[(0, 10)])).is_empty());
     }
 }

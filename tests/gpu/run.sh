@@ -177,6 +177,7 @@ check no-panics no_panics
 check golden-cuda-equals-sim golden_cuda
 check golden-compiles-once golden_compiles_once
 check scripts-cuda scripts_cuda
+check memory-viz bash memory_viz.sh "$GPUMEM"
 check alloc-vs-pytorch alloc_compare
 check script-vs-pytorch script_compare
 

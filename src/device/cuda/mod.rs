@@ -16,11 +16,12 @@
 pub mod driver;
 pub mod nvrtc;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
-pub use driver::{Current, DevicePtr, Module, PrimaryContext, MIN_DRIVER_VERSION};
+pub use driver::{Current, DevicePtr, Module, PhysicalMemory, PrimaryContext, MIN_DRIVER_VERSION};
 
 use super::kernels::Kernels;
 use super::nvml::DriverView;
@@ -242,15 +243,68 @@ impl CudaGpu {
     }
 }
 
-/// The [`DeviceMemory`] of a CUDA GPU: what the caching allocator draws segments from.
+/// The [`DeviceMemory`] of a CUDA GPU: what the caching allocator draws segments from —
+/// `cuMemAlloc` segments, and for expandable segments reserved address ranges with one
+/// `cuMemCreate` allocation mapped per page.
 pub struct CudaDevice {
     gpu: Arc<CudaGpu>,
+    /// Reserved address ranges (`cuMemAddressReserve`): base → bytes.
+    reservations: BTreeMap<u64, u64>,
+    /// Physical pages mapped into those ranges: page address → its allocation, released
+    /// (`cuMemRelease`) when removed after `cuMemUnmap`.
+    pages: BTreeMap<u64, PhysicalMemory>,
 }
 
 impl CudaDevice {
     /// The device of `gpu`.
     pub fn new(gpu: Arc<CudaGpu>) -> CudaDevice {
-        CudaDevice { gpu }
+        CudaDevice {
+            gpu,
+            reservations: BTreeMap::new(),
+            pages: BTreeMap::new(),
+        }
+    }
+
+    /// Checks that `[address, address + bytes)` is whole pages of `page` bytes inside one
+    /// reservation, counted from its base; returns the number of pages.
+    fn page_run(&self, address: u64, bytes: u64, page: u64) -> Result<u64, DeviceError> {
+        let refuse = |why: &str| {
+            Err(DeviceError::InvalidArgument(format!(
+                "pages [{address:#x}, +{bytes}) of {page} bytes: {why}"
+            )))
+        };
+        if page == 0 || bytes == 0 || !bytes.is_multiple_of(page) {
+            return refuse("not a whole number of pages");
+        }
+        let Some((&base, &size)) = self.reservations.range(..=address).next_back() else {
+            return refuse("not inside a reserved range");
+        };
+        let end = address.checked_add(bytes);
+        if end.is_none_or(|end| end > base + size) || !(address - base).is_multiple_of(page) {
+            return refuse("not whole pages inside one reserved range");
+        }
+        Ok(bytes / page)
+    }
+
+    /// Unmaps and releases the given pages of `mapped` (after the device finished its work).
+    fn unmap_each(
+        mapped: &mut BTreeMap<u64, PhysicalMemory>,
+        current: &Current<'_>,
+        pages: &[u64],
+    ) -> Result<(), DeviceError> {
+        let mut first_error = Ok(());
+        for address in pages {
+            if let Some(memory) = mapped.remove(address) {
+                // SAFETY: the page was mapped by `map_pages` and is unmapped once, here; the
+                // caller synchronised, so no queued work uses it.
+                let unmapped = unsafe { current.unmap(DevicePtr(*address), memory.bytes()) };
+                if unmapped.is_err() && first_error.is_ok() {
+                    first_error = unmapped;
+                }
+                // `memory` drops here: cuMemRelease frees the page once it is unmapped.
+            }
+        }
+        first_error
     }
 
     /// The shared device handle (for the value backend).
@@ -301,6 +355,114 @@ impl DeviceMemory for CudaDevice {
             Err(reason) => Err(DeviceError::Unavailable(format!(
                 "NVML is unavailable: {reason}"
             ))),
+        }
+    }
+
+    fn allocation_granularity(&self) -> Result<u64, DeviceError> {
+        self.gpu.activate()?.allocation_granularity()
+    }
+
+    fn reserve_address_range(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        let base = self.gpu.activate()?.address_reserve(bytes)?.addr();
+        self.reservations.insert(base, bytes);
+        Ok(base)
+    }
+
+    fn free_address_range(&mut self, base: u64, bytes: u64) -> Result<(), DeviceError> {
+        if self.reservations.get(&base) != Some(&bytes) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "no reserved range of {bytes} bytes at {base:#x}"
+            )));
+        }
+        if self.pages.range(base..base + bytes).next().is_some() {
+            return Err(DeviceError::InvalidArgument(format!(
+                "the range at {base:#x} still has mapped pages"
+            )));
+        }
+        let current = self.gpu.activate()?;
+        // SAFETY: exactly a reservation made by `reserve_address_range`, with nothing mapped.
+        unsafe { current.address_free(DevicePtr(base), bytes) }?;
+        self.reservations.remove(&base);
+        Ok(())
+    }
+
+    fn map_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+        let count = self.page_run(address, bytes, page)?;
+        let addresses: Vec<u64> = (0..count).map(|i| address + i * page).collect();
+        if let Some(mapped) = addresses.iter().find(|a| self.pages.contains_key(a)) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "the page at {mapped:#x} is already mapped"
+            )));
+        }
+        let gpu = Arc::clone(&self.gpu);
+        let current = gpu.activate()?;
+        // All or nothing, as PyTorch's ExpandableSegment::map: create every page first; on
+        // failure the pages created so far are released by dropping them.
+        let mut created = Vec::with_capacity(addresses.len());
+        for _ in &addresses {
+            created.push(current.mem_create(page)?);
+        }
+        let mut mapped = Vec::with_capacity(addresses.len());
+        let mut outcome = Ok(());
+        for (&at, memory) in addresses.iter().zip(created) {
+            // SAFETY: `at` is a whole page inside a reservation (checked above) and unmapped.
+            match unsafe { current.map(DevicePtr(at), &memory) } {
+                Ok(()) => {
+                    self.pages.insert(at, memory);
+                    mapped.push(at);
+                }
+                Err(error) => {
+                    outcome = Err(error);
+                    break;
+                }
+            }
+        }
+        if outcome.is_ok() {
+            // SAFETY: every page of the range was just mapped.
+            outcome = unsafe { current.set_access(DevicePtr(address), bytes) };
+        }
+        if let Err(error) = outcome {
+            // Undo what this call mapped; the error of the mapping is the one to report.
+            let _ = Self::unmap_each(&mut self.pages, &current, &mapped);
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    fn unmap_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+        let count = self.page_run(address, bytes, page)?;
+        let addresses: Vec<u64> = (0..count).map(|i| address + i * page).collect();
+        if let Some(missing) = addresses.iter().find(|a| !self.pages.contains_key(a)) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "the page at {missing:#x} is not mapped"
+            )));
+        }
+        let gpu = Arc::clone(&self.gpu);
+        let current = gpu.activate()?;
+        // As PyTorch does before unmapping: the pages may still be in use by queued work.
+        current.synchronize()?;
+        Self::unmap_each(&mut self.pages, &current, &addresses)
+    }
+}
+
+impl Drop for CudaDevice {
+    /// Returns whatever the allocator left mapped or reserved (it releases everything when
+    /// dropped, so normally nothing): pages first, then their ranges.
+    fn drop(&mut self) {
+        if self.pages.is_empty() && self.reservations.is_empty() {
+            return;
+        }
+        let gpu = Arc::clone(&self.gpu);
+        let Ok(current) = gpu.activate() else {
+            return;
+        };
+        let _ = current.synchronize();
+        let pages: Vec<u64> = self.pages.keys().copied().collect();
+        let _ = Self::unmap_each(&mut self.pages, &current, &pages);
+        for (&base, &bytes) in &self.reservations {
+            // SAFETY: a reservation of ours with every page unmapped above; a failure leaves
+            // the range to the driver, which reclaims it at process exit.
+            let _ = unsafe { current.address_free(DevicePtr(base), bytes) };
         }
     }
 }

@@ -48,18 +48,50 @@
   }
 
   // ---- the layout after k events ----
+  // A segment: {base, size, pool, allocated: Map(address -> size)}; an expandable one also has
+  // its page size and its mapped runs [[start, end], ...] (size = end of the last one).
+  const RANGES = data.expandable || []; // [base, reserved, page, pool]
+  function range(address) {
+    return RANGES.find((r) => address >= r[0] && address < r[0] + r[1]);
+  }
   function initialState() {
     const segments = new Map();
     for (const [base, size, pool, blocks] of data.initial.segments) {
       const allocated = new Map();
-      const unmapped = new Map();
+      const r = range(base);
+      const segment = { base, size, pool, allocated };
+      if (r) {
+        segment.page = r[2];
+        segment.mapped = [];
+      }
       for (const [address, blockSize, region] of blocks) {
         if (region === 0) allocated.set(address, blockSize);
-        if (region === 3) unmapped.set(address, blockSize);
+        if (r && region !== 3) addRun(segment, address, address + blockSize);
       }
-      segments.set(base, { base, size, pool, allocated, unmapped });
+      segments.set(base, segment);
     }
     return { k: 0, segments };
+  }
+  function addRun(segment, start, end) {
+    const runs = segment.mapped.concat([[start, end]]).sort((a, b) => a[0] - b[0]);
+    const merged = [];
+    for (const run of runs) {
+      const last = merged[merged.length - 1];
+      if (last && run[0] <= last[1]) last[1] = Math.max(last[1], run[1]);
+      else merged.push([run[0], run[1]]);
+    }
+    segment.mapped = merged;
+    segment.size = merged.length ? merged[merged.length - 1][1] - segment.base : 0;
+  }
+  function removeRun(segment, start, end) {
+    const out = [];
+    for (const [s, e] of segment.mapped) {
+      if (e <= start || s >= end) { out.push([s, e]); continue; }
+      if (s < start) out.push([s, start]);
+      if (e > end) out.push([end, e]);
+    }
+    segment.mapped = out;
+    segment.size = out.length ? out[out.length - 1][1] - segment.base : 0;
   }
   function owner(segments, address) {
     for (const segment of segments.values()) {
@@ -72,16 +104,25 @@
     const kind = KINDS[code];
     const segments = state.segments;
     if (kind === "segment_alloc") {
-      segments.set(address, { base: address, size, pool, allocated: new Map(), unmapped: new Map() });
+      segments.set(address, { base: address, size, pool, allocated: new Map() });
     } else if (kind === "segment_free") {
       segments.delete(address);
-    } else if (kind === "alloc" || kind === "free_completed" || kind === "segment_map" || kind === "segment_unmap") {
+    } else if (kind === "segment_map" || kind === "segment_unmap") {
+      const r = range(address);
+      if (!r) return;
+      let segment = segments.get(r[0]);
+      if (!segment) {
+        segment = { base: r[0], size: 0, pool: r[3], allocated: new Map(), page: r[2], mapped: [] };
+        segments.set(r[0], segment);
+      }
+      if (kind === "segment_map") addRun(segment, address, address + size);
+      else removeRun(segment, address, address + size);
+      if (segment.size === 0) segments.delete(r[0]);
+    } else if (kind === "alloc" || kind === "free_completed") {
       const segment = owner(segments, address);
       if (!segment) return;
       if (kind === "alloc") segment.allocated.set(address, size);
-      else if (kind === "free_completed") segment.allocated.delete(address);
-      else if (kind === "segment_unmap") segment.unmapped.set(address, size);
-      else segment.unmapped.delete(address);
+      else segment.allocated.delete(address);
     }
   }
   let state = initialState();
@@ -95,30 +136,59 @@
   }
 
   // ---- the map ----
-  const maxSegment = Math.max(
-    1,
-    ...data.initial.segments.map((s) => s[1]),
-    ...events.filter((e) => KINDS[e[0]] === "segment_alloc").map((e) => e[2])
-  );
+  // Bars share one scale: the largest segment of the run (an expandable one up to the end
+  // of the highest page it ever mapped).
+  let maxSegment = 1;
+  for (const segment of data.initial.segments) maxSegment = Math.max(maxSegment, segment[1]);
+  for (const [code, address, size] of events) {
+    const kind = KINDS[code];
+    if (kind === "segment_alloc") maxSegment = Math.max(maxSegment, size);
+    if (kind === "segment_map") {
+      const r = range(address);
+      if (r) maxSegment = Math.max(maxSegment, address + size - r[0]);
+    }
+  }
   const svg = document.getElementById("map");
   const NS = "http://www.w3.org/2000/svg";
   const ROW = 22, LABEL = 345, BAR = 760, MAX_ROWS = 500;
 
+  // Free bytes [from, to) of a segment: in an expandable one, whole pages are cached free
+  // (empty_cache() unmaps them), partial pages split free, and unmapped bytes unmapped.
+  function freeSpans(segment, from, to, out) {
+    if (to <= from) return;
+    if (!segment.mapped) {
+      out.push([from, to - from, segment.allocated.size > 0 ? "split_free" : "cached_free"]);
+      return;
+    }
+    let at = from;
+    for (const [s, e] of segment.mapped) {
+      if (e <= at || s >= to) continue;
+      if (s > at) out.push([at, s - at, "unmapped"]);
+      const a = Math.max(s, at), b = Math.min(e, to);
+      const page = segment.page;
+      const first = segment.base + Math.ceil((a - segment.base) / page) * page;
+      const last = segment.base + Math.floor((b - segment.base) / page) * page;
+      if (first >= last) {
+        out.push([a, b - a, "split_free"]);
+      } else {
+        if (first > a) out.push([a, first - a, "split_free"]);
+        out.push([first, last - first, "cached_free"]);
+        if (b > last) out.push([last, b - last, "split_free"]);
+      }
+      at = b;
+    }
+    if (at < to) out.push([at, to - at, "unmapped"]);
+  }
   function spans(segment) {
-    const pieces = [];
-    for (const [address, size] of segment.allocated) pieces.push([address, size, "allocated"]);
-    for (const [address, size] of segment.unmapped) pieces.push([address, size, "unmapped"]);
-    pieces.sort((a, b) => a[0] - b[0]);
-    const free = segment.allocated.size > 0 ? "split_free" : "cached_free";
+    const pieces = [...segment.allocated.entries()].sort((a, b) => a[0] - b[0]);
     const out = [];
     let at = segment.base;
-    for (const [address, size, region] of pieces) {
-      if (address > at) out.push([at, address - at, free]);
-      out.push([address, size, region]);
+    for (const [address, size] of pieces) {
+      freeSpans(segment, at, address, out);
+      out.push([address, size, "allocated"]);
       at = Math.max(at, address + size);
     }
-    const end = segment.base + segment.size;
-    if (at < end) out.push([at, end - at, free]);
+    freeSpans(segment, at, segment.base + segment.size, out);
     return out;
   }
   function drawMap(k) {

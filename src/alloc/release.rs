@@ -1,0 +1,160 @@
+//! Giving memory back to the device: `empty_cache()`, the flush before the last retry of a
+//! failed malloc, `max_split_size_mb`'s partial release and the garbage collector
+//! (PyTorch's `release_cached_blocks`, `release_blocks`, `release_block`,
+//! `release_available_cached_blocks`, `garbage_collect_cached_blocks`).
+
+use super::block::{Block, BlockId, FreeKey, NIL};
+use super::{AllocError, CachingAllocator, Pool, Request, TraceAction};
+
+impl CachingAllocator {
+    /// `torch.cuda.empty_cache()`: returns every completely free `cudaMalloc` segment to the
+    /// device and unmaps every whole free page of expandable segments. Pieces of segments that
+    /// still hold an allocation stay cached.
+    pub fn empty_cache(&mut self) -> Result<(), AllocError> {
+        self.trace.record(TraceAction::EmptyCache, 0, 0, 0);
+        self.release_cached_blocks()
+    }
+
+    /// PyTorch's `release_cached_blocks`: synchronise (`num_sync_all_streams` +1), then release
+    /// the large pool's cached memory and then the small pool's, on every stream.
+    pub(super) fn release_cached_blocks(&mut self) -> Result<(), AllocError> {
+        self.stats.num_sync_all_streams += 1;
+        self.release_blocks(Pool::Large)?;
+        self.release_blocks(Pool::Small)
+    }
+
+    /// PyTorch's `release_blocks`: in pool order, frees every cached block that is a whole
+    /// `cudaMalloc` segment; then unmaps the whole pages of every free expandable block, and
+    /// releases an expandable segment whose range became entirely unmapped.
+    fn release_blocks(&mut self, pool: Pool) -> Result<(), AllocError> {
+        let mut whole = Vec::new();
+        let mut to_unmap = Vec::new();
+        for (_, _, _, id) in self.pool_ref(pool).iter() {
+            let block = self.blocks.at(id);
+            if block.is_expandable() {
+                to_unmap.push(id);
+            } else if !block.is_split() {
+                whole.push(id);
+            }
+        }
+        for id in whole {
+            self.release_block(id)?;
+        }
+        for id in to_unmap {
+            self.unmap_block(id)?;
+            let block = self.blocks.at(id);
+            if block.prev == NIL && block.next == NIL {
+                self.release_expandable_segment(id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns one cached, unsplit `cudaMalloc` segment to the device (PyTorch's
+    /// `release_block`).
+    pub(super) fn release_block(&mut self, id: BlockId) -> Result<(), AllocError> {
+        let block = self.blocks.at(id);
+        let (ptr, size, pool, stream) = (block.ptr, block.size, block.pool, block.stream);
+        self.stats.num_device_free += 1;
+        self.trace
+            .record(TraceAction::SegmentFree, ptr, size, stream);
+        self.device.free(ptr)?;
+        self.total_allocated_memory -= size;
+        self.stats.segment.decrease(pool, 1);
+        self.stats.reserved_bytes.decrease(pool, size as i64);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_segments.decrease(1);
+        }
+        self.pool_mut(pool).remove(stream, size, ptr, id);
+        self.blocks.remove(id);
+        self.segments.remove(&ptr);
+        Ok(())
+    }
+
+    /// With `max_split_size_mb` set: before flushing everything, free just enough oversize
+    /// cached segments of the request's stream — the smallest one that covers the request,
+    /// else the largest ones in turn (PyTorch's `release_available_cached_blocks`). Expandable
+    /// blocks are never released here.
+    pub(super) fn release_available_cached_blocks(
+        &mut self,
+        request: Request,
+    ) -> Result<bool, AllocError> {
+        if !self.config.has_split_limit() {
+            return Ok(false);
+        }
+        let max_split_size = self.config.max_split_size;
+        let target = request.size.max(max_split_size);
+        let key: FreeKey = (request.stream, target, 0, 0);
+        let found = self.pool_ref(request.pool).from_key(key).next();
+        if let Some((stream, _, _, id)) = found {
+            if stream == request.stream && !self.blocks.at(id).is_expandable() {
+                self.release_block(id)?;
+                return Ok(true);
+            }
+        }
+        // No single block is large enough: free oversize blocks from the largest down.
+        let candidates: Vec<FreeKey> = self.pool_ref(request.pool).before_key(key).collect();
+        let mut released = 0;
+        for (stream, size, _, id) in candidates {
+            if released >= target || size < max_split_size || stream != request.stream {
+                break;
+            }
+            if !self.blocks.at(id).is_expandable() {
+                released += size;
+                self.release_block(id)?;
+            }
+        }
+        Ok(released >= target)
+    }
+
+    /// With a memory fraction and `garbage_collection_threshold` set: when the bytes held pass
+    /// the threshold, free the oldest unsplit cached large segments (of every stream) until
+    /// back under it (PyTorch's `garbage_collect_cached_blocks`). Expandable blocks count
+    /// towards the average age when unsplit, as in PyTorch, but are never freed here.
+    pub(super) fn garbage_collect_cached_blocks(&mut self) -> Result<(), AllocError> {
+        let Some(allowed) = self.allowed_memory_maximum else {
+            return Ok(());
+        };
+        let threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
+        if self.total_allocated_memory <= threshold {
+            return Ok(());
+        }
+        let target = self.total_allocated_memory - threshold;
+        let clock = self.large.get_free_blocks_call_count;
+        let age = |block: &Block| clock.saturating_sub(block.gc_count_base) as f64;
+        let mut total_age = 0.0;
+        let mut freeable = 0_u64;
+        for (_, _, _, id) in self.large.iter() {
+            let block = self.blocks.at(id);
+            if !block.is_split() {
+                total_age += age(block);
+                freeable += 1;
+            }
+        }
+        if freeable == 0 {
+            return Ok(());
+        }
+        let mut reclaimed = 0;
+        let mut freed_any = true;
+        while reclaimed < target && freed_any && freeable > 0 {
+            let age_threshold = total_age / freeable as f64;
+            freed_any = false;
+            let order: Vec<BlockId> = self.large.iter().map(|key| key.3).collect();
+            for id in order {
+                let block = self.blocks.at(id);
+                if block.is_split() || block.is_expandable() {
+                    continue;
+                }
+                let block_age = age(block);
+                if block_age >= age_threshold {
+                    freed_any = true;
+                    reclaimed += block.size;
+                    total_age -= block_age;
+                    freeable -= 1;
+                    self.release_block(id)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,211 @@
+//! A synthetic memory snapshot of any length for `gpumem bench replay`: a training-like mix
+//! of small, medium and large allocations with a bounded live set, made by running gpumem's
+//! own allocator (so its `segment_alloc` events and addresses are real) and pickled as it is
+//! generated, in PyTorch's layout, without holding the trace in memory.
+
+use std::cell::RefCell;
+use std::io::Write;
+use std::path::Path;
+
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Serialize, Serializer};
+
+use crate::alloc::{AllocConf, Allocation, CachingAllocator};
+use crate::device::sim::SimDevice;
+use crate::snapshot::model::{int, Action, Annotation, Segment, TraceEvent};
+use crate::snapshot::replay::observe::{DeviceEvent, SegmentWatch};
+use crate::snapshot::AllocatorSettings;
+
+/// Live bytes the workload stays under (well inside the simulated H200).
+const LIVE_LIMIT: u64 = 16 << 30;
+/// Live blocks the workload keeps around on average.
+const LIVE_TARGET: usize = 2000;
+
+/// splitmix64: a small, fixed generator so every run writes the same file.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, bound: u64) -> u64 {
+        self.next() % bound.max(1)
+    }
+}
+
+/// The generator's state while the trace is being written.
+struct Workload {
+    allocator: CachingAllocator,
+    watch: SegmentWatch,
+    rng: Rng,
+    live: Vec<(Allocation, u64)>,
+    live_bytes: u64,
+    time_us: i64,
+    pending: Vec<TraceEvent>,
+    device_events: Vec<DeviceEvent>,
+}
+
+impl Workload {
+    fn event(&mut self, action: Action, addr: u64, size: u64) {
+        self.time_us += 1;
+        self.pending.push(TraceEvent {
+            action,
+            addr: int(addr),
+            size: int(size),
+            stream: 0,
+            time_us: self.time_us,
+            compile_context: "N/A".into(),
+            user_metadata: String::new(),
+            frames: Vec::new(),
+        });
+    }
+
+    fn size(&mut self) -> u64 {
+        match self.rng.below(100) {
+            0..=59 => 512 * (1 + self.rng.below(2048)),
+            60..=94 => (1 << 20) + self.rng.below(9 << 20),
+            _ => (10 << 20) + self.rng.below(190 << 20),
+        }
+    }
+
+    /// One step of the workload: an allocation or a free, with the events it causes.
+    fn step(&mut self) {
+        let grow = self.live.len() < LIVE_TARGET / 2
+            || (self.live.len() < 2 * LIVE_TARGET && self.rng.below(2) == 0);
+        if grow && self.live_bytes < LIVE_LIMIT {
+            let size = self.size();
+            let Ok(block) = self.allocator.malloc(size) else {
+                return self.free_one();
+            };
+            self.watch.collect(&self.allocator, &mut self.device_events);
+            let device_events = std::mem::take(&mut self.device_events);
+            for (action, addr, bytes) in device_events {
+                self.event(action, addr, bytes);
+            }
+            self.event(Action::Alloc, block.ptr, size);
+            self.live_bytes += block.size;
+            self.live.push((block, size));
+        } else {
+            self.free_one();
+        }
+    }
+
+    fn free_one(&mut self) {
+        if self.live.is_empty() {
+            return;
+        }
+        let index = self.rng.below(self.live.len() as u64) as usize;
+        let (block, size) = self.live.swap_remove(index);
+        self.live_bytes -= block.size;
+        self.event(Action::FreeRequested, block.ptr, size);
+        // The block is ours and live: its free cannot fail.
+        let _ = self.allocator.free(block);
+        self.event(Action::FreeCompleted, block.ptr, size);
+    }
+}
+
+/// `device_traces`: one device whose events are generated while they are written.
+struct Traces<'a> {
+    workload: &'a RefCell<Workload>,
+    events: u64,
+}
+
+impl Serialize for Traces<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut devices = serializer.serialize_seq(Some(1))?;
+        devices.serialize_element(&Trace(self))?;
+        devices.end()
+    }
+}
+
+struct Trace<'a, 'b>(&'a Traces<'b>);
+
+impl Serialize for Trace<'_, '_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut trace = serializer.serialize_seq(None)?;
+        let mut written = 0;
+        while written < self.0.events {
+            let batch = {
+                let mut workload = self.0.workload.borrow_mut();
+                workload.step();
+                std::mem::take(&mut workload.pending)
+            };
+            for event in batch {
+                if written == self.0.events {
+                    break;
+                }
+                trace.serialize_element(&event)?;
+                written += 1;
+            }
+        }
+        trace.end()
+    }
+}
+
+/// The whole snapshot, in PyTorch's key order.
+struct Synthetic<'a> {
+    traces: Traces<'a>,
+}
+
+impl Serialize for Synthetic<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(4))?;
+        map.serialize_entry("segments", &Vec::<Segment>::new())?;
+        map.serialize_entry("device_traces", &self.traces)?;
+        map.serialize_entry("allocator_settings", &AllocatorSettings::default())?;
+        map.serialize_entry("external_annotations", &Vec::<Annotation>::new())?;
+        map.end()
+    }
+}
+
+/// Writes a synthetic snapshot of exactly `events` trace events to `path`; returns its size
+/// in bytes.
+pub fn write_synthetic(path: &Path, events: u64, seed: u64) -> Result<u64, String> {
+    let allocator = CachingAllocator::new(Box::new(SimDevice::h200()), AllocConf::default())
+        .map_err(|error| error.to_string())?;
+    let workload = RefCell::new(Workload {
+        allocator,
+        watch: SegmentWatch::default(),
+        rng: Rng(seed),
+        live: Vec::new(),
+        live_bytes: 0,
+        time_us: 1_700_000_000_000_000,
+        pending: Vec::new(),
+        device_events: Vec::new(),
+    });
+    let snapshot = Synthetic {
+        traces: Traces {
+            workload: &workload,
+            events,
+        },
+    };
+    let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut writer = std::io::BufWriter::with_capacity(1 << 20, file);
+    serde_pickle::to_writer(&mut writer, &snapshot, serde_pickle::SerOptions::new())
+        .map_err(|error| error.to_string())?;
+    writer.flush().map_err(|error| error.to_string())?;
+    std::fs::metadata(path)
+        .map(|meta| meta.len())
+        .map_err(|error| error.to_string())
+}
+
+/// This process's peak resident memory in KiB (`VmHWM` in /proc/self/status), where the
+/// system reports it.
+pub fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// CPU time this thread has run, in nanoseconds (/proc/thread-self/schedstat), where the
+/// system reports it: on a shared machine it measures the work, where the wall clock also
+/// measures the neighbours.
+pub fn thread_cpu_ns() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}

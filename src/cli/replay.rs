@@ -1,0 +1,322 @@
+//! `gpumem replay FILE`: a PyTorch memory snapshot replayed through gpumem's allocator on a
+//! simulated device (the work is `gpumem::snapshot::replay`); and `gpumem bench replay`.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use gpumem::alloc::format::format_size;
+use gpumem::alloc::AllocConf;
+use gpumem::device::DeviceSpec;
+use gpumem::snapshot::replay::{
+    min_capacity, replay, CapacitySearch, Placement, ReplayError, ReplayOptions, ReplayReport,
+};
+
+use super::CliError;
+
+/// `println!` that ignores a closed stdout (`gpumem replay x --json | head`) instead of
+/// panicking.
+macro_rules! say {
+    () => { say!("") };
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `print!` without the newline, ignoring a closed stdout.
+macro_rules! say_part {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// Files smaller than this replay too fast for a progress bar to help.
+const PROGRESS_MIN_BYTES: u64 = 16 << 20;
+
+/// What `gpumem replay` was asked.
+pub struct ReplayArgs {
+    /// The snapshot.
+    pub file: PathBuf,
+    /// `--device`.
+    pub device: Option<DeviceSpec>,
+    /// `--alloc-conf` (the flag only: the file's recorded config is the default, not the
+    /// environment's).
+    pub alloc_conf: Option<String>,
+    /// `--compare CONF...`.
+    pub compare: Vec<String>,
+    /// `--min-capacity`.
+    pub min_capacity: bool,
+    /// `--json`.
+    pub json: bool,
+    /// `--placement model`.
+    pub placement: Placement,
+}
+
+fn parse_conf(text: &str, what: &str) -> Result<AllocConf, CliError> {
+    AllocConf::parse(text).map_err(|error| {
+        CliError::Usage(format!(
+            "invalid allocator config '{text}' ({what}): {error}"
+        ))
+    })
+}
+
+fn replay_error(file: &Path, error: ReplayError) -> CliError {
+    CliError::Usage(format!("{}: {error}", file.display()))
+}
+
+/// A progress bar on stderr for a large file when stderr is a terminal.
+fn progress_bar(file: &Path) -> Option<ProgressBar> {
+    let bytes = std::fs::metadata(file).ok()?.len();
+    if bytes < PROGRESS_MIN_BYTES || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::new(bytes);
+    let style =
+        ProgressStyle::with_template("replaying {bar:40} {bytes}/{total_bytes} {msg} ({eta} left)")
+            .ok()?;
+    bar.set_style(style);
+    Some(bar)
+}
+
+fn run_one(args: &ReplayArgs, options: &ReplayOptions) -> Result<ReplayReport, CliError> {
+    let bar = progress_bar(&args.file);
+    let mut progress = |bytes: u64, events: u64| {
+        if let Some(bar) = &bar {
+            bar.set_position(bytes);
+            bar.set_message(format!("{events} events"));
+        }
+    };
+    let report = replay(&args.file, options, &mut progress);
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    report.map_err(|error| replay_error(&args.file, error))
+}
+
+/// `gpumem replay`.
+pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
+    let capacity = match args.device {
+        None => None,
+        Some(DeviceSpec::Sim(size)) => size,
+        Some(DeviceSpec::Cuda(_)) => {
+            return Err(CliError::Usage(
+                "replay runs on a simulated device: use --device sim[:SIZE]".into(),
+            ))
+        }
+    };
+    let conf = match &args.alloc_conf {
+        Some(text) => Some(parse_conf(text, "--alloc-conf")?),
+        None => None,
+    };
+    let options = ReplayOptions {
+        capacity,
+        conf: conf.clone(),
+        placement: args.placement,
+    };
+    let report = run_one(args, &options)?;
+    let search = |conf: Option<AllocConf>| -> Result<Option<CapacitySearch>, CliError> {
+        if !args.min_capacity {
+            return Ok(None);
+        }
+        min_capacity(&args.file, capacity, conf)
+            .map(Some)
+            .map_err(|error| replay_error(&args.file, error))
+    };
+    let own_search = search(Some(report.conf.clone()))?;
+    let mut rows = Vec::new();
+    for text in &args.compare {
+        let conf = parse_conf(text, "--compare")?;
+        let options = ReplayOptions {
+            capacity,
+            conf: Some(conf.clone()),
+            placement: args.placement,
+        };
+        let row = run_one(args, &options)?;
+        let row_search = search(Some(conf))?;
+        rows.push((text.clone(), row, row_search));
+    }
+    if args.json {
+        let mut object = report.to_json();
+        if let Some(found) = &own_search {
+            object["min_capacity"] = search_json(found);
+        }
+        if !rows.is_empty() {
+            object["compare"] = rows
+                .iter()
+                .map(|(conf, row, found)| {
+                    let mut entry = json!({
+                        "alloc_conf": conf,
+                        "fits": row.fits(),
+                        "ooms": row.counts.ooms,
+                        "allocated_bytes.all.peak": row.stat("allocated_bytes.all.peak"),
+                        "reserved_bytes.all.peak": row.stat("reserved_bytes.all.peak"),
+                        "num_device_alloc": row.stat("num_device_alloc"),
+                        "num_alloc_retries": row.stat("num_alloc_retries"),
+                    });
+                    if let Some(found) = found {
+                        entry["min_capacity"] = search_json(found);
+                    }
+                    entry
+                })
+                .collect();
+        }
+        say!("{object}");
+        return Ok(());
+    }
+    say_part!("{report}");
+    if let Some(found) = &own_search {
+        say!("  {}", describe_search(found));
+    }
+    if !rows.is_empty() {
+        print_comparison(&report, own_search.as_ref(), &rows);
+    }
+    Ok(())
+}
+
+fn search_json(found: &CapacitySearch) -> serde_json::Value {
+    json!({
+        "capacity": found.capacity,
+        "lower_bound": found.lower,
+        "upper_bound": found.upper,
+        "step": gpumem::snapshot::replay::search::STEP,
+        "probes": found.probes,
+    })
+}
+
+fn describe_search(found: &CapacitySearch) -> String {
+    let bounds = format!(
+        "searched in 2 MiB steps between {} (the peak allocated bytes, below which nothing fits) and {}; {} replays",
+        format_size(found.lower),
+        format_size(found.upper),
+        found.probes
+    );
+    match found.capacity {
+        Some(bytes) => format!(
+            "min capacity    {} ({bytes} bytes, --device sim:{bytes}); {bounds}",
+            format_size(bytes)
+        ),
+        None => format!(
+            "min capacity    does not fit even on {}; {bounds}",
+            format_size(found.upper)
+        ),
+    }
+}
+
+fn print_comparison(
+    report: &ReplayReport,
+    own_search: Option<&CapacitySearch>,
+    rows: &[(String, ReplayReport, Option<CapacitySearch>)],
+) {
+    say!();
+    let with_search = own_search.is_some();
+    say_part!(
+        "{:<44} {:>12} {:>12} {:>10} {:>8} {:>6}",
+        "config",
+        "peak alloc",
+        "peak reserv",
+        "cudaMalloc",
+        "retries",
+        "OOMs"
+    );
+    if with_search {
+        say_part!(" {:>14}", "min capacity");
+    }
+    say!();
+    let conf_name = if report.alloc_conf.is_empty() {
+        "(recorded: defaults)".to_string()
+    } else {
+        format!("(recorded) {}", report.alloc_conf)
+    };
+    let line = |name: &str, row: &ReplayReport, found: Option<&CapacitySearch>| {
+        say_part!(
+            "{:<44} {:>12} {:>12} {:>10} {:>8} {:>6}",
+            name,
+            format_size(row.stat("allocated_bytes.all.peak").max(0) as u64),
+            format_size(row.stat("reserved_bytes.all.peak").max(0) as u64),
+            row.stat("num_device_alloc"),
+            row.stat("num_alloc_retries"),
+            row.counts.ooms
+        );
+        if let Some(found) = found {
+            let text = found
+                .capacity
+                .map_or_else(|| "does not fit".to_string(), format_size);
+            say_part!(" {text:>14}");
+        }
+        say!();
+    };
+    line(&conf_name, report, own_search);
+    for (conf, row, found) in rows {
+        line(conf, row, found.as_ref());
+    }
+}
+
+/// `gpumem bench replay`: writes a synthetic snapshot of `events` events (unless `file`
+/// exists), replays it and prints the rate and the peak resident memory.
+pub fn bench(events: u64, file: Option<&Path>, keep: bool) -> Result<(), CliError> {
+    let generated = file.is_none_or(|path| !path.exists());
+    let path = match file {
+        Some(path) => path.to_path_buf(),
+        None => {
+            std::env::temp_dir().join(format!("gpumem-bench-replay-{}.pickle", std::process::id()))
+        }
+    };
+    if generated {
+        let start = Instant::now();
+        let bytes =
+            gpumem::bench::replay::write_synthetic(&path, events, 1).map_err(CliError::Failed)?;
+        say!(
+            "generated {events} events ({:.1} MB) in {:.2} s: {}",
+            bytes as f64 / 1e6,
+            start.elapsed().as_secs_f64(),
+            path.display()
+        );
+    }
+    let rss_before = gpumem::bench::replay::peak_rss_kib();
+    let cpu_before = gpumem::bench::replay::thread_cpu_ns();
+    let start = Instant::now();
+    let report = replay(&path, &ReplayOptions::default(), &mut |_, _| {})
+        .map_err(|error| replay_error(&path, error));
+    let seconds = start.elapsed().as_secs_f64();
+    let cpu_seconds = match (cpu_before, gpumem::bench::replay::thread_cpu_ns()) {
+        (Some(before), Some(after)) => Some(after.saturating_sub(before) as f64 / 1e9),
+        _ => None,
+    };
+    if generated && !keep {
+        let _ = std::fs::remove_file(&path);
+    }
+    let report = report?;
+    let replayed = report.counts.events;
+    say!(
+        "replayed {replayed} events in {seconds:.2} s: {:.2} million events/s (wall clock)",
+        replayed as f64 / seconds / 1e6
+    );
+    if let Some(cpu) = cpu_seconds {
+        say!(
+            "  on the CPU {cpu:.2} s: {:.2} million events/s of CPU time (the wall clock also counts other processes sharing the cores)",
+            replayed as f64 / cpu / 1e6
+        );
+    }
+    say!(
+        "live at the end: {} blocks, peak allocated {}; segment events {} recorded, {} replayed, {} differ",
+        report.stat("allocation.all.current"),
+        format_size(report.stat("allocated_bytes.all.peak").max(0) as u64),
+        report.segment_events.recorded,
+        report.segment_events.replayed,
+        report.segment_events.differing
+    );
+    match (rss_before, gpumem::bench::replay::peak_rss_kib()) {
+        (Some(before), Some(after)) => say!(
+            "peak RSS (VmHWM): {:.1} MiB (before the replay: {:.1} MiB)",
+            after as f64 / 1024.0,
+            before as f64 / 1024.0
+        ),
+        _ => say!("peak RSS: not reported by this system"),
+    }
+    Ok(())
+}

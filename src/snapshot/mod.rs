@@ -1,0 +1,17 @@
+//! PyTorch memory snapshots in and out: the snapshot as Rust types ([`model`]), its
+//! `allocator_settings` ([`settings`]), the pickle format ([`pickle`]), gpumem's own state
+//! captured in that shape ([`capture`]), and the replay of a recorded snapshot through gpumem's
+//! allocator ([`replay`]).
+//!
+//! The allocator knows nothing of this module: it is read through its public snapshot and
+//! counters only.
+
+pub mod capture;
+pub mod model;
+pub mod pickle;
+pub mod replay;
+pub mod settings;
+
+pub use model::{Action, Block, Frame, Segment, Snapshot, TraceEvent};
+pub use pickle::SnapshotError;
+pub use settings::AllocatorSettings;

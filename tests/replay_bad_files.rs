@@ -1,0 +1,161 @@
+//! `gpumem replay` on files it cannot replay: each is a clear error on stderr naming what is
+//! wrong (and the event index where there is one), exit status 2, never a panic.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_pickle::{HashableValue, SerOptions, Value};
+
+mod common;
+
+fn key(name: &str) -> HashableValue {
+    HashableValue::String(name.into())
+}
+
+fn event(action: &str, addr: i64, size: i64) -> Value {
+    let mut map = BTreeMap::new();
+    map.insert(key("action"), Value::String(action.into()));
+    map.insert(key("addr"), Value::I64(addr));
+    map.insert(key("size"), Value::I64(size));
+    map.insert(key("stream"), Value::I64(0));
+    map.insert(key("time_us"), Value::I64(1));
+    map.insert(key("frames"), Value::List(Vec::new()));
+    Value::Dict(map)
+}
+
+/// A snapshot whose only device has `events`.
+fn snapshot(events: Vec<Value>) -> Vec<u8> {
+    let mut top = BTreeMap::new();
+    top.insert(key("segments"), Value::List(Vec::new()));
+    top.insert(key("device_traces"), Value::List(vec![Value::List(events)]));
+    serde_pickle::value_to_vec(&Value::Dict(top), SerOptions::new()).expect("pickles")
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).expect("write");
+    path
+}
+
+/// Runs `gpumem replay FILE` and checks exit 2, no panic, and `expected` in stderr.
+fn refused(path: &Path, expected: &[&str]) -> String {
+    let output = common::gpumem(&["replay", path.to_str().expect("utf-8 path")], "");
+    let (stdout, stderr, code) = common::outcome(&output);
+    assert_eq!(code, 2, "stdout: {stdout}\nstderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    for part in expected {
+        assert!(stderr.contains(part), "expected {part:?} in: {stderr}");
+    }
+    stderr
+}
+
+fn fixture_bytes() -> Vec<u8> {
+    std::fs::read(common::tests_path("replay/fixtures/convnet.default.pickle")).expect("fixture")
+}
+
+#[test]
+fn a_truncated_pickle_says_where_it_ends() {
+    let dir = common::scratch("bad-truncated");
+    let bytes = fixture_bytes();
+    let path = write(&dir, "half.pickle", &bytes[..bytes.len() / 2]);
+    let stderr = refused(
+        &path,
+        &["half.pickle", "ends early", "truncated", "trace events"],
+    );
+    assert!(
+        stderr.contains(&format!("at byte {}", bytes.len() / 2)),
+        "{stderr}"
+    );
+    let path = write(&dir, "empty.pickle", b"");
+    refused(&path, &["ends early", "after 0 trace events"]);
+}
+
+#[test]
+fn a_corrupted_pickle_is_refused() {
+    let dir = common::scratch("bad-corrupt");
+    let mut bytes = fixture_bytes();
+    let middle = bytes.len() / 3;
+    bytes[middle..middle + 64].fill(0xff);
+    let path = write(&dir, "corrupt.pickle", &bytes);
+    refused(&path, &["corrupt.pickle", "not a readable pickle"]);
+    let path = write(&dir, "text.pickle", b"segments,device_traces\n1,2\n");
+    refused(&path, &["not a readable pickle"]);
+}
+
+#[test]
+fn a_pickle_that_is_not_a_snapshot_is_refused() {
+    let dir = common::scratch("bad-not-snapshot");
+    let list = serde_pickle::value_to_vec(
+        &Value::List(vec![Value::I64(1), Value::I64(2)]),
+        SerOptions::new(),
+    )
+    .expect("pickles");
+    let path = write(&dir, "list.pickle", &list);
+    refused(&path, &["not a PyTorch memory snapshot", "holds a list"]);
+    let mut dict = BTreeMap::new();
+    dict.insert(key("weights"), Value::List(vec![Value::F64(0.5)]));
+    let dict = serde_pickle::value_to_vec(&Value::Dict(dict), SerOptions::new()).expect("pickles");
+    let path = write(&dir, "dict.pickle", &dict);
+    refused(
+        &path,
+        &["not a PyTorch memory snapshot", "no 'device_traces'"],
+    );
+    // A pickled Python object (`collections.OrderedDict()`, protocol 2).
+    let path = write(
+        &dir,
+        "object.pickle",
+        b"\x80\x02ccollections\nOrderedDict\nq\x00)Rq\x01.",
+    );
+    refused(&path, &["builds a Python object", "GLOBAL"]);
+}
+
+#[test]
+fn an_unknown_event_kind_names_its_index() {
+    let dir = common::scratch("bad-action");
+    let bytes = snapshot(vec![
+        event("alloc", 4096, 100),
+        event("free_requested", 4096, 100),
+        event("teleport", 4096, 100),
+    ]);
+    let path = write(&dir, "action.pickle", &bytes);
+    refused(&path, &["event 2:", "unknown action 'teleport'"]);
+}
+
+#[test]
+fn a_free_of_an_address_never_allocated_names_its_index() {
+    let dir = common::scratch("bad-free");
+    let bytes = snapshot(vec![
+        event("alloc", 4096, 100),
+        event("free_requested", 4096, 100),
+        event("free_completed", 4096, 100),
+        event("free_requested", 8192, 100),
+    ]);
+    let path = write(&dir, "free.pickle", &bytes);
+    refused(
+        &path,
+        &[
+            "event 3:",
+            "free_requested of address 0x2000",
+            "never allocated",
+        ],
+    );
+    let bytes = snapshot(vec![event("alloc", 4096, 100), event("alloc", 4096, 100)]);
+    let path = write(&dir, "twice.pickle", &bytes);
+    refused(&path, &["event 1:", "already allocated"]);
+}
+
+#[test]
+fn a_missing_file_and_a_cuda_device_are_usage_errors() {
+    let output = common::gpumem(&["replay", "no/such/file.pickle"], "");
+    let (_, stderr, code) = common::outcome(&output);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("no/such/file.pickle"), "{stderr}");
+    let path = common::tests_path("replay/fixtures/inference.default.pickle");
+    let output = common::gpumem(
+        &["--device", "cuda", "replay", path.to_str().expect("utf-8")],
+        "",
+    );
+    let (_, stderr, code) = common::outcome(&output);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("simulated device"), "{stderr}");
+}
