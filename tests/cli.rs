@@ -426,3 +426,29 @@ fn piped_map_command_draws_plain_cells() {
         "no colour when piped: {stdout:?}"
     );
 }
+
+#[test]
+fn replay_draws_a_report_and_a_timeline() {
+    let dir = scratch("replay-report");
+    let html = dir.join("replay.html");
+    let svg = dir.join("replay.svg");
+    let args = [
+        "replay",
+        "tests/replay/fixtures/inference.default.pickle",
+        "--report",
+        html.to_str().expect("utf-8"),
+        "--timeline",
+        svg.to_str().expect("utf-8"),
+    ];
+    let (stdout, stderr, code) = outcome(&gpumem(&args, ""));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("segment events"),
+        "the replay's own report still prints"
+    );
+    let page = std::fs::read_to_string(&html).expect("report written");
+    assert!(page.contains("inference.default.pickle") && page.contains("segment_alloc"));
+    assert!(std::fs::read_to_string(&svg)
+        .expect("timeline")
+        .starts_with("<svg"));
+}

@@ -148,6 +148,14 @@ enum Command {
         /// simulator's own model (model).
         #[arg(long, value_enum, default_value_t = PlacementArg::Recorded)]
         placement: PlacementArg,
+        /// Also draw the replay's allocated and reserved memory over its events to FILE (.svg
+        /// or .png).
+        #[arg(long, value_name = "FILE")]
+        timeline: Option<PathBuf>,
+        /// Also write the replay as a self-contained HTML report to FILE (every event is kept
+        /// in memory and in the page).
+        #[arg(long, value_name = "FILE")]
+        report: Option<PathBuf>,
     },
     /// Measure gpumem itself (for comparisons with PyTorch; see benches/compare/).
     #[command(subcommand)]
@@ -254,7 +262,14 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
             compare,
             min_capacity,
             placement,
+            timeline,
+            report,
         }) => replay::command(&replay::ReplayArgs {
+            outputs: {
+                let outputs = Outputs { timeline, report };
+                outputs.check()?;
+                outputs
+            },
             file,
             device: cli.device,
             alloc_conf: cli.alloc_conf,
@@ -301,10 +316,24 @@ fn repl(options: &SessionOptions, limits: Limits) -> Result<(), CliError> {
     }
 }
 
-/// What `gpumem run` draws besides running the script.
-struct Outputs {
-    timeline: Option<PathBuf>,
-    report: Option<PathBuf>,
+/// What `gpumem run` and `gpumem replay` draw besides their own output.
+pub(crate) struct Outputs {
+    /// `--timeline FILE` (.svg or .png).
+    pub timeline: Option<PathBuf>,
+    /// `--report FILE` (.html).
+    pub report: Option<PathBuf>,
+}
+
+/// The end state a report shows beside its timeline.
+pub(crate) struct EndState {
+    /// The device, as the report's subtitle names it.
+    pub device: String,
+    /// The allocator config, in PyTorch's syntax.
+    pub config: String,
+    /// `memory_stats()` at the end.
+    pub counters: Vec<(String, i64)>,
+    /// A text account of the end (`memory_summary()`, or the replay's report).
+    pub summary: String,
 }
 
 /// The chart format a `--timeline` file's extension asks for.
@@ -315,7 +344,7 @@ enum ChartFormat {
 }
 
 impl Outputs {
-    fn wanted(&self) -> bool {
+    pub(crate) fn wanted(&self) -> bool {
         self.timeline.is_some() || self.report.is_some()
     }
 
@@ -328,7 +357,7 @@ impl Outputs {
     }
 
     /// Refuses a `--timeline` file that is neither .svg nor .png before anything runs.
-    fn check(&self) -> Result<(), CliError> {
+    pub(crate) fn check(&self) -> Result<(), CliError> {
         match &self.timeline {
             Some(path) if Outputs::chart_format(path).is_none() => Err(CliError::Usage(format!(
                 "--timeline {}: the file must end in .svg or .png",
@@ -338,13 +367,8 @@ impl Outputs {
         }
     }
 
-    /// Writes the chart and the report of `timeline`; `runtime` gives the end state.
-    fn write(
-        &self,
-        timeline: &Timeline,
-        runtime: &gpumem::tensor::Runtime,
-        config: &str,
-    ) -> Result<(), CliError> {
+    /// Writes the chart and the report of `timeline`, the report with `end`.
+    pub(crate) fn write(&self, timeline: &Timeline, end: EndState) -> Result<(), CliError> {
         let failed = |error: gpumem::viz::chart::ChartError| CliError::Failed(error.to_string());
         let write = |path: &Path, bytes: &[u8], what: &str| -> Result<(), CliError> {
             std::fs::write(path, bytes).map_err(|error| {
@@ -366,9 +390,13 @@ impl Outputs {
             write(path, &bytes, "timeline")?;
         }
         if let Some(path) = &self.report {
-            let allocator = runtime.allocator();
-            let mut input = ReportInput::at_end(timeline, &allocator, runtime.device_label());
-            input.config = config.to_string();
+            let input = ReportInput {
+                timeline,
+                device: end.device,
+                config: end.config,
+                counters: end.counters,
+                summary: end.summary,
+            };
             let page = report::html(&input).map_err(failed)?;
             write(path, page.as_bytes(), "report")?;
         }
@@ -397,7 +425,20 @@ fn run(
     runtime.set_observer(None);
     let mut timeline = recorder.borrow().timeline(Vec::new());
     timeline.labels = gpumem::script::viz_api::timeline_labels(&timeline);
-    outputs.write(&timeline, &runtime, options.config.text())?;
+    let end = {
+        let allocator = runtime.allocator();
+        EndState {
+            device: runtime.device_label().to_string(),
+            config: options.config.text().to_string(),
+            counters: allocator.stats().entries(),
+            summary: gpumem::alloc::summary::memory_summary(
+                allocator.stats(),
+                allocator.device().index(),
+                false,
+            ),
+        }
+    };
+    outputs.write(&timeline, end)?;
     Ok(result?)
 }
 

@@ -246,6 +246,20 @@ impl Recorder {
         recorder
     }
 
+    /// Starts the timeline from an empty allocator (nothing reserved), whatever the allocator
+    /// this recorder was made from held: for a recorder made right after the first operation
+    /// of a fresh allocator, as a replay's is.
+    pub fn start_empty(&mut self) {
+        self.timeline.initial = MemoryLayout::default();
+        self.timeline.initial_allocated = 0;
+        self.timeline.initial_reserved = 0;
+        self.timeline.expandable.clear();
+        self.segments.clear();
+        self.device_calls = (0, 0);
+        self.mapped.clear();
+        self.mapped_bytes = 0;
+    }
+
     /// Adds the expandable segments not seen before to the timeline's list; returns the bytes
     /// they map now.
     fn note_expandable(&mut self, allocator: &CachingAllocator) -> u64 {
