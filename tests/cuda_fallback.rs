@@ -94,7 +94,8 @@ let dm = device_memory();
 print(dm.method);
 print(dm.keys().len());
 print(dm.process_bytes - dm.allocator_reserved_bytes == dm.context_bytes);
-print(dm.used_bytes == dm.driver_reserved_bytes + dm.process_bytes + dm.other_processes_bytes);
+// As on the H200, a few MiB of the context count as used on the device but as nobody's.
+print((dm.used_bytes - dm.driver_reserved_bytes - dm.process_bytes - dm.other_processes_bytes) / 1048576);
 try { (t * 2).sum(); } catch (e) { print(e); }
 "#,
     );
@@ -108,7 +109,7 @@ try { (t * 2).sum(); } catch (e) { print(e); }
     );
     assert_eq!(
         stdout,
-        "4\ntrue\n6.0\n1.0\n0.0\nsim-model\n11\ntrue\ntrue\n\
+        "4\ntrue\n6.0\n1.0\n0.0\nsim-model\n11\ntrue\n7\n\
          sum: values of computed tensors are only available on a CUDA device\n"
     );
 }

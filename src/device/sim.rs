@@ -13,8 +13,15 @@ const MIB: u64 = 1 << 20;
 
 /// `cudaMemGetInfo`'s total on the H200 we measure on (`totalGlobalMem`), the default capacity.
 pub const H200_TOTAL_MEMORY: u64 = 150_109_880_320;
-/// What a bare CUDA context costs on the H200 in the driver's view (measured: 527 MiB).
+/// What a bare CUDA context costs on the H200 in `cudaMemGetInfo`'s free figure (measured:
+/// 527 MiB = total − free − reserved in PyTorch processes).
 pub const H200_CONTEXT_BYTES: u64 = 527 * MIB;
+/// The part of that cost NVML attributes to the process (its per-process "used", which PyTorch's
+/// OOM message quotes as "this process has ... in use"): 520 MiB, measured as NVML's 547356672
+/// bytes for a PyTorch process holding one 2 MiB segment (tests/fixtures/
+/// pytorch-seed-walkthrough.json, step 1). The other 7 MiB count as used on the device but as
+/// nobody's.
+pub const H200_PROCESS_CONTEXT_BYTES: u64 = 520 * MIB;
 /// NVML's "used" on the H200 before any process creates a context: memory the driver keeps
 /// for itself (measured: 644939776 bytes).
 pub const H200_DRIVER_RESERVED_BYTES: u64 = 644_939_776;
@@ -37,10 +44,14 @@ const VA_PRETAKEN: u64 = 512 * MIB;
 /// The physical allocation granularity of `cuMemCreate` (`cuMemGetAllocationGranularity`,
 /// minimum, pinned device memory): 2 MiB on the H200, as on every current NVIDIA GPU.
 pub const VMM_GRANULARITY: u64 = 2 * MIB;
-/// Where the model places virtual ranges reserved for expandable segments: top-down from here,
-/// 1 TiB below the top of the `cudaMalloc` window (an assumption; see
+/// Where the H200's driver put the first range reserved for an expandable segment in a PyTorch
+/// process (`cuMemAddressReserve`, measured: tests/fixtures/pytorch-traces/
+/// traces_expandable_addr.json.gz); later ranges go above it (see
 /// [`AddressSpace::place_reservation`]).
-const VMM_TOP: u64 = VA_TOP - (1 << 40);
+const VMM_FLOOR: u64 = 0x3_0200_0000;
+/// Reserved ranges start on 32 MiB boundaries (measured: each new range began at the first
+/// 32 MiB boundary past the end of the range below it).
+const VMM_ALIGN: u64 = 32 * MIB;
 
 /// One range of virtual address space the driver reserved, from which segments are carved.
 #[derive(Debug, Clone)]
@@ -137,40 +148,34 @@ impl AddressSpace {
     /// Where `cuMemAddressReserve` puts a range of `size` bytes, and records it there; `None`
     /// when the window has no room.
     ///
-    /// This is a model, not a measurement: where the H200's driver places reservations has not
-    /// been recorded yet. Reservations go top-down from [`VMM_TOP`] (1 TiB below the top of the
-    /// `cudaMalloc` window, so on devices of up to a few hundred GiB they never meet
-    /// `cudaMalloc` segments) into the highest gap that holds them, aligned down to `align`.
-    /// Only the relative order of reservations matters to the allocator (PyTorch prefers the
-    /// lowest-addressed segment with room), so replacing this function is all a measured model
-    /// needs.
+    /// Measured on the H200 (driver 580) in PyTorch processes with `expandable_segments:True`
+    /// (tests/fixtures/pytorch-traces/traces_expandable_addr.json.gz, 6 traces): ranges are
+    /// placed bottom-up, first fit: the lowest address from [`VMM_FLOOR`] on, on a
+    /// [`VMM_ALIGN`] boundary, where the range fits below everything above it — far below the
+    /// `cudaMalloc` window, which is filled top-down. A range freed earlier is reused by the
+    /// next reservation that fits in it. This order matters to the allocator: PyTorch maps
+    /// into the lowest-addressed expandable segment with room, so where a range left reserved
+    /// by a failed request lands decides which segment later allocations grow.
     fn place_reservation(&mut self, size: u64, align: u64) -> Option<u64> {
-        let align = align.max(1);
-        let mut gap_top = VMM_TOP;
-        let mut ranges = self.used_ranges().into_iter().peekable();
-        loop {
-            // The next used range that ends at or below the gap's top bounds the gap below.
-            let below = loop {
-                match ranges.peek().copied() {
-                    Some((base, length)) if base + length > gap_top => {
-                        gap_top = gap_top.min(base);
-                        ranges.next();
-                    }
-                    other => break other,
-                }
-            };
-            let floor = below.map_or(VA_FLOOR, |(base, length)| base + length);
-            if let Some(start) = gap_top.checked_sub(size) {
-                let start = start / align * align;
-                if start >= floor && start >= VA_FLOOR {
-                    self.reservations.insert(start, size);
-                    return Some(start);
-                }
+        let align = align.max(VMM_ALIGN);
+        let mut used = self.used_ranges();
+        used.sort_unstable_by_key(|&(base, _)| base);
+        let mut candidate = VMM_FLOOR.div_ceil(align) * align;
+        for (base, length) in used {
+            let end = base.checked_add(length)?;
+            if end <= candidate {
+                continue;
             }
-            let (base, _) = below?;
-            gap_top = base;
-            ranges.next();
+            if base >= candidate.checked_add(size)? {
+                break;
+            }
+            candidate = end.div_ceil(align).checked_mul(align)?;
         }
+        if candidate.checked_add(size)? > VA_TOP {
+            return None;
+        }
+        self.reservations.insert(candidate, size);
+        Some(candidate)
     }
 
     /// Forgets the reservation at `base`; `false` unless it exists with exactly `size` bytes.
@@ -260,6 +265,8 @@ impl AddressSpace {
 pub struct SimDevice {
     total: u64,
     context_bytes: u64,
+    /// The part of `context_bytes` NVML attributes to this process.
+    process_context_bytes: u64,
     /// Whether a call that needs the context has been made.
     context_created: Cell<bool>,
     /// Bytes of device pages held by segments.
@@ -274,9 +281,15 @@ impl SimDevice {
     /// A simulated device of `total` bytes. Its context costs what the H200's does, but never
     /// more than an eighth of the device, so small simulated devices stay usable.
     pub fn new(total: u64) -> SimDevice {
+        let context_bytes = H200_CONTEXT_BYTES.min(total / 8);
+        // The attributed share keeps the H200's proportion on a smaller simulated device.
+        let process_context_bytes = (u128::from(context_bytes)
+            * u128::from(H200_PROCESS_CONTEXT_BYTES)
+            / u128::from(H200_CONTEXT_BYTES)) as u64;
         SimDevice {
             total,
-            context_bytes: H200_CONTEXT_BYTES.min(total / 8),
+            context_bytes,
+            process_context_bytes,
             context_created: Cell::new(false),
             used: 0,
             segments: BTreeMap::new(),
@@ -309,6 +322,15 @@ impl SimDevice {
     fn context_now(&self) -> u64 {
         if self.context_created.get() {
             self.context_bytes
+        } else {
+            0
+        }
+    }
+
+    /// The context's share NVML attributes to this process now: nothing before it exists.
+    fn process_context_now(&self) -> u64 {
+        if self.context_created.get() {
+            self.process_context_bytes
         } else {
             0
         }
@@ -407,7 +429,7 @@ impl DeviceMemory for SimDevice {
         vec![ProcessMemory {
             pid: std::process::id(),
             is_current: true,
-            used_bytes: self.context_now() + self.used,
+            used_bytes: self.process_context_now() + self.used,
         }]
     }
 
@@ -491,14 +513,15 @@ impl DeviceMemory for SimDevice {
     }
 
     /// The model's account: the H200's driver reservation (at most a sixteenth of a smaller
-    /// simulated device), the context, and the segments' pages; no other processes.
+    /// simulated device), the context, and the segments' pages; no other processes. The
+    /// context's share NVML does not attribute to the process stays in "used" unattributed.
     fn driver_memory(&self) -> Result<DriverMemory, DeviceError> {
         // NVML's total counts the memory the driver keeps for itself, which CUDA's total
         // leaves out: on the H200, 143771 MiB = 150109880320 + 644939776 bytes.
         let reserved = H200_DRIVER_RESERVED_BYTES.min(self.total / 16);
         let total = self.total + reserved;
-        let process = self.context_now() + self.used;
-        let used = (reserved + process).min(total);
+        let process = self.process_context_now() + self.used;
+        let used = (reserved + self.context_now() + self.used).min(total);
         Ok(DriverMemory {
             method: "sim-model",
             total_bytes: total,
@@ -541,7 +564,7 @@ mod tests {
         let (free, total) = device.mem_get_info().expect("info");
         assert_eq!(total - free, H200_CONTEXT_BYTES);
         let after = device.driver_memory().expect("driver view");
-        assert_eq!(after.process_bytes, H200_CONTEXT_BYTES);
+        assert_eq!(after.process_bytes, H200_PROCESS_CONTEXT_BYTES);
         assert_eq!(after.used_bytes - before.used_bytes, H200_CONTEXT_BYTES);
     }
 
@@ -562,9 +585,18 @@ mod tests {
         assert_eq!(device.allocation_granularity(), Ok(2 * MIB));
         let base = device.reserve_address_range(100 * MIB).expect("reserve");
         assert_eq!(base % (2 * MIB), 0);
-        assert!(base + 100 * MIB <= VMM_TOP);
+        assert_eq!(base, VMM_FLOOR, "the first range at the measured floor");
         let other = device.reserve_address_range(40 * MIB).expect("reserve");
-        assert!(other + 40 * MIB <= base, "top-down, no overlap");
+        assert_eq!(
+            other,
+            (base + 100 * MIB).div_ceil(VMM_ALIGN) * VMM_ALIGN,
+            "bottom-up, on the next 32 MiB boundary"
+        );
+        device.free_address_range(base, 100 * MIB).expect("free");
+        let reused = device.reserve_address_range(60 * MIB).expect("reserve");
+        assert_eq!(reused, base, "a freed range is reused first fit");
+        device.free_address_range(reused, 60 * MIB).expect("free");
+        let base = device.reserve_address_range(100 * MIB).expect("reserve");
         assert_eq!(device.mem_get_info().expect("info").0, free);
         device.map_pages(base, 40 * MIB, 20 * MIB).expect("map");
         assert_eq!(device.mem_get_info().expect("info").0, free - 40 * MIB);

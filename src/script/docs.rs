@@ -102,7 +102,7 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("set_per_process_memory_fraction", Function, "set_per_process_memory_fraction(f)", "cap the allocator at f × total memory", "set_per_process_memory_fraction(0.5)"),
     doc("get_per_process_memory_fraction", Function, "get_per_process_memory_fraction()", "the cap in force (1.0 when none)", "get_per_process_memory_fraction()"),
     doc("mem_get_info", Function, "mem_get_info()", "[free, total] bytes as the driver reports them", "mem_get_info()"),
-    doc("with_allocator_conf", Function, "with_allocator_conf(conf, || { ... })", "run the closure on a fresh simulated GPU of this size under allocator config conf (sim only); returns its value", "with_allocator_conf(\"expandable_segments:True\", || { let x = empty(5000000, \"uint8\"); memory_reserved() })"),
+    doc("with_allocator_conf", Function, "with_allocator_conf(conf, || { ... })", "run the closure against a second allocator under config conf (a fresh simulated GPU of this size, or the same CUDA GPU); returns its value", "with_allocator_conf(\"expandable_segments:True\", || { let x = empty(5000000, \"uint8\"); memory_reserved() })"),
     doc("memory_map", Function, "memory_map([width])", "every segment drawn as cells: allocated, free in a used segment, free segment", "memory_map(60)"),
     doc("fragmentation", Function, "fragmentation()", "per pool (all, small, large): cached_free, largest_free, free_blocks, releasable, external", "fragmentation().all.external"),
     doc("measure", Function, "measure(|| { ... })", "run a closure; its peak_allocated, peak_reserved, device_allocations, ... and result", "measure(|| randn(8)).peak_allocated"),

@@ -9,16 +9,15 @@ use rhai::{Array, Dynamic, Engine, FnPtr, Map, NativeCallContext, INT};
 
 use super::args::{fail, flag, integer, non_negative, number, BindingResult};
 use crate::alloc::summary::memory_summary;
-use crate::alloc::{AllocConf, CachingAllocator, DeviceStats};
-use crate::device::sim::SimDevice;
+use crate::alloc::{AllocConf, DeviceStats};
 use crate::device::DriverMemory;
 use crate::tensor::Runtime;
 
-/// `with_allocator_conf(conf, closure)`: calls `closure` with a second allocator current — a
-/// fresh simulated GPU of the session's size under the config `conf` — and returns its value.
+/// `with_allocator_conf(conf, closure)`: calls `closure` with a second allocator under the
+/// config `conf` current, and returns its value.
 /// Tensors made inside belong to that allocator (even if kept afterwards); memory functions
-/// called inside report on it. Only on the simulated device: values of tensors made inside are
-/// computed by the session's backend, which on a GPU could not reach simulated addresses.
+/// called inside report on it. The second allocator draws from the same kind of device as the
+/// session (a fresh simulated GPU of the same size, or the same CUDA GPU).
 fn with_allocator_conf(
     runtime: &Rc<Runtime>,
     context: &NativeCallContext,
@@ -44,21 +43,11 @@ fn with_allocator_conf(
             ),
         );
     };
-    if runtime.device_label() != "sim" {
-        return fail(
-            NAME,
-            format!(
-                "needs the simulated device (this session runs on {})",
-                runtime.device_label()
-            ),
-        );
-    }
     let config = match AllocConf::parse(&text) {
         Ok(config) => config,
         Err(error) => return fail(NAME, format!("invalid allocator config '{text}': {error}")),
     };
-    let total = runtime.allocator().device().total_memory();
-    let allocator = match CachingAllocator::new(Box::new(SimDevice::new(total)), config) {
+    let allocator = match runtime.fresh_allocator(config) {
         Ok(allocator) => allocator,
         Err(error) => return fail(NAME, error),
     };

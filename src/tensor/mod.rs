@@ -23,6 +23,7 @@ use crate::alloc::format::format_size;
 use crate::alloc::{AllocConf, AllocError, Allocation, CachingAllocator};
 use crate::device::cuda::{CudaDevice, CudaGpu};
 use crate::device::sim::SimDevice;
+use crate::device::DeviceMemory;
 use backend::{Backend, SimBackend, Span};
 use cuda_backend::CudaBackend;
 pub use dtype::DType;
@@ -68,12 +69,22 @@ pub struct Runtime {
     /// Allocators swapped in and back out that still own live tensors.
     orphans: RefCell<Vec<CachingAllocator>>,
     backend: Box<dyn Backend>,
+    /// Where segments come from, so a second allocator can draw from the same kind of device.
+    origin: DeviceOrigin,
     label: String,
     seed: Cell<u64>,
     philox_offset: Cell<u64>,
     observer: RefCell<Option<Box<dyn MemoryObserver>>>,
     /// Whether `observer` is set (read on every allocation, so kept apart from the RefCell).
     observed: Cell<bool>,
+}
+
+/// The device a runtime was built on, as [`Runtime::fresh_allocator`] needs it.
+enum DeviceOrigin {
+    /// A simulated GPU of this many bytes.
+    Sim(u64),
+    /// A CUDA GPU.
+    Cuda(Arc<CudaGpu>),
 }
 
 impl Runtime {
@@ -94,27 +105,47 @@ impl Runtime {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn sim(device: SimDevice, conf: AllocConf) -> Result<Rc<Runtime>, AllocError> {
+        let origin = DeviceOrigin::Sim(device.total_memory());
         let allocator = CachingAllocator::new(Box::new(device), conf)?;
-        Ok(Runtime::assemble(allocator, Box::new(SimBackend)))
+        Ok(Runtime::assemble(allocator, Box::new(SimBackend), origin))
     }
 
     /// A runtime on a CUDA GPU: the allocator's segments and the value kernels share `gpu`'s
     /// one context. Creating it makes no context yet (NVML's baseline is read first).
     pub fn cuda(gpu: Arc<CudaGpu>, conf: AllocConf) -> Result<Rc<Runtime>, AllocError> {
         let allocator = CachingAllocator::new(Box::new(CudaDevice::new(Arc::clone(&gpu))), conf)?;
+        let origin = DeviceOrigin::Cuda(Arc::clone(&gpu));
         Ok(Runtime::assemble(
             allocator,
             Box::new(CudaBackend::new(gpu)),
+            origin,
         ))
     }
 
-    fn assemble(allocator: CachingAllocator, backend: Box<dyn Backend>) -> Rc<Runtime> {
+    /// A second allocator under `conf` on the same kind of device as this runtime's: a fresh
+    /// simulated GPU of the same size, or the same CUDA GPU (its own segments, the same
+    /// context), so tensors it makes work with this runtime's value backend. For
+    /// [`Runtime::with_allocator_swapped`].
+    pub fn fresh_allocator(&self, conf: AllocConf) -> Result<CachingAllocator, AllocError> {
+        let device: Box<dyn DeviceMemory> = match &self.origin {
+            DeviceOrigin::Sim(total) => Box::new(SimDevice::new(*total)),
+            DeviceOrigin::Cuda(gpu) => Box::new(CudaDevice::new(Arc::clone(gpu))),
+        };
+        CachingAllocator::new(device, conf)
+    }
+
+    fn assemble(
+        allocator: CachingAllocator,
+        backend: Box<dyn Backend>,
+        origin: DeviceOrigin,
+    ) -> Rc<Runtime> {
         let label = allocator.device().label();
         Rc::new(Runtime {
             allocator: RefCell::new(allocator),
             swapped_out: RefCell::new(Vec::new()),
             orphans: RefCell::new(Vec::new()),
             backend,
+            origin,
             label,
             seed: Cell::new(DEFAULT_SEED),
             philox_offset: Cell::new(0),

@@ -50,11 +50,12 @@ pub struct RandnLayout {
 }
 
 /// The layout of the production `randn_f32` kernel: the candidate `gpumem bench randn` showed
-/// (or, before a measurement, is expected) to be fastest; see README, "randn".
+/// fastest on the H200 (`p7_v2_x2_cs`: two Philox blocks per thread and iteration, evict-first
+/// stores; 3.324 TB/s against 3.290 with plain stores in the same run); see README, "randn".
 pub const RANDN_LAYOUT: RandnLayout = RandnLayout {
     hilo: false,
     per_thread: 2,
-    streaming: false,
+    streaming: true,
 };
 
 /// The production source: the configuration ([`PHILOX_ROUNDS`], [`RANDN_LAYOUT`]) as

@@ -91,11 +91,14 @@ for seed in range(2000, 2000 + seeds):
             n = draw_size(rng)
             on_second = use_streams and rng.random() < 0.33
             op = ["alloc", k, n]
+            if on_second:
+                # Marked before allocating, so an allocation refused on the second stream
+                # still says where it was asked for.
+                op.append("stream1")
             try:
                 if on_second:
                     with torch.cuda.stream(second_stream):
                         t = torch.empty(n, dtype=torch.uint8, device=dev)
-                    op.append("stream1")
                 else:
                     t = torch.empty(n, dtype=torch.uint8, device=dev)
                 old = slots.get(k)
