@@ -213,7 +213,7 @@ fn every_error_class_names_the_function_and_argument() {
         ("randn([2, 3]).reshape([7])", "reshape: invalid shape: cannot reshape a tensor of 6 elements"),
         ("randn([2, 3]).slice(0, -1, 1)", "slice: start must be non-negative, got -1"),
         ("randn([2, 3]).slice(0, 1, 5)", "slice: out of range: slice 1..5 of dimension 0 with size 2"),
-        ("set_per_process_memory_fraction(\"half\")", "set_per_process_memory_fraction: fraction must be a number, got string"),
+        ("set_per_process_memory_fraction(\"half\")", "set_per_process_memory_fraction: fraction must be a float"),
         ("set_per_process_memory_fraction(1.5)", "set_per_process_memory_fraction:"),
         ("manual_seed(-1)", "manual_seed: seed must be non-negative, got -1"),
         ("empty(200 * 1073741824, \"uint8\")", "CUDA out of memory. Tried to allocate 200.00 GiB. GPU 0 has a total capacity of 139.80 GiB"),
@@ -360,6 +360,235 @@ fn a_config_from_the_environment_is_named_when_refused() {
         "print(memory_stats()[\"max_split_size\"]);\n",
     );
     assert_eq!(text(&output.stdout), format!("{}\n", 64 << 20));
+}
+
+#[test]
+fn deep_recursion_is_a_clean_error_at_any_call_depth() {
+    let source = "fn f(n) { if n == 0 { 0 } else { 1 + f(n - 1) } }\nprint(f(60000));\n";
+    for depth in ["100000", "0"] {
+        let (stdout, stderr, code) = run_script(&["--max-call-depth", depth], source);
+        assert_eq!((stdout.as_str(), code), ("", 1), "{stderr}");
+        assert!(stderr.contains("Stack overflow"), "{stderr}");
+    }
+    let (stdout, stderr, code) = repl(&format!(
+        "let keep = 1;\n{}print(keep);\n",
+        source.replace("print(f(60000));", "f(60000)")
+    ));
+    assert_eq!((stdout.as_str(), code), ("1\n", 1), "{stderr}");
+}
+
+#[test]
+fn piped_syntax_errors_are_reported_at_once() {
+    let (stdout, stderr, code) = repl("let y = 1 2;\nprint(\"next\");\nrandn([2,3]))\ndel x;\n");
+    assert_eq!((stdout.as_str(), code), ("next\n", 1));
+    for at in ["input1:1:11", "input3:1:13", "input4:1:5"] {
+        assert!(stderr.contains(at), "{at} in {stderr}");
+    }
+}
+
+#[test]
+fn piped_input_ending_inside_a_block_is_an_error() {
+    let (stdout, stderr, code) = repl("print(\"a\");\nfn g() {\n");
+    assert_eq!((stdout.as_str(), code), ("a\n", 1));
+    assert!(
+        stderr.contains("the input ended inside an unfinished block (it starts on line 2"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("Expecting '}'"), "{stderr}");
+}
+
+#[test]
+fn exit_sets_the_exit_status_in_run_and_in_the_repl() {
+    let (stdout, _, code) = run_script(
+        &[],
+        "print(\"a\");\ntry { exit(3); } catch { print(\"caught\"); }\nprint(\"b\");\n",
+    );
+    assert_eq!((stdout.as_str(), code), ("a\n", 3));
+    let (_, _, code) = run_script(&[], "exit();\n");
+    assert_eq!(code, 0);
+    let (stdout, _, code) = repl("print(1);\nexit(4);\nprint(2);\n");
+    assert_eq!((stdout.as_str(), code), ("1\n", 4));
+    let (_, stderr, code) = run_script(&[], "exit(300);\n");
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("exit: code must be an integer from 0 to 255, got i64 (300)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_byte_order_mark_is_ignored() {
+    let (stdout, stderr, code) = run_script(&[], "\u{feff}//! device: sim\nprint(\"ok\");\n");
+    assert_eq!((stdout.as_str(), code), ("ok\n", 0), "{stderr}");
+}
+
+#[test]
+fn an_error_on_a_huge_line_shows_only_the_part_around_the_caret() {
+    let line = format!("let a = [{}1] + ;\n", "1, ".repeat(170_000));
+    let (_, stderr, code) = run_script(&[], &line);
+    assert_eq!(code, 1);
+    assert!(stderr.len() < 1000, "{} bytes", stderr.len());
+    assert!(stderr.contains('…'), "{stderr}");
+}
+
+#[test]
+fn zero_means_unlimited_for_every_limit_flag() {
+    let source = "fn down(n) { if n == 0 { 0 } else { down(n - 1) } }\nlet a = 1; let b = 2;\nprint(down(100) + a + b);\n";
+    let mut args = Vec::new();
+    for flag in [
+        "--max-operations",
+        "--max-call-depth",
+        "--max-expr-depth",
+        "--max-string-size",
+        "--max-array-size",
+        "--max-map-size",
+        "--max-variables",
+        "--max-functions",
+        "--max-modules",
+    ] {
+        args.extend([flag, "0"]);
+    }
+    let (stdout, stderr, code) = run_script(&args, &format!("import \"mem\" as mem;\n{source}"));
+    assert_eq!((stdout.as_str(), code), ("3\n", 0), "{stderr}");
+    let help = text(&gpumem(&["--help"], "").stdout);
+    assert_eq!(help.matches("(0 = unlimited)").count(), 9, "{help}");
+}
+
+#[test]
+fn long_flat_sums_parse_and_too_deep_ones_name_the_flag() {
+    let sum = |terms: usize| format!("print({}1);\n", "1+".repeat(terms - 1));
+    let (stdout, stderr, code) = run_script(&[], &sum(64));
+    assert_eq!((stdout.as_str(), code), ("64\n", 0), "{stderr}");
+    let (_, stderr, code) = run_script(&[], &sum(300));
+    assert_eq!(code, 1);
+    assert!(stderr.contains("--max-expr-depth"), "{stderr}");
+    let (stdout, _, code) = run_script(&["--max-expr-depth", "400"], &sum(300));
+    assert_eq!((stdout.as_str(), code), ("300\n", 0));
+}
+
+#[test]
+fn run_honours_directives_over_the_flags_and_says_so() {
+    let dir = scratch("directives");
+    let script = common::write(
+        &dir,
+        "pinned.rhai",
+        "// A comment first.\n//! Pinned: prose, not a directive.\n//! device: sim:1GiB\n//! alloc-conf: max_split_size_mb:64\nprint(mem_get_info()[1]);\nprint(memory_stats()[\"max_split_size\"]);\n",
+    );
+    let path = script.display().to_string();
+    let output = gpumem(
+        &[
+            "run",
+            "--device",
+            "sim",
+            "--alloc-conf",
+            "max_split_size_mb:128",
+            &path,
+        ],
+        "",
+    );
+    let (stdout, stderr, code) = outcome(&output);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout, format!("{}\n{}\n", 1u64 << 30, 64u64 << 20));
+    assert!(stderr.contains("ignoring --device sim"), "{stderr}");
+    assert!(
+        stderr.contains("ignoring 'max_split_size_mb:128' from --alloc-conf"),
+        "{stderr}"
+    );
+    // Without a GPU, a script pinned to one says that its directive asked for it.
+    let (_, stderr, code) = run_script(&[], "//! device: cuda\nprint(1);\n");
+    if code == 2 {
+        assert!(stderr.contains("pins with `//! device:`"), "{stderr}");
+    }
+    for (source, expected) in [
+        ("//! devise: sim\nprint(1);\n", "unknown key 'devise'"),
+        ("print(1);\n//! device: sim\n", "comes after code"),
+    ] {
+        let (stdout, stderr, code) = run_script(&[], source);
+        assert_eq!((stdout.as_str(), code), ("", 1), "{stderr}");
+        assert!(stderr.contains(expected), "{stderr}");
+    }
+}
+
+#[test]
+fn every_way_of_running_a_script_reads_its_directives_alike() {
+    // The experiment scripts open with `//!` prose: never a bad directive for `gpumem test`.
+    let output = gpumem(&["--device", "sim", "test", "scripts"], "");
+    let stdout = text(&output.stdout);
+    assert!(!stdout.contains("directive"), "{stdout}");
+    // `:load` refuses a script pinned to another device or config, and names the reason.
+    let dir = scratch("load-directives");
+    let pinned = common::write(&dir, "p.rhai", "//! device: sim:1GiB\nprint(\"ran\");\n");
+    let same = common::write(
+        &dir,
+        "s.rhai",
+        "//! device: sim\n//! alloc-conf: max_split_size_mb:64\nprint(\"same\");\n",
+    );
+    let output = gpumem(
+        &["--device", "sim", "--alloc-conf", "max_split_size_mb:64"],
+        &format!(":load {}\n:load {}\n", pinned.display(), same.display()),
+    );
+    let (stdout, stderr, code) = outcome(&output);
+    assert_eq!((stdout.as_str(), code), ("same\n", 1), "{stderr}");
+    assert!(
+        stderr.contains("pins `//! device: sim:1073741824` but this session runs on sim"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn experiment_scripts_refuse_a_session_with_live_tensors_and_run_after_reset() {
+    for script in [
+        "scripts/walkthrough.rhai",
+        "scripts/training_loop.rhai",
+        "scripts/fragmentation.rhai",
+        "scripts/oom.rhai",
+    ] {
+        let input = format!(
+            // Refused with a live tensor; runs after :reset; runs with only cached memory.
+            "let keep = empty(1000000, \"uint8\");\n:load {script}\nprint(`kept ${{keep.nbytes}}`);\n:reset\n:load {script}\n:reset\nlet t = empty(5000000, \"uint8\");\nt = ();\n:load {script}\n"
+        );
+        let (stdout, stderr, code) = repl(&input);
+        assert_eq!(code, 1, "{script}: {stderr}");
+        assert_eq!(
+            stderr
+                .matches("needs a session without live tensors")
+                .count(),
+            1,
+            "{script}: only the first load is refused:\n{stderr}"
+        );
+        assert!(stderr.contains("977.00 KiB are allocated"), "{stderr}");
+        assert!(stdout.contains("kept 1000000"), "{stdout}");
+        assert!(
+            !stderr.contains("check::"),
+            "{script}: a check failed:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_short_soak_passes_on_sim() {
+    for conf in ["", "max_split_size_mb:64,roundup_power2_divisions:4"] {
+        let output = gpumem(
+            &[
+                "--device",
+                "sim",
+                "--alloc-conf",
+                conf,
+                "bench",
+                "soak",
+                "--seconds",
+                "1",
+                "--seed",
+                "5",
+            ],
+            "",
+        );
+        let (stdout, stderr, code) = outcome(&output);
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        assert!(stdout.contains("invariant checks"), "{stdout}");
+        assert!(stdout.contains("(leftover 0 bytes)"), "{stdout}");
+        assert!(stdout.trim_end().ends_with("PASS"), "{stdout}");
+    }
 }
 
 #[test]

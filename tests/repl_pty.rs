@@ -1,6 +1,8 @@
 //! The interactive REPL driven through a pseudo-terminal: tab completion, multi-line input,
 //! `:vars`, re-`let` freeing the old tensor, Ctrl-C out of `loop {}` with variables intact,
-//! Ctrl-D, and history kept across sessions.
+//! Ctrl-D, and history kept across sessions; and nothing a user types may lose the session:
+//! syntax errors reported at once, deep recursion, Ctrl-C in a long reduction, a multi-line
+//! paste, `exit(code)`.
 
 use std::path::Path;
 use std::process::Command;
@@ -11,9 +13,14 @@ use rexpect::session::{spawn_command, PtySession};
 const PROMPT: &str = "gpumem> ";
 
 fn start(history: &Path) -> PtySession {
+    start_with(history, &[])
+}
+
+fn start_with(history: &Path, args: &[&str]) -> PtySession {
     let mut command = Command::new(env!("CARGO_BIN_EXE_gpumem"));
     command
         .args(["--device", "sim"])
+        .args(args)
         .env("GPUMEM_HISTORY", history)
         .env("NO_COLOR", "1")
         .env("TERM", "xterm")
@@ -99,4 +106,113 @@ fn interactive_session() {
     again.exp_string(PROMPT).expect("prompt");
     again.send_line(":quit").expect("send");
     again.exp_eof().expect("exits");
+}
+
+/// A history file of its own for each test.
+fn history(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("gpumem-pty-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let history = dir.join("history");
+    let _ = std::fs::remove_file(&history);
+    history
+}
+
+#[test]
+fn syntax_errors_are_reported_at_once_not_taken_for_unfinished_blocks() {
+    let mut repl = start(&history("syntax"));
+    for (line, column) in [
+        ("let y = 1 2;", "1:11"),
+        ("randn([2,3]))", "1:13"),
+        ("del x;", "1:5"),
+    ] {
+        repl.send_line(line).expect("send");
+        repl.exp_string(&format!(":{column}: error: syntax error"))
+            .expect("the error comes at once");
+        repl.exp_string(PROMPT)
+            .expect("a prompt, not a continuation");
+    }
+    // The next line is its own input, not swallowed into the previous one.
+    repl.send_line("print(\"after\")").expect("send");
+    repl.exp_string("after").expect("ran");
+    repl.exp_string(PROMPT).expect("prompt");
+    repl.send_line(":quit").expect("send");
+    repl.exp_eof().expect("exits");
+}
+
+#[test]
+fn deep_recursion_is_an_error_and_the_session_survives() {
+    let mut repl = start_with(&history("deep"), &["--max-call-depth", "100000"]);
+    repl.send_line("let keep = 41;").expect("send");
+    repl.exp_string(PROMPT).expect("prompt");
+    repl.send_line("fn f(n) { if n == 0 { 0 } else { 1 + f(n - 1) } }")
+        .expect("send");
+    repl.exp_string(PROMPT).expect("prompt");
+    repl.send_line("f(60000)").expect("send");
+    repl.exp_string("Stack overflow").expect("a clean error");
+    repl.exp_string(PROMPT).expect("prompt");
+    repl.send_line("print(keep + 1)").expect("send");
+    repl.exp_string("42").expect("the session survived");
+    repl.exp_string(PROMPT).expect("prompt");
+    repl.send_line(":quit").expect("send");
+    repl.exp_eof().expect("exits");
+}
+
+#[test]
+fn ctrl_c_stops_a_long_reduction_and_keeps_the_tensor() {
+    let mut repl = start(&history("reduce"));
+    // 915 MiB of generated values: seconds of CPU work on the simulated device.
+    repl.send_line("let big = randn([200, 300, 200, 20]);")
+        .expect("send");
+    repl.exp_string(PROMPT).expect("prompt");
+    // The marker is printed only once the line runs (its echo reads `"red" + "uce"`).
+    repl.send_line("print(\"red\" + \"uce\"); print(`sum=${big.sum()}`)")
+        .expect("send");
+    repl.exp_string("reduce").expect("the line runs");
+    std::thread::sleep(Duration::from_millis(200));
+    repl.send_control('c').expect("ctrl-c");
+    let before = repl
+        .exp_string("interrupted (Ctrl-C)")
+        .expect("the reduction stopped");
+    // The typed line echoes `sum=`; a printed result would start a line with it.
+    assert!(
+        !before.contains("\nsum="),
+        "the result must not print: {before}"
+    );
+    repl.exp_string(PROMPT).expect("prompt");
+    repl.send_line("print(`bytes=${big.nbytes} alloc=${memory_allocated()}`)")
+        .expect("send");
+    repl.exp_string("bytes=960000000 alloc=960495616")
+        .expect("big and the allocator are intact");
+    repl.exp_string(PROMPT).expect("prompt");
+    repl.send_line(":quit").expect("send");
+    repl.exp_eof().expect("exits");
+}
+
+#[test]
+fn a_multi_line_paste_runs_every_line_in_order() {
+    let mut repl = start(&history("paste"));
+    // A terminal without bracketed paste delivers the lines as one burst of typed input.
+    repl.send(
+        "let a = 1;\nprint(`a=${a}`);\nfor i in 0..2 {\n  print(`i=${i}`);\n}\nprint(\"last\");\n",
+    )
+    .expect("send");
+    repl.flush().expect("flush");
+    repl.exp_string("a=1").expect("line 2 ran");
+    repl.exp_string("i=0").expect("the block ran");
+    repl.exp_string("i=1").expect("the block ran");
+    repl.exp_string("last").expect("the last line ran");
+    repl.exp_string(PROMPT).expect("prompt");
+    repl.send_line(":quit").expect("send");
+    repl.exp_eof().expect("exits");
+}
+
+#[test]
+fn exit_ends_the_repl_with_its_status() {
+    let mut repl = start(&history("exit"));
+    repl.send_line("exit(3)").expect("send");
+    repl.exp_eof().expect("exits");
+    match repl.process.wait().expect("status") {
+        rexpect::process::wait::WaitStatus::Exited(_, code) => assert_eq!(code, 3),
+        other => panic!("unexpected {other:?}"),
+    }
 }

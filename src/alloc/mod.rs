@@ -450,10 +450,11 @@ impl CachingAllocator {
         }
         // Do not return an oversized block for a large request much smaller than it.
         if request.size >= max_split_size
+            // PyTorch adds in size_t: a huge max_non_split_rounding_mb wraps around.
             && block_size
                 >= request
                     .size
-                    .saturating_add(self.config.max_non_split_rounding_size)
+                    .wrapping_add(self.config.max_non_split_rounding_size)
         {
             return None;
         }

@@ -8,6 +8,7 @@ pub mod golden;
 pub mod paint;
 pub mod repl;
 pub mod replay;
+pub mod soak;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -16,6 +17,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
 use gpumem::device::DeviceSpec;
+use gpumem::script::directives::{self, Directives};
 use gpumem::script::{on_script_stack, Host, Limits, PrintSink, ScriptError};
 use gpumem::session::{self, ConfigSource, Session, SessionError, SessionOptions};
 use gpumem::viz::chart::{self, ChartSize};
@@ -62,6 +64,9 @@ pub enum CliError {
     /// errors); only the status remains.
     #[error("")]
     Reported(Exit),
+    /// A script called `exit(code)`: the process ends with that status, printing nothing.
+    #[error("")]
+    ScriptExit(u8),
 }
 
 impl CliError {
@@ -71,6 +76,16 @@ impl CliError {
             CliError::Session(_) | CliError::Io(_) | CliError::Usage(_) => Exit::Usage,
             CliError::Script(_) | CliError::Failed(_) => Exit::Failure,
             CliError::Reported(exit) => *exit,
+            CliError::ScriptExit(0) => Exit::Success,
+            CliError::ScriptExit(_) => Exit::Failure,
+        }
+    }
+
+    /// The process exit status: [`CliError::exit`], or the script's own `exit(code)`.
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            CliError::ScriptExit(code) => ExitCode::from(*code),
+            other => other.exit().into(),
         }
     }
 }
@@ -79,6 +94,7 @@ impl From<ScriptError> for CliError {
     fn from(error: ScriptError) -> CliError {
         match error {
             io @ ScriptError::Io { .. } => CliError::Io(io.to_string()),
+            ScriptError::Exit(code) => CliError::ScriptExit(code),
             other => CliError::Script(other),
         }
     }
@@ -204,6 +220,17 @@ enum BenchTarget {
         #[arg(long, default_value = "benches/compare/randn_torch.py")]
         torch_script: PathBuf,
     },
+    /// A random workload (1 B to 4 GiB requests, frees, empty_cache, caught OOMs) with the
+    /// allocator's invariants checked as it goes; everything freed at the end must leave the
+    /// driver's view at the context alone. Exit 1 on any fault.
+    Soak {
+        /// How long to run.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// The random seed (a seed reproduces a run).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 /// Parses the command line, runs the command and turns its outcome into the exit status,
@@ -217,7 +244,7 @@ pub fn main() -> ExitCode {
             if !text.is_empty() {
                 eprintln!("{text}");
             }
-            error.exit().into()
+            error.exit_code()
         }
     }
 }
@@ -287,6 +314,9 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
         Some(Command::Bench(BenchTarget::Randn { reps, torch_script })) => {
             bench_randn(&options, reps, &torch_script)
         }
+        Some(Command::Bench(BenchTarget::Soak { seconds, seed })) => {
+            bench_soak(&options, seconds, seed)
+        }
         None => on_stack(|| repl(&options, cli.limits)),
     }
 }
@@ -309,9 +339,9 @@ fn open_session(options: &SessionOptions) -> Result<Session, CliError> {
 /// `gpumem` without a subcommand: the REPL (a piped transcript with errors fails).
 fn repl(options: &SessionOptions, limits: Limits) -> Result<(), CliError> {
     let session = open_session(options)?;
-    match repl::run(session.runtime, limits) {
+    match repl::run(session.runtime, session.device, limits) {
         Ok(0) => Ok(()),
-        Ok(_) => Err(CliError::Reported(Exit::Failure)),
+        Ok(code) => Err(CliError::ScriptExit(code)),
         Err(error) => Err(CliError::Usage(error.to_string())),
     }
 }
@@ -404,24 +434,38 @@ impl Outputs {
     }
 }
 
-/// `gpumem run FILE [--timeline FILE] [--report FILE]`. The outputs are written even when
-/// the script fails (an uncaught OOM is often what one wants to see).
+/// `gpumem run FILE [--timeline FILE] [--report FILE]`: the script's directives choose its
+/// device and config, over the flags. The outputs are written even when the script fails (an
+/// uncaught OOM is often what one wants to see).
 fn run(
     options: &SessionOptions,
     limits: Limits,
     file: &Path,
     outputs: &Outputs,
 ) -> Result<(), CliError> {
-    let session = open_session(options)?;
+    let name = file.display().to_string();
+    let source = std::fs::read_to_string(file)
+        .map_err(|error| CliError::Io(format!("cannot read {name}: {error}")))?;
+    let pinned =
+        directives::parse(&source).map_err(|error| CliError::Failed(format!("{name}: {error}")))?;
+    let options = pinned_options(options, &pinned, file);
+    let session = match open_session(&options) {
+        Err(CliError::Session(error @ SessionError::Cuda { .. })) if pinned.device.is_some() => {
+            return Err(CliError::Usage(format!(
+                "{error} (the device {name} pins with `//! device:`)"
+            )))
+        }
+        other => other?,
+    };
     let host = Host::with_limits(session.runtime, PrintSink::Stdout, limits);
     host.set_map_options(paint::stdout_map_options());
     if !outputs.wanted() {
-        return Ok(host.run_file(file)?);
+        return Ok(host.run_source(&name, &source)?);
     }
     let runtime = std::rc::Rc::clone(host.runtime());
     // While observed, bindings stamp their script line on the allocator's trace context.
-    let recorder = Recorder::install(&runtime, file.display().to_string());
-    let result = host.run_file(file);
+    let recorder = Recorder::install(&runtime, name.clone());
+    let result = host.run_source(&name, &source);
     runtime.set_observer(None);
     let mut timeline = recorder.borrow().timeline(Vec::new());
     timeline.labels = gpumem::script::viz_api::timeline_labels(&timeline);
@@ -440,6 +484,36 @@ fn run(
     };
     outputs.write(&timeline, end)?;
     Ok(result?)
+}
+
+/// The session options for a script with directives `pinned`: each directive replaces the
+/// flag (or environment variable), saying so on stderr when it overrides one that was given.
+fn pinned_options(options: &SessionOptions, pinned: &Directives, file: &Path) -> SessionOptions {
+    let mut resolved = options.clone();
+    if let Some(device) = pinned.device {
+        if let Some(flag) = options.device.filter(|flag| *flag != device) {
+            eprintln!(
+                "gpumem: {} pins `//! device: {device}`; ignoring --device {flag}",
+                file.display()
+            );
+        }
+        resolved.device = Some(device);
+    }
+    if let Some(text) = &pinned.alloc_conf {
+        if options.config != ConfigSource::Default && options.config.text() != text {
+            eprintln!(
+                "gpumem: {} pins `//! alloc-conf: {text}`; ignoring '{}' from {}",
+                file.display(),
+                options.config.text(),
+                options.config
+            );
+        }
+        resolved.config = ConfigSource::Directive {
+            script: file.to_path_buf(),
+            text: text.clone(),
+        };
+    }
+    resolved
 }
 
 /// `gpumem bench alloc`.
@@ -470,6 +544,41 @@ fn bench_alloc(options: &SessionOptions, rounds: u32, json: bool) -> Result<(), 
         );
     }
     Ok(())
+}
+
+/// `gpumem bench soak`.
+fn bench_soak(options: &SessionOptions, seconds: f64, seed: u64) -> Result<(), CliError> {
+    if !(seconds.is_finite() && seconds >= 0.0) {
+        return Err(CliError::Usage(format!(
+            "bench soak: --seconds must be a non-negative number, got {seconds}"
+        )));
+    }
+    let session = open_session(options)?;
+    let tolerance = match session.device {
+        DeviceSpec::Sim(_) => 0,
+        DeviceSpec::Cuda(_) => 2 << 20,
+    };
+    let report = session.runtime.with_allocator(|allocator| {
+        soak::soak(
+            allocator,
+            std::time::Duration::from_secs_f64(seconds),
+            seed,
+            tolerance,
+        )
+    });
+    println!(
+        "{}",
+        report.render(
+            &session.device.to_string(),
+            seconds,
+            seed,
+            options.config.text()
+        )
+    );
+    match report.fault {
+        None => Ok(()),
+        Some(_) => Err(CliError::Reported(Exit::Failure)),
+    }
 }
 
 /// `gpumem bench randn`: needs a CUDA device.

@@ -137,6 +137,7 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("!=", Error, "e != text", "compares its text", on_oom!(" != \"\"")),
     doc("manual_seed", Function, "manual_seed(seed)", "restart the random generator at seed", "manual_seed(0)"),
     doc("synchronize", Function, "synchronize()", "wait until every kernel launched so far has finished (nothing is pending on sim)", "synchronize()"),
+    doc("exit", Function, "exit([code])", "end the script (and gpumem run, or the REPL) with exit status code, 0 to 255 (default 0)", "if false { exit(3) }"),
 ];
 
 /// The dtype names scripts may pass, for completion.

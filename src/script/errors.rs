@@ -2,8 +2,13 @@
 
 use std::collections::HashMap;
 
-use rhai::{EvalAltResult, ParseError, Position};
+use rhai::{EvalAltResult, ParseError, ParseErrorType, Position};
 use thiserror::Error;
+
+use super::control::Stop;
+use super::limits::MAX_EXPR_DEPTH;
+use super::stack::SCRIPT_STACK_BYTES;
+use super::INTERRUPTED;
 
 /// A script that could not be read, compiled or run to the end.
 #[derive(Debug, Error)]
@@ -24,6 +29,10 @@ pub enum ScriptError {
         /// Whether the script did not compile (as opposed to failing while running).
         is_parse: bool,
     },
+    /// The script called `exit(code)`: not an error, but the end of the script (and of a
+    /// `gpumem run`, or of the REPL) with this exit status.
+    #[error("exit({0})")]
+    Exit(u8),
 }
 
 /// Where script functions defined outside the source being run came from: function name →
@@ -35,7 +44,13 @@ impl ScriptError {
     /// A syntax error.
     pub fn parse(name: &str, source: &str, error: ParseError) -> ScriptError {
         let position = error.position();
-        let message = error.err_type().to_string();
+        let message = match error.err_type() {
+            ParseErrorType::ExprTooDeep => format!(
+                "{} (an expression, e.g. a sum of many terms, nests deeper than --max-expr-depth allows; raise it, up to {MAX_EXPR_DEPTH})",
+                error.err_type()
+            ),
+            other => other.to_string(),
+        };
         ScriptError::Script {
             rendered: render(name, source, position, &format!("syntax error: {message}")),
             is_parse: true,
@@ -73,7 +88,17 @@ impl ScriptError {
         let position = error.take_position();
         let message = match &error {
             EvalAltResult::ErrorRuntime(value, _) => super::oom_error::OomError::describe(value),
-            EvalAltResult::ErrorTerminated(value, _) => value.to_string(),
+            EvalAltResult::ErrorTerminated(value, _) => match Stop::of(value) {
+                Some(Stop::Exit(code)) => return ScriptError::Exit(code),
+                Some(Stop::Interrupted) => INTERRUPTED.to_string(),
+                Some(Stop::StackFull) => format!(
+                    "Stack overflow: function calls (or expressions inside them) are nested so \
+                     deeply that the {} MiB script stack is nearly full; no --max-call-depth can \
+                     go deeper",
+                    SCRIPT_STACK_BYTES >> 20
+                ),
+                None => value.to_string(),
+            },
             EvalAltResult::ErrorStackOverflow(_) => {
                 "Stack overflow: function calls nested too deeply (raise the limit with \
                  --max-call-depth)"
@@ -104,7 +129,20 @@ impl ScriptError {
         let rendered = if let Some(text) = text_of(raised_in) {
             let shown = if is_here(raised_in) { name } else { raised_in };
             let mut text = render(shown, &text, position, &message);
-            for ((function, _, call), caller) in frames.iter().zip(&callers).rev() {
+            let calls = frames.len();
+            for (shown, ((function, _, call), caller)) in
+                frames.iter().zip(&callers).rev().enumerate()
+            {
+                // A deep recursion keeps its innermost and outermost calls.
+                if calls > 2 * SHOWN_CALLS && shown >= SHOWN_CALLS && shown < calls - SHOWN_CALLS {
+                    if shown == SHOWN_CALLS {
+                        text.push_str(&format!(
+                            "\n  ... {} more calls ...",
+                            calls - 2 * SHOWN_CALLS
+                        ));
+                    }
+                    continue;
+                }
                 let caller = if is_here(caller) { name } else { caller };
                 text.push_str(&format!(
                     "\n  in {function}(), called at {}",
@@ -144,6 +182,13 @@ fn at(name: &str, position: Position) -> String {
     }
 }
 
+/// Calls shown at each end of a call chain under an error; the middle of a deeper chain is
+/// summarised in one line.
+pub const SHOWN_CALLS: usize = 10;
+
+/// Longest source line shown whole under an error; longer lines are cut around the caret.
+pub const SHOWN_LINE_CHARS: usize = 120;
+
 /// `name:line:column: message`, then the source line and a caret under the column.
 pub fn render(name: &str, source: &str, position: Position, message: &str) -> String {
     let (Some(line), column) = (position.line(), position.position()) else {
@@ -151,10 +196,67 @@ pub fn render(name: &str, source: &str, position: Position, message: &str) -> St
     };
     let column = column.unwrap_or(1);
     let text = source.split('\n').nth(line - 1).unwrap_or("");
+    let (shown, caret) = excerpt(text, column);
     let gutter = line.to_string();
+    // Rhai's positions are 16-bit and stop counting there.
+    let note = if column >= usize::from(u16::MAX) {
+        " (Rhai counts columns only up to 65535: the error is at or after this one)"
+    } else {
+        ""
+    };
     format!(
-        "{name}:{line}:{column}: error: {message}\n{gutter} | {text}\n{} | {}^",
+        "{name}:{line}:{column}: error: {message}{note}\n{gutter} | {shown}\n{} | {}^",
         " ".repeat(gutter.len()),
-        " ".repeat(column.saturating_sub(1))
+        " ".repeat(caret)
     )
+}
+
+/// The part of `text` to show with the caret at 1-based character `column`: the whole line
+/// when it is short, else [`SHOWN_LINE_CHARS`] characters around the column with `…` where the
+/// line was cut. Returns the text and the caret's offset in characters.
+fn excerpt(text: &str, column: usize) -> (String, usize) {
+    let chars: Vec<char> = text.chars().collect();
+    let at = column.saturating_sub(1);
+    if chars.len() <= SHOWN_LINE_CHARS {
+        return (text.to_string(), at);
+    }
+    let at = at.min(chars.len());
+    let end = (at.saturating_sub(SHOWN_LINE_CHARS / 2) + SHOWN_LINE_CHARS).min(chars.len());
+    let start = end.saturating_sub(SHOWN_LINE_CHARS);
+    let mut shown = String::new();
+    if start > 0 {
+        shown.push('…');
+    }
+    shown.extend(&chars[start..end]);
+    if end < chars.len() {
+        shown.push('…');
+    }
+    (shown, at - start + usize::from(start > 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_lines_are_cut_around_the_caret() {
+        let line = format!("{}bad{}", "a".repeat(60_000), "b".repeat(440_000));
+        let rendered = render("x", &line, Position::new(1, 60_001), "oops");
+        let lines: Vec<&str> = rendered.lines().collect();
+        assert!(lines[1].len() < 200, "{}", lines[1].len());
+        assert!(lines[1].starts_with("1 | …a") && lines[1].ends_with("b…"));
+        // Columns count characters: `…` is one wide.
+        let caret = lines[2].find('^').expect("caret");
+        let under: String = lines[1].chars().skip(caret).take(3).collect();
+        assert_eq!(under, "bad");
+    }
+
+    #[test]
+    fn short_lines_are_shown_whole() {
+        let rendered = render("x", "let a = 1 2;", Position::new(1, 11), "oops");
+        assert!(
+            rendered.ends_with("1 | let a = 1 2;\n  |           ^"),
+            "{rendered}"
+        );
+    }
 }

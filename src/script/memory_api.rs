@@ -7,7 +7,7 @@ use std::rc::Rc;
 
 use rhai::{Array, Dynamic, Engine, FnPtr, Map, NativeCallContext, INT};
 
-use super::args::{fail, flag, integer, non_negative, number, BindingResult};
+use super::args::{fail, flag, integer, non_negative, BindingResult};
 use crate::alloc::summary::memory_summary;
 use crate::alloc::{AllocConf, DeviceStats};
 use crate::device::DriverMemory;
@@ -149,7 +149,16 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
     engine.register_fn(
         "set_per_process_memory_fraction",
         move |fraction: Dynamic| -> BindingResult<()> {
-            let fraction = number("set_per_process_memory_fraction", "fraction", &fraction)?;
+            // PyTorch raises a TypeError for anything but a Python float, integers included.
+            let Ok(fraction) = fraction.as_float() else {
+                return fail(
+                    "set_per_process_memory_fraction",
+                    format!(
+                        "fraction must be a float, got {} ({fraction}); write 1.0, not 1 (PyTorch: \"Invalid type for fraction argument, must be `float`\")",
+                        fraction.type_name()
+                    ),
+                );
+            };
             // The allocator's message already names the function.
             rt.with_allocator(|a| a.set_memory_fraction(fraction))
                 .map_err(|error| error.to_string().into())

@@ -4,6 +4,8 @@
 
 pub mod args;
 pub mod bindings;
+pub mod control;
+pub mod directives;
 pub mod docs;
 pub mod errors;
 pub mod history;
@@ -12,6 +14,7 @@ pub mod memory_api;
 pub mod oom_error;
 pub mod progress_api;
 pub mod snapshot_api;
+pub mod stack;
 pub mod stdlib;
 pub mod tensor_api;
 pub mod values_api;
@@ -27,12 +30,13 @@ use std::sync::Arc;
 
 use rhai::{Dynamic, Engine, Scope, AST};
 
-use crate::tensor::Runtime;
+use crate::tensor::{interrupt, Runtime};
+use control::Stop;
 pub use errors::{Origins, ScriptError};
 pub use limits::Limits;
+pub use stack::{on_script_stack, SCRIPT_STACK_BYTES};
 
-/// The value an interrupted script is terminated with; [`ScriptError`] shows it as the error
-/// message.
+/// The message of a script stopped by Ctrl-C.
 pub const INTERRUPTED: &str = "interrupted (Ctrl-C)";
 
 /// Where `print` output goes.
@@ -68,30 +72,10 @@ pub struct Definitions {
     origins: Origins,
 }
 
-/// The stack size of threads that evaluate scripts. Rhai evaluates, compares, prints and drops
-/// nested values recursively, so deeply nested data (`a = [a]` ten thousand times) needs far
-/// more than a default thread's 2 or 8 MiB; the memory is reserved, not committed, up front.
-pub const SCRIPT_STACK_BYTES: usize = 256 << 20;
-
-/// Runs `work` on a new thread with a [`SCRIPT_STACK_BYTES`] stack and returns its result.
-/// Everything script-related (sessions, engines, values) must be created inside `work`: they
-/// are not `Send`. Returns `Err` with a description when the thread cannot start or `work`
-/// panics.
-pub fn on_script_stack<T: Send>(work: impl FnOnce() -> T + Send) -> Result<T, String> {
-    std::thread::scope(|scope| {
-        let handle = std::thread::Builder::new()
-            .name("script".into())
-            .stack_size(SCRIPT_STACK_BYTES)
-            .spawn_scoped(scope, work)
-            .map_err(|error| format!("cannot start the script thread: {error}"))?;
-        handle.join().map_err(|payload| {
-            payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into())
-        })
-    })
+/// A script's text without the UTF-8 byte order mark some editors put first, which Rhai
+/// would otherwise report as an invisible unexpected character.
+pub fn strip_bom(source: &str) -> &str {
+    source.strip_prefix('\u{feff}').unwrap_or(source)
 }
 
 /// A Rhai engine bound to a runtime, ready to run scripts.
@@ -119,6 +103,8 @@ pub struct Host {
     engine: Engine,
     runtime: Rc<Runtime>,
     map_settings: viz_api::MapSettings,
+    /// The Ctrl-C flag the engine polls, once [`Host::set_interrupt`] gave one.
+    interrupt: Rc<RefCell<Option<Arc<AtomicBool>>>>,
 }
 
 impl Host {
@@ -141,10 +127,25 @@ impl Host {
         });
         let map_settings = viz_api::MapSettings::default();
         bindings::register(&mut engine, &runtime, &map_settings);
+        control::register(&mut engine);
+        // Polled before every operation: the stack guard first, then Ctrl-C.
+        let interrupt: Rc<RefCell<Option<Arc<AtomicBool>>>> = Rc::default();
+        let flag = Rc::clone(&interrupt);
+        engine.on_progress(move |_| {
+            if stack::nearly_full() {
+                return Some(Dynamic::from(Stop::StackFull));
+            }
+            let interrupted = flag
+                .borrow()
+                .as_ref()
+                .is_some_and(|flag| flag.swap(false, Ordering::Relaxed));
+            interrupted.then(|| Dynamic::from(Stop::Interrupted))
+        });
         Host {
             engine,
             runtime,
             map_settings,
+            interrupt,
         }
     }
 
@@ -170,15 +171,11 @@ impl Host {
     }
 
     /// Makes running scripts stop with an "interrupted" error as soon as `flag` is set (the
-    /// REPL's Ctrl-C handler sets it). The flag is cleared when the script stops.
+    /// REPL's Ctrl-C handler sets it), in the engine and in long native work of the tensor
+    /// layer on this thread ([`interrupt`]). The engine clears the flag when it stops a script.
     pub fn set_interrupt(&mut self, flag: Arc<AtomicBool>) {
-        self.engine.on_progress(move |_| {
-            if flag.swap(false, Ordering::Relaxed) {
-                Some(Dynamic::from(INTERRUPTED))
-            } else {
-                None
-            }
-        });
+        interrupt::watch(Some(Arc::clone(&flag)));
+        *self.interrupt.borrow_mut() = Some(flag);
     }
 
     /// Compiles and evaluates `source` in `scope`, keeping its variables (a name bound again
@@ -192,6 +189,7 @@ impl Host {
         name: &str,
         source: &str,
     ) -> Result<Dynamic, ScriptError> {
+        let source = strip_bom(source);
         let ast = self.compile(name, source)?;
         for function in ast.iter_functions() {
             definitions.origins.insert(
@@ -235,6 +233,7 @@ impl Host {
 
     /// Runs a whole script in a fresh scope; every variable is dropped at the end.
     pub fn run_source(&self, name: &str, source: &str) -> Result<(), ScriptError> {
+        let source = strip_bom(source);
         let ast = self.compile(name, source)?;
         let mut scope = Scope::new();
         let result = self.engine.run_ast_with_scope(&mut scope, &ast);

@@ -148,6 +148,9 @@ pub fn values_from_contents(span: &Span, count: usize) -> Result<Vec<f64>, Tenso
 /// than left running for minutes where Ctrl-C cannot reach it.
 pub const MAX_SIM_REDUCTION_VALUES: usize = 1 << 28;
 
+/// Values regenerated between two checks for an interruption (a few milliseconds' work).
+const REDUCTION_CHUNK: u64 = 1 << 20;
+
 /// A reduction of `span` computed from its recorded contents.
 pub fn reduce_from_contents(op: Reduction, span: &Span) -> Result<f64, TensorError> {
     let n = span.numel as f64;
@@ -173,13 +176,21 @@ pub fn reduce_from_contents(op: Reduction, span: &Span) -> Result<f64, TensorErr
         }
         // Standard normal values have a mean near zero, so the one-pass sum of squares does
         // not cancel.
+        // Regenerated in chunks, between which a Ctrl-C can stop it.
         Contents::Normal { seed, offset } => {
             let (mut sum, mut squares) = (0f64, 0f64);
-            philox::for_each_normal(seed, offset + span.first, span.numel as u64, |value| {
-                let value = stored_value(span.dtype, f64::from(value));
-                sum += value;
-                squares += value * value;
-            });
+            let (first, total) = (offset + span.first, span.numel as u64);
+            let mut done = 0;
+            while done < total {
+                super::interrupt::check()?;
+                let count = (total - done).min(REDUCTION_CHUNK);
+                philox::for_each_normal(seed, first + done, count, |value| {
+                    let value = stored_value(span.dtype, f64::from(value));
+                    sum += value;
+                    squares += value * value;
+                });
+                done += count;
+            }
             (sum, squares)
         }
         other => return Err(unreadable(other)),

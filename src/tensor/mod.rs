@@ -7,6 +7,7 @@ pub mod backend;
 pub mod convert;
 pub mod cuda_backend;
 pub mod dtype;
+pub mod interrupt;
 pub mod observe;
 pub mod ops;
 pub mod philox;
@@ -53,6 +54,9 @@ pub enum TensorError {
     /// The device failed a kernel launch, copy or read.
     #[error("{0}")]
     Device(#[from] crate::device::DeviceError),
+    /// The user interrupted the work ([`interrupt`]).
+    #[error("interrupted")]
+    Interrupted,
 }
 
 /// The generator hands out values in blocks of four (one Philox4x32 call, one float4 store on

@@ -139,7 +139,8 @@ fn draw<DB: DrawingBackend>(
         other => other,
     };
     let scale = |bytes: u64| bytes as f64 / unit as f64;
-    let y_max = (scale(peak_reserved) * 1.18).max(1e-9);
+    // Headroom above the peak for the legend and the marker labels.
+    let y_max = (scale(peak_reserved) * 1.3).max(1e-9);
     let title = if timeline.title.is_empty() {
         "memory over allocator events".to_string()
     } else {
@@ -211,8 +212,23 @@ fn draw<DB: DrawingBackend>(
     let (x_range, y_range) = chart.plotting_area().get_pixel_range();
     let width_px = (x_range.end - x_range.start).max(1) as f64;
     let to_px = |x: f64| f64::from(x_range.start) + x / count as f64 * width_px;
-    const ROWS: usize = 4;
+    const ROWS: usize = 6;
+    const ROW_STEP: f64 = 0.04;
     let mut row_end = [f64::MIN; ROWS];
+    // The legend sits in the upper left: labels in the rows it covers start right of it.
+    let marked_kinds = [EventKind::Oom, EventKind::EmptyCache]
+        .iter()
+        .filter(|kind| timeline.events.iter().any(|e| e.kind == **kind))
+        .count();
+    let legend_bottom_px = f64::from(y_range.start) + 14.0 + 18.0 * (2 + marked_kinds) as f64;
+    let legend_right_px = f64::from(x_range.start) + 250.0;
+    let height_px = f64::from(y_range.end - y_range.start).max(1.0);
+    for (row, end) in row_end.iter_mut().enumerate() {
+        let row_px = f64::from(y_range.start) + (0.025 + ROW_STEP * row as f64) * height_px;
+        if row_px < legend_bottom_px {
+            *end = legend_right_px;
+        }
+    }
     let mut seen = (false, false);
     for (index, event) in timeline.events.iter().enumerate() {
         if !event.kind.is_marked() {
@@ -249,7 +265,7 @@ fn draw<DB: DrawingBackend>(
         };
         if let Some(row) = (0..ROWS).find(|&row| row_end[row] < start_px) {
             row_end[row] = start_px + text_width + 8.0;
-            let y = y_max * (0.975 - 0.045 * row as f64);
+            let y = y_max * (0.975 - ROW_STEP * row as f64);
             let text_x = (start_px - f64::from(x_range.start)) / width_px * count as f64;
             chart
                 .draw_series(std::iter::once(Text::new(label, (text_x, y), font)))

@@ -168,7 +168,54 @@ sys.exit(0 if ratio >= 3 and loop >= 1 else 1)
 PY
 }
 
+# Issue 12: a 60 s random soak (1 B to 4 GiB requests, frees, empty_cache, caught OOMs) with
+# the allocator's invariants checked as it goes; at the end NVML must show the context alone.
+# The same under expandable segments, once the allocator accepts them (until then: skipped).
+# The 10-minute run: "$GPUMEM" --device cuda:0 bench soak --seconds 600 --seed 12
+soak() {
+    local out
+    out=$("$GPUMEM" --device cuda:0 --alloc-conf "$1" bench soak --seconds 60 --seed 12 2>&1)
+    local rc=$?
+    echo "$out"
+    if [ $rc -ne 0 ] && grep -q "not yet supported" <<<"$out"; then
+        echo "SKIP: $1 is not supported by this build"
+        return 0
+    fi
+    [ $rc -eq 0 ] && grep -q '^PASS' <<<"$out"
+}
+
+# Issue 9: PyTorch's recorded traces (every default-stream fixture, expandable ones included)
+# replayed through the binary on the GPU, every counter after every op.
+traces_cuda() {
+    local fixtures=()
+    local f
+    for f in "$REPO"/tests/fixtures/pytorch-traces/traces_*.json "$REPO"/tests/fixtures/pytorch-traces/traces_*.json.gz; do
+        fixtures+=("$f")
+    done
+    python3 traces.py "$GPUMEM" cuda:0 "${fixtures[@]}"
+}
+
+# Issue 9: 1,000 grow/shrink cycles of a 1 GiB expandable segment leave NVML's used memory
+# (the device's and this process's) where they started.
+expandable_cycles() {
+    local out
+    out=$("$GPUMEM" --device cuda:0 --alloc-conf expandable_segments:True run expandable_cycles.rhai 2>&1)
+    local rc=$?
+    echo "$out"
+    [ $rc -eq 0 ] && ! grep -q '^FAIL' <<<"$out"
+}
+
+# Issue 9: the fragmentation script under expandable segments for the session too.
+fragmentation_expandable() {
+    local out
+    out=$("$GPUMEM" --device cuda:0 --alloc-conf expandable_segments:True run "$REPO/scripts/fragmentation.rhai" 2>&1)
+    local rc=$?
+    echo "$out" | tail -4
+    [ $rc -eq 0 ] && ! grep -q '^FAIL' <<<"$out"
+}
+
 check walkthrough-cuda walkthrough cuda:0
+check expandable-cycles expandable_cycles
 check walkthrough-cuda-equals-sim walkthrough_same_on_sim
 check values-cuda script_ok cuda:0 values.rhai
 check randn-bench randn_bench
@@ -177,9 +224,13 @@ check no-panics no_panics
 check golden-cuda-equals-sim golden_cuda
 check golden-compiles-once golden_compiles_once
 check scripts-cuda scripts_cuda
+check fragmentation-expandable fragmentation_expandable
+check traces-cuda traces_cuda
 check memory-viz bash memory_viz.sh "$GPUMEM"
 check alloc-vs-pytorch alloc_compare
 check script-vs-pytorch script_compare
+check soak soak ""
+check soak-expandable soak expandable_segments:True
 
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]

@@ -17,8 +17,8 @@ use gpumem::device::DeviceSpec;
 use gpumem::script::{on_script_stack, Host, Limits, PrintSink, ScriptError};
 use gpumem::session::{self, ConfigSource, SessionError, SessionOptions};
 
-use super::directives;
 use super::discover::expected_path;
+use gpumem::script::directives;
 
 /// Scripts on a real GPU run one at a time: they share the device's memory, and a parallel
 /// neighbour could push a script into an OOM it would not otherwise hit.
@@ -36,9 +36,9 @@ pub struct Options {
     pub config: ConfigSource,
     /// Write `.out` files instead of failing on a difference.
     pub bless: bool,
-    /// The engine's sandbox limits (`--max-operations`, ...). An operation limit of 0 means
-    /// [`GOLDEN_MAX_OPERATIONS`] here: a golden test must finish, so a runaway loop fails the
-    /// script instead of hanging the suite.
+    /// The engine's sandbox limits (`--max-operations`, ...). Without `--max-operations` a
+    /// script gets [`GOLDEN_MAX_OPERATIONS`]: a golden test must finish, so a runaway loop fails
+    /// the script instead of hanging the suite (`--max-operations 0` lifts the limit).
     pub limits: Limits,
 }
 
@@ -59,13 +59,11 @@ impl Options {
         Ok((resolved, session.notice))
     }
 
-    /// The limits scripts run under: [`Options::limits`] with an unlimited operation count
-    /// replaced by [`GOLDEN_MAX_OPERATIONS`].
+    /// The limits scripts run under: [`Options::limits`] with an operation count that was not
+    /// given replaced by [`GOLDEN_MAX_OPERATIONS`].
     pub fn engine_limits(&self) -> Limits {
         let mut limits = self.limits;
-        if limits.max_operations == 0 {
-            limits.max_operations = GOLDEN_MAX_OPERATIONS;
-        }
+        limits.max_operations.get_or_insert(GOLDEN_MAX_OPERATIONS);
         limits
     }
 
@@ -228,7 +226,11 @@ fn execute(script: &Path, options: &Options) -> Execution {
     drop(host);
     let text = buffer.take();
     match result {
-        Ok(()) => Execution::Output { text, error: None },
+        Ok(()) | Err(ScriptError::Exit(0)) => Execution::Output { text, error: None },
+        Err(ScriptError::Exit(code)) => Execution::Output {
+            text,
+            error: Some(format!("{name}: exit({code})")),
+        },
         Err(ScriptError::Script {
             rendered,
             is_parse: false,
@@ -311,7 +313,7 @@ mod tests {
         let script = write(&dir, "spin.rhai", "print(1);\nloop {}\n");
         let options = Options {
             limits: Limits {
-                max_operations: 10_000,
+                max_operations: Some(10_000),
                 ..Limits::DEFAULT
             },
             ..sim()
@@ -326,9 +328,9 @@ mod tests {
         // Without a limit from the caller, golden scripts still get a finite budget.
         assert_eq!(
             Options::default().engine_limits().max_operations,
-            GOLDEN_MAX_OPERATIONS
+            Some(GOLDEN_MAX_OPERATIONS)
         );
-        assert_eq!(options.engine_limits().max_operations, 10_000);
+        assert_eq!(options.engine_limits().max_operations, Some(10_000));
     }
 
     #[test]

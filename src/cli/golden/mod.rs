@@ -6,13 +6,13 @@
 //! parallel, each worker thread building its own session and engine (Rhai values are not
 //! `Send`), and results are reported in sorted path order as soon as they are known.
 //!
-//! Modules: [`directives`] (`//! device:` / `//! alloc-conf:` headers), [`discover`] (finding
+//! Modules ([`gpumem::script::directives`] reads the `//! device:` / `//! alloc-conf:` headers):
+//! [`discover`] (finding
 //! scripts), [`check`] (running and comparing one script), [`diff`] (the unified diff),
 //! [`report`] (status lines and the closing line).
 
 pub mod check;
 pub mod diff;
-pub mod directives;
 pub mod discover;
 pub mod report;
 

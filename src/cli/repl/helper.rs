@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use rhai::{Engine, ParseErrorType};
+use rhai::Engine;
 use rustyline::completion::{Completer, FilenameCompleter, Pair};
 use rustyline::highlight::{CmdKind, Highlighter};
 use rustyline::hint::{Hint, Hinter};
@@ -14,6 +14,7 @@ use rustyline::validate::{ValidationContext, ValidationResult, Validator};
 use rustyline::{Context, Helper};
 
 use super::commands::COMMANDS;
+use super::continuation::needs_more;
 use crate::cli::paint::{paint, Style};
 use gpumem::script::docs::{self, Kind, BINDINGS, DTYPES};
 use gpumem::script::stdlib::MODULES;
@@ -47,29 +48,6 @@ impl ReplHelper {
 }
 
 impl Helper for ReplHelper {}
-
-/// Whether `input` is an unfinished script that should continue on the next line: Rhai
-/// reports a missing closing token or an unexpected end at the very end of the input. A blank
-/// line always ends the input so a mistake cannot trap you: rustyline passes the text typed
-/// so far, so pressing Enter on an empty continuation line gives input whose last line is blank
-/// (`"for i in 0..2 {\n"`).
-pub fn needs_more(parser: &Engine, input: &str) -> bool {
-    let last_line_blank = input
-        .rsplit_once('\n')
-        .is_some_and(|(_, last)| last.trim().is_empty());
-    if input.trim_start().starts_with(':') || last_line_blank || input.trim().is_empty() {
-        return false;
-    }
-    let Err(error) = parser.compile(input) else {
-        return false;
-    };
-    let unfinished = matches!(
-        error.err_type(),
-        ParseErrorType::UnexpectedEOF | ParseErrorType::MissingToken(..)
-    );
-    let last_line = input.split('\n').count();
-    unfinished && error.position().line().is_none_or(|line| line >= last_line)
-}
 
 /// Completion candidates for `line` with the cursor at `pos`: where the replaced word starts
 /// and the words that may replace it.
@@ -330,21 +308,6 @@ mod tests {
         assert_eq!(words("import \"ch"), ["check"]);
         assert!(words("").is_empty());
         assert_eq!(candidates("let y = ba", 10, &[]).0, 8);
-    }
-
-    #[test]
-    fn unfinished_blocks_continue_and_errors_do_not() {
-        let parser = Engine::new_raw();
-        assert!(needs_more(&parser, "for i in 0..3 {"));
-        assert!(needs_more(&parser, "let a = [1,\n2,"));
-        assert!(needs_more(&parser, "fn f(x) {\n  x +"));
-        // What rustyline passes after Enter on an empty second line.
-        assert!(!needs_more(&parser, "for i in 0..3 {\n"));
-        assert!(!needs_more(&parser, "for i in 0..3 {\n  print(i);\n  "));
-        assert!(needs_more(&parser, "for i in 0..3 {\n  print(i);"));
-        assert!(!needs_more(&parser, "let x = ;"));
-        assert!(!needs_more(&parser, "let x = 1;"));
-        assert!(!needs_more(&parser, ":help"));
     }
 
     #[test]

@@ -1,12 +1,15 @@
 //! The interactive REPL: a rustyline editor ([`helper`]) over a [`Repl`] that evaluates lines in
 //! one long-lived scope, runs `:` commands ([`commands`]) and prints results ([`display`]).
 //!
-//! When standard input is not a terminal, lines are read without prompts or colours, so a
-//! transcript can be piped in (`gpumem --device sim < steps.rhai`).
+//! When standard input is not a terminal, lines are read without prompts or colours
+//! ([`piped`]), so a transcript can be piped in (`gpumem --device sim < steps.rhai`).
+//! [`continuation`] decides, for both, when input continues on the next line.
 
 pub mod commands;
+pub mod continuation;
 pub mod display;
 pub mod helper;
+pub mod piped;
 
 use std::cell::RefCell;
 use std::io::IsTerminal;
@@ -20,7 +23,10 @@ use rustyline::error::ReadlineError;
 use rustyline::history::DefaultHistory;
 use rustyline::{CompletionType, Config, Editor};
 
-use gpumem::script::{Definitions, Host, Limits, PrintSink};
+use gpumem::alloc::AllocConf;
+use gpumem::device::sim::H200_TOTAL_MEMORY;
+use gpumem::device::DeviceSpec;
+use gpumem::script::{directives, Definitions, Host, Limits, PrintSink, ScriptError};
 use gpumem::tensor::Runtime;
 use helper::ReplHelper;
 
@@ -34,12 +40,15 @@ pub enum Flow {
     Continue,
     /// Leave the REPL.
     Quit,
+    /// A script called `exit(code)`: leave the REPL, ending the process with this status.
+    Exit(u8),
 }
 
 /// The REPL's state: the engine, the variables and functions defined so far, and where output
 /// goes. Independent of the line editor, so tests can drive it directly.
 pub struct Repl {
     host: Host,
+    device: DeviceSpec,
     scope: Scope<'static>,
     definitions: Definitions,
     out: PrintSink,
@@ -48,16 +57,19 @@ pub struct Repl {
 }
 
 impl Repl {
-    /// A REPL over `runtime`, printing to `out`, with the standard modules preloaded.
+    /// A REPL over `runtime` (on `device`), printing to `out`, with the standard modules
+    /// preloaded.
     pub fn new(
         runtime: Rc<Runtime>,
+        device: DeviceSpec,
         out: PrintSink,
         limits: Limits,
-    ) -> Result<Repl, gpumem::script::ScriptError> {
+    ) -> Result<Repl, ScriptError> {
         let mut host = Host::with_limits(runtime, out.clone(), limits);
         host.preload_stdlib()?;
         Ok(Repl {
             host,
+            device,
             scope: Scope::new(),
             definitions: Definitions::default(),
             out,
@@ -95,22 +107,24 @@ impl Repl {
         }
         self.lines += 1;
         let name = format!("input{}", self.lines);
-        self.eval(&name, input);
-        Flow::Continue
+        self.eval(&name, input)
     }
 
-    fn eval(&mut self, name: &str, source: &str) {
+    fn eval(&mut self, name: &str, source: &str) -> Flow {
         let result = self
             .host
             .eval_in(&mut self.scope, &mut self.definitions, name, source);
         match result {
             Ok(value) if value.is_unit() => {}
             Ok(value) => self.out.line(&display::show(&value)),
+            Err(ScriptError::Exit(code)) => return Flow::Exit(code),
             Err(error) => self.error(&error.to_string()),
         }
+        Flow::Continue
     }
 
-    fn error(&mut self, text: &str) {
+    /// Reports an error (stderr, or the buffer) and counts it.
+    pub fn error(&mut self, text: &str) {
         self.errors += 1;
         match &self.out {
             PrintSink::Stdout => eprintln!("{text}"),
@@ -137,7 +151,7 @@ impl Repl {
                 .out
                 .line(&commands::map(&runtime, self.host.map_options())),
             ("load", "") => self.error(":load: which file? usage: :load FILE"),
-            ("load", file) => self.load(Path::new(file)),
+            ("load", file) => return self.load(Path::new(file)),
             ("reset", _) => self.reset(),
             _ => self.error(&format!(
                 "unknown command ':{name}'; :help lists the commands"
@@ -146,11 +160,69 @@ impl Repl {
         Flow::Continue
     }
 
-    fn load(&mut self, path: &Path) {
-        match std::fs::read_to_string(path) {
-            Ok(source) => self.eval(&path.display().to_string(), &source),
-            Err(error) => self.error(&format!(":load: cannot read {}: {error}", path.display())),
+    /// `:load FILE`: runs the file in this session. Its directives cannot change the device
+    /// or config of a running session, so a script pinning different ones is refused.
+    fn load(&mut self, path: &Path) -> Flow {
+        let shown = path.display().to_string();
+        let source = match std::fs::read_to_string(path) {
+            Ok(source) => source,
+            Err(error) => {
+                self.error(&format!(":load: cannot read {shown}: {error}"));
+                return Flow::Continue;
+            }
+        };
+        match directives::parse(&source) {
+            Ok(pinned) => {
+                if let Err(reason) = self.accepts(&pinned) {
+                    self.error(&format!(
+                        ":load: {shown} {reason}; start gpumem with those flags, or use \
+                         `gpumem run {shown}`"
+                    ));
+                    return Flow::Continue;
+                }
+            }
+            Err(error) => {
+                self.error(&format!(":load: {shown}: {error}"));
+                return Flow::Continue;
+            }
         }
+        self.eval(&shown, &source)
+    }
+
+    /// Whether this session satisfies a script's directives; else why not.
+    fn accepts(&self, pinned: &directives::Directives) -> Result<(), String> {
+        if let Some(device) = pinned.device {
+            let total = |spec: DeviceSpec| match spec {
+                DeviceSpec::Sim(size) => Some(size.unwrap_or(H200_TOTAL_MEMORY)),
+                DeviceSpec::Cuda(_) => None,
+            };
+            let same = device == self.device
+                || (total(device).is_some() && total(device) == total(self.device));
+            if !same {
+                return Err(format!(
+                    "pins `//! device: {device}` but this session runs on {}",
+                    self.device
+                ));
+            }
+        }
+        if let Some(text) = &pinned.alloc_conf {
+            let runtime = Rc::clone(self.host.runtime());
+            let ours = runtime.allocator().config().clone();
+            let wanted = AllocConf::parse(text).map_err(|error| {
+                format!("pins `//! alloc-conf: {text}`, which is invalid: {error}")
+            })?;
+            let comparable = |conf: AllocConf| AllocConf {
+                source: String::new(),
+                ..conf
+            };
+            if comparable(wanted) != comparable(ours.clone()) {
+                return Err(format!(
+                    "pins `//! alloc-conf: {text}` but this session runs with '{}'",
+                    ours.source
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn reset(&mut self) {
@@ -187,19 +259,29 @@ pub enum ReplError {
     Editor(#[from] ReadlineError),
     /// The standard library did not load.
     #[error("{0}")]
-    Script(#[from] gpumem::script::ScriptError),
+    Script(#[from] ScriptError),
+    /// Standard input could not be read.
+    #[error("cannot read standard input: {0}")]
+    Input(#[from] std::io::Error),
 }
 
-/// Runs the REPL on standard input until `:quit` or end of input. Returns how many piped inputs
-/// failed (a transcript with errors makes `gpumem` exit 1); always 0 when interactive.
-pub fn run(runtime: Rc<Runtime>, limits: Limits) -> Result<usize, ReplError> {
+/// Runs the REPL on standard input until `:quit`, `exit(code)` or end of input, and returns the
+/// process exit status: the code given to `exit`, else for piped input 1 when an input failed
+/// (or the input ended inside an unfinished block) and 0 otherwise; 0 when interactive.
+pub fn run(runtime: Rc<Runtime>, device: DeviceSpec, limits: Limits) -> Result<u8, ReplError> {
     let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
-    let color = interactive && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let mut repl = Repl::new(runtime, PrintSink::Stdout, limits)?;
-    if interactive {
-        repl.host
-            .set_map_options(crate::cli::paint::stdout_map_options());
+    let mut repl = Repl::new(runtime, device, PrintSink::Stdout, limits)?;
+    if !interactive {
+        let stdin = std::io::stdin().lock();
+        return Ok(match piped::run(&mut repl, stdin)? {
+            Flow::Exit(code) => code,
+            _ if repl.errors() > 0 => 1,
+            _ => 0,
+        });
     }
+    let color = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    repl.host
+        .set_map_options(crate::cli::paint::stdout_map_options());
     let interrupt = Arc::new(AtomicBool::new(false));
     let handler_flag = Arc::clone(&interrupt);
     if let Err(error) = ctrlc::set_handler(move || handler_flag.store(true, Ordering::Relaxed)) {
@@ -216,18 +298,16 @@ pub fn run(runtime: Rc<Runtime>, limits: Limits) -> Result<usize, ReplError> {
     let variables = Rc::new(RefCell::new(Vec::new()));
     let mut editor: Editor<ReplHelper, DefaultHistory> = Editor::with_config(config)?;
     editor.set_helper(Some(ReplHelper::new(Rc::clone(&variables), color)));
-    let history = if interactive { history_path() } else { None };
+    let history = history_path();
     if let Some(path) = &history {
         // A missing file just means a first session.
         let _ = editor.load_history(path);
     }
-    if interactive {
-        println!("gpumem REPL — :help lists commands and bindings, Ctrl-D leaves");
-    }
+    println!("gpumem REPL — :help lists commands and bindings, Ctrl-D leaves");
     loop {
         match editor.readline("gpumem> ") {
             Ok(line) => {
-                if interactive && !line.trim().is_empty() {
+                if !line.trim().is_empty() {
                     let _ = editor.add_history_entry(line.as_str());
                     if let Some(path) = &history {
                         save_history(&mut editor, path);
@@ -236,8 +316,10 @@ pub fn run(runtime: Rc<Runtime>, limits: Limits) -> Result<usize, ReplError> {
                 interrupt.store(false, Ordering::Relaxed);
                 let flow = repl.handle(&line);
                 *variables.borrow_mut() = repl.variable_names();
-                if flow == Flow::Quit {
-                    break;
+                match flow {
+                    Flow::Continue => {}
+                    Flow::Quit => break,
+                    Flow::Exit(code) => return Ok(code),
                 }
             }
             // Ctrl-C at the prompt abandons the line being typed.
@@ -246,7 +328,7 @@ pub fn run(runtime: Rc<Runtime>, limits: Limits) -> Result<usize, ReplError> {
             Err(error) => return Err(error.into()),
         }
     }
-    Ok(if interactive { 0 } else { repl.errors() })
+    Ok(0)
 }
 
 fn save_history(editor: &mut Editor<ReplHelper, DefaultHistory>, path: &Path) {
