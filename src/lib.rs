@@ -12,3 +12,4 @@ pub mod script;
 pub mod session;
 pub mod snapshot;
 pub mod tensor;
+pub mod viz;

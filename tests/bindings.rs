@@ -99,7 +99,7 @@ fn mem_status_fill_and_fragmentation() {
     .expect("runs");
     let lines: Vec<&str> = printed.lines().collect();
     assert!(
-        lines[0].starts_with("allocated 4.00 KiB, reserved 2.00 MiB, driver used "),
+        lines[0].starts_with("allocated 4.00 KiB, reserved 2.00 MiB, cudaMemGetInfo used "),
         "{printed}"
     );
     assert_eq!(

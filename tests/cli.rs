@@ -590,3 +590,94 @@ fn a_short_soak_passes_on_sim() {
         assert!(stdout.trim_end().ends_with("PASS"), "{stdout}");
     }
 }
+
+#[test]
+fn timeline_and_report_are_written_even_when_the_script_fails() {
+    let dir = scratch("timeline");
+    let script = common::write(
+        &dir,
+        "oom.rhai",
+        "let a = empty(300 << 20, \"uint8\");\nempty_cache();\nlet b = empty(2 << 30, \"uint8\");\n",
+    );
+    let svg = dir.join("t.svg");
+    let html = dir.join("r.html");
+    let args = [
+        "run",
+        "--device",
+        "sim:1GiB",
+        script.to_str().expect("utf-8"),
+        "--timeline",
+        svg.to_str().expect("utf-8"),
+        "--report",
+        html.to_str().expect("utf-8"),
+    ];
+    let (_, stderr, code) = outcome(&gpumem(&args, ""));
+    assert_eq!(code, 1, "the uncaught OOM fails the run: {stderr}");
+    assert!(
+        stderr.contains("gpumem: it cannot fit on this device"),
+        "{stderr}"
+    );
+    let chart = std::fs::read_to_string(&svg).expect("timeline written");
+    assert!(chart.starts_with("<svg"), "an SVG");
+    // Both marked events carry their script line.
+    assert!(chart.contains("OOM oom.rhai:3"), "{chart}");
+    assert!(chart.contains("empty_cache() oom.rhai:2"), "{chart}");
+    let page = std::fs::read_to_string(&html).expect("report written");
+    assert!(page.contains("oom.rhai:3") && page.contains("1 out-of-memory errors"));
+
+    let bad = dir.join("t.jpg");
+    let args = [
+        "run",
+        script.to_str().expect("utf-8"),
+        "--timeline",
+        bad.to_str().expect("utf-8"),
+    ];
+    let (_, stderr, code) = outcome(&gpumem(&args, ""));
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("must end in .svg or .png"), "{stderr}");
+    assert!(!bad.exists());
+}
+
+#[test]
+fn piped_map_command_draws_plain_cells() {
+    let (stdout, stderr, code) = repl("let x = randn([2, 3]);\n:map\n");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("memory map: 1 segment, 2 MiB reserved, 512 B allocated"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(" small ") && stdout.contains("|1"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains('\u{1b}'),
+        "no colour when piped: {stdout:?}"
+    );
+}
+
+#[test]
+fn replay_draws_a_report_and_a_timeline() {
+    let dir = scratch("replay-report");
+    let html = dir.join("replay.html");
+    let svg = dir.join("replay.svg");
+    let args = [
+        "replay",
+        "tests/replay/fixtures/inference.default.pickle",
+        "--report",
+        html.to_str().expect("utf-8"),
+        "--timeline",
+        svg.to_str().expect("utf-8"),
+    ];
+    let (stdout, stderr, code) = outcome(&gpumem(&args, ""));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("segment events"),
+        "the replay's own report still prints"
+    );
+    let page = std::fs::read_to_string(&html).expect("report written");
+    assert!(page.contains("inference.default.pickle") && page.contains("segment_alloc"));
+    assert!(std::fs::read_to_string(&svg)
+        .expect("timeline")
+        .starts_with("<svg"));
+}

@@ -12,9 +12,11 @@
 
 pub mod block;
 pub mod config;
+pub mod diagnosis;
 pub mod expandable;
 pub mod format;
 mod invariants;
+pub mod measure;
 mod oom;
 mod release;
 pub mod snapshot;
@@ -34,7 +36,7 @@ use block::{BlockArena, BlockPool};
 pub use config::{AllocConf, ConfigError};
 use expandable::SegmentTable;
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot};
-pub use stats::{DeviceStats, Stat, StatArray};
+pub use stats::{DeviceStats, ScopeMark, ScopeReport, Stat, StatArray};
 pub use trace::{TraceAction, TraceEntry, TraceRecorder};
 
 /// One mebibyte.
@@ -90,6 +92,15 @@ pub struct OutOfMemory {
     pub message: String,
     /// Bytes of the segment that could not be obtained ("Tried to allocate ...").
     pub alloc_size: u64,
+    /// The facts at the error and their cause ([`diagnosis`]).
+    pub diagnosis: Box<diagnosis::OomDiagnosis>,
+}
+
+impl OutOfMemory {
+    /// gpumem's line saying why, printed after PyTorch's message.
+    pub fn why(&self) -> String {
+        self.diagnosis.why()
+    }
 }
 
 /// Everything the allocator can refuse.
@@ -378,6 +389,7 @@ impl CachingAllocator {
             return Err(AllocError::OutOfMemory(OutOfMemory {
                 message: "CUDA out of memory. Tried to allocate more than 1EB memory.".into(),
                 alloc_size: orig_size,
+                diagnosis: Box::new(self.diagnose(orig_size, orig_size, orig_size)),
             }));
         }
         let size = self.round_size(orig_size);
@@ -407,7 +419,7 @@ impl CachingAllocator {
         }
         match found {
             Some(id) => Ok(self.alloc_found_block(id, request, orig_size)),
-            None => Err(self.out_of_memory(request)),
+            None => Err(self.out_of_memory(request, orig_size)),
         }
     }
 

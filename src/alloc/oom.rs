@@ -9,7 +9,8 @@ impl CachingAllocator {
     /// Builds PyTorch's OOM error: reads the device's free and total memory, records the `oom`
     /// trace entry (device free bytes, rounded request), counts `num_ooms`, and words the
     /// message with the allocated and reserved bytes as they are after the cache flush.
-    pub(super) fn out_of_memory(&mut self, request: Request) -> AllocError {
+    /// `orig_size` is the caller's request before rounding, for gpumem's diagnosis.
+    pub(super) fn out_of_memory(&mut self, request: Request, orig_size: u64) -> AllocError {
         let (device_free, device_total) = self.device.mem_get_info().unwrap_or((0, 0));
         let allowed_info = match self.allowed_memory_maximum {
             Some(allowed) => format!("{} allowed; ", fs(allowed)),
@@ -43,6 +44,7 @@ impl CachingAllocator {
         AllocError::OutOfMemory(OutOfMemory {
             message,
             alloc_size: request.alloc_size,
+            diagnosis: Box::new(self.diagnose(orig_size, request.size, request.alloc_size)),
         })
     }
 }

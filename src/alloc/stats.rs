@@ -15,6 +15,9 @@ pub struct Stat {
     pub allocated: i64,
     /// Sum of all decreases since the last `reset_accumulated_memory_stats`.
     pub freed: i64,
+    /// Highest `current` since the innermost open measurement scope began
+    /// ([`DeviceStats::begin_scope`]); untouched by `reset_peak_memory_stats`.
+    pub scope_peak: i64,
 }
 
 impl Stat {
@@ -23,6 +26,7 @@ impl Stat {
     pub fn increase(&mut self, amount: i64) {
         self.current += amount;
         self.peak = self.peak.max(self.current);
+        self.scope_peak = self.scope_peak.max(self.current);
         self.allocated += amount;
     }
 
@@ -41,6 +45,23 @@ impl Stat {
     fn reset_peak(&mut self) {
         self.peak = self.current;
     }
+}
+
+/// What [`DeviceStats::begin_scope`] hands back and [`DeviceStats::end_scope`] takes: the
+/// counters when the scope began, with the enclosing scope's peaks so far.
+#[derive(Debug, Clone)]
+pub struct ScopeMark {
+    start: DeviceStats,
+}
+
+/// A closed measurement scope: the counters when it began and when it ended. In `end`, each
+/// [`Stat::scope_peak`] is the highest value the counter reached inside the scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopeReport {
+    /// The counters when the scope began.
+    pub start: DeviceStats,
+    /// The counters when it ended; `scope_peak`s are the scope's peaks.
+    pub end: DeviceStats,
 }
 
 /// A counter kept three times: for both pools together ("all"), the small pool and the large
@@ -201,6 +222,65 @@ impl DeviceStats {
         self.oversize_segments.reset_peak();
     }
 
+    /// Opens a measurement scope: from now on every counter's `scope_peak` follows its highest
+    /// value, without touching the peaks `max_memory_allocated()` reads. Scopes nest; each
+    /// costs O(1) to open and close, and nothing per allocator operation beyond the one
+    /// comparison every counter update already makes for `scope_peak`.
+    pub fn begin_scope(&mut self) -> ScopeMark {
+        let start = self.clone();
+        for stat in self.stats_mut() {
+            stat.scope_peak = stat.current;
+        }
+        ScopeMark { start }
+    }
+
+    /// Closes the scope `mark` opened and reports it. The enclosing scope's peaks take the
+    /// inner scope's into account, as if it had never been opened. Close scopes innermost
+    /// first.
+    pub fn end_scope(&mut self, mark: ScopeMark) -> ScopeReport {
+        let end = self.clone();
+        let mut start = mark.start;
+        for (stat, outer) in self.stats_mut().into_iter().zip(start.stats_mut()) {
+            stat.scope_peak = stat.scope_peak.max(outer.scope_peak);
+        }
+        ScopeReport { start, end }
+    }
+
+    /// Every counter, pool arrays first.
+    fn stats_mut(&mut self) -> Vec<&mut Stat> {
+        let DeviceStats {
+            allocation,
+            segment,
+            active,
+            inactive_split,
+            allocated_bytes,
+            reserved_bytes,
+            active_bytes,
+            inactive_split_bytes,
+            requested_bytes,
+            oversize_allocations,
+            oversize_segments,
+            ..
+        } = self;
+        let mut stats = Vec::with_capacity(29);
+        for array in [
+            allocation,
+            segment,
+            active,
+            inactive_split,
+            allocated_bytes,
+            reserved_bytes,
+            active_bytes,
+            inactive_split_bytes,
+            requested_bytes,
+        ] {
+            stats.extend([&mut array.all, &mut array.small, &mut array.large]);
+        }
+        stats.push(oversize_allocations);
+        stats.push(oversize_segments);
+        stats
+    }
+
     /// `torch.cuda.reset_accumulated_memory_stats()`: totals and event counters go to zero.
     pub fn reset_accumulated(&mut self) {
         for array in self.arrays_mut() {
@@ -313,11 +393,36 @@ mod tests {
                 current: 8,
                 peak: 10,
                 allocated: 12,
-                freed: 4
+                freed: 4,
+                scope_peak: 10,
             }
         );
         stat.reset_peak();
         assert_eq!(stat.peak, 8);
+    }
+
+    #[test]
+    fn scopes_nest_and_leave_the_global_peak_alone() {
+        let mut stats = DeviceStats::new(-1);
+        let bytes =
+            |stats: &mut DeviceStats, delta: i64| stats.allocated_bytes.apply(Pool::Large, delta);
+        bytes(&mut stats, 100);
+        bytes(&mut stats, -100);
+        let outer = stats.begin_scope();
+        bytes(&mut stats, 30);
+        let inner = stats.begin_scope();
+        bytes(&mut stats, 50);
+        bytes(&mut stats, -70);
+        let inner = stats.end_scope(inner);
+        assert_eq!(inner.end.allocated_bytes.all.scope_peak, 80);
+        assert_eq!(inner.start.allocated_bytes.all.current, 30);
+        bytes(&mut stats, 10);
+        let outer = stats.end_scope(outer);
+        assert_eq!(outer.end.allocated_bytes.all.scope_peak, 80);
+        assert_eq!(outer.end.allocated_bytes.large.scope_peak, 80);
+        assert_eq!(stats.allocated_bytes.all.peak, 100);
+        stats.reset_peak();
+        assert_eq!(stats.allocated_bytes.all.peak, 20);
     }
 
     #[test]

@@ -21,6 +21,9 @@ use gpumem::device::DeviceSpec;
 use gpumem::script::directives::{self, Directives};
 use gpumem::script::{on_script_stack, Host, Limits, PrintSink, ScriptError};
 use gpumem::session::{self, ConfigSource, Session, SessionError, SessionOptions};
+use gpumem::viz::chart::{self, ChartSize};
+use gpumem::viz::report::{self, ReportInput};
+use gpumem::viz::{Recorder, Timeline};
 
 /// The process exit statuses `gpumem` uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,6 +126,14 @@ enum Command {
     Run {
         /// The `.rhai` script.
         file: PathBuf,
+        /// Also draw allocated and reserved memory over the script's allocator events, OOMs
+        /// and empty_cache() marked with their script lines, to FILE (.svg or .png).
+        #[arg(long, value_name = "FILE")]
+        timeline: Option<PathBuf>,
+        /// Also write a self-contained HTML report to FILE: the timeline (hover for events),
+        /// the segment map after any event, the counters and memory_summary().
+        #[arg(long, value_name = "FILE")]
+        report: Option<PathBuf>,
     },
     /// Run golden tests: every X.rhai under the paths must print exactly X.out.
     Test {
@@ -154,6 +165,14 @@ enum Command {
         /// simulator's own model (model).
         #[arg(long, value_enum, default_value_t = PlacementArg::Recorded)]
         placement: PlacementArg,
+        /// Also draw the replay's allocated and reserved memory over its events to FILE (.svg
+        /// or .png).
+        #[arg(long, value_name = "FILE")]
+        timeline: Option<PathBuf>,
+        /// Also write the replay as a self-contained HTML report to FILE (every event is kept
+        /// in memory and in the page).
+        #[arg(long, value_name = "FILE")]
+        report: Option<PathBuf>,
     },
     /// Measure gpumem itself (for comparisons with PyTorch; see benches/compare/).
     #[command(subcommand)]
@@ -238,7 +257,15 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
         config: ConfigSource::flag_or_environment(cli.alloc_conf.clone()),
     };
     match cli.command {
-        Some(Command::Run { file }) => on_stack(|| run(&options, cli.limits, &file)),
+        Some(Command::Run {
+            file,
+            timeline,
+            report,
+        }) => {
+            let outputs = Outputs { timeline, report };
+            outputs.check()?;
+            on_stack(|| run(&options, cli.limits, &file, &outputs))
+        }
         Some(Command::Test { paths, bless }) => {
             let golden_options = golden::Options {
                 device: cli.device,
@@ -263,7 +290,14 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
             compare,
             min_capacity,
             placement,
+            timeline,
+            report,
         }) => replay::command(&replay::ReplayArgs {
+            outputs: {
+                let outputs = Outputs { timeline, report };
+                outputs.check()?;
+                outputs
+            },
             file,
             device: cli.device,
             alloc_conf: cli.alloc_conf,
@@ -313,14 +347,110 @@ fn repl(options: &SessionOptions, limits: Limits) -> Result<(), CliError> {
     }
 }
 
-/// `gpumem run FILE`: the script's directives choose its device and config, over the flags.
-fn run(options: &SessionOptions, limits: Limits, file: &Path) -> Result<(), CliError> {
+/// What `gpumem run` and `gpumem replay` draw besides their own output.
+pub(crate) struct Outputs {
+    /// `--timeline FILE` (.svg or .png).
+    pub timeline: Option<PathBuf>,
+    /// `--report FILE` (.html).
+    pub report: Option<PathBuf>,
+}
+
+/// The end state a report shows beside its timeline.
+pub(crate) struct EndState {
+    /// The device, as the report's subtitle names it.
+    pub device: String,
+    /// The allocator config, in PyTorch's syntax.
+    pub config: String,
+    /// `memory_stats()` at the end.
+    pub counters: Vec<(String, i64)>,
+    /// A text account of the end (`memory_summary()`, or the replay's report).
+    pub summary: String,
+}
+
+/// The chart format a `--timeline` file's extension asks for.
+#[derive(Clone, Copy)]
+enum ChartFormat {
+    Svg,
+    Png,
+}
+
+impl Outputs {
+    pub(crate) fn wanted(&self) -> bool {
+        self.timeline.is_some() || self.report.is_some()
+    }
+
+    fn chart_format(path: &Path) -> Option<ChartFormat> {
+        match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
+            "svg" => Some(ChartFormat::Svg),
+            "png" => Some(ChartFormat::Png),
+            _ => None,
+        }
+    }
+
+    /// Refuses a `--timeline` file that is neither .svg nor .png before anything runs.
+    pub(crate) fn check(&self) -> Result<(), CliError> {
+        match &self.timeline {
+            Some(path) if Outputs::chart_format(path).is_none() => Err(CliError::Usage(format!(
+                "--timeline {}: the file must end in .svg or .png",
+                path.display()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes the chart and the report of `timeline`, the report with `end`.
+    pub(crate) fn write(&self, timeline: &Timeline, end: EndState) -> Result<(), CliError> {
+        let failed = |error: gpumem::viz::chart::ChartError| CliError::Failed(error.to_string());
+        let write = |path: &Path, bytes: &[u8], what: &str| -> Result<(), CliError> {
+            std::fs::write(path, bytes).map_err(|error| {
+                CliError::Io(format!("cannot write {}: {error}", path.display()))
+            })?;
+            eprintln!(
+                "gpumem: wrote the {what} of {} allocator events to {}",
+                timeline.events.len(),
+                path.display()
+            );
+            Ok(())
+        };
+        if let Some(path) = &self.timeline {
+            let size = ChartSize::default();
+            let bytes = match Outputs::chart_format(path) {
+                Some(ChartFormat::Png) => chart::png(timeline, size).map_err(failed)?,
+                _ => chart::svg(timeline, size).map_err(failed)?.0.into_bytes(),
+            };
+            write(path, &bytes, "timeline")?;
+        }
+        if let Some(path) = &self.report {
+            let input = ReportInput {
+                timeline,
+                device: end.device,
+                config: end.config,
+                counters: end.counters,
+                summary: end.summary,
+            };
+            let page = report::html(&input).map_err(failed)?;
+            write(path, page.as_bytes(), "report")?;
+        }
+        Ok(())
+    }
+}
+
+/// `gpumem run FILE [--timeline FILE] [--report FILE]`: the script's directives choose its
+/// device and config, over the flags. The outputs are written even when the script fails (an
+/// uncaught OOM is often what one wants to see).
+fn run(
+    options: &SessionOptions,
+    limits: Limits,
+    file: &Path,
+    outputs: &Outputs,
+) -> Result<(), CliError> {
     let name = file.display().to_string();
     let source = std::fs::read_to_string(file)
         .map_err(|error| CliError::Io(format!("cannot read {name}: {error}")))?;
     let pinned =
         directives::parse(&source).map_err(|error| CliError::Failed(format!("{name}: {error}")))?;
-    let session = match open_session(&pinned_options(options, &pinned, file)) {
+    let options = pinned_options(options, &pinned, file);
+    let session = match open_session(&options) {
         Err(CliError::Session(error @ SessionError::Cuda { .. })) if pinned.device.is_some() => {
             return Err(CliError::Usage(format!(
                 "{error} (the device {name} pins with `//! device:`)"
@@ -329,7 +459,32 @@ fn run(options: &SessionOptions, limits: Limits, file: &Path) -> Result<(), CliE
         other => other?,
     };
     let host = Host::with_limits(session.runtime, PrintSink::Stdout, limits);
-    Ok(host.run_source(&name, &source)?)
+    host.set_map_options(paint::stdout_map_options());
+    if !outputs.wanted() {
+        return Ok(host.run_source(&name, &source)?);
+    }
+    let runtime = std::rc::Rc::clone(host.runtime());
+    // While observed, bindings stamp their script line on the allocator's trace context.
+    let recorder = Recorder::install(&runtime, name.clone());
+    let result = host.run_source(&name, &source);
+    runtime.set_observer(None);
+    let mut timeline = recorder.borrow().timeline(Vec::new());
+    timeline.labels = gpumem::script::viz_api::timeline_labels(&timeline);
+    let end = {
+        let allocator = runtime.allocator();
+        EndState {
+            device: runtime.device_label().to_string(),
+            config: options.config.text().to_string(),
+            counters: allocator.stats().entries(),
+            summary: gpumem::alloc::summary::memory_summary(
+                allocator.stats(),
+                allocator.device().index(),
+                false,
+            ),
+        }
+    };
+    outputs.write(&timeline, end)?;
+    Ok(result?)
 }
 
 /// The session options for a script with directives `pinned`: each directive replaces the

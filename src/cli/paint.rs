@@ -76,6 +76,18 @@ pub fn stdout_wants_color() -> bool {
     colored::control::SHOULD_COLORIZE.should_colorize()
 }
 
+/// How `memory_map()` and `:map` draw on standard output: the terminal's width (80 when it
+/// is not a terminal) and colour when [`stdout_wants_color`] says so.
+pub fn stdout_map_options() -> gpumem::viz::MapOptions {
+    let width = console::Term::stdout()
+        .size_checked()
+        .map_or(80, |(_rows, columns)| usize::from(columns));
+    gpumem::viz::MapOptions {
+        width,
+        color: stdout_wants_color(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

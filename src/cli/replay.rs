@@ -55,6 +55,8 @@ pub struct ReplayArgs {
     pub json: bool,
     /// `--placement model`.
     pub placement: Placement,
+    /// `--timeline` and `--report`.
+    pub outputs: super::Outputs,
 }
 
 fn parse_conf(text: &str, what: &str) -> Result<AllocConf, CliError> {
@@ -119,6 +121,20 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         placement: args.placement,
     };
     let report = run_one(args, &options)?;
+    if args.outputs.wanted() {
+        let timeline =
+            gpumem::snapshot::replay::replay_timeline(&args.file, &report, args.placement)
+                .map_err(|error| replay_error(&args.file, error))?;
+        args.outputs.write(
+            &timeline,
+            super::EndState {
+                device: "sim".into(),
+                config: report.alloc_conf.clone(),
+                counters: report.final_stats.clone(),
+                summary: report.to_string(),
+            },
+        )?;
+    }
     let search = |conf: Option<AllocConf>| -> Result<Option<CapacitySearch>, CliError> {
         if !args.min_capacity {
             return Ok(None);

@@ -4,6 +4,7 @@
 //! models the driver's virtual memory management: reserved ranges (free of cost) and mapped
 //! pages (each costing its size).
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 
 use super::{DeviceError, DeviceMemory, DriverMemory, ProcessMemory};
@@ -255,12 +256,19 @@ impl AddressSpace {
 }
 
 /// A simulated GPU of a given capacity.
+///
+/// Its CUDA context comes into being at the first call that needs one (every call but the
+/// total, the label and the driver's view: `cudaMalloc`, `cudaMemGetInfo`, the virtual-memory
+/// calls), as a real GPU's does: until then the driver's view shows this process
+/// using nothing, which is what a script reading `device_memory()` first sees.
 #[derive(Debug, Clone)]
 pub struct SimDevice {
     total: u64,
     context_bytes: u64,
     /// The part of `context_bytes` NVML attributes to this process.
     process_context_bytes: u64,
+    /// Whether a call that needs the context has been made.
+    context_created: Cell<bool>,
     /// Bytes of device pages held by segments.
     used: u64,
     segments: BTreeMap<u64, u64>,
@@ -282,6 +290,7 @@ impl SimDevice {
             total,
             context_bytes,
             process_context_bytes,
+            context_created: Cell::new(false),
             used: 0,
             segments: BTreeMap::new(),
             addresses: AddressSpace::new(),
@@ -299,9 +308,37 @@ impl SimDevice {
         self.context_bytes
     }
 
+    /// Whether the context exists yet (a call that needs it was made).
+    pub fn has_context(&self) -> bool {
+        self.context_created.get()
+    }
+
+    /// Creates the context if it does not exist yet (the first CUDA call does).
+    fn touch_context(&self) {
+        self.context_created.set(true);
+    }
+
+    /// What the context costs now: nothing before it exists.
+    fn context_now(&self) -> u64 {
+        if self.context_created.get() {
+            self.context_bytes
+        } else {
+            0
+        }
+    }
+
+    /// The context's share NVML attributes to this process now: nothing before it exists.
+    fn process_context_now(&self) -> u64 {
+        if self.context_created.get() {
+            self.process_context_bytes
+        } else {
+            0
+        }
+    }
+
     fn free_bytes(&self) -> u64 {
         self.total
-            .saturating_sub(self.context_bytes)
+            .saturating_sub(self.context_now())
             .saturating_sub(self.used)
     }
 
@@ -342,6 +379,7 @@ impl SimDevice {
 
 impl DeviceMemory for SimDevice {
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        self.touch_context();
         if bytes == 0 {
             return Err(DeviceError::InvalidArgument("cudaMalloc of 0 bytes".into()));
         }
@@ -359,6 +397,7 @@ impl DeviceMemory for SimDevice {
     }
 
     fn free(&mut self, address: u64) -> Result<(), DeviceError> {
+        self.touch_context();
         let Some(bytes) = self.segments.remove(&address) else {
             return Err(DeviceError::InvalidArgument(format!(
                 "cudaFree of {address:#x}, which is not a segment"
@@ -370,6 +409,7 @@ impl DeviceMemory for SimDevice {
     }
 
     fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
+        self.touch_context();
         Ok((self.free_bytes(), self.total))
     }
 
@@ -381,11 +421,15 @@ impl DeviceMemory for SimDevice {
         0
     }
 
+    /// This process, once it has a context (NVML lists only processes with one).
     fn process_memory(&self) -> Vec<ProcessMemory> {
+        if !self.has_context() {
+            return Vec::new();
+        }
         vec![ProcessMemory {
             pid: std::process::id(),
             is_current: true,
-            used_bytes: self.process_context_bytes + self.used,
+            used_bytes: self.process_context_now() + self.used,
         }]
     }
 
@@ -394,10 +438,12 @@ impl DeviceMemory for SimDevice {
     }
 
     fn allocation_granularity(&self) -> Result<u64, DeviceError> {
+        self.touch_context();
         Ok(VMM_GRANULARITY)
     }
 
     fn reserve_address_range(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        self.touch_context();
         if bytes == 0 || !bytes.is_multiple_of(VMM_GRANULARITY) {
             return Err(DeviceError::InvalidArgument(format!(
                 "cuMemAddressReserve of {bytes} bytes: not a positive multiple of the granularity"
@@ -413,6 +459,7 @@ impl DeviceMemory for SimDevice {
     }
 
     fn free_address_range(&mut self, base: u64, bytes: u64) -> Result<(), DeviceError> {
+        self.touch_context();
         let end = base.saturating_add(bytes);
         if self.pages.range(base..end).next().is_some() {
             return Err(DeviceError::InvalidArgument(format!(
@@ -428,6 +475,7 @@ impl DeviceMemory for SimDevice {
     }
 
     fn map_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+        self.touch_context();
         self.check_pages("map_pages", address, bytes, page)?;
         if self.pages.range(address..address + bytes).next().is_some() {
             return Err(DeviceError::InvalidArgument(format!(
@@ -447,6 +495,7 @@ impl DeviceMemory for SimDevice {
     }
 
     fn unmap_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+        self.touch_context();
         self.check_pages("unmap_pages", address, bytes, page)?;
         let count = bytes / page;
         let all_mapped =
@@ -471,8 +520,8 @@ impl DeviceMemory for SimDevice {
         // leaves out: on the H200, 143771 MiB = 150109880320 + 644939776 bytes.
         let reserved = H200_DRIVER_RESERVED_BYTES.min(self.total / 16);
         let total = self.total + reserved;
-        let process = self.process_context_bytes + self.used;
-        let used = (reserved + self.context_bytes + self.used).min(total);
+        let process = self.process_context_now() + self.used;
+        let used = (reserved + self.context_now() + self.used).min(total);
         Ok(DriverMemory {
             method: "sim-model",
             total_bytes: total,
@@ -502,6 +551,21 @@ mod tests {
         assert!(device.free(a).is_ok());
         assert!(device.free(a).is_err());
         assert_eq!(device.mem_get_info().map(|i| i.0), Ok(free));
+    }
+
+    #[test]
+    fn the_context_appears_at_the_first_call_that_needs_it() {
+        let device = SimDevice::h200();
+        let before = device.driver_memory().expect("driver view");
+        assert_eq!(before.process_bytes, 0);
+        assert_eq!(before.used_bytes, H200_DRIVER_RESERVED_BYTES);
+        assert!(device.process_memory().is_empty());
+        assert!(!device.has_context());
+        let (free, total) = device.mem_get_info().expect("info");
+        assert_eq!(total - free, H200_CONTEXT_BYTES);
+        let after = device.driver_memory().expect("driver view");
+        assert_eq!(after.process_bytes, H200_PROCESS_CONTEXT_BYTES);
+        assert_eq!(after.used_bytes - before.used_bytes, H200_CONTEXT_BYTES);
     }
 
     #[test]

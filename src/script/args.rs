@@ -15,12 +15,15 @@ pub fn fail<T>(function: &str, message: impl std::fmt::Display) -> BindingResult
     Err(format!("{function}: {message}").into())
 }
 
-/// Builds a script error from a tensor-layer error. PyTorch's out-of-memory text passes through
-/// unchanged — scripts read it as Python code reads `str(e)` of `torch.OutOfMemoryError` — while
-/// every other error names the function that failed.
+/// Builds a script error from a tensor-layer error. Out of memory throws an
+/// [`OomError`](super::oom_error::OomError), which reads as PyTorch's text unchanged — as
+/// Python code reads `str(e)` of `torch.OutOfMemoryError` — followed by gpumem's line saying
+/// why; every other error names the function that failed.
 pub fn tensor_fail<T>(function: &str, error: TensorError) -> BindingResult<T> {
     match error {
-        TensorError::Alloc(AllocError::OutOfMemory(oom)) => Err(oom.message.into()),
+        TensorError::Alloc(AllocError::OutOfMemory(oom)) => {
+            Err(super::oom_error::OomError::new(&oom).into_error())
+        }
         TensorError::Interrupted => super::control::Stop::Interrupted.error(),
         other => fail(function, other),
     }

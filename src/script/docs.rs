@@ -10,6 +10,8 @@ pub enum Kind {
     Method,
     /// A read-only tensor property: `t.shape`.
     Property,
+    /// A field or method of a caught out-of-memory error: `e.why`.
+    Error,
 }
 
 /// A binding's documentation.
@@ -43,7 +45,18 @@ const fn doc(
     }
 }
 
-use Kind::{Function, Method, Property};
+use Kind::{Error, Function, Method, Property};
+
+/// An example on a caught out-of-memory error `e` (a request of 1 EiB always fails).
+macro_rules! on_oom {
+    ($tail:literal) => {
+        concat!(
+            "{ let e = (); try { empty(1 << 60, \"uint8\"); } catch (x) { e = x; } e",
+            $tail,
+            " }"
+        )
+    };
+}
 
 /// Every binding, grouped as `:help` lists them.
 #[rustfmt::skip]
@@ -90,6 +103,38 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("get_per_process_memory_fraction", Function, "get_per_process_memory_fraction()", "the cap in force (1.0 when none)", "get_per_process_memory_fraction()"),
     doc("mem_get_info", Function, "mem_get_info()", "[free, total] bytes as the driver reports them", "mem_get_info()"),
     doc("with_allocator_conf", Function, "with_allocator_conf(conf, || { ... })", "run the closure against a second allocator under config conf (a fresh simulated GPU of this size, or the same CUDA GPU); returns its value", "with_allocator_conf(\"expandable_segments:True\", || { let x = empty(5000000, \"uint8\"); memory_reserved() })"),
+    doc("memory_map", Function, "memory_map([width])", "every segment drawn as cells: allocated, free in a used segment, free segment", "memory_map(60)"),
+    doc("fragmentation", Function, "fragmentation()", "per pool (all, small, large): cached_free, largest_free, free_blocks, releasable, external", "fragmentation().all.external"),
+    doc("measure", Function, "measure(|| { ... })", "run a closure; its peak_allocated, peak_reserved, device_allocations, ... and result", "measure(|| randn(8)).peak_allocated"),
+    doc("progress", Function, "progress(items[, label])", "iterate a range or array with a progress bar on stderr (terminals only): for b in progress(0..n)", "progress(0..3)"),
+    doc("message", Error, "e.message", "PyTorch's out-of-memory message, unchanged", on_oom!(".message")),
+    doc("why", Error, "e.why", "gpumem's line saying why, computed from the figures below", on_oom!(".why")),
+    doc("cause", Error, "e.cause", "impossible, never_fits, over_fraction, fragmentation, driver_refused or device_full", on_oom!(".cause")),
+    doc("requested", Error, "e.requested", "bytes asked for", on_oom!(".requested")),
+    doc("rounded", Error, "e.rounded", "the request rounded as the allocator rounds it", on_oom!(".rounded")),
+    doc("segment", Error, "e.segment", "bytes of the segment a cache miss needed (\"Tried to allocate\")", on_oom!(".segment")),
+    doc("pool", Error, "e.pool", "\"small\" or \"large\": the pool of the request", on_oom!(".pool")),
+    doc("largest_free", Error, "e.largest_free", "the pool's largest free cached block", on_oom!(".largest_free")),
+    doc("cached_free", Error, "e.cached_free", "free cached bytes of the pool", on_oom!(".cached_free")),
+    doc("cached_free_all", Error, "e.cached_free_all", "free cached bytes of both pools", on_oom!(".cached_free_all")),
+    doc("device_free", Error, "e.device_free", "bytes the device reported free", on_oom!(".device_free")),
+    doc("device_total", Error, "e.device_total", "the device's total memory", on_oom!(".device_total")),
+    doc("allocated", Error, "e.allocated", "bytes of live tensors at the error", on_oom!(".allocated")),
+    doc("reserved", Error, "e.reserved", "bytes held from the device at the error", on_oom!(".reserved")),
+    doc("allowed", Error, "e.allowed", "the memory fraction's cap in bytes, or () without one", on_oom!(".allowed")),
+    doc("fraction", Error, "e.fraction", "the memory fraction in force (1.0 without a cap)", on_oom!(".fraction")),
+    doc("free_pages", Error, "e.free_pages", "bytes in whole expandable-segment pages inside the pool's free blocks", on_oom!(".free_pages")),
+    doc("page", Error, "e.page", "the expandable-segment page size free_pages counts in", on_oom!(".page")),
+    doc("fits_with_expandable", Error, "e.fits_with_expandable", "whether expandable_segments:True would have served it on this layout", on_oom!(".fits_with_expandable")),
+    doc("contains", Error, "e.contains(text)", "string functions read the error as its text (message + why line)", on_oom!(".contains(\"why\")")),
+    doc("starts_with", Error, "e.starts_with(text)", "as on its text", on_oom!(".starts_with(\"CUDA out of memory.\")")),
+    doc("ends_with", Error, "e.ends_with(text)", "as on its text", on_oom!(".ends_with(\")\")")),
+    doc("index_of", Error, "e.index_of(text)", "as on its text", on_oom!(".index_of(\"EB\")")),
+    doc("len", Error, "e.len()", "characters of its text", on_oom!(".len()")),
+    doc("split", Error, "e.split(separator)", "its text split, e.g. into sentences", on_oom!(".split(\". \")")),
+    doc("sub_string", Error, "e.sub_string(start[, length])", "part of its text", on_oom!(".sub_string(0, 18)")),
+    doc("==", Error, "e == text, e != text", "compares its text", on_oom!(" == \"\"")),
+    doc("!=", Error, "e != text", "compares its text", on_oom!(" != \"\"")),
     doc("manual_seed", Function, "manual_seed(seed)", "restart the random generator at seed", "manual_seed(0)"),
     doc("synchronize", Function, "synchronize()", "wait until every kernel launched so far has finished (nothing is pending on sim)", "synchronize()"),
     doc("exit", Function, "exit([code])", "end the script (and gpumem run, or the REPL) with exit status code, 0 to 255 (default 0)", "if false { exit(3) }"),

@@ -87,7 +87,7 @@ impl ScriptError {
         }
         let position = error.take_position();
         let message = match &error {
-            EvalAltResult::ErrorRuntime(value, _) => value.to_string(),
+            EvalAltResult::ErrorRuntime(value, _) => super::oom_error::OomError::describe(value),
             EvalAltResult::ErrorTerminated(value, _) => match Stop::of(value) {
                 Some(Stop::Exit(code)) => return ScriptError::Exit(code),
                 Some(Stop::Interrupted) => INTERRUPTED.to_string(),

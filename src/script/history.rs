@@ -31,9 +31,10 @@ thread_local! {
 }
 
 /// Makes the allocator stamp the events that follow with the call site of `context` (only
-/// while history is being recorded).
+/// while history is being recorded or the runtime is observed).
 pub fn stamp(context: &NativeCallContext, runtime: &Runtime) {
-    if !runtime.allocator().trace().enabled() {
+    // A timeline being recorded (`gpumem run --timeline/--report`) reads the stamp too.
+    if !runtime.is_observed() && !runtime.allocator().trace().enabled() {
         return;
     }
     let line = context.call_position().line().unwrap_or(0) as u32;

@@ -134,8 +134,7 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
         "empty_cache",
         move |context: NativeCallContext| -> BindingResult<()> {
             super::history::stamp(&context, &rt);
-            rt.with_allocator(|a| a.empty_cache())
-                .or_else(|error| fail("empty_cache", error))
+            rt.empty_cache().or_else(|error| fail("empty_cache", error))
         },
     );
     let rt = Rc::clone(runtime);

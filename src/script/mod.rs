@@ -11,11 +11,14 @@ pub mod errors;
 pub mod history;
 pub mod limits;
 pub mod memory_api;
+pub mod oom_error;
+pub mod progress_api;
 pub mod snapshot_api;
 pub mod stack;
 pub mod stdlib;
 pub mod tensor_api;
 pub mod values_api;
+pub mod viz_api;
 
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -99,6 +102,7 @@ pub fn strip_bom(source: &str) -> &str {
 pub struct Host {
     engine: Engine,
     runtime: Rc<Runtime>,
+    map_settings: viz_api::MapSettings,
     /// The Ctrl-C flag the engine polls, once [`Host::set_interrupt`] gave one.
     interrupt: Rc<RefCell<Option<Arc<AtomicBool>>>>,
 }
@@ -121,7 +125,8 @@ impl Host {
         engine.on_debug(move |text, _source, position| {
             sink.line(&format!("[debug {position}] {text}"))
         });
-        bindings::register(&mut engine, &runtime);
+        let map_settings = viz_api::MapSettings::default();
+        bindings::register(&mut engine, &runtime, &map_settings);
         control::register(&mut engine);
         // Polled before every operation: the stack guard first, then Ctrl-C.
         let interrupt: Rc<RefCell<Option<Arc<AtomicBool>>>> = Rc::default();
@@ -139,8 +144,20 @@ impl Host {
         Host {
             engine,
             runtime,
+            map_settings,
             interrupt,
         }
+    }
+
+    /// Sets how `memory_map()` draws without a width argument: the terminal's width and
+    /// whether to colour (plain 80 columns until called).
+    pub fn set_map_options(&self, options: crate::viz::MapOptions) {
+        self.map_settings.set(options);
+    }
+
+    /// How `memory_map()` draws without a width argument.
+    pub fn map_options(&self) -> crate::viz::MapOptions {
+        self.map_settings.get()
     }
 
     /// The runtime scripts run against.

@@ -46,6 +46,11 @@ pub const COMMANDS: &[Command] = &[
         summary: "memory_summary(): PyTorch's table",
     },
     Command {
+        name: ":map",
+        args: "",
+        summary: "memory_map(): every segment drawn as cells, with a legend",
+    },
+    Command {
         name: ":load",
         args: "FILE",
         summary: "run a script here; its variables stay",
@@ -73,6 +78,10 @@ pub fn help() -> String {
         ("Functions", Kind::Function),
         ("Tensor properties", Kind::Property),
         ("Tensor methods", Kind::Method),
+        (
+            "Out-of-memory errors (`catch (e)`; print(e) shows PyTorch's text and the why line)",
+            Kind::Error,
+        ),
     ] {
         let _ = writeln!(text, "{title}:");
         for doc in BINDINGS.iter().filter(|doc| doc.kind == kind) {
@@ -188,6 +197,14 @@ pub fn mem(runtime: &Runtime) -> String {
         "allocated {}, reserved {}, driver used {driver}",
         format_size(stats.allocated_bytes.all.current.max(0) as u64),
         format_size(stats.reserved_bytes.all.current.max(0) as u64),
+    )
+}
+
+/// `:map`: the segment map, drawn with `options` (the terminal's width and colour).
+pub fn map(runtime: &Runtime, options: gpumem::viz::MapOptions) -> String {
+    gpumem::viz::map::render(
+        &gpumem::viz::MemoryLayout::of(&runtime.allocator()),
+        &options,
     )
 }
 

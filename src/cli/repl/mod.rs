@@ -147,6 +147,9 @@ impl Repl {
             ("vars", _) => self.out.line(&commands::vars(&self.scope)),
             ("mem", _) => self.out.line(&commands::mem(&runtime)),
             ("summary", _) => self.out.line(&commands::summary(&runtime)),
+            ("map", _) => self
+                .out
+                .line(&commands::map(&runtime, self.host.map_options())),
             ("load", "") => self.error(":load: which file? usage: :load FILE"),
             ("load", file) => return self.load(Path::new(file)),
             ("reset", _) => self.reset(),
@@ -226,7 +229,7 @@ impl Repl {
         self.scope.clear();
         self.definitions = Definitions::default();
         let runtime = Rc::clone(self.host.runtime());
-        match runtime.with_allocator(|allocator| allocator.empty_cache()) {
+        match runtime.empty_cache() {
             Ok(()) => self.out.line(&format!(
                 "reset: every variable dropped, cache emptied ({})",
                 commands::mem(&runtime)
@@ -277,6 +280,8 @@ pub fn run(runtime: Rc<Runtime>, device: DeviceSpec, limits: Limits) -> Result<u
         });
     }
     let color = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    repl.host
+        .set_map_options(crate::cli::paint::stdout_map_options());
     let interrupt = Arc::new(AtomicBool::new(false));
     let handler_flag = Arc::clone(&interrupt);
     if let Err(error) = ctrlc::set_handler(move || handler_flag.store(true, Ordering::Relaxed)) {

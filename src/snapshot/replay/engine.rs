@@ -13,6 +13,7 @@ use super::observe::{DeviceEvent, SegmentWatch};
 use crate::alloc::{AllocError, Allocation, CachingAllocator};
 use crate::snapshot::model::Action;
 use crate::snapshot::pickle::{Emitted, RawEvent, SnapshotError};
+use crate::tensor::observe::{MemoryEvent, MemoryObserver};
 
 /// A hasher for device addresses: one multiplication, enough for keys that are already
 /// spread out (the standard hasher costs more than the allocator's own work here).
@@ -110,6 +111,8 @@ pub struct Engine {
     pub first_oom: Option<FirstOom>,
     /// Device events compared.
     pub segments: SegmentComparison,
+    /// Told about every allocator operation (a timeline being recorded), if set.
+    observer: Option<Box<dyn MemoryObserver>>,
 }
 
 impl Engine {
@@ -129,6 +132,19 @@ impl Engine {
             counts: Counts::default(),
             first_oom: None,
             segments: SegmentComparison::default(),
+            observer: None,
+        }
+    }
+
+    /// Tells `observer` about every allocation, free and `empty_cache()` from now on.
+    pub fn set_observer(&mut self, observer: Option<Box<dyn MemoryObserver>>) {
+        self.observer = observer;
+    }
+
+    /// Tells the observer, if any, about `event` (context 0: a replay has no script lines).
+    fn notify(&mut self, event: MemoryEvent<'_>) {
+        if let Some(observer) = self.observer.as_mut() {
+            observer.observe(event, 0, &self.allocator);
         }
     }
 
@@ -223,6 +239,7 @@ impl Engine {
         self.allocator
             .empty_cache()
             .map_err(|error| format!("empty_cache failed: {error}"))?;
+        self.notify(MemoryEvent::EmptyCache);
         self.counts.empty_cache_calls += 1;
         self.release_pending = false;
         self.released = true;
@@ -245,7 +262,12 @@ impl Engine {
             ));
         }
         let size = non_negative(event.size, "size")?;
-        match self.allocator.malloc_on(event.stream as u64, size) {
+        let result = self.allocator.malloc_on(event.stream as u64, size);
+        self.notify(MemoryEvent::Malloc {
+            requested: size,
+            result: &result,
+        });
+        match result {
             Ok(allocation) => {
                 self.live.insert(
                     addr,
@@ -297,10 +319,12 @@ impl Engine {
         self.counts.frees += 1;
         let addr = event.addr as u64;
         if let Some(live) = self.live.remove(&addr) {
-            return self
+            let result = self
                 .allocator
                 .free(live.allocation)
                 .map_err(|error| format!("the allocator failed: {error}"));
+            self.notify(MemoryEvent::Free(live.allocation));
+            return result;
         }
         if self.skipped.remove(&addr) {
             return Ok(());
@@ -313,11 +337,20 @@ impl Engine {
     fn recorded_oom(&mut self, _index: u64, event: &RawEvent) -> Result<(), String> {
         self.counts.recorded_ooms += 1;
         let size = non_negative(event.size, "size")?;
-        match self.allocator.malloc_on(event.stream as u64, size) {
-            Ok(allocation) => self
-                .allocator
-                .free(allocation)
-                .map_err(|error| format!("the allocator failed: {error}")),
+        let result = self.allocator.malloc_on(event.stream as u64, size);
+        self.notify(MemoryEvent::Malloc {
+            requested: size,
+            result: &result,
+        });
+        match result {
+            Ok(allocation) => {
+                let freed = self
+                    .allocator
+                    .free(allocation)
+                    .map_err(|error| format!("the allocator failed: {error}"));
+                self.notify(MemoryEvent::Free(allocation));
+                freed
+            }
             Err(AllocError::OutOfMemory(_)) => {
                 self.counts.recorded_ooms_reproduced += 1;
                 Ok(())

@@ -1,0 +1,341 @@
+//! Why an allocation failed: the facts at the moment of PyTorch's out-of-memory error and the
+//! one cause they point to, worded as one line that follows PyTorch's message.
+//!
+//! Every figure is read from the allocator when the error is raised, after PyTorch's own
+//! remedies ran: the retry after returning every wholly free cached segment (what
+//! `empty_cache()` does) has already failed, so "would fit after `empty_cache()`" is never
+//! the answer — whatever free memory is still cached lies in segments that hold live tensors.
+//! The causes, checked in this order:
+//!
+//! 1. [`OomCause::Impossible`]: a request of 1 EiB or more.
+//! 2. [`OomCause::NeverFits`]: the segment needed exceeds what the allocator could hold even
+//!    with every tensor freed: the device's free memory plus what it already reserves.
+//! 3. [`OomCause::OverFraction`]: `set_per_process_memory_fraction`'s cap refused the segment.
+//! 4. [`OomCause::Fragmentation`]: the pool caches at least the rounded request in free
+//!    blocks, but no block is large enough.
+//! 5. [`OomCause::DriverRefused`]: the device reports enough free memory yet refused.
+//! 6. [`OomCause::DeviceFull`]: the device has too little free memory.
+//!
+//! Whether expandable segments would help is computed on the current layout: they unmap the
+//! whole pages of free blocks and map pages again as one range, so the request would fit when
+//! its pages fit into the device's free memory plus the whole pages inside free blocks.
+
+use super::format::format_size as fs;
+use super::{CachingAllocator, Pool};
+
+/// The cause an out-of-memory error is put down to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OomCause {
+    /// A request of 1 EiB or more, which PyTorch refuses outright.
+    Impossible,
+    /// The segment needed exceeds the device's free memory plus everything the allocator
+    /// reserves: it would not fit with every tensor freed.
+    NeverFits,
+    /// The per-process memory fraction refused the segment.
+    OverFraction,
+    /// Enough free bytes are cached in the pool, but no free block is large enough.
+    Fragmentation,
+    /// The device reports enough free memory for the segment but refused it.
+    DriverRefused,
+    /// The device has too little free memory for the segment.
+    DeviceFull,
+}
+
+impl OomCause {
+    /// A short name for scripts (`"fragmentation"`, `"over_fraction"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            OomCause::Impossible => "impossible",
+            OomCause::NeverFits => "never_fits",
+            OomCause::OverFraction => "over_fraction",
+            OomCause::Fragmentation => "fragmentation",
+            OomCause::DriverRefused => "driver_refused",
+            OomCause::DeviceFull => "device_full",
+        }
+    }
+}
+
+/// The facts at an out-of-memory error, and their cause.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OomDiagnosis {
+    /// What the facts point to.
+    pub cause: OomCause,
+    /// Bytes the caller asked for.
+    pub requested: u64,
+    /// The request rounded as the allocator rounds it (the block it looked for).
+    pub rounded: u64,
+    /// Bytes of the segment a cache miss needs ("Tried to allocate ...").
+    pub segment: u64,
+    /// The pool the request belongs to.
+    pub pool: Pool,
+    /// The largest free cached block of that pool.
+    pub largest_free: u64,
+    /// Free cached bytes of that pool.
+    pub cached_free: u64,
+    /// Free cached bytes of both pools.
+    pub cached_free_all: u64,
+    /// Bytes the device reports free (`cudaMemGetInfo`).
+    pub device_free: u64,
+    /// The device's total memory.
+    pub device_total: u64,
+    /// Bytes of live blocks.
+    pub allocated: u64,
+    /// Bytes held from the device.
+    pub reserved: u64,
+    /// The memory fraction's cap, if one is set.
+    pub allowed: Option<u64>,
+    /// Whether expandable segments are on (then they are not suggested).
+    pub expandable: bool,
+    /// Bytes in whole expandable-segment pages inside the pool's free blocks: what
+    /// expandable segments could unmap and map again for this request.
+    pub free_pages: u64,
+    /// The page size those pages are counted in (2 MiB small pool, 20 MiB large pool).
+    pub page: u64,
+}
+
+impl OomDiagnosis {
+    /// The memory fraction the cap stands for (1 without a cap), as
+    /// `get_per_process_memory_fraction()` reports it.
+    pub fn fraction(&self) -> f64 {
+        match self.allowed {
+            Some(allowed) if self.device_total > 0 => allowed as f64 / self.device_total as f64,
+            _ => 1.0,
+        }
+    }
+
+    /// Whether expandable segments would have served the request on this layout: memory is
+    /// short or scattered (fragmentation, a full device), cached free blocks hold whole
+    /// pages, and the request's pages fit into the device's free memory plus those pages.
+    pub fn fits_with_expandable(&self) -> bool {
+        let pages = self.rounded.div_ceil(self.page.max(1)) * self.page;
+        !self.expandable
+            && matches!(self.cause, OomCause::Fragmentation | OomCause::DeviceFull)
+            && self.free_pages > 0
+            && pages <= self.device_free.saturating_add(self.free_pages)
+    }
+
+    /// The one gpumem line printed after PyTorch's message, e.g.
+    /// `gpumem: fragmentation: largest free cached block 4.00 MiB of 20.00 MiB cached in the
+    /// large pool, 8.00 MiB needed; ...`.
+    pub fn why(&self) -> String {
+        let pool = self.pool.name();
+        // Expandable segments map pages instead of allocating a segment.
+        let needed = if self.expandable {
+            format!("{} of pages", fs(self.segment))
+        } else {
+            format!("a {} segment", fs(self.segment))
+        };
+        let mut line = match self.cause {
+            OomCause::Impossible => format!(
+                "gpumem: {} bytes requested: 1 EiB or more can never be allocated",
+                self.requested
+            ),
+            OomCause::NeverFits => format!(
+                "gpumem: it cannot fit on this device: {needed} needed, but with every tensor freed at most {} ({} free + {} reserved) is available; the rest of the {} is the CUDA context and other memory",
+                fs(self.device_free.saturating_add(self.reserved)),
+                fs(self.device_free),
+                fs(self.reserved),
+                fs(self.device_total)
+            ),
+            OomCause::OverFraction => {
+                let allowed = self.allowed.unwrap_or(0);
+                let head = if self.segment > allowed {
+                    format!(
+                        "gpumem: over the memory fraction: {needed} alone is more than the {} allowed (fraction {})",
+                        fs(allowed),
+                        fraction_text(self.fraction())
+                    )
+                } else {
+                    format!(
+                        "gpumem: over the memory fraction: {} reserved + {needed} > {} allowed (fraction {})",
+                        fs(self.reserved),
+                        fs(allowed),
+                        fraction_text(self.fraction())
+                    )
+                };
+                let device = if self.segment <= self.device_free {
+                    format!(
+                        "the device has {} free, so a larger fraction would fit",
+                        fs(self.device_free)
+                    )
+                } else {
+                    format!(
+                        "the device itself has only {} free",
+                        fs(self.device_free)
+                    )
+                };
+                format!("{head}; {device}")
+            }
+            OomCause::Fragmentation => format!(
+                "gpumem: fragmentation: largest free cached block {} of {} cached in the {pool} pool, {} needed; empty_cache() cannot help (every free block shares its segment with a live tensor)",
+                fs(self.largest_free),
+                fs(self.cached_free),
+                fs(self.rounded)
+            ),
+            OomCause::DriverRefused => format!(
+                "gpumem: the device refused {needed} although it reports {} free (the driver's own fragmentation or granularity)",
+                fs(self.device_free)
+            ),
+            OomCause::DeviceFull => {
+                let cached = if self.cached_free > 0 {
+                    format!(
+                        ", and {} stays cached in the {pool} pool in blocks of at most {}",
+                        fs(self.cached_free),
+                        fs(self.largest_free)
+                    )
+                } else {
+                    String::new()
+                };
+                format!(
+                    "gpumem: the device is full: {needed} needed, {} free on the device; live tensors hold {}{cached}",
+                    fs(self.device_free),
+                    fs(self.allocated)
+                )
+            }
+        };
+        if self.fits_with_expandable() {
+            line.push_str(&format!(
+                "; would fit with expandable_segments:True (the free blocks' whole {} pages, {}, would be unmapped and mapped again as one range)",
+                fs(self.page),
+                fs(self.free_pages)
+            ));
+        }
+        line
+    }
+}
+
+/// A fraction with at most four decimals and no trailing zeros (`0.02`, `0.3333`).
+fn fraction_text(fraction: f64) -> String {
+    let text = format!("{fraction:.4}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+impl CachingAllocator {
+    /// The facts of an out-of-memory error for a request of `requested` bytes, rounded to
+    /// `rounded`, that needed a `segment`-byte segment, with the cause they point to.
+    pub(super) fn diagnose(&self, requested: u64, rounded: u64, segment: u64) -> OomDiagnosis {
+        let pool = Self::pool_for(rounded);
+        let page = super::expandable::page_size(pool);
+        let (mut largest_free, mut cached_free, mut cached_free_all, mut free_pages) = (0, 0, 0, 0);
+        // Free blocks with memory behind them (unmapped ranges of expandable segments are
+        // blocks too, but hold nothing).
+        for block in self
+            .blocks()
+            .filter(|block| !block.allocated && block.mapped)
+        {
+            cached_free_all += block.size;
+            if block.pool != pool {
+                continue;
+            }
+            cached_free += block.size;
+            largest_free = largest_free.max(block.size);
+            // Whole pages counted from the segment's base, as an expandable segment's are.
+            let base = match self.expandable.get(block.segment) {
+                Some(segment) => segment.base,
+                None => self
+                    .segments
+                    .range(..=block.ptr)
+                    .next_back()
+                    .map_or(block.ptr, |(&base, _)| base),
+            };
+            let first = (block.ptr - base).div_ceil(page);
+            let last = (block.ptr + block.size - base) / page;
+            free_pages += last.saturating_sub(first) * page;
+        }
+        let (device_free, device_total) = self.device.mem_get_info().unwrap_or((0, 0));
+        let reserved = self.stats.reserved_bytes.all.current.max(0) as u64;
+        let over_fraction = self
+            .allowed_memory_maximum
+            .is_some_and(|allowed| reserved.saturating_add(segment) > allowed);
+        let cause = if requested >= super::ONE_EXABYTE {
+            OomCause::Impossible
+        } else if segment > device_free.saturating_add(reserved) {
+            OomCause::NeverFits
+        } else if over_fraction {
+            OomCause::OverFraction
+        } else if cached_free >= rounded {
+            OomCause::Fragmentation
+        } else if device_free >= segment {
+            OomCause::DriverRefused
+        } else {
+            OomCause::DeviceFull
+        };
+        OomDiagnosis {
+            cause,
+            requested,
+            rounded,
+            segment,
+            pool,
+            largest_free,
+            cached_free,
+            cached_free_all,
+            device_free,
+            device_total,
+            allocated: self.stats.allocated_bytes.all.current.max(0) as u64,
+            reserved,
+            allowed: self.allowed_memory_maximum,
+            expandable: self.config.expandable_segments,
+            free_pages,
+            page,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::{AllocConf, AllocError};
+    use crate::device::{DeviceError, DeviceMemory, ProcessMemory};
+
+    /// A device that reports 1 GiB free and refuses every segment.
+    struct Refusing;
+
+    impl DeviceMemory for Refusing {
+        fn malloc(&mut self, _bytes: u64) -> Result<u64, DeviceError> {
+            Err(DeviceError::OutOfMemory)
+        }
+        fn free(&mut self, _address: u64) -> Result<(), DeviceError> {
+            Ok(())
+        }
+        fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
+            Ok((1 << 30, 2 << 30))
+        }
+        fn total_memory(&self) -> u64 {
+            2 << 30
+        }
+        fn index(&self) -> usize {
+            0
+        }
+        fn process_memory(&self) -> Vec<ProcessMemory> {
+            Vec::new()
+        }
+        fn label(&self) -> String {
+            "refusing".into()
+        }
+    }
+
+    #[test]
+    fn a_refusal_with_room_on_the_device_is_the_drivers() {
+        let mut allocator =
+            CachingAllocator::new(Box::new(Refusing), AllocConf::default()).expect("allocator");
+        let Err(AllocError::OutOfMemory(oom)) = allocator.malloc(100 << 20) else {
+            panic!("the refusing device must make malloc fail");
+        };
+        assert_eq!(oom.diagnosis.cause, OomCause::DriverRefused);
+        assert_eq!(
+            oom.why(),
+            "gpumem: the device refused a 100.00 MiB segment although it reports 1024.00 MiB free (the driver's own fragmentation or granularity)"
+        );
+        assert!(
+            !oom.message.contains("gpumem"),
+            "PyTorch's text stays unchanged"
+        );
+    }
+
+    #[test]
+    fn fractions_print_short() {
+        assert_eq!(fraction_text(0.02), "0.02");
+        assert_eq!(fraction_text(0.019_999_999_9), "0.02");
+        assert_eq!(fraction_text(1.0), "1");
+    }
+}

@@ -1,0 +1,16 @@
+//! Seeing memory: the segment map, fragmentation figures, the timeline of a run and the HTML
+//! report. Everything here reads the allocator from outside (its snapshot and counters, and
+//! the events a [`timeline::Recorder`] is told about); the allocator knows nothing of it.
+
+pub mod chart;
+pub mod fragmentation;
+pub mod layout;
+pub mod map;
+pub mod report;
+pub mod timeline;
+pub mod units;
+
+pub use fragmentation::{Fragmentation, FreeSpace};
+pub use layout::{MemoryLayout, Region, SegmentLayout, Span};
+pub use map::MapOptions;
+pub use timeline::{Event, EventKind, ExpandableRange, Recorder, Timeline};
