@@ -165,7 +165,7 @@ fn colon_commands_work_when_piped() {
     );
     assert!(vars[1].starts_with("many[0] "), "{vars:?}");
     assert!(vars[2].starts_with("small "), "{vars:?}");
-    assert!(stdout.contains("allocated 4.00 MiB, reserved 22.00 MiB, driver used"));
+    assert!(stdout.contains("allocated 4.00 MiB, reserved 22.00 MiB, cudaMemGetInfo used"));
     assert!(stdout.contains("PyTorch CUDA memory summary, device ID 0"));
     assert!(stdout.contains("\n4096\n"), "{stdout}");
     assert!(stdout.contains(

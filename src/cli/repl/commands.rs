@@ -38,7 +38,7 @@ pub const COMMANDS: &[Command] = &[
     Command {
         name: ":mem",
         args: "",
-        summary: "one line: allocated, reserved, driver used",
+        summary: "one line: allocated, reserved, and cudaMemGetInfo's used (total − free)",
     },
     Command {
         name: ":summary",
@@ -194,7 +194,7 @@ pub fn mem(runtime: &Runtime) -> String {
         Err(error) => format!("unavailable ({error})"),
     };
     format!(
-        "allocated {}, reserved {}, driver used {driver}",
+        "allocated {}, reserved {}, cudaMemGetInfo used {driver}",
         format_size(stats.allocated_bytes.all.current.max(0) as u64),
         format_size(stats.reserved_bytes.all.current.max(0) as u64),
     )
