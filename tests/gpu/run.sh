@@ -9,6 +9,7 @@
 #   benches/compare/randn_torch.py  into one folder:
 #   LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH bash run.sh
 # Each check prints its output and `PASS name` / `FAIL name`; the last line is `N passed, N failed`.
+# GPU_CHECKS / GPU_SKIP (space-separated check names) select a part of the suite.
 # Add checks with `check NAME COMMAND...` (the command's exit status decides).
 
 cd "$(dirname "$0")"
@@ -25,9 +26,13 @@ export GPUMEM FIXTURE TORCH_SCRIPT
 passed=0
 failed=0
 
+# GPU_CHECKS="a b" runs only the checks named; GPU_SKIP="a b" runs all but those (to split the
+# suite over several calls, e.g. the NVML-sensitive checks before a long soak starts).
 check() {
     local name=$1
     shift
+    if [ -n "${GPU_CHECKS:-}" ] && [[ " $GPU_CHECKS " != *" $name "* ]]; then return 0; fi
+    if [[ " ${GPU_SKIP:-} " == *" $name "* ]]; then return 0; fi
     echo "=== $name"
     if "$@"; then
         echo "PASS $name"
