@@ -593,7 +593,12 @@ fn bench_randn(options: &SessionOptions, reps: u32, torch_script: &Path) -> Resu
             ))
         }
     };
-    let report = crate::cli::bench::randn::randn(index, reps, torch_script)
+    // The session decides the config (flag, environment, defaults) as for every command.
+    let session = session::open(&SessionOptions {
+        device: Some(DeviceSpec::Cuda(index)),
+        config: options.config.clone(),
+    })?;
+    let report = crate::cli::bench::randn::randn(&session.runtime, index, reps, torch_script)
         .map_err(|error| CliError::Usage(format!("cannot use cuda:{index}: {error}")))?;
     println!("{report}");
     Ok(())

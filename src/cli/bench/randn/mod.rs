@@ -22,9 +22,8 @@ pub mod twins;
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::Arc;
+use std::rc::Rc;
 
-use gpumem::alloc::AllocConf;
 use gpumem::device::cuda::driver::Event;
 use gpumem::device::cuda::{CudaGpu, Current, DevicePtr};
 use gpumem::device::kernels::{RandnKernel, RANDN_LAYOUT, RANDN_SOURCE};
@@ -367,9 +366,15 @@ impl Timed<'_> {
 
 /// Runs the benchmark on CUDA device `index` and returns the report, one fact per line (the
 /// summary table and the `key=value` lines `tests/gpu/run.sh` reads come last).
-pub fn randn(index: usize, reps: u32, torch_script: &Path) -> Result<String, String> {
+/// `runtime` is the session's (on `cuda:index`, under the session's allocator config); the
+/// kernels are timed on the same process-wide GPU handle.
+pub fn randn(
+    runtime: &Rc<Runtime>,
+    index: usize,
+    reps: u32,
+    torch_script: &Path,
+) -> Result<String, String> {
     let gpu = CudaGpu::open(index).map_err(bench_error)?;
-    let runtime = Runtime::cuda(Arc::clone(&gpu), AllocConf::default()).map_err(bench_error)?;
     let mut out = Vec::new();
     let (major, minor) = gpu.compute_capability();
     out.push(format!(
