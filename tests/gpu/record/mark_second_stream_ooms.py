@@ -11,29 +11,11 @@ import json
 import random
 import sys
 
-MIB = 1 << 20
+from trace_sizes import draw_size
+
 path = sys.argv[1]
 fixture = json.load(gzip.open(path, "rt"))
 fraction = fixture["memory_fraction"]
-
-
-def draw_size(rng):
-    # Exactly record_traces.py's draws (the values do not matter here, only the calls).
-    kind = rng.random()
-    if kind < 0.03:
-        return 0
-    if kind < 0.30:
-        return rng.randint(1, MIB)
-    if kind < 0.40:
-        return rng.choice([511, 512, 513, MIB - 1, MIB, MIB + 1, 2 * MIB, 2 * MIB + 1,
-                           10 * MIB - 1, 10 * MIB, 20 * MIB, 20 * MIB + 1, 40 * MIB - 512])
-    if kind < 0.70:
-        return rng.randint(MIB + 1, 10 * MIB)
-    if kind < 0.90:
-        return rng.randint(10 * MIB, 200 * MIB)
-    if kind < 0.985:
-        return rng.randint(200 * MIB, 1100 * MIB)
-    return rng.randint(2 << 30, 8 << 30) if fraction < 1.0 else rng.randint(150 << 30, 200 << 30)
 
 
 fixed = 0
@@ -44,7 +26,7 @@ for trace in fixture["traces"]:
         k = rng.randrange(12)
         op = step["op"]
         if r < 0.62:
-            n = draw_size(rng)
+            n = draw_size(rng, fraction)
             on_second = rng.random() < 0.33
             assert op[0] == "alloc" and op[1] == k and op[2] == n, (op, k, n)
             if on_second and "stream1" not in op:

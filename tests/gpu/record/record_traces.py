@@ -23,6 +23,8 @@ import sys
 
 import torch
 
+from trace_sizes import MIB, draw_size
+
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 out_path, label = args[0], args[1]
 fraction = float(args[2]) if len(args) > 2 else 1.0
@@ -35,33 +37,12 @@ for i, a in enumerate(sys.argv):
     if a == "--ops":
         ops_per_trace = int(sys.argv[i + 1])
 
-MIB = 1 << 20
 dev = torch.device("cuda:0")
 torch.cuda.init()
 total = torch.cuda.get_device_properties(0).total_memory
 if fraction < 1.0:
     torch.cuda.set_per_process_memory_fraction(fraction)
 second_stream = torch.cuda.Stream() if use_streams else None
-
-
-def draw_size(rng):
-    """Sizes that exercise every rule: 512-byte edges, the 1 MiB and 10 MiB pool borders, 2 and
-    20 MiB pages, oversize blocks, and (rarely) requests far beyond the device."""
-    kind = rng.random()
-    if kind < 0.03:
-        return 0
-    if kind < 0.30:
-        return rng.randint(1, MIB)
-    if kind < 0.40:
-        return rng.choice([511, 512, 513, MIB - 1, MIB, MIB + 1, 2 * MIB, 2 * MIB + 1,
-                           10 * MIB - 1, 10 * MIB, 20 * MIB, 20 * MIB + 1, 40 * MIB - 512])
-    if kind < 0.70:
-        return rng.randint(MIB + 1, 10 * MIB)
-    if kind < 0.90:
-        return rng.randint(10 * MIB, 200 * MIB)
-    if kind < 0.985:
-        return rng.randint(200 * MIB, 1100 * MIB)
-    return rng.randint(2 << 30, 8 << 30) if fraction < 1.0 else rng.randint(150 << 30, 200 << 30)
 
 
 def snapshot_segments():
@@ -88,7 +69,7 @@ for seed in range(2000, 2000 + seeds):
         r = rng.random()
         k = rng.randrange(12)
         if r < 0.62:
-            n = draw_size(rng)
+            n = draw_size(rng, fraction)
             on_second = use_streams and rng.random() < 0.33
             op = ["alloc", k, n]
             if on_second:
