@@ -387,7 +387,7 @@ pub fn randn(
     ));
 
     runtime.manual_seed(SEED);
-    let tensor = Tensor::randn(&runtime, &SHAPE, DType::Float32).map_err(bench_error)?;
+    let tensor = Tensor::randn(runtime, &SHAPE, DType::Float32).map_err(bench_error)?;
     let n = tensor.numel() as u64;
     let bytes = tensor.nbytes();
     let ptr = DevicePtr(tensor.data_ptr());
@@ -511,7 +511,7 @@ pub fn randn(
     }
 
     runtime.manual_seed(SEED);
-    let again = Tensor::randn(&runtime, &SHAPE, DType::Float32).map_err(bench_error)?;
+    let again = Tensor::randn(runtime, &SHAPE, DType::Float32).map_err(bench_error)?;
     // Same seed, same values: their difference must be exactly zero everywhere.
     let difference = Tensor::binary(BinaryOp::Sub, Arg::Tensor(&again), Arg::Tensor(&tensor))
         .map_err(bench_error)?;
