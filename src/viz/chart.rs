@@ -43,7 +43,8 @@ pub struct ChartGeometry {
     pub top: i32,
     /// Bottom edge of the plotting area.
     pub bottom: i32,
-    /// The x axis runs from point 0 to point `points` (the number of events).
+    /// The x axis runs from point 0 (before the first event) to point `points` (the number of
+    /// events plus one: the state after event i is drawn from i to i + 1).
     pub points: usize,
 }
 
@@ -130,8 +131,13 @@ fn draw<DB: DrawingBackend>(
 ) -> Result<ChartGeometry, ChartError> {
     register_font();
     root.fill(&WHITE).map_err(draw_error)?;
-    let points = points(timeline);
-    let count = timeline.events.len().max(1);
+    let mut points = points(timeline);
+    // Point i is the state after event i and holds until i + 1, so the axis runs one past the
+    // last event: otherwise the last event's change would fall on the plot's right edge, unseen.
+    let count = timeline.events.len() + 1;
+    if let Some(&(_, allocated, reserved)) = points.last() {
+        points.push((count as f64, allocated, reserved));
+    }
     let (_, peak_reserved) = timeline.peaks();
     let (unit_name, unit) = match units::unit_for(peak_reserved) {
         (_, size) if size >= 1 << 30 => ("GiB", 1_u64 << 30),
@@ -157,7 +163,14 @@ fn draw<DB: DrawingBackend>(
         .configure_mesh()
         .x_desc("allocator event (#)")
         .y_desc(unit_name)
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        // Events are whole numbers: ticks plotters puts between them stay unlabelled.
+        .x_label_formatter(&|x| {
+            if x.fract() == 0.0 {
+                format!("{x:.0}")
+            } else {
+                String::new()
+            }
+        })
         .y_label_formatter(&|y| units::trimmed(*y))
         .label_style(("sans-serif", 13))
         .axis_desc_style(("sans-serif", 14))
@@ -371,5 +384,46 @@ mod tests {
             steps(&[(0.0, 1.0), (2.0, 3.0)]),
             [(0.0, 1.0), (2.0, 1.0), (2.0, 3.0)]
         );
+    }
+
+    #[test]
+    fn the_axis_runs_one_past_the_last_event_so_its_change_shows() {
+        let event = |allocated| crate::viz::Event {
+            kind: EventKind::Alloc,
+            address: 0,
+            size: 0,
+            pool: crate::alloc::Pool::Large,
+            allocated,
+            reserved: 20 << 20,
+            context: 0,
+        };
+        let timeline = Timeline {
+            events: vec![event(4 << 20), event(0)],
+            ..Timeline::default()
+        };
+        let (svg, geometry) = svg(&timeline, ChartSize::default()).expect("drawn");
+        assert_eq!(geometry.points, 3);
+        // Whole-numbered ticks only: no label printed twice (0.5 would print as "0" or "1").
+        // The x axis's labels are the numeric texts on the lowest line of the image.
+        let labels: Vec<(u32, String)> = svg
+            .split("</text>")
+            .filter_map(|part| {
+                let (tag, text) = part.rsplit_once('>')?;
+                let y = tag.split(" y=\"").nth(1)?.split('"').next()?.parse().ok()?;
+                let text = text.trim();
+                (!text.is_empty() && text.chars().all(|c| c.is_ascii_digit()))
+                    .then(|| (y, text.to_string()))
+            })
+            .collect();
+        let lowest = labels.iter().map(|(y, _)| *y).max().expect("tick labels");
+        let ticks: Vec<&str> = labels
+            .iter()
+            .filter(|(y, _)| *y == lowest)
+            .map(|(_, text)| text.as_str())
+            .collect();
+        assert!(ticks.len() >= 2, "{ticks:?}");
+        let mut unique = ticks.clone();
+        unique.dedup();
+        assert_eq!(ticks, unique, "{ticks:?}");
     }
 }
