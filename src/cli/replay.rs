@@ -284,10 +284,10 @@ pub fn bench(events: u64, file: Option<&Path>, keep: bool) -> Result<(), CliErro
     };
     if generated {
         let start = Instant::now();
-        let bytes = crate::cli::bench::replay::write_synthetic(&path, events, 1)
+        let (bytes, written) = crate::cli::bench::replay::write_synthetic(&path, events, 1)
             .map_err(CliError::Failed)?;
         say!(
-            "generated {events} events ({:.1} MB) in {:.2} s: {}",
+            "generated {written} events ({:.1} MB) in {:.2} s: {}",
             bytes as f64 / 1e6,
             start.elapsed().as_secs_f64(),
             path.display()

@@ -3,7 +3,7 @@
 //! own allocator (so its `segment_alloc` events and addresses are real) and pickled as it is
 //! generated, in PyTorch's layout, without holding the trace in memory.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io::Write;
 use std::path::Path;
 
@@ -14,7 +14,7 @@ use gpumem::alloc::{AllocConf, Allocation, CachingAllocator};
 use gpumem::device::sim::SimDevice;
 use gpumem::snapshot::model::{int, Action, Annotation, Segment, TraceEvent};
 use gpumem::snapshot::replay::observe::{DeviceEvent, SegmentWatch};
-use gpumem::snapshot::AllocatorSettings;
+use gpumem::snapshot::{capture, AllocatorSettings};
 
 /// Live bytes the workload stays under (well inside the simulated H200).
 const LIVE_LIMIT: u64 = 16 << 30;
@@ -112,7 +112,10 @@ impl Workload {
 /// `device_traces`: one device whose events are generated while they are written.
 struct Traces<'a> {
     workload: &'a RefCell<Workload>,
+    /// Events asked for.
     events: u64,
+    /// Events written, once the trace is.
+    written: Cell<u64>,
 }
 
 impl Serialize for Traces<'_> {
@@ -135,19 +138,23 @@ impl Serialize for Trace<'_, '_> {
                 workload.step();
                 std::mem::take(&mut workload.pending)
             };
+            // A step's events are written whole (the trace may run a few events past the
+            // count asked for), so the trace ends where the allocator's state does and `segments`, written
+            // after it, is that state.
             for event in batch {
-                if written == self.0.events {
-                    break;
-                }
                 trace.serialize_element(&event)?;
                 written += 1;
             }
         }
+        self.0.written.set(written);
         trace.end()
     }
 }
 
-/// The whole snapshot, in PyTorch's key order.
+/// The whole snapshot. The trace comes before `segments` (PyTorch writes `segments` first):
+/// the segments are the state after the last event, known only once the trace is written, and
+/// readers take the dict's keys in any order. PyTorch's memory_viz page starts from `segments`
+/// and undoes the trace backwards, so they must be the trace's end state.
 struct Synthetic<'a> {
     traces: Traces<'a>,
 }
@@ -155,17 +162,21 @@ struct Synthetic<'a> {
 impl Serialize for Synthetic<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(Some(4))?;
-        map.serialize_entry("segments", &Vec::<Segment>::new())?;
         map.serialize_entry("device_traces", &self.traces)?;
+        let segments: Vec<Segment> = {
+            let workload = self.traces.workload.borrow();
+            capture::segments(&workload.allocator, 0, &|_| Vec::new())
+        };
+        map.serialize_entry("segments", &segments)?;
         map.serialize_entry("allocator_settings", &AllocatorSettings::default())?;
         map.serialize_entry("external_annotations", &Vec::<Annotation>::new())?;
         map.end()
     }
 }
 
-/// Writes a synthetic snapshot of exactly `events` trace events to `path`; returns its size
-/// in bytes.
-pub fn write_synthetic(path: &Path, events: u64, seed: u64) -> Result<u64, String> {
+/// Writes a synthetic snapshot of `events` trace events to `path` (a few more when the last
+/// step makes several); returns its size in bytes and the events written.
+pub fn write_synthetic(path: &Path, events: u64, seed: u64) -> Result<(u64, u64), String> {
     let allocator = CachingAllocator::new(Box::new(SimDevice::h200()), AllocConf::default())
         .map_err(|error| error.to_string())?;
     let workload = RefCell::new(Workload {
@@ -182,6 +193,7 @@ pub fn write_synthetic(path: &Path, events: u64, seed: u64) -> Result<u64, Strin
         traces: Traces {
             workload: &workload,
             events,
+            written: Cell::new(0),
         },
     };
     let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -189,9 +201,10 @@ pub fn write_synthetic(path: &Path, events: u64, seed: u64) -> Result<u64, Strin
     serde_pickle::to_writer(&mut writer, &snapshot, serde_pickle::SerOptions::new())
         .map_err(|error| error.to_string())?;
     writer.flush().map_err(|error| error.to_string())?;
-    std::fs::metadata(path)
+    let bytes = std::fs::metadata(path)
         .map(|meta| meta.len())
-        .map_err(|error| error.to_string())
+        .map_err(|error| error.to_string())?;
+    Ok((bytes, snapshot.traces.written.get()))
 }
 
 /// This process's peak resident memory in KiB (`VmHWM` in /proc/self/status), where the
@@ -208,4 +221,49 @@ pub fn peak_rss_kib() -> Option<u64> {
 pub fn thread_cpu_ns() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
     text.split_whitespace().next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpumem::snapshot::pickle::stream_file;
+    use gpumem::snapshot::replay::{replay, ReplayOptions};
+
+    /// PyTorch's memory_viz page starts from `segments` and undoes the trace backwards: the
+    /// synthetic file's segments must be the state its trace ends in.
+    #[test]
+    fn the_synthetic_snapshot_ends_in_its_segments() {
+        let path = std::env::temp_dir().join(format!(
+            "gpumem-synthetic-test-{}.pickle",
+            std::process::id()
+        ));
+        let (_, written) = write_synthetic(&path, 20_000, 3).expect("written");
+        assert!((20_000..20_010).contains(&written), "{written}");
+        let mut streamed = 0_u64;
+        let rest = stream_file(&path, |_| {
+            streamed += 1;
+            Ok(())
+        })
+        .expect("readable");
+        assert_eq!(streamed, written);
+        let report = replay(&path, &ReplayOptions::default(), &mut |_, _| {}).expect("replays");
+        let _ = std::fs::remove_file(&path);
+        let reserved: i64 = rest.segments.iter().map(|s| s.total_size).sum();
+        let allocated: Vec<&gpumem::snapshot::Block> = rest
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .filter(|b| b.state == "active_allocated")
+            .collect();
+        assert!(reserved > 0 && !allocated.is_empty());
+        assert_eq!(reserved, report.stat("reserved_bytes.all.current"));
+        assert_eq!(
+            allocated.len() as i64,
+            report.stat("allocation.all.current")
+        );
+        assert_eq!(
+            allocated.iter().map(|b| b.size).sum::<i64>(),
+            report.stat("allocated_bytes.all.current")
+        );
+    }
 }
