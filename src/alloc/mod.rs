@@ -680,14 +680,14 @@ impl CachingAllocator {
     /// set.
     #[inline]
     fn uncache(&mut self, id: BlockId) {
-        let block = self.blocks.at(id);
-        let (stream, size, ptr, pool, mapped) = (
-            block.stream,
-            block.size,
-            block.ptr,
-            block.pool,
-            block.mapped,
-        );
+        let &Block {
+            stream,
+            size,
+            ptr,
+            pool,
+            mapped,
+            ..
+        } = self.blocks.at(id);
         let pool = self.pool_mut(pool);
         if mapped {
             pool.remove(stream, size, ptr, id);

@@ -116,12 +116,6 @@ impl StatArray {
             self.decrease(pool, -delta);
         }
     }
-
-    fn each(&mut self, f: impl Fn(&mut Stat)) {
-        f(&mut self.all);
-        f(&mut self.small);
-        f(&mut self.large);
-    }
 }
 
 /// Every counter of one device's allocator, as in PyTorch's `DeviceStats`.
@@ -199,8 +193,10 @@ impl DeviceStats {
         }
     }
 
-    fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
-        [
+    /// Every counter with a current value and peaks: the nine pool arrays' 27, then the two
+    /// oversize counters.
+    fn stats_mut(&mut self) -> Vec<&mut Stat> {
+        let arrays = [
             &mut self.active,
             &mut self.active_bytes,
             &mut self.allocated_bytes,
@@ -210,16 +206,20 @@ impl DeviceStats {
             &mut self.requested_bytes,
             &mut self.reserved_bytes,
             &mut self.segment,
-        ]
+        ];
+        let mut stats = Vec::with_capacity(29);
+        for array in arrays {
+            stats.extend([&mut array.all, &mut array.small, &mut array.large]);
+        }
+        stats.extend([&mut self.oversize_allocations, &mut self.oversize_segments]);
+        stats
     }
 
     /// `torch.cuda.reset_peak_memory_stats()`: every peak becomes the current value.
     pub fn reset_peak(&mut self) {
-        for array in self.arrays_mut() {
-            array.each(Stat::reset_peak);
+        for stat in self.stats_mut() {
+            stat.reset_peak();
         }
-        self.oversize_allocations.reset_peak();
-        self.oversize_segments.reset_peak();
     }
 
     /// Opens a measurement scope: from now on every counter's `scope_peak` follows its highest
@@ -246,48 +246,11 @@ impl DeviceStats {
         ScopeReport { start, end }
     }
 
-    /// Every counter, pool arrays first.
-    fn stats_mut(&mut self) -> Vec<&mut Stat> {
-        let DeviceStats {
-            allocation,
-            segment,
-            active,
-            inactive_split,
-            allocated_bytes,
-            reserved_bytes,
-            active_bytes,
-            inactive_split_bytes,
-            requested_bytes,
-            oversize_allocations,
-            oversize_segments,
-            ..
-        } = self;
-        let mut stats = Vec::with_capacity(29);
-        for array in [
-            allocation,
-            segment,
-            active,
-            inactive_split,
-            allocated_bytes,
-            reserved_bytes,
-            active_bytes,
-            inactive_split_bytes,
-            requested_bytes,
-        ] {
-            stats.extend([&mut array.all, &mut array.small, &mut array.large]);
-        }
-        stats.push(oversize_allocations);
-        stats.push(oversize_segments);
-        stats
-    }
-
     /// `torch.cuda.reset_accumulated_memory_stats()`: totals and event counters go to zero.
     pub fn reset_accumulated(&mut self) {
-        for array in self.arrays_mut() {
-            array.each(Stat::reset_accumulated);
+        for stat in self.stats_mut() {
+            stat.reset_accumulated();
         }
-        self.oversize_allocations.reset_accumulated();
-        self.oversize_segments.reset_accumulated();
         self.num_alloc_retries = 0;
         self.num_ooms = 0;
         self.num_sync_all_streams = 0;

@@ -9,7 +9,10 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// What happened, with PyTorch's action names ([`TraceAction::name`]).
+/// What happened, with PyTorch's action names ([`TraceAction::name`]). The first nine are
+/// PyTorch's `TraceEntry::Action`s, the ones a snapshot file holds ([`TraceAction::PYTORCH`]);
+/// [`TraceAction::EmptyCache`] is gpumem's own, for the timeline, and never written to one.
+/// The snapshot layer names this type `snapshot::Action`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TraceAction {
     /// A block was handed to a user: (block address, bytes asked for).
@@ -36,8 +39,8 @@ pub enum TraceAction {
 }
 
 impl TraceAction {
-    /// Every action, in declaration order.
-    pub const ALL: [TraceAction; 10] = [
+    /// The actions PyTorch records, the only ones a snapshot file holds.
+    pub const PYTORCH: [TraceAction; 9] = [
         TraceAction::Alloc,
         TraceAction::FreeRequested,
         TraceAction::FreeCompleted,
@@ -47,7 +50,6 @@ impl TraceAction {
         TraceAction::SegmentUnmap,
         TraceAction::Oom,
         TraceAction::Snapshot,
-        TraceAction::EmptyCache,
     ];
 
     /// The action's name in PyTorch's snapshot (`"alloc"`, `"free_requested"`, ...);
@@ -67,11 +69,32 @@ impl TraceAction {
         }
     }
 
-    /// The action with this name, if any.
+    /// Whether PyTorch records this action (everything but [`TraceAction::EmptyCache`]).
+    pub fn is_pytorchs(self) -> bool {
+        self != TraceAction::EmptyCache
+    }
+
+    /// The action PyTorch names `name`, if any (`"empty_cache"` is not one).
     pub fn from_name(name: &str) -> Option<TraceAction> {
-        TraceAction::ALL
+        TraceAction::from_bytes(name.as_bytes())
+    }
+
+    /// [`TraceAction::from_name`] of a name as bytes, as a pickle holds it.
+    pub fn from_bytes(name: &[u8]) -> Option<TraceAction> {
+        TraceAction::PYTORCH
             .into_iter()
-            .find(|action| action.name() == name)
+            .find(|action| action.name().as_bytes() == name)
+    }
+
+    /// Whether the action is a device-level segment event (`segment_*`).
+    pub fn is_segment_event(self) -> bool {
+        matches!(
+            self,
+            TraceAction::SegmentAlloc
+                | TraceAction::SegmentFree
+                | TraceAction::SegmentMap
+                | TraceAction::SegmentUnmap
+        )
     }
 }
 
@@ -264,7 +287,7 @@ mod tests {
 
     #[test]
     fn names_are_pytorchs() {
-        let names: Vec<&str> = TraceAction::ALL.iter().map(|a| a.name()).collect();
+        let names: Vec<&str> = TraceAction::PYTORCH.iter().map(|a| a.name()).collect();
         assert_eq!(
             names,
             [
@@ -277,13 +300,19 @@ mod tests {
                 "segment_unmap",
                 "oom",
                 "snapshot",
-                "empty_cache"
             ]
         );
-        for action in TraceAction::ALL {
+        for action in TraceAction::PYTORCH {
             assert_eq!(TraceAction::from_name(action.name()), Some(action));
+            assert!(action.is_pytorchs());
         }
         assert_eq!(TraceAction::from_name("free"), None);
+        // gpumem's own marker has a name but is never read from a PyTorch file.
+        assert_eq!(TraceAction::EmptyCache.name(), "empty_cache");
+        assert!(!TraceAction::EmptyCache.is_pytorchs());
+        assert_eq!(TraceAction::from_name("empty_cache"), None);
+        assert!(TraceAction::SegmentMap.is_segment_event());
+        assert!(!TraceAction::Oom.is_segment_event());
     }
 
     #[test]

@@ -10,8 +10,8 @@
 //! `num_device_free` per unmap call; `segment`, `oversize_segments` and the inactive-split
 //! counters never change for expandable memory.
 
-use super::block::{Block, BlockId, Pool, NIL};
-use super::expandable::{page_size, reserved_pages, ExpandableSegment};
+use super::block::{Block, BlockId, Pool, SegmentId, NIL};
+use super::expandable::{page_size, reserved_pages, ExpandableSegment, SegmentTable};
 use super::{AllocError, CachingAllocator, Request, TraceAction};
 
 impl CachingAllocator {
@@ -133,19 +133,15 @@ impl CachingAllocator {
     /// split off after it), merged with free neighbours and cached. `Ok(false)` when the device
     /// is out of memory (nothing changed).
     fn map_block(&mut self, id: BlockId, size: u64) -> Result<bool, AllocError> {
-        let block = self.blocks.at(id);
-        let (ptr, block_size, segment_id, stream, pool) = (
-            block.ptr,
-            block.size,
-            block.segment,
-            block.stream,
-            block.pool,
-        );
-        let Some(segment) = self.expandable.get_mut(segment_id) else {
-            return Err(AllocError::Device(format!(
-                "block at {ptr:#x} is not in an expandable segment"
-            )));
-        };
+        let &Block {
+            ptr,
+            size: block_size,
+            segment: segment_id,
+            stream,
+            pool,
+            ..
+        } = self.blocks.at(id);
+        let segment = segment_of(&mut self.expandable, segment_id, ptr)?;
         let Some((mapped_ptr, mapped)) = segment.map(self.device.as_mut(), ptr, size)? else {
             return Ok(false);
         };
@@ -193,19 +189,15 @@ impl CachingAllocator {
     /// the id, merges with unmapped neighbours and joins the unmapped set. Nothing happens when
     /// no whole page lies inside.
     pub(super) fn unmap_block(&mut self, id: BlockId) -> Result<(), AllocError> {
-        let block = self.blocks.at(id);
-        let (ptr, size, segment_id, stream, pool) = (
-            block.ptr,
-            block.size,
-            block.segment,
-            block.stream,
-            block.pool,
-        );
-        let Some(segment) = self.expandable.get_mut(segment_id) else {
-            return Err(AllocError::Device(format!(
-                "block at {ptr:#x} is not in an expandable segment"
-            )));
-        };
+        let &Block {
+            ptr,
+            size,
+            segment: segment_id,
+            stream,
+            pool,
+            ..
+        } = self.blocks.at(id);
+        let segment = segment_of(&mut self.expandable, segment_id, ptr)?;
         let (unmapped_ptr, unmapped) = segment.unmap(self.device.as_mut(), ptr, size)?;
         if unmapped == 0 {
             return Ok(());
@@ -303,4 +295,16 @@ impl CachingAllocator {
         }
         Ok(())
     }
+}
+
+/// The expandable segment `id` that the block at `ptr` lies in; an error (never expected: every
+/// block of an expandable pool records its segment) when there is none.
+fn segment_of(
+    segments: &mut SegmentTable,
+    id: SegmentId,
+    ptr: u64,
+) -> Result<&mut ExpandableSegment, AllocError> {
+    segments.get_mut(id).ok_or_else(|| {
+        AllocError::Device(format!("block at {ptr:#x} is not in an expandable segment"))
+    })
 }

@@ -10,6 +10,7 @@ pub mod paint;
 pub mod repl;
 pub mod replay;
 pub mod soak;
+pub mod splitmix;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -9,6 +9,7 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+use super::splitmix::SplitMix64;
 use gpumem::alloc::format::format_size;
 use gpumem::alloc::{AllocError, Allocation, CachingAllocator, MIB};
 
@@ -44,29 +45,12 @@ pub struct Report {
     pub fault: Option<String>,
 }
 
-/// SplitMix64: a tiny deterministic generator, so a seed reproduces a run.
-struct Random(u64);
-
-impl Random {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound.max(1)
-    }
-
-    /// Mostly small and medium requests, with a tail up to [`MAX_REQUEST`].
-    fn size(&mut self) -> u64 {
-        match self.below(10) {
-            0..=4 => 1 + self.below(MIB),
-            5..=7 => MIB + self.below(100 * MIB),
-            _ => 100 * MIB + self.below(MAX_REQUEST - 100 * MIB + 1),
-        }
+/// Mostly small and medium requests, with a tail up to [`MAX_REQUEST`].
+fn request_size(random: &mut SplitMix64) -> u64 {
+    match random.below(10) {
+        0..=4 => 1 + random.below(MIB),
+        5..=7 => MIB + random.below(100 * MIB),
+        _ => 100 * MIB + random.below(MAX_REQUEST - 100 * MIB + 1),
     }
 }
 
@@ -111,13 +95,13 @@ fn run(
     allocator.empty_cache().map_err(|e| e.to_string())?;
     report.context_bytes = process_bytes(allocator)?;
 
-    let mut random = Random(seed);
+    let mut random = SplitMix64(seed);
     let mut live: Vec<Allocation> = Vec::new();
     let start = Instant::now();
     while start.elapsed() < duration {
         report.ops += 1;
         match random.below(100) {
-            0..=54 if live.len() < MAX_LIVE => match allocator.malloc(random.size()) {
+            0..=54 if live.len() < MAX_LIVE => match allocator.malloc(request_size(&mut random)) {
                 Ok(block) => {
                     report.mallocs += 1;
                     live.push(block);

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use rhai::NativeCallContext;
 
 use crate::alloc::trace::{TraceAction, TraceEntry};
-use crate::snapshot::model::{int, Action, Frame, TraceEvent};
+use crate::snapshot::model::{int, Frame, TraceEvent};
 use crate::tensor::Runtime;
 
 /// How many entries `record_memory_history(true)` keeps (PyTorch keeps every entry by
@@ -74,30 +74,14 @@ pub fn frames(id: u32) -> Vec<Frame> {
     })
 }
 
-/// PyTorch's action for a trace entry; `None` for gpumem's own (`empty_cache`), which
-/// PyTorch does not record.
-fn action(action: TraceAction) -> Option<Action> {
-    Some(match action {
-        TraceAction::Alloc => Action::Alloc,
-        TraceAction::FreeRequested => Action::FreeRequested,
-        TraceAction::FreeCompleted => Action::FreeCompleted,
-        TraceAction::SegmentAlloc => Action::SegmentAlloc,
-        TraceAction::SegmentFree => Action::SegmentFree,
-        TraceAction::SegmentMap => Action::SegmentMap,
-        TraceAction::SegmentUnmap => Action::SegmentUnmap,
-        TraceAction::Oom => Action::Oom,
-        TraceAction::Snapshot => Action::Snapshot,
-        TraceAction::EmptyCache => return None,
-    })
-}
-
 /// The recorded entries as PyTorch's trace events, oldest first.
 pub fn events(entries: &[TraceEntry]) -> Vec<TraceEvent> {
     entries
         .iter()
         .filter_map(|entry| {
             Some(TraceEvent {
-                action: action(entry.action)?,
+                // gpumem's own `empty_cache` marker is not PyTorch's: left out.
+                action: Some(entry.action).filter(|action| action.is_pytorchs())?,
                 addr: int(entry.addr),
                 size: int(entry.size),
                 stream: int(entry.stream),

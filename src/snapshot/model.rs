@@ -78,78 +78,9 @@ pub struct Frame {
     pub line: i64,
 }
 
-/// The kind of a trace event, with PyTorch's names ([`Action::name`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Action {
-    /// A block was handed out: (block address, bytes asked for).
-    Alloc,
-    /// A block was freed by its user: (block address, bytes asked for).
-    FreeRequested,
-    /// A freed block went back to the cache (after its streams' events completed).
-    FreeCompleted,
-    /// A segment came from the device (`cudaMalloc`): (base, size).
-    SegmentAlloc,
-    /// A segment went back to the device (`cudaFree`): (base, size).
-    SegmentFree,
-    /// Pages of an expandable segment were mapped: (first byte, bytes).
-    SegmentMap,
-    /// Pages of an expandable segment were unmapped: (first byte, bytes).
-    SegmentUnmap,
-    /// An allocation failed: (the device's free bytes, the rounded request).
-    Oom,
-    /// A snapshot was taken: (0, bytes of active blocks).
-    Snapshot,
-}
-
-impl Action {
-    /// Every action PyTorch records.
-    pub const ALL: [Action; 9] = [
-        Action::Alloc,
-        Action::FreeRequested,
-        Action::FreeCompleted,
-        Action::SegmentAlloc,
-        Action::SegmentFree,
-        Action::SegmentMap,
-        Action::SegmentUnmap,
-        Action::Oom,
-        Action::Snapshot,
-    ];
-
-    /// PyTorch's string for the action.
-    pub fn name(self) -> &'static str {
-        match self {
-            Action::Alloc => "alloc",
-            Action::FreeRequested => "free_requested",
-            Action::FreeCompleted => "free_completed",
-            Action::SegmentAlloc => "segment_alloc",
-            Action::SegmentFree => "segment_free",
-            Action::SegmentMap => "segment_map",
-            Action::SegmentUnmap => "segment_unmap",
-            Action::Oom => "oom",
-            Action::Snapshot => "snapshot",
-        }
-    }
-
-    /// The action PyTorch names `name`, if any.
-    pub fn from_name(name: &str) -> Option<Action> {
-        Action::ALL.into_iter().find(|action| action.name() == name)
-    }
-
-    /// The action PyTorch names `name` (as bytes), if any.
-    pub fn from_bytes(name: &[u8]) -> Option<Action> {
-        Action::ALL
-            .into_iter()
-            .find(|action| action.name().as_bytes() == name)
-    }
-
-    /// Whether the action is a device-level segment event (`segment_*`).
-    pub fn is_segment_event(self) -> bool {
-        matches!(
-            self,
-            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap
-        )
-    }
-}
+/// The kind of a trace event: the allocator's trace action, of which a snapshot holds
+/// PyTorch's nine ([`Action::PYTORCH`]; reading a file accepts only their names).
+pub use crate::alloc::trace::TraceAction as Action;
 
 /// One trace event, as `_snapshot()["device_traces"][device][i]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -221,19 +152,4 @@ impl Serialize for Annotation {
 /// address or size comes near `i64::MAX`).
 pub fn int(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn action_names_round_trip() {
-        for action in Action::ALL {
-            assert_eq!(Action::from_name(action.name()), Some(action));
-        }
-        assert_eq!(Action::from_name("empty_cache"), None);
-        assert!(Action::SegmentMap.is_segment_event());
-        assert!(!Action::Oom.is_segment_event());
-    }
 }

@@ -30,9 +30,11 @@ pub const PHILOX_ROUNDS: usize = 7;
 /// The round counts the generator supports (7: Philox4x32-7, 10: Philox4x32-10).
 pub const SUPPORTED_ROUNDS: [usize; 2] = [7, 10];
 
-/// 2^-32 and 2^-33 (exact in float32): the uniform's scale and half step.
-const TWO_POW_M32: f32 = 1.0 / 4_294_967_296.0;
-const TWO_POW_M33: f32 = 1.0 / 8_589_934_592.0;
+/// 2^-32 (exact in float32): scales a 32-bit word to [0, 1). Public, with the other transform
+/// constants below, for the benchmark's candidate kernels' CPU twins.
+pub const TWO_POW_M32: f32 = 1.0 / 4_294_967_296.0;
+/// 2^-33 (exact in float32): half of [`TWO_POW_M32`], which centres a word's uniform in its step.
+pub const TWO_POW_M33: f32 = 1.0 / 8_589_934_592.0;
 /// 2^-23 (exact): scales `e · 2²³` back to `e`.
 const TWO_POW_M23: f32 = 1.0 / 8_388_608.0;
 
@@ -86,7 +88,7 @@ pub fn normal_block_with(rounds: usize, seed: u64, block: u64) -> [f32; 4] {
 const NEG2LN2: f32 = -1.386_294_365e+00;
 /// Bits of a float just below √½: subtracting them from a float's bits moves its mantissa into
 /// [√½, √2) and leaves the power of two in the high bits.
-const SQRT_HALF_BITS: u32 = 0x3F35_04F3;
+pub const SQRT_HALF_BITS: u32 = 0x3F35_04F3;
 /// The exponent field of a float32 (with the sign bit, so negative exponents keep their sign).
 const HIGH_BITS: u32 = 0xFF80_0000;
 
@@ -94,7 +96,7 @@ const HIGH_BITS: u32 = 0xFF80_0000;
 /// (src/device/kernels/fit_randn_poly.py); max relative error 3.0e-8 with these float32
 /// coefficients.
 #[allow(clippy::excessive_precision)]
-const LOG_POLY: [f32; 9] = [
+pub const LOG_POLY: [f32; 9] = [
     -1.747_536_212e-01,
     2.861_434_817e-01,
     -2.983_300_090e-01,

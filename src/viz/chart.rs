@@ -179,44 +179,35 @@ fn draw<DB: DrawingBackend>(
         .draw()
         .map_err(draw_error)?;
 
-    let reserved_color = RGBColor(52, 110, 170);
-    let allocated_color = RGBColor(196, 58, 40);
-    let reserved = steps(&points.iter().map(|p| (p.0, scale(p.2))).collect::<Vec<_>>());
-    let allocated = steps(&points.iter().map(|p| (p.0, scale(p.1))).collect::<Vec<_>>());
-    chart
-        .draw_series(AreaSeries::new(
-            reserved.iter().copied(),
-            0.0,
-            reserved_color.mix(0.14),
-        ))
-        .map_err(draw_error)?;
-    chart
-        .draw_series(LineSeries::new(
-            reserved.iter().copied(),
-            reserved_color.stroke_width(2),
-        ))
-        .map_err(draw_error)?
-        .label("reserved (memory_reserved)")
-        .legend(move |(x, y)| {
-            PathElement::new(vec![(x, y), (x + 22, y)], reserved_color.stroke_width(3))
-        });
-    chart
-        .draw_series(AreaSeries::new(
-            allocated.iter().copied(),
-            0.0,
-            allocated_color.mix(0.22),
-        ))
-        .map_err(draw_error)?;
-    chart
-        .draw_series(LineSeries::new(
-            allocated.iter().copied(),
-            allocated_color.stroke_width(2),
-        ))
-        .map_err(draw_error)?
-        .label("allocated (memory_allocated)")
-        .legend(move |(x, y)| {
-            PathElement::new(vec![(x, y), (x + 22, y)], allocated_color.stroke_width(3))
-        });
+    // Reserved first, so allocated (never above it) is drawn on top: (values, colour, fill
+    // opacity, legend).
+    let series = [
+        (
+            points.iter().map(|p| (p.0, scale(p.2))).collect::<Vec<_>>(),
+            RGBColor(52, 110, 170),
+            0.14,
+            "reserved (memory_reserved)",
+        ),
+        (
+            points.iter().map(|p| (p.0, scale(p.1))).collect::<Vec<_>>(),
+            RGBColor(196, 58, 40),
+            0.22,
+            "allocated (memory_allocated)",
+        ),
+    ];
+    for (values, color, fill, legend) in series {
+        let line = steps(&values);
+        chart
+            .draw_series(AreaSeries::new(line.iter().copied(), 0.0, color.mix(fill)))
+            .map_err(draw_error)?;
+        chart
+            .draw_series(LineSeries::new(line.iter().copied(), color.stroke_width(2)))
+            .map_err(draw_error)?
+            .label(legend)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 22, y)], color.stroke_width(3))
+            });
+    }
 
     // Marked events: a vertical line each, labelled where the label fits in one of a few
     // rows under the top.

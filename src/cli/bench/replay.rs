@@ -16,33 +16,18 @@ use gpumem::snapshot::model::{int, Action, Annotation, Segment, TraceEvent};
 use gpumem::snapshot::replay::observe::{DeviceEvent, SegmentWatch};
 use gpumem::snapshot::{capture, AllocatorSettings};
 
+use crate::cli::splitmix::SplitMix64;
+
 /// Live bytes the workload stays under (well inside the simulated H200).
 const LIVE_LIMIT: u64 = 16 << 30;
 /// Live blocks the workload keeps around on average.
 const LIVE_TARGET: usize = 2000;
 
-/// splitmix64: a small, fixed generator so every run writes the same file.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound.max(1)
-    }
-}
-
 /// The generator's state while the trace is being written.
 struct Workload {
     allocator: CachingAllocator,
     watch: SegmentWatch,
-    rng: Rng,
+    rng: SplitMix64,
     live: Vec<(Allocation, u64)>,
     live_bytes: u64,
     time_us: i64,
@@ -182,7 +167,7 @@ pub fn write_synthetic(path: &Path, events: u64, seed: u64) -> Result<(u64, u64)
     let workload = RefCell::new(Workload {
         allocator,
         watch: SegmentWatch::default(),
-        rng: Rng(seed),
+        rng: SplitMix64(seed),
         live: Vec::new(),
         live_bytes: 0,
         time_us: 1_700_000_000_000_000,

@@ -5,6 +5,7 @@
 use std::rc::Rc;
 
 use super::value::{Memo, Value};
+use super::vm::op;
 use crate::snapshot::model::Action;
 
 /// The fields of one trace event a replay uses.
@@ -65,24 +66,6 @@ pub fn event_from_dict(entries: &[(Value, Value)]) -> Result<RawEvent, String> {
         time_us: int("time_us", false)?,
         empty_cache_frame: get("frames").is_some_and(Value::has_empty_cache_frame),
     })
-}
-
-/// Opcodes the fast path knows.
-mod op {
-    pub const MARK: u8 = b'(';
-    pub const SETITEMS: u8 = b'u';
-    pub const EMPTY_LIST: u8 = b']';
-    pub const BININT: u8 = b'J';
-    pub const BININT1: u8 = b'K';
-    pub const BININT2: u8 = b'M';
-    pub const LONG1: u8 = 0x8a;
-    pub const SHORT_BINUNICODE: u8 = 0x8c;
-    pub const BINUNICODE: u8 = b'X';
-    pub const MEMOIZE: u8 = 0x94;
-    pub const BINPUT: u8 = b'q';
-    pub const LONG_BINPUT: u8 = b'r';
-    pub const BINGET: u8 = b'h';
-    pub const LONG_BINGET: u8 = b'j';
 }
 
 /// The fields of an event dict, as the fast path recognises their keys.

@@ -53,8 +53,9 @@ pub struct Emitted {
     pub event: RawEvent,
 }
 
-/// Pickle opcodes (Python's `pickletools` names).
-mod op {
+/// Pickle opcodes (Python's `pickletools` names); the event fast path (`event.rs`) reads a
+/// subset of them.
+pub(super) mod op {
     pub const MARK: u8 = b'(';
     pub const STOP: u8 = b'.';
     pub const POP: u8 = b'0';

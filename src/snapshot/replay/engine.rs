@@ -191,6 +191,9 @@ impl Engine {
             }
             Action::Oom => self.recorded_oom(index, &event).map_err(fail)?,
             Action::Snapshot => self.counts.snapshots += 1,
+            // gpumem's own marker: a file's reader accepts only PyTorch's names, and a recorded
+            // `empty_cache()` shows in its segment_free events, which the arm above replays.
+            Action::EmptyCache => {}
         }
         if matches!(event.action, Action::Alloc | Action::Oom) {
             if let Some(hints) = &self.hints {
@@ -253,6 +256,21 @@ impl Engine {
         }
     }
 
+    /// The event's request (its size, on its stream) through the allocator, told to the
+    /// observer; the size and the allocator's answer.
+    fn malloc(
+        &mut self,
+        event: &RawEvent,
+    ) -> Result<(u64, Result<Allocation, AllocError>), String> {
+        let size = non_negative(event.size, "size")?;
+        let result = self.allocator.malloc_on(event.stream as u64, size);
+        self.notify(MemoryEvent::Malloc {
+            requested: size,
+            result: &result,
+        });
+        Ok((size, result))
+    }
+
     fn alloc(&mut self, index: u64, event: &RawEvent) -> Result<(), String> {
         self.counts.allocs += 1;
         let addr = event.addr as u64;
@@ -261,12 +279,7 @@ impl Engine {
                 "alloc at {addr:#x}, which is already allocated (no free_completed since)"
             ));
         }
-        let size = non_negative(event.size, "size")?;
-        let result = self.allocator.malloc_on(event.stream as u64, size);
-        self.notify(MemoryEvent::Malloc {
-            requested: size,
-            result: &result,
-        });
+        let (size, result) = self.malloc(event)?;
         match result {
             Ok(allocation) => {
                 self.live.insert(
@@ -336,13 +349,7 @@ impl Engine {
     /// the cache in PyTorch), and give the block back at once if gpumem succeeds.
     fn recorded_oom(&mut self, _index: u64, event: &RawEvent) -> Result<(), String> {
         self.counts.recorded_ooms += 1;
-        let size = non_negative(event.size, "size")?;
-        let result = self.allocator.malloc_on(event.stream as u64, size);
-        self.notify(MemoryEvent::Malloc {
-            requested: size,
-            result: &result,
-        });
-        match result {
+        match self.malloc(event)?.1 {
             Ok(allocation) => {
                 let freed = self
                     .allocator

@@ -3,13 +3,8 @@
 //! twin. The production transform's twin is `tensor::philox` itself; this file holds the
 //! others: the previous transform ("v1", the baseline) and the two diagnostics.
 
-use gpumem::tensor::philox::{self, horner};
+use gpumem::tensor::philox::{self, horner, LOG_POLY, SQRT_HALF_BITS, TWO_POW_M32, TWO_POW_M33};
 
-/// 2^-32 and 2^-33 (exact in float32).
-const TWO_POW_M32: f32 = 1.0 / 4_294_967_296.0;
-const TWO_POW_M33: f32 = 1.0 / 8_589_934_592.0;
-/// Bits of a float just below √½ (as in `philox`).
-const SQRT_HALF_BITS: u32 = 0x3F35_04F3;
 /// −2 ln 2 split so that `NEG2LN2_HI + NEG2LN2_LO` carries about 48 bits.
 #[allow(clippy::excessive_precision)]
 const NEG2LN2_HI: f32 = -1.386_294_365e+00;
@@ -18,20 +13,8 @@ const NEG2LN2_LO: f32 = 3.809_308_424e-09;
 /// Lower bound of −2 ln u before the square root, 2⁻¹⁰⁰ (v1 only: its u can round to 1).
 #[allow(clippy::excessive_precision)]
 const MIN_SQUARE_RADIUS: f32 = 7.888_609_052e-31;
-/// v1's polynomials, highest order first: −2 ln(1+f)/f (the production one), and
+/// v1's polynomials, highest order first (its log is `philox::LOG_POLY`, the production one):
 /// sin(πx/2)/(√2·x), cos(πx/2)/√2 in x².
-#[allow(clippy::excessive_precision)]
-const LOG_POLY: [f32; 9] = [
-    -1.747_536_212e-01,
-    2.861_434_817e-01,
-    -2.983_300_090e-01,
-    3.314_079_046e-01,
-    -3.992_446_959e-01,
-    5.000_354_648e-01,
-    -6.666_789_055e-01,
-    9.999_998_212e-01,
-    -2.0,
-];
 #[allow(clippy::excessive_precision)]
 const SIN_POLY_V1: [f32; 4] = [
     -3.289_728_891e-03,
