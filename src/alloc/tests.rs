@@ -2,6 +2,9 @@
 
 use super::*;
 use crate::device::sim::{SimDevice, H200_TOTAL_MEMORY as H200_TOTAL};
+use crate::device::{DeviceError, DeviceMemory, ProcessMemory};
+use std::cell::Cell;
+use std::rc::Rc;
 
 fn allocator(conf: &str) -> CachingAllocator {
     let conf = AllocConf::parse(conf).expect("valid config");
@@ -10,6 +13,55 @@ fn allocator(conf: &str) -> CachingAllocator {
 
 fn get(allocator: &CachingAllocator, key: &str) -> i64 {
     allocator.stats().get(key).expect(key)
+}
+
+/// A sim device seen through the plain device interface: it counts its live segments where a
+/// test can see them, and has no virtual-memory calls (as a device without them) unless given
+/// a granularity, which may be one that does not divide PyTorch's pages.
+struct WrappedSim {
+    sim: SimDevice,
+    live: Rc<Cell<i64>>,
+    granularity: Option<u64>,
+}
+
+impl WrappedSim {
+    fn new(sim: SimDevice, granularity: Option<u64>) -> WrappedSim {
+        WrappedSim {
+            sim,
+            live: Rc::new(Cell::new(0)),
+            granularity,
+        }
+    }
+}
+
+impl DeviceMemory for WrappedSim {
+    fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        let address = self.sim.malloc(bytes)?;
+        self.live.set(self.live.get() + 1);
+        Ok(address)
+    }
+    fn free(&mut self, address: u64) -> Result<(), DeviceError> {
+        self.live.set(self.live.get() - 1);
+        self.sim.free(address)
+    }
+    fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
+        self.sim.mem_get_info()
+    }
+    fn total_memory(&self) -> u64 {
+        self.sim.total_memory()
+    }
+    fn index(&self) -> usize {
+        0
+    }
+    fn process_memory(&self) -> Vec<ProcessMemory> {
+        Vec::new()
+    }
+    fn label(&self) -> String {
+        "wrapped sim".into()
+    }
+    fn allocation_granularity(&self) -> Result<u64, DeviceError> {
+        self.granularity.ok_or_else(crate::device::vmm_unsupported)
+    }
 }
 
 #[test]
@@ -176,39 +228,8 @@ fn invalid_free_and_fraction_are_errors() {
 
 #[test]
 fn dropping_the_allocator_returns_every_segment() {
-    use crate::device::{DeviceError, DeviceMemory, ProcessMemory};
-    use std::cell::Cell;
-    use std::rc::Rc;
-
-    /// A sim device that counts its live segments where the test can see them.
-    struct Counting(SimDevice, Rc<Cell<i64>>);
-    impl DeviceMemory for Counting {
-        fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-            self.1.set(self.1.get() + 1);
-            self.0.malloc(bytes)
-        }
-        fn free(&mut self, address: u64) -> Result<(), DeviceError> {
-            self.1.set(self.1.get() - 1);
-            self.0.free(address)
-        }
-        fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
-            self.0.mem_get_info()
-        }
-        fn total_memory(&self) -> u64 {
-            self.0.total_memory()
-        }
-        fn index(&self) -> usize {
-            0
-        }
-        fn process_memory(&self) -> Vec<ProcessMemory> {
-            Vec::new()
-        }
-        fn label(&self) -> String {
-            "counting".into()
-        }
-    }
-    let live = Rc::new(Cell::new(0));
-    let device = Counting(SimDevice::h200(), Rc::clone(&live));
+    let device = WrappedSim::new(SimDevice::h200(), None);
+    let live = Rc::clone(&device.live);
     let mut a = CachingAllocator::new(Box::new(device), AllocConf::default()).expect("allocator");
     let x = a.malloc(5 * MIB).expect("5 MiB");
     let _y = a.malloc(1000).expect("1000 B");
@@ -486,46 +507,15 @@ fn trace_records_pytorchs_events_in_order() {
 
 #[test]
 fn expandable_segments_need_the_devices_virtual_memory_calls() {
-    use crate::device::{DeviceError, DeviceMemory, ProcessMemory};
-
-    /// A device without the virtual-memory calls (as the CUDA device is until it gets them),
-    /// or with a granularity that does not divide PyTorch's pages.
-    struct Plain(SimDevice, Option<u64>);
-    impl DeviceMemory for Plain {
-        fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-            self.0.malloc(bytes)
-        }
-        fn free(&mut self, address: u64) -> Result<(), DeviceError> {
-            self.0.free(address)
-        }
-        fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
-            self.0.mem_get_info()
-        }
-        fn total_memory(&self) -> u64 {
-            self.0.total_memory()
-        }
-        fn index(&self) -> usize {
-            0
-        }
-        fn process_memory(&self) -> Vec<ProcessMemory> {
-            Vec::new()
-        }
-        fn label(&self) -> String {
-            "plain".into()
-        }
-        fn allocation_granularity(&self) -> Result<u64, DeviceError> {
-            self.1.ok_or_else(crate::device::vmm_unsupported)
-        }
-    }
     let conf = AllocConf::parse("expandable_segments:True").expect("valid config");
-    let device = Plain(SimDevice::new(1 << 30), None);
+    let device = WrappedSim::new(SimDevice::new(1 << 30), None);
     let mut a = CachingAllocator::new(Box::new(device), conf.clone()).expect("allocator");
     let err = a.malloc(1000).expect_err("no VMM");
     assert!(err
         .to_string()
         .contains("does not support virtual memory management"));
     assert_eq!(a.stats(), &DeviceStats::new(-1));
-    let device = Plain(SimDevice::new(1 << 30), Some(3 << 20));
+    let device = WrappedSim::new(SimDevice::new(1 << 30), Some(3 << 20));
     let mut a = CachingAllocator::new(Box::new(device), conf).expect("allocator");
     let err = a.malloc(1000).expect_err("bad granularity");
     assert!(err
