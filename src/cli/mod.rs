@@ -12,8 +12,10 @@ pub mod replay;
 pub mod soak;
 pub mod splitmix;
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::rc::Rc;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use thiserror::Error;
@@ -466,9 +468,13 @@ fn run(
     }
     let runtime = std::rc::Rc::clone(host.runtime());
     // While observed, bindings stamp their script line on the allocator's trace context.
-    let recorder = Recorder::install(&runtime, name.clone());
+    let recorder = Rc::new(RefCell::new(Recorder::new(
+        &runtime.allocator(),
+        name.clone(),
+    )));
+    let subscription = runtime.subscribe(Box::new(Rc::clone(&recorder)));
     let result = host.run_source(&name, &source);
-    runtime.set_observer(None);
+    runtime.unsubscribe(subscription);
     let mut timeline = recorder.borrow().timeline(Vec::new());
     timeline.labels = gpumem::script::viz_api::timeline_labels(&timeline);
     let end = {

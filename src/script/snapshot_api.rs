@@ -10,7 +10,6 @@ use rhai::{Dynamic, Engine, ImmutableString};
 
 use super::args::{fail, flag, integer, non_negative, BindingResult};
 use super::history;
-use crate::alloc::trace::TraceAction;
 use crate::alloc::AllocConf;
 use crate::snapshot::replay::{replay, ReplayOptions};
 use crate::snapshot::{capture, pickle, AllocatorSettings, Snapshot};
@@ -32,11 +31,7 @@ fn snapshot(runtime: &Runtime) -> Snapshot {
         capture::segments(&allocator, allocator.device().index(), &frames_of)
     };
     let active: i64 = segments.iter().map(|segment| segment.active_size).sum();
-    runtime.with_allocator(|allocator| {
-        allocator
-            .trace_mut()
-            .record(TraceAction::Snapshot, 0, active.max(0) as u64, 0)
-    });
+    runtime.with_allocator(|allocator| allocator.record_snapshot_event(active.max(0) as u64));
     let allocator = runtime.allocator();
     Snapshot {
         segments,
@@ -60,11 +55,7 @@ fn record_history(
         }
         None => history::DEFAULT_MAX_ENTRIES,
     };
-    runtime.with_allocator(|allocator| {
-        let trace = allocator.trace_mut();
-        trace.set_max_entries(max_entries);
-        trace.set_enabled(enabled);
-    });
+    runtime.with_allocator(|allocator| allocator.record_history(enabled, max_entries));
     Ok(())
 }
 

@@ -8,7 +8,6 @@ pub mod convert;
 pub mod cuda_backend;
 pub mod dtype;
 pub mod interrupt;
-pub mod observe;
 pub mod ops;
 pub mod philox;
 pub mod shape;
@@ -21,14 +20,15 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use crate::alloc::format::format_size;
-use crate::alloc::{AllocConf, AllocError, Allocation, CachingAllocator};
+use crate::alloc::{
+    AllocConf, AllocError, Allocation, CachingAllocator, MemoryObserver, Subscription,
+};
 use crate::device::cuda::{CudaDevice, CudaGpu};
 use crate::device::sim::SimDevice;
 use crate::device::DeviceMemory;
 use backend::{Backend, SimBackend, Span};
 use cuda_backend::CudaBackend;
 pub use dtype::DType;
-use observe::{MemoryEvent, MemoryObserver};
 
 /// Seed of the random generator until `manual_seed` is called (PyTorch's default seed).
 pub const DEFAULT_SEED: u64 = 67_280_421_310_721;
@@ -78,9 +78,6 @@ pub struct Runtime {
     label: String,
     seed: Cell<u64>,
     philox_offset: Cell<u64>,
-    observer: RefCell<Option<Box<dyn MemoryObserver>>>,
-    /// Whether `observer` is set (read on every allocation, so kept apart from the RefCell).
-    observed: Cell<bool>,
 }
 
 /// The device a runtime was built on, as [`Runtime::fresh_allocator`] needs it.
@@ -153,63 +150,32 @@ impl Runtime {
             label,
             seed: Cell::new(DEFAULT_SEED),
             philox_offset: Cell::new(0),
-            observer: RefCell::new(None),
-            observed: Cell::new(false),
         })
     }
 
-    /// Installs (or with `None` removes) the observer told about every allocation, free and
-    /// `empty_cache()`; returns the one it replaces.
-    pub fn set_observer(
-        &self,
-        observer: Option<Box<dyn MemoryObserver>>,
-    ) -> Option<Box<dyn MemoryObserver>> {
-        self.observed.set(observer.is_some());
-        self.observer.replace(observer)
+    /// Subscribes `observer` to the current allocator's event stream
+    /// ([`CachingAllocator::subscribe`]); end it with [`Runtime::unsubscribe`].
+    pub fn subscribe(&self, observer: Box<dyn MemoryObserver>) -> Subscription {
+        self.allocator.borrow_mut().subscribe(observer)
     }
 
-    /// Whether an observer is installed (bindings then stamp the allocator's trace context
-    /// with their script line even while the trace itself is off).
-    #[inline]
-    pub fn is_observed(&self) -> bool {
-        self.observed.get()
-    }
-
-    /// Tells the observer, if any, about `event`, with the allocator's trace context (the
-    /// script line stamped by the binding that caused it).
-    #[inline]
-    fn notify(&self, event: MemoryEvent<'_>, allocator: &CachingAllocator) {
-        if !self.observed.get() {
-            return;
-        }
-        if let Ok(mut observer) = self.observer.try_borrow_mut() {
-            if let Some(observer) = observer.as_mut() {
-                observer.observe(event, allocator.trace().context(), allocator);
-            }
-        }
+    /// Ends a subscription of [`Runtime::subscribe`] on the current allocator, handing the
+    /// observer back.
+    pub fn unsubscribe(&self, id: Subscription) -> Option<Box<dyn MemoryObserver>> {
+        self.allocator.borrow_mut().unsubscribe(id)
     }
 
     /// Allocates a block for `nbytes` bytes of a tensor from the current allocator; returns
     /// that allocator's [`CachingAllocator::id`] with the block.
     pub fn malloc(&self, nbytes: u64) -> Result<(u64, Allocation), AllocError> {
         let mut allocator = self.allocator.borrow_mut();
-        let result = allocator.malloc(nbytes);
-        self.notify(
-            MemoryEvent::Malloc {
-                requested: nbytes,
-                result: &result,
-            },
-            &allocator,
-        );
-        Ok((allocator.id(), result?))
+        let allocation = allocator.malloc(nbytes)?;
+        Ok((allocator.id(), allocation))
     }
 
     /// `torch.cuda.empty_cache()`.
     pub fn empty_cache(&self) -> Result<(), AllocError> {
-        let mut allocator = self.allocator.borrow_mut();
-        let result = allocator.empty_cache();
-        self.notify(MemoryEvent::EmptyCache, &allocator);
-        result
+        self.allocator.borrow_mut().empty_cache()
     }
 
     /// The backend that computes values.
@@ -262,9 +228,7 @@ impl Runtime {
         let failed = |error: AllocError| error.to_string();
         let mut current = self.allocator.try_borrow_mut().map_err(busy)?;
         if current.id() == owner {
-            let result = current.free(allocation).map_err(failed);
-            self.notify(MemoryEvent::Free(allocation), &current);
-            return result;
+            return current.free(allocation).map_err(failed);
         }
         drop(current);
         let mut swapped_out = self.swapped_out.try_borrow_mut().map_err(busy)?;
