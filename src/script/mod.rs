@@ -13,6 +13,7 @@ pub mod limits;
 pub mod memory_api;
 pub mod oom_error;
 pub mod progress_api;
+pub mod sandbox;
 pub mod snapshot_api;
 pub mod stack;
 pub mod stdlib;
