@@ -35,7 +35,7 @@ fn allocation_loop(c: &mut Criterion) {
     let recording = new_host();
     group.bench_function("empty_1MiB_uint8_loop_100k_recording", |b| {
         b.iter_batched(
-            || Recorder::install(recording.runtime(), "bench"),
+            || Recorder::install(&recording.devices().current(), "bench"),
             |recorder| {
                 recording.engine().run_ast(&ast).expect("runs");
                 recorder
