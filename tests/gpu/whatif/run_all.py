@@ -296,21 +296,10 @@ def describe(meta):
 
 
 def summary_text(results, plan_names, clock):
-    """The summary printed at the end and packed with the results."""
-    lines = [f"what-if harness: {len(plan_names)} runs planned, {clock.now():.0f} s"]
-    counts = {}
-    for name in plan_names:
-        status = results.get(name, {}).get("status", "missing")
-        counts[status] = counts.get(status, 0) + 1
-    lines.append("status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    big = [n for n in plan_names if results.get(n, {}).get("events", 0) > 100_000
-           or results.get(n, {}).get("pickle_bytes", 0) > 8 << 20]
-    if big:
-        lines.append("over the size target (100k events or 8 MiB): " + ", ".join(big))
-    torch_versions = {r.get("torch") for r in results.values() if r.get("torch")}
-    if torch_versions:
-        lines.append("torch: " + ", ".join(sorted(torch_versions)))
-    lines.append("")
+    """The summary printed at the end and packed with the results: one line per run, then
+    the runs that did not complete and the tallies (last, so the tail of the output has
+    them)."""
+    lines = [f"what-if harness: {len(plan_names)} runs planned, {clock.now():.0f} s", ""]
     lines.append(f"{'run':<36} {'status':<12} {'wall s':>7} {'events':>7} {'pickle':>10} "
                  f"{'ooms':>5} {'fraction':>10}  config")
     for name in plan_names:
@@ -327,6 +316,19 @@ def summary_text(results, plan_names, clock):
         lines.append("runs that did not complete:")
         for name, meta in problems:
             lines.append(f"  {name}: {describe(meta)}")
+    lines.append("")
+    big = [n for n in plan_names if (results.get(n, {}).get("events") or 0) > 100_000
+           or (results.get(n, {}).get("pickle_bytes") or 0) > 8 << 20]
+    if big:
+        lines.append("over the size target (100k events or 8 MiB): " + ", ".join(big))
+    torch_versions = {r.get("torch") for r in results.values() if r.get("torch")}
+    if torch_versions:
+        lines.append("torch: " + ", ".join(sorted(torch_versions)))
+    counts = {}
+    for name in plan_names:
+        status = results.get(name, {}).get("status", "missing")
+        counts[status] = counts.get(status, 0) + 1
+    lines.append("status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     return "\n".join(lines) + "\n"
 
 
