@@ -31,6 +31,7 @@ import glob
 import json
 import lzma
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -232,7 +233,10 @@ def self_replay_verdict(run, result, missing_keys):
         problems.append(f"{len(wrong)} counters differ: " + "; ".join(wrong[:6])
                         + (" ..." if len(wrong) > 6 else ""))
     counts = report.get("counts", {})
-    recorded_ooms = sum(1 for e in run.events() if e["action"] == "oom")
+    try:
+        recorded_ooms = sum(1 for e in run.events() if e["action"] == "oom")
+    except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as error:
+        return "MISMATCH", [f"gpumem replayed a snapshot Python cannot read ({error})"]
     if counts.get("recorded_ooms") != recorded_ooms:
         problems.append(f"gpumem read {counts.get('recorded_ooms')} of the {recorded_ooms} "
                         "recorded OOMs")
@@ -355,7 +359,10 @@ def compare(runs, gpumem, jobs, timeout):
                     replay, gpumem, run.pickle, run.alloc_conf(), total, timeout)
             if run.meta.get("role") == "whatif":
                 base = runs.get(run.meta.get("base"))
-                kind, why = pair_plan(run, base)
+                try:
+                    kind, why = pair_plan(run, base)
+                except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as error:
+                    kind, why = "none", f"a snapshot could not be read: {error}"
                 if kind in ("full", "prefix"):
                     tasks[("pair", run.name)] = pool.submit(
                         replay, gpumem, base.pickle, run.alloc_conf(),

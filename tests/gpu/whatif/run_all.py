@@ -206,8 +206,17 @@ class Driver:
         proc.wait()
         log.close()
         log_path = os.path.join(self.logs_dir, name + ".log")
-        self.record(spec, status, stop_reason=reason, rc=proc.returncode,
-                    elapsed_s=round(time.monotonic() - started, 1), log_tail=tail(log_path))
+        elapsed = round(time.monotonic() - started, 1)
+        finished = read_json(self.meta_path(name))
+        if finished and finished.get("stage") == "done":
+            # It had written everything and hung on the way out (e.g. in a library's atexit):
+            # its results stand.
+            self.record(spec, finished["status"], killed_after_finishing=reason,
+                        rc=proc.returncode, elapsed_s=elapsed)
+            self.clock.say(f"done  {name}: {describe(finished)} (then hung: {reason})")
+            return
+        self.record(spec, status, stop_reason=reason, rc=proc.returncode, elapsed_s=elapsed,
+                    log_tail=tail(log_path))
         self.clock.say(f"{status} {name}: {reason}")
 
     def reap(self):

@@ -161,6 +161,29 @@ class SequenceTest(unittest.TestCase):
                                                          sequences.request_sequence(b)))
 
 
+try:
+    import workloads
+except ImportError:  # torch is not installed here
+    workloads = None
+
+
+@unittest.skipIf(workloads is None, "torch is not installed")
+class SearchTest(unittest.TestCase):
+    """The batch-size search of the bs_search workload."""
+
+    def test_doubles_then_bisects_to_adjacent_bounds(self):
+        found, trials = workloads.search_batch_size(lambda size: size <= 37, start=4, max_trials=12)
+        self.assertEqual(found, 37)
+        self.assertEqual(trials, [(4, True), (8, True), (16, True), (32, True), (64, False),
+                                  (48, False), (40, False), (36, True), (38, False), (37, True)])
+
+    def test_stops_after_max_trials_and_when_nothing_fits(self):
+        self.assertEqual(workloads.search_batch_size(lambda size: True, 4, 3),
+                         (16, [(4, True), (8, True), (16, True)]))
+        self.assertEqual(workloads.search_batch_size(lambda size: False, 4, 12),
+                         (0, [(4, False), (2, False), (1, False)]))
+
+
 FAKE_RUN_ONE = textwrap.dedent('''\
     #!/usr/bin/env python3
     """Stands in for `python3 run_one.py ...` in the driver tests: behaves by run name."""
@@ -172,7 +195,7 @@ FAKE_RUN_ONE = textwrap.dedent('''\
             "base": opt("--base") or "", "conf": opt("--conf"), "fraction": opt("--fraction"),
             "total_memory": 1000000, "completed": True, "status": "completed",
             "caught_ooms": 0, "events": 10, "wall_s": 0.1}
-    if "hang" in name:
+    if "hang" in name and "exit" not in name:
         time.sleep(60)
     if "crash" in name:
         sys.exit(9)
@@ -183,7 +206,10 @@ FAKE_RUN_ONE = textwrap.dedent('''\
         json.dumps({"allocated_bytes.all.peak": 20000, "num_ooms": 0}))
     open(os.path.join(out, name + ".pickle"), "wb").write(b"x" * 5000)
     meta["pickle_bytes"] = 5000
+    meta["stage"] = "done"
     json.dump(meta, open(os.path.join(out, name + ".meta.json"), "w"))
+    if "hang_at_exit" in name:
+        time.sleep(60)
     sys.exit(1 if meta["status"] == "failed" else 0)
     ''')
 
@@ -221,12 +247,15 @@ class DriverTest(unittest.TestCase):
                   needs=["v.fail"]),
                 R("z.crash", "unet", "special"),
                 R("z.hang", "unet", "special", timeout_s=2),
-                R("late", "unet", "special", expected_s=10_000)]
+                R("late", "unet", "special", expected_s=10_000),
+                R("z.hang_at_exit", "unet", "special", timeout_s=2)]
         driver, printed = self.drive(runs)
         status = {n: m["status"] for n, m in driver.results.items()}
         self.assertEqual(status, {"w.base": "completed", "w.x.frac": "completed",
                                   "v.fail": "failed", "v.y.frac": "skipped", "z.crash": "crashed",
-                                  "z.hang": "timeout", "late": "not_started"})
+                                  "z.hang": "timeout", "late": "not_started",
+                                  "z.hang_at_exit": "completed"})
+        self.assertIn("killed_after_finishing", driver.results["z.hang_at_exit"])
         self.assertEqual(driver.results["w.x.frac"]["fraction"], format(1.1 * 20000 / 1e6, ".6g"))
         self.assertIn("a traceback would be here", driver.results["v.fail"]["log_tail"])
         self.assertIn("start w.base", printed)

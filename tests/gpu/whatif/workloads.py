@@ -445,8 +445,8 @@ def search_batch_size(runs, start, max_trials):
     then bisect between the largest size that ran and the smallest that failed.
 
     runs(size) -> bool says whether one step at that size ran. Returns (largest size that
-    ran, or 0, [(size, ran), ...] in trial order). Stops when the bounds are adjacent (within
-    an eighth of the lower one) or after max_trials steps.
+    ran, or 0, [(size, ran), ...] in trial order). Stops when the bounds are adjacent or after
+    max_trials steps.
     """
     trials = []
     ran, failed = 0, None
@@ -461,7 +461,7 @@ def search_batch_size(runs, start, max_trials):
         if failed is None:
             size *= 2
             continue
-        if failed - ran <= max(1, ran // 8):
+        if failed - ran <= 1:
             break
         size = (ran + failed) // 2
     return ran, trials
