@@ -207,10 +207,16 @@ def replay(gpumem, pickle_path, alloc_conf, total, timeout):
 # --- self-replay ------------------------------------------------------------------------
 
 
+def recorded_without_history(run):
+    """Whether the run never called _record_memory_history (its meta says history None; a
+    meta the driver wrote for a run that never ran has no history key at all)."""
+    return "history" in run.meta and run.meta["history"] is None and run.meta.get("role") != "warmup"
+
+
 def self_replay_verdict(run, result, missing_keys):
     """(verdict, details) of a run's self-replay: 'exact', 'MISMATCH' or 'refused as
     expected'; adds the counter keys gpumem does not report to `missing_keys`."""
-    if run.meta.get("history") is None:
+    if recorded_without_history(run):
         text = (result.stdout or "") + (result.stderr or "")
         if result.rc != 0 and "_record_memory_history" in text:
             return "refused as expected", ["names the fix: _record_memory_history"]
@@ -261,9 +267,9 @@ def describe_run(run):
     """A few words on what a run is, for its self-replay line."""
     words = []
     history = run.meta.get("history") or {}
-    if run.meta.get("history") is None and run.meta.get("role") != "warmup":
+    if recorded_without_history(run):
         words.append("no history")
-    if history.get("context") is None and run.meta.get("history") is not None:
+    if history and history.get("context") is None:
         words.append("no frames")
     if history.get("stacks") == "all":
         words.append("C++ stacks")
