@@ -154,11 +154,11 @@ impl Devices {
         (kind(current) == label).then(|| self.current_index())
     }
 
-    /// `torch.cuda.set_device(index)`: makes device `index` current, creating its context
-    /// unless the CUDA runtime has that device current already.
+    /// `torch.cuda.set_device(index)`: makes device `index` current and creates its context
+    /// (PyTorch 2.11 always calls `cudaSetDevice` here, which creates it).
     pub fn select(&self, index: usize) -> Result<(), TensorError> {
         self.get(index)?;
-        let activation = self.step(|selection| selection.set(index));
+        let activation = self.step(|selection| selection.force_set(index));
         self.activate(activation)
     }
 
@@ -352,9 +352,16 @@ mod tests {
         let devices = two_gpus();
         devices.with_selected(1, || {}).expect("device 1 exists");
         assert_eq!(contexts(&devices), [false, true]);
-        // Back on 0 without its context; selecting 0 again calls cudaSetDevice(0).
-        devices.select(0).expect("device 0 exists");
+        // Back on 0 without its context; the next allocation there creates it.
+        devices.for_allocation(512).expect("device 0");
         assert_eq!(contexts(&devices), [true, true]);
+    }
+
+    #[test]
+    fn set_device_creates_the_context_even_of_the_current_device() {
+        let devices = two_gpus();
+        devices.select(0).expect("device 0 exists");
+        assert_eq!(contexts(&devices), [true, false]);
     }
 
     #[test]
