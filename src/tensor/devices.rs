@@ -91,7 +91,8 @@ impl Devices {
     pub fn current(&self) -> Rc<Runtime> {
         let index = self.current_index();
         let runtimes = self.runtimes.borrow();
-        // The selection only ever holds indices `get` accepted, so this never falls back.
+        // The selection only ever holds indices `get` accepted, so this never falls back; and
+        // the list is never empty (`new` refuses an empty one, `reset` keeps its length).
         Rc::clone(runtimes.get(index).unwrap_or(&runtimes[0]))
     }
 
