@@ -87,7 +87,7 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("to", Method, "t.to(device)", "the values copied to device (an index or a name as t.device prints it); t itself when it is there already", "t.to(current_device())"),
     doc("device_count", Function, "device_count()", "how many devices this session has", "device_count()"),
     doc("current_device", Function, "current_device()", "the index of the current device, where new tensors go", "current_device()"),
-    doc("set_device", Function, "set_device(device)", "make device current (creates its CUDA context unless it is the runtime's device already)", "set_device(0)"),
+    doc("set_device", Function, "set_device(device)", "make device current; creates its CUDA context, as torch.cuda.set_device does", "set_device(0)"),
     doc("with_device", Function, "with_device(device, || { ... })", "run the closure with device current, then restore the previous one; returns the closure's value", "with_device(0, || randn(8)).device"),
     doc("device_memory", Function, "device_memory([device])", "the driver's view (NVML; creates no context): device used/free, this process, its context, the allocator's share", "device_memory()"),
     doc("memory_allocated", Function, "memory_allocated([device])", "bytes held by live tensors (rounded blocks)", "memory_allocated()"),
