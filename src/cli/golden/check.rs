@@ -40,6 +40,9 @@ pub struct Options {
     /// script gets [`GOLDEN_MAX_OPERATIONS`]: a golden test must finish, so a runaway loop fails
     /// the script instead of hanging the suite (`--max-operations 0` lifts the limit).
     pub limits: Limits,
+    /// `--allow-path` directories: where scripts may read and write besides their own
+    /// directory and the current one.
+    pub allow_paths: Vec<std::path::PathBuf>,
 }
 
 /// The operation budget of a golden script when none is given: 100 million operations, a
@@ -231,6 +234,15 @@ fn execute(script: &Path, options: &Options) -> Execution {
         PrintSink::Buffer(Rc::clone(&buffer)),
         options.engine_limits(),
     );
+    match gpumem::script::sandbox::PathPolicy::for_script(Some(script), &options.allow_paths) {
+        Ok(policy) => host.set_path_policy(policy),
+        Err(error) => {
+            return Execution::Output {
+                text: String::new(),
+                error: Some(format!("{name}: error: {error}")),
+            }
+        }
+    }
     let result = host.run_source(&name, &source);
     drop(host);
     let text = buffer.take();

@@ -18,6 +18,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use gpumem::script::sandbox::PathPolicy;
 use rhai::Scope;
 use rustyline::error::ReadlineError;
 use rustyline::history::DefaultHistory;
@@ -283,9 +284,15 @@ pub enum ReplError {
 /// Runs the REPL on standard input until `:quit`, `exit(code)` or end of input, and returns the
 /// process exit status: the code given to `exit`, else for piped input 1 when an input failed
 /// (or the input ended inside an unfinished block) and 0 otherwise; 0 when interactive.
-pub fn run(devices: Devices, device: DeviceSpec, limits: Limits) -> Result<u8, ReplError> {
+pub fn run(
+    devices: Devices,
+    device: DeviceSpec,
+    limits: Limits,
+    paths: PathPolicy,
+) -> Result<u8, ReplError> {
     let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let mut repl = Repl::new(devices, device, PrintSink::Stdout, limits)?;
+    repl.host.set_path_policy(paths);
     if !interactive {
         let stdin = std::io::stdin().lock();
         return Ok(match piped::run(&mut repl, stdin)? {
