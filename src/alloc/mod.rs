@@ -23,6 +23,7 @@ pub mod snapshot;
 pub mod stats;
 pub mod summary;
 pub mod trace;
+pub mod trial;
 mod vmm;
 
 use std::collections::BTreeMap;
@@ -389,7 +390,7 @@ impl CachingAllocator {
             return Err(AllocError::OutOfMemory(OutOfMemory {
                 message: "CUDA out of memory. Tried to allocate more than 1EB memory.".into(),
                 alloc_size: orig_size,
-                diagnosis: Box::new(self.diagnose(orig_size, orig_size, orig_size)),
+                diagnosis: Box::new(self.diagnose(stream, orig_size, orig_size, orig_size)),
             }));
         }
         let size = self.round_size(orig_size);
