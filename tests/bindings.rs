@@ -94,7 +94,7 @@ fn mem_format_size_matches_pytorchs() {
 #[test]
 fn mem_status_fill_and_fragmentation() {
     let printed = run(
-        "import \"mem\" as mem;\nlet a = empty(4096, \"uint8\");\nprint(mem::status());\nset_per_process_memory_fraction(0.001);\nlet f = mem::fill_until_oom(10485760);\nprint(f.count); print(f.error.contains(\"CUDA out of memory\"));\nf = (); a = (); empty_cache();\nlet b = [];\nfor i in 0..5 { b.push(empty(4194304, \"uint8\")); }\nb[1] = (); b[3] = ();\nlet g = mem::fragmentation(); print(g.free); print(g.largest_free_block); print(g.free_blocks); print(g.ratio);",
+        "import \"mem\" as mem;\nlet a = empty(4096, \"uint8\");\nprint(mem::status());\nset_per_process_memory_fraction(0.001);\nlet f = mem::fill_until_oom(10485760);\nprint(f.count); print(f.error.contains(\"CUDA out of memory\"));\nf = (); a = (); empty_cache();\nlet b = [];\nfor i in 0..5 { b.push(empty(4194304, \"uint8\")); }\nb[1] = (); b[3] = ();\nlet g = fragmentation().all; print(g.cached_free); print(g.largest_free); print(g.free_blocks); print(g.external); print(g.releasable);",
     )
     .expect("runs");
     let lines: Vec<&str> = printed.lines().collect();
@@ -106,7 +106,22 @@ fn mem_status_fill_and_fragmentation() {
         lines[1], "14",
         "150109880320 * 0.001 = 150 MB holds 14 chunks of 10 MiB"
     );
-    assert_eq!(&lines[2..], ["true", "8388608", "4194304", "2", "0.5"]);
+    assert_eq!(&lines[2..], ["true", "8388608", "4194304", "2", "0.5", "0"]);
+}
+
+/// One fragmentation API: the built-in `fragmentation()`. The `mem` module has none of its
+/// own, with other field names, to disagree with it.
+#[test]
+fn fragmentation_is_one_builtin_not_a_second_stdlib_helper() {
+    let error =
+        run("import \"mem\" as mem;\nmem::fragmentation();").expect_err("no mem::fragmentation");
+    assert!(error.contains("mem::fragmentation"), "{error}");
+    for (name, _, source) in gpumem::script::stdlib::MODULES {
+        assert!(
+            !source.contains("fn fragmentation"),
+            "stdlib/{name}.rhai defines its own fragmentation()"
+        );
+    }
 }
 
 #[test]

@@ -104,7 +104,7 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("mem_get_info", Function, "mem_get_info()", "[free, total] bytes as the driver reports them", "mem_get_info()"),
     doc("with_allocator_conf", Function, "with_allocator_conf(conf, || { ... })", "run the closure against a second allocator under config conf (a fresh simulated GPU of this size, or the same CUDA GPU); returns its value", "with_allocator_conf(\"expandable_segments:True\", || { let x = empty(5000000, \"uint8\"); memory_reserved() })"),
     doc("memory_map", Function, "memory_map([width])", "every segment drawn as cells: allocated, free in a used segment, free segment", "memory_map(60)"),
-    doc("fragmentation", Function, "fragmentation()", "per pool (all, small, large): cached_free, largest_free, free_blocks, releasable, external", "fragmentation().all.external"),
+    doc("fragmentation", Function, "fragmentation()", "per pool (all, small, large): cached_free, largest_free, free_blocks, releasable (what empty_cache() would return), external (1 - largest_free / cached_free)", "fragmentation().all.external"),
     doc("measure", Function, "measure(|| { ... })", "run a closure; its peak_allocated, peak_reserved, device_allocations, ... and result", "measure(|| randn(8)).peak_allocated"),
     doc("progress", Function, "progress(items[, label])", "iterate a range or array with a progress bar on stderr (terminals only): for b in progress(0..n)", "progress(0..3)"),
     doc("message", Error, "e.message", "PyTorch's out-of-memory message, unchanged", on_oom!(".message")),
@@ -140,6 +140,33 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("exit", Function, "exit([code])", "end the script (and gpumem run, or the REPL) with exit status code, 0 to 255 (default 0)", "if false { exit(3) }"),
 ];
 
+/// What `:help NAME` adds under a binding's one-line summary where one line cannot say it:
+/// what each field of a returned map means.
+pub const DETAILS: &[(&str, &str)] = &[
+    (
+        "fragmentation",
+        "Each pool's map (all, small, large):\n\
+         \x20 cached_free   bytes in free cached blocks\n\
+         \x20 largest_free  the largest of those blocks: the largest request the cache serves without a new segment\n\
+         \x20 free_blocks   how many free blocks there are\n\
+         \x20 releasable    the bytes empty_cache() would return now: free blocks that are a whole segment\n\
+         \x20               (or whole pages of an expandable segment)\n\
+         \x20 external      1 - largest_free / cached_free: how scattered the free bytes are (0 when they are one\n\
+         \x20               block or there are none, near 1 when they lie in many small blocks)\n\
+         Read external beside releasable: five wholly free 20 MiB segments read external 0.8, yet releasable\n\
+         equals cached_free and empty_cache() returns them whole, so that scatter is harmless. Scattered\n\
+         bytes that are not releasable are the ones a large request cannot use.",
+    ),
+];
+
+/// The longer explanation of `name`, if it has one ([`DETAILS`]).
+pub fn details(name: &str) -> Option<&'static str> {
+    DETAILS
+        .iter()
+        .find(|(documented, _)| *documented == name)
+        .map(|(_, text)| *text)
+}
+
 /// The dtype names scripts may pass, for completion.
 pub const DTYPES: [&str; 8] = [
     "float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool",
@@ -167,5 +194,11 @@ mod tests {
         }
         let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
         assert_eq!(names, DTYPES);
+        for (name, _) in DETAILS {
+            assert!(
+                find(name).is_some(),
+                "details for {name}, which is no binding"
+            );
+        }
     }
 }

@@ -15,7 +15,7 @@ type SharedModule = Shared<Module>;
 pub const MODULES: [(&str, &str, &str); 2] = [
     (
         "mem",
-        "byte formatting, a status line, fill-until-OOM, fragmentation",
+        "byte formatting, a status line, fill-until-OOM, a fresh start for experiments",
         include_str!("../../stdlib/mem.rhai"),
     ),
     (

@@ -106,10 +106,16 @@ pub fn help() -> String {
 pub fn help_for(name: &str) -> Result<String, String> {
     let bare = name.trim_start_matches('.');
     if let Some(doc) = BINDINGS.iter().find(|doc| doc.name == bare) {
-        return Ok(format!(
+        let mut text = format!(
             "{}\n  {}\n  example: {}",
             doc.signature, doc.summary, doc.example
-        ));
+        );
+        if let Some(details) = gpumem::script::docs::details(doc.name) {
+            for line in details.lines() {
+                let _ = write!(text, "\n  {line}");
+            }
+        }
+        return Ok(text);
     }
     let command = format!(":{}", name.trim_start_matches(':'));
     if let Some(found) = COMMANDS.iter().find(|c| c.name == command) {
@@ -267,5 +273,16 @@ mod tests {
         assert!(help_for("randn").is_ok_and(|t| t.contains("randn(shape[, dtype])")));
         assert!(help_for("vars").is_ok_and(|t| t.contains(":vars")));
         assert!(help_for("nope").is_err_and(|t| t.contains("'nope'")));
+    }
+
+    #[test]
+    fn help_says_what_external_and_releasable_mean() {
+        let text = help_for("fragmentation").expect("documented");
+        // External fragmentation can be high for a cache empty_cache() returns whole: the two
+        // figures are explained side by side.
+        assert!(text.contains("releasable"), "{text}");
+        assert!(text.contains("empty_cache() would return"), "{text}");
+        assert!(text.contains("1 - largest_free / cached_free"), "{text}");
+        assert!(text.contains("harmless"), "{text}");
     }
 }
