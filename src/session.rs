@@ -156,7 +156,11 @@ pub struct Session {
 pub fn open(options: &SessionOptions) -> Result<Session, SessionError> {
     let conf = options.config.parse()?;
     let (runtime, device, notice) = match options.device {
-        Some(spec @ DeviceSpec::Sim(size)) => (Runtime::sim(sim_device(size), conf)?, spec, None),
+        Some(spec @ DeviceSpec::Sim(size)) => {
+            let device = sim_device(size);
+            let notice = scaled_context_notice(&device);
+            (Runtime::sim(device, conf)?, spec, notice)
+        }
         Some(spec @ DeviceSpec::Cuda(index)) => match CudaGpu::open(index) {
             Ok(gpu) => (Runtime::cuda(gpu, conf)?, spec, None),
             Err(reason) => {
@@ -181,6 +185,23 @@ pub fn open(options: &SessionOptions) -> Result<Session, SessionError> {
         runtime,
         device,
         notice,
+    })
+}
+
+/// The line saying that a small simulated device's CUDA context is scaled down, if it is: the
+/// figures a script prints there differ from the H200's 527 MiB for that reason only.
+fn scaled_context_notice(device: &SimDevice) -> Option<String> {
+    use crate::alloc::format::format_size;
+    use crate::device::DeviceMemory;
+    device.context_is_scaled().then(|| {
+        format!(
+            "gpumem: simulated device of {}: its CUDA context is modelled as {}, an eighth of the \
+             device (the H200's is {}; smaller devices get an eighth so they stay usable; see \
+             docs/memory-figures.md)",
+            format_size(device.total_memory()),
+            format_size(device.context_bytes()),
+            format_size(crate::device::sim::H200_CONTEXT_BYTES)
+        )
     })
 }
 
@@ -225,6 +246,25 @@ mod tests {
             message.contains("`//! alloc-conf:` directive of tests/golden/x.rhai"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_small_simulated_device_says_its_context_is_scaled() {
+        let open_sim = |size| {
+            open(&SessionOptions {
+                device: Some(DeviceSpec::Sim(size)),
+                config: ConfigSource::Default,
+            })
+            .expect("opens")
+            .notice
+        };
+        let notice = open_sim(Some(1 << 30)).expect("a notice for 1 GiB");
+        assert!(
+            notice.contains("its CUDA context is modelled as 128.00 MiB, an eighth of the device"),
+            "{notice}"
+        );
+        assert_eq!(open_sim(None), None, "the H200 has its measured context");
+        assert_eq!(open_sim(Some(80 << 30)), None);
     }
 
     #[test]

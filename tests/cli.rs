@@ -681,3 +681,43 @@ fn replay_draws_a_report_and_a_timeline() {
         .expect("timeline")
         .starts_with("<svg"));
 }
+
+/// One model of the CUDA context, printed alike everywhere: the walkthrough, `:mem` and the
+/// README name the same 527 MiB (cudaMemGetInfo's figure) and the walkthrough splits it into
+/// NVML's 520 MiB under this process and 7 MiB under none; a small simulated device says that
+/// its context is scaled down.
+#[test]
+fn the_context_figures_agree_everywhere() {
+    let walkthrough = gpumem(&["run", "--device", "sim", "scripts/walkthrough.rhai"], "");
+    let (stdout, stderr, code) = outcome(&walkthrough);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("the CUDA context: NVML counts 520.00 MiB under this process and 7.00 MiB under none (527.00 MiB); cudaMemGetInfo counts 527.00 MiB"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("unattributed 7.00 MiB)"),
+        "an unexplained figure: {stdout}"
+    );
+    let (stdout, stderr, _) = repl("let x = randn([2, 3]);\n:mem\n");
+    assert!(
+        stdout.contains("527.00 MiB outside the allocator (the CUDA context"),
+        "{stdout}{stderr}"
+    );
+    let readme = std::fs::read_to_string("README.md").expect("README");
+    let readme = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        readme.contains("a 527 MiB context"),
+        "README names another figure"
+    );
+    assert!(
+        readme.contains("docs/memory-figures.md"),
+        "README links the model"
+    );
+    let small = gpumem(&["--device", "sim:1GiB"], "print(1);\n");
+    let (_, stderr, _) = outcome(&small);
+    assert!(
+        stderr.contains("its CUDA context is modelled as 128.00 MiB, an eighth of the device"),
+        "{stderr}"
+    );
+}

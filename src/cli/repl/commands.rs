@@ -187,22 +187,28 @@ fn collect(name: String, value: &Dynamic, out: &mut Vec<(String, Tensor)>) {
     }
 }
 
-/// `:mem`: allocated, reserved, and what the driver reports in use (total − free).
+/// `:mem`: allocated, reserved, and what the driver reports in use (total − free), with the part
+/// of it outside the allocator: the CUDA context (docs/memory-figures.md) and other processes.
 pub fn mem(runtime: &Runtime) -> String {
     let allocator = runtime.allocator();
     let stats = allocator.stats();
+    let reserved = stats.reserved_bytes.all.current.max(0) as u64;
     let driver = match allocator.device().mem_get_info() {
-        Ok((free, total)) => format!(
-            "{} of {}",
-            format_size(total.saturating_sub(free)),
-            format_size(total)
-        ),
+        Ok((free, total)) => {
+            let used = total.saturating_sub(free);
+            format!(
+                "{} of {} = reserved + {} outside the allocator (the CUDA context, and any other process)",
+                format_size(used),
+                format_size(total),
+                format_size(used.saturating_sub(reserved))
+            )
+        }
         Err(error) => format!("unavailable ({error})"),
     };
     format!(
         "allocated {}, reserved {}, cudaMemGetInfo used {driver}",
         format_size(stats.allocated_bytes.all.current.max(0) as u64),
-        format_size(stats.reserved_bytes.all.current.max(0) as u64),
+        format_size(reserved),
     )
 }
 
