@@ -394,7 +394,7 @@ fn piped_input_ending_inside_a_block_is_an_error() {
         stderr.contains("the input ended inside an unfinished block (it starts on line 2"),
         "{stderr}"
     );
-    assert!(stderr.contains("Expecting '}'"), "{stderr}");
+    assert!(stderr.contains("a `}` is missing"), "{stderr}");
 }
 
 #[test]
@@ -720,4 +720,20 @@ fn the_context_figures_agree_everywhere() {
         stderr.contains("its CUDA context is modelled as 128.00 MiB, an eighth of the device"),
         "{stderr}"
     );
+}
+
+#[test]
+fn a_piped_block_given_up_by_a_blank_line_is_discarded_and_says_why() {
+    let (stdout, stderr, code) = repl("for i in 0..3 {\n  let x = 1\n\nprint(5);\n");
+    assert_eq!((stdout.as_str(), code), ("5\n", 1), "{stderr}");
+    assert!(stderr.contains("discarded"), "{stderr}");
+    assert!(stderr.contains("a `}` is missing"), "{stderr}");
+    assert!(!stderr.contains("Expecting"), "{stderr}");
+    let (_, stderr, code) = repl("fn g() {\n");
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("the input ended inside an unfinished block"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("a `}` is missing"), "{stderr}");
 }

@@ -97,7 +97,8 @@ pub fn help() -> String {
         let _ = writeln!(text, "  {:<34} {summary}", format!("{name}::"));
     }
     text.push_str(
-        "Ctrl-C stops a running script; variables stay. A blank line ends an unfinished block.",
+        "Ctrl-C stops a running script; variables stay. An unfinished input continues at the \
+         `...>` prompt; a blank line there gives it up.",
     );
     text
 }

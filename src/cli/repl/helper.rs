@@ -1,20 +1,19 @@
 //! The rustyline helper: tab completion (bindings, variables, dtypes, stdlib modules, `:`
-//! commands, file names after `:load`), hints, syntax highlighting, and multi-line input
-//! through a validator that asks Rhai's parser whether the input is unfinished.
+//! commands, file names after `:load`), hints and syntax highlighting. Multi-line input is the
+//! REPL loop's: it reads an unfinished input's next line at a continuation prompt
+//! ([`super::CONTINUATION_PROMPT`]).
 
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use rhai::Engine;
 use rustyline::completion::{Completer, FilenameCompleter, Pair};
 use rustyline::highlight::{CmdKind, Highlighter};
 use rustyline::hint::{Hint, Hinter};
-use rustyline::validate::{ValidationContext, ValidationResult, Validator};
+use rustyline::validate::Validator;
 use rustyline::{Context, Helper};
 
 use super::commands::COMMANDS;
-use super::continuation::needs_more;
 use crate::cli::paint::{paint, Style};
 use gpumem::script::docs::{self, Kind, BINDINGS, DTYPES};
 use gpumem::script::stdlib::MODULES;
@@ -29,8 +28,6 @@ const KEYWORDS: [&str; 20] = [
 pub struct ReplHelper {
     /// Names of the variables alive in the REPL's scope, refreshed after every line.
     variables: Rc<RefCell<Vec<String>>>,
-    /// A bare engine used only to parse (multi-line detection).
-    parser: Engine,
     files: FilenameCompleter,
     color: bool,
 }
@@ -40,7 +37,6 @@ impl ReplHelper {
     pub fn new(variables: Rc<RefCell<Vec<String>>>, color: bool) -> ReplHelper {
         ReplHelper {
             variables,
-            parser: Engine::new_raw(),
             files: FilenameCompleter::new(),
             color,
         }
@@ -278,15 +274,9 @@ pub fn highlight_code(line: &str) -> String {
     out
 }
 
-impl Validator for ReplHelper {
-    fn validate(&self, ctx: &mut ValidationContext<'_>) -> rustyline::Result<ValidationResult> {
-        Ok(if needs_more(&self.parser, ctx.input()) {
-            ValidationResult::Incomplete
-        } else {
-            ValidationResult::Valid(None)
-        })
-    }
-}
+/// Every line is accepted as typed: the REPL loop decides whether input continues, so that it
+/// can show the continuation prompt.
+impl Validator for ReplHelper {}
 
 #[cfg(test)]
 mod tests {
