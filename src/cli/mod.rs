@@ -141,9 +141,14 @@ enum Command {
         /// Scripts or folders (searched recursively).
         #[arg(default_value = "tests/golden")]
         paths: Vec<PathBuf>,
-        /// Write (create or update) the .out files instead of comparing.
+        /// Write (create or update) the .out files instead of comparing; a script that stops
+        /// with an error is refused (a typo must not become a passing test).
         #[arg(long)]
         bless: bool,
+        /// Like --bless, and also write the .out files of scripts that stop with an error
+        /// (an expected OOM, a rejected config), pinning the error.
+        #[arg(long)]
+        bless_errors: bool,
     },
     /// Replay a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) through gpumem's
     /// allocator on a simulated device: peaks, cudaMalloc calls, OOMs, fragmentation, and
@@ -267,7 +272,11 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
             outputs.check()?;
             on_stack(|| run(&options, cli.limits, &file, &outputs))
         }
-        Some(Command::Test { paths, bless }) => {
+        Some(Command::Test {
+            paths,
+            bless,
+            bless_errors,
+        }) => {
             let golden_options = golden::Options {
                 device: cli.device,
                 // Golden results must not depend on the caller's environment: only the flag.
@@ -275,6 +284,7 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
                     .alloc_conf
                     .map_or(ConfigSource::Default, ConfigSource::Flag),
                 bless,
+                bless_errors,
                 limits: cli.limits,
             };
             match golden::command(&paths, &golden_options) {
