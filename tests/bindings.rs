@@ -181,3 +181,45 @@ fn every_registered_function_has_help_text() {
         ":help documents unknown {unregistered:?}"
     );
 }
+
+/// A misspelt function gets the nearest name, built-in or from the stdlib; a shape given as
+/// several integers is told that a shape is one array.
+#[test]
+fn unknown_functions_suggest_the_nearest_name() {
+    let cases = [
+        ("randm([2]);", "did you mean `randn`?"),
+        ("fragmentatoin();", "did you mean `fragmentation`?"),
+        (
+            "let t = randn([2, 3]);\nt.reshpe([3, 2]);",
+            "did you mean `reshape`?",
+        ),
+        (
+            "import \"mem\" as mem;\nmem::format_sise(1);",
+            "did you mean `mem::format_size`?",
+        ),
+        (
+            "import \"mem\" as mem;\nmem::fragmentation();",
+            "did you mean `fragmentation`?",
+        ),
+        ("prnt(1);", "did you mean `print`?"),
+    ];
+    for (source, expected) in cases {
+        let error = run(source).expect_err(source);
+        assert!(error.contains(expected), "{source}: {error}");
+    }
+    let error = run("xyzzy_plugh();").expect_err("unknown");
+    assert!(!error.contains("did you mean"), "nothing is near: {error}");
+    for (source, expected) in [
+        (
+            "randn(10, 10);",
+            "a shape is one argument, an array: randn([10, 10])",
+        ),
+        (
+            "zeros(2, 3, 4);",
+            "a shape is one argument, an array: zeros([2, 3, 4])",
+        ),
+    ] {
+        let error = run(source).expect_err(source);
+        assert!(error.contains(expected), "{source}: {error}");
+    }
+}

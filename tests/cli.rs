@@ -737,3 +737,24 @@ fn a_piped_block_given_up_by_a_blank_line_is_discarded_and_says_why() {
     );
     assert!(stderr.contains("a `}` is missing"), "{stderr}");
 }
+
+/// The REPL shows the byte figures of `measure()` and `fragmentation()` readably beside the
+/// numbers, and counts as they are.
+#[test]
+fn repl_results_show_sizes_readably() {
+    let (stdout, stderr, code) = repl("measure(|| randn(8))\nfragmentation()\n");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("peak_reserved: 2097152 (2.00 MiB)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("allocations: 1,"),
+        "a count stays a count: {stdout}"
+    );
+    assert!(
+        stdout.contains("releasable: 2097152 (2.00 MiB)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("free_blocks: 1,"), "{stdout}");
+}

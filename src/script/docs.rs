@@ -159,6 +159,32 @@ pub const DETAILS: &[(&str, &str)] = &[
     ),
 ];
 
+/// Fields of the maps bindings return that count bytes and are not named `..._bytes`:
+/// `measure()`'s and `fragmentation()`'s. The REPL prints such values readably beside the
+/// number ([`is_byte_field`]).
+pub const BYTE_FIELDS: [&str; 9] = [
+    "peak_allocated",
+    "peak_reserved",
+    "allocated_before",
+    "allocated_after",
+    "reserved_before",
+    "reserved_after",
+    "cached_free",
+    "largest_free",
+    "releasable",
+];
+
+/// Whether a map key names a byte count: one of [`BYTE_FIELDS`], a `..._bytes` key
+/// (`device_memory()`), a `..._bytes.` counter (`memory_stats()`), or a snapshot's `size` /
+/// `..._size`.
+pub fn is_byte_field(key: &str) -> bool {
+    BYTE_FIELDS.contains(&key)
+        || key.ends_with("_bytes")
+        || key.contains("_bytes.")
+        || key == "size"
+        || key.ends_with("_size")
+}
+
 /// The longer explanation of `name`, if it has one ([`DETAILS`]).
 pub fn details(name: &str) -> Option<&'static str> {
     DETAILS

@@ -16,6 +16,7 @@ pub mod progress_api;
 pub mod snapshot_api;
 pub mod stack;
 pub mod stdlib;
+pub mod suggest;
 pub mod tensor_api;
 pub mod values_api;
 pub mod viz_api;

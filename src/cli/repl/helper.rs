@@ -111,17 +111,10 @@ pub fn candidates(line: &str, pos: usize, variables: &[String]) -> (usize, Vec<S
 
 /// The functions an embedded module defines, read from its source.
 pub fn module_functions(module: &str) -> Vec<String> {
-    let Some((_, _, source)) = MODULES.iter().find(|(name, _, _)| *name == module) else {
-        return Vec::new();
-    };
-    let mut names: Vec<String> = source
-        .lines()
-        .filter_map(|line| line.strip_prefix("fn "))
-        .filter_map(|rest| rest.split('(').next())
-        .map(|name| name.trim().to_string())
-        .collect();
-    names.dedup();
-    names
+    gpumem::script::stdlib::module_functions(module)
+        .into_iter()
+        .map(String::from)
+        .collect()
 }
 
 impl Completer for ReplHelper {
