@@ -283,6 +283,36 @@ mod tests {
     }
 
     #[test]
+    fn no_form_is_listed_twice() {
+        // The forms a signature lists: its parts separated by ", " outside brackets.
+        let forms = |signature: &'static str| {
+            let mut forms = Vec::new();
+            let (mut depth, mut start) = (0i32, 0);
+            for (index, c) in signature.char_indices() {
+                match c {
+                    '(' | '[' => depth += 1,
+                    ')' | ']' => depth -= 1,
+                    ',' if depth == 0 => {
+                        forms.push(signature[start..index].trim());
+                        start = index + 1;
+                    }
+                    _ => {}
+                }
+            }
+            forms.push(signature[start..].trim());
+            forms
+        };
+        let mut seen = std::collections::BTreeMap::new();
+        for doc in BINDINGS {
+            for form in forms(doc.signature) {
+                if let Some(other) = seen.insert(form, doc.name) {
+                    panic!("`{form}` is listed under both {other} and {}", doc.name);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn help_says_what_external_and_releasable_mean() {
         let text = help_for("fragmentation").expect("documented");
         // External fragmentation can be high for a cache empty_cache() returns whole: the two

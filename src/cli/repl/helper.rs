@@ -50,11 +50,17 @@ impl Helper for ReplHelper {}
 pub fn candidates(line: &str, pos: usize, variables: &[String]) -> (usize, Vec<String>) {
     let before = &line[..pos];
     if before.starts_with(':') && !before.contains(char::is_whitespace) {
+        // A command that takes an argument completes with the space the argument needs.
         let words = COMMANDS
             .iter()
-            .map(|command| command.name)
-            .filter(|name| name.starts_with(before))
-            .map(String::from)
+            .filter(|command| command.name.starts_with(before))
+            .map(|command| {
+                if command.args.is_empty() {
+                    command.name.to_string()
+                } else {
+                    format!("{} ", command.name)
+                }
+            })
             .collect();
         return (0, words);
     }
@@ -282,6 +288,9 @@ mod tests {
     #[test]
     fn completes_commands_functions_variables_dtypes_and_modules() {
         assert_eq!(words(":va"), [":vars"]);
+        // A command that takes an argument completes with the space before it.
+        assert_eq!(words(":lo"), [":load "]);
+        assert_eq!(words(":he"), [":help "]);
         assert_eq!(words("memory_res"), ["memory_reserved"]);
         assert_eq!(words("let y = ba"), ["batch"]);
         assert_eq!(words("empty(4, \"ui"), ["uint8"]);
