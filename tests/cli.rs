@@ -758,3 +758,19 @@ fn repl_results_show_sizes_readably() {
     );
     assert!(stdout.contains("free_blocks: 1,"), "{stdout}");
 }
+
+/// An I/O error names its path once ("adir: Is a directory"), never twice.
+#[test]
+fn io_errors_name_the_path_once() {
+    let dir = scratch("io");
+    let folder = dir.join("adir");
+    std::fs::create_dir_all(&folder).expect("mkdir");
+    let folder = folder.display().to_string();
+    let (_, stderr, code) = outcome(&gpumem(&["--device", "sim", "replay", &folder], ""));
+    assert_eq!(code, 2, "{stderr}");
+    assert_eq!(stderr.matches(folder.as_str()).count(), 1, "{stderr}");
+    let (_, stderr, _) = run_script(&[], &format!("replay(\"{folder}\");\n"));
+    assert_eq!(stderr.matches(folder.as_str()).count(), 2, "the message and the source line: {stderr}");
+    let (_, stderr, _) = run_script(&[], &format!("dump_snapshot(\"{folder}\");\n"));
+    assert_eq!(stderr.matches(folder.as_str()).count(), 2, "the message and the source line: {stderr}");
+}

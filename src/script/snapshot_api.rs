@@ -89,7 +89,7 @@ fn replay_map(path: &str, conf: &str) -> BindingResult<Dynamic> {
     };
     match replay(Path::new(path), &options, &mut |_, _| {}) {
         Ok(report) => rhai::serde::to_dynamic(report.to_json()),
-        Err(error) => fail("replay", format!("{path}: {error}")),
+        Err(error) => fail("replay", error.naming(Path::new(path))),
     }
 }
 
