@@ -494,6 +494,13 @@ fn run_honours_directives_over_the_flags_and_says_so() {
         stderr.contains("ignoring 'max_split_size_mb:128' from --alloc-conf"),
         "{stderr}"
     );
+    // Sizes read as they were written, in the directive and in the flag.
+    let output = gpumem(&["run", "--device", "sim:2GiB", &path], "");
+    let (_, stderr, _) = outcome(&output);
+    assert!(
+        stderr.contains("pins `//! device: sim:1GiB`; ignoring --device sim:2GiB"),
+        "{stderr}"
+    );
     // Without a GPU, a script pinned to one says that its directive asked for it.
     let (_, stderr, code) = run_script(&[], "//! device: cuda\nprint(1);\n");
     if code == 2 {
@@ -530,7 +537,7 @@ fn every_way_of_running_a_script_reads_its_directives_alike() {
     let (stdout, stderr, code) = outcome(&output);
     assert_eq!((stdout.as_str(), code), ("same\n", 1), "{stderr}");
     assert!(
-        stderr.contains("pins `//! device: sim:1073741824` but this session runs on sim"),
+        stderr.contains("pins `//! device: sim:1GiB` but this session runs on sim"),
         "{stderr}"
     );
 }
@@ -770,7 +777,15 @@ fn io_errors_name_the_path_once() {
     assert_eq!(code, 2, "{stderr}");
     assert_eq!(stderr.matches(folder.as_str()).count(), 1, "{stderr}");
     let (_, stderr, _) = run_script(&[], &format!("replay(\"{folder}\");\n"));
-    assert_eq!(stderr.matches(folder.as_str()).count(), 2, "the message and the source line: {stderr}");
+    assert_eq!(
+        stderr.matches(folder.as_str()).count(),
+        2,
+        "the message and the source line: {stderr}"
+    );
     let (_, stderr, _) = run_script(&[], &format!("dump_snapshot(\"{folder}\");\n"));
-    assert_eq!(stderr.matches(folder.as_str()).count(), 2, "the message and the source line: {stderr}");
+    assert_eq!(
+        stderr.matches(folder.as_str()).count(),
+        2,
+        "the message and the source line: {stderr}"
+    );
 }

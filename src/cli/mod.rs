@@ -504,8 +504,9 @@ fn pinned_options(options: &SessionOptions, pinned: &Directives, file: &Path) ->
     let mut resolved = options.clone();
     if let Some(device) = pinned.device {
         if let Some(flag) = options.device.filter(|flag| *flag != device) {
+            let written = pinned.device_text.clone().unwrap_or(device.to_string());
             eprintln!(
-                "gpumem: {} pins `//! device: {device}`; ignoring --device {flag}",
+                "gpumem: {} pins `//! device: {written}`; ignoring --device {flag}",
                 file.display()
             );
         }

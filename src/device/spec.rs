@@ -64,13 +64,27 @@ impl FromStr for DeviceSpec {
 }
 
 impl fmt::Display for DeviceSpec {
+    /// As `--device` takes it, a simulated size in the largest binary unit that holds it
+    /// exactly (`sim:2GiB`, `sim:150109880320`), so it reads as one would write it and parses
+    /// back to the same spec.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DeviceSpec::Sim(None) => write!(f, "sim"),
-            DeviceSpec::Sim(Some(bytes)) => write!(f, "sim:{bytes}"),
+            DeviceSpec::Sim(Some(bytes)) => write!(f, "sim:{}", size_text(*bytes)),
             DeviceSpec::Cuda(index) => write!(f, "cuda:{index}"),
         }
     }
+}
+
+/// `bytes` in the largest of TiB, GiB and MiB that divides it (`2GiB`, `1536MiB`), else in
+/// bytes (a count of KiB would read no better than the bytes).
+fn size_text(bytes: u64) -> String {
+    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB")] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
 }
 
 /// Parses a byte count such as `150109880320`, `80GiB`, `512 MiB` or `1.5GB`.
@@ -115,6 +129,22 @@ pub fn parse_size(text: &str) -> Result<u64, SpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_print_as_one_would_write_them_and_parse_back() {
+        for (bytes, text) in [
+            (2 << 30, "sim:2GiB"),
+            (1536 << 20, "sim:1536MiB"),
+            (150_109_880_320, "sim:150109880320"),
+            (3 << 40, "sim:3TiB"),
+            (1000, "sim:1000"),
+            (3 << 10, "sim:3072"),
+        ] {
+            let spec = DeviceSpec::Sim(Some(bytes));
+            assert_eq!(spec.to_string(), text);
+            assert_eq!(text.parse(), Ok(spec));
+        }
+    }
 
     #[test]
     fn parses_device_names() {

@@ -216,8 +216,9 @@ impl Repl {
             let same = device == self.device
                 || (total(device).is_some() && total(device) == total(self.device));
             if !same {
+                let written = pinned.device_text.clone().unwrap_or(device.to_string());
                 return Err(format!(
-                    "pins `//! device: {device}` but this session runs on {}",
+                    "pins `//! device: {written}` but this session runs on {}",
                     self.device
                 ));
             }
