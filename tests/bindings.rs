@@ -223,3 +223,33 @@ fn unknown_functions_suggest_the_nearest_name() {
         assert!(error.contains(expected), "{source}: {error}");
     }
 }
+
+/// A small tensor prints every value; a large one its first and last three around `...`.
+#[test]
+fn tensors_print_all_values_when_small_and_both_ends_when_large() {
+    let printed = run("let t = randn([2, 3]);\nprint(t);\nprint(t.to_array());").expect("runs");
+    let lines: Vec<&str> = printed.lines().collect();
+    let shown = lines[0]
+        .split(", [")
+        .nth(1)
+        .expect("values")
+        .trim_end_matches("])");
+    assert_eq!(shown.split(", ").count(), 6, "{printed}");
+    assert!(!shown.contains("..."), "{printed}");
+    let printed = run("let t = randn([100]);\nprint(t);\nlet a = t.to_array();\nprint(a[97]); print(a[98]); print(a[99]);")
+        .expect("runs");
+    let lines: Vec<&str> = printed.lines().collect();
+    let shown: Vec<&str> = lines[0]
+        .split(", [")
+        .nth(1)
+        .expect("values")
+        .trim_end_matches("])")
+        .split(", ")
+        .collect();
+    assert_eq!(shown.len(), 7, "{printed}");
+    assert_eq!(shown[3], "...", "{printed}");
+    for (index, line) in lines[1..].iter().enumerate() {
+        let value: f64 = line.parse().expect("a number");
+        assert_eq!(shown[4 + index], format!("{value:.4}"), "{printed}");
+    }
+}
