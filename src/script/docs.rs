@@ -94,7 +94,7 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("memory_snapshot", Function, "memory_snapshot()", "segments and their blocks with every key PyTorch's snapshot has (device, stream, frames, ...)", "memory_snapshot().len()"),
     doc("record_memory_history", Function, "record_memory_history(on[, max_entries])", "record allocator events with their script line (off clears; keeps the last 1000000 by default)", "record_memory_history(true)"),
     doc("memory_history", Function, "memory_history()", "the recorded events as maps with PyTorch's keys (action, addr, size, stream, time_us, frames, ...)", "memory_history().len()"),
-    doc("dump_snapshot", Function, "dump_snapshot(path)", "write segments, history and settings as a pickle PyTorch's memory_viz reads", "dump_snapshot(\"/tmp/gpumem_doc_example.pickle\")"),
+    doc("dump_snapshot", Function, "dump_snapshot(path)", "write segments, history and settings as a pickle PyTorch's memory_viz reads", "dump_snapshot(\"run.pickle\")"),
     doc("replay", Function, "replay(path[, conf])", "replay a PyTorch snapshot on the simulated H200: the `gpumem replay --json` report as a map", "replay(\"tests/replay/fixtures/inference.default.pickle\").final_stats[\"num_device_alloc\"]"),
     doc("empty_cache", Function, "empty_cache()", "return wholly free cached segments to the device", "empty_cache()"),
     doc("reset_peak_memory_stats", Function, "reset_peak_memory_stats()", "every peak becomes the current value", "reset_peak_memory_stats()"),
@@ -224,6 +224,15 @@ mod tests {
             assert!(
                 find(name).is_some(),
                 "details for {name}, which is no binding"
+            );
+        }
+        // A test runs every example: one that wrote to a fixed folder would leave its file
+        // behind (the test moves relative paths into a scratch folder it removes).
+        for doc in BINDINGS {
+            assert!(
+                !doc.example.contains("\"/"),
+                "{}'s example writes to an absolute path",
+                doc.name
             );
         }
     }

@@ -322,12 +322,27 @@ fn compare(script: &Path, actual: String, stop: Option<Stop>, options: &Options)
 mod tests {
     use super::*;
 
-    /// A scratch folder for one test.
-    fn scratch(name: &str) -> PathBuf {
+    /// A scratch folder for one test, removed when the test is done with it.
+    struct Scratch(PathBuf);
+
+    impl std::ops::Deref for Scratch {
+        type Target = PathBuf;
+        fn deref(&self) -> &PathBuf {
+            &self.0
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn scratch(name: &str) -> Scratch {
         let dir = std::env::temp_dir().join(format!("gpumem-check-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("mkdir");
-        dir
+        Scratch(dir)
     }
 
     fn sim() -> Options {
@@ -494,7 +509,6 @@ mod tests {
         ));
         // Once pinned, the error is the expected output and a plain --bless passes it.
         assert_eq!(check_script(&script, &bless).verdict, Verdict::Passed);
-        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
