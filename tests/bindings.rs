@@ -21,12 +21,12 @@ fn every_documented_binding_runs_its_example() {
     let scratch = common::scratch("examples");
     let written = scratch.join("run.pickle");
     for doc in BINDINGS {
-        let example = doc
-            .example
-            .replace("\"run.pickle\"", &format!("{:?}", written.display().to_string()));
-        let source = format!(
-            "let t = randn([2, 3]);\nlet value = {example};\nprint(type_of(value));"
+        let example = doc.example.replace(
+            "\"run.pickle\"",
+            &format!("{:?}", written.display().to_string()),
         );
+        let source =
+            format!("let t = randn([2, 3]);\nlet value = {example};\nprint(type_of(value));");
         let printed = run(&source).unwrap_or_else(|error| panic!("{}: {error}", doc.name));
         assert!(!printed.is_empty(), "{}", doc.name);
     }

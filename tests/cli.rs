@@ -789,3 +789,27 @@ fn io_errors_name_the_path_once() {
         "the message and the source line: {stderr}"
     );
 }
+
+/// The README answers what a new user asks: the set-up stays at two commands, and it says how
+/// to put `gpumem` on the PATH, what `with_allocator_conf` does, what "oversize" means, and
+/// where `mem::`/`check::` functions are described.
+#[test]
+fn the_readme_covers_what_a_new_user_asks() {
+    let readme = std::fs::read_to_string("README.md").expect("README");
+    let setup = readme
+        .split("## Getting started")
+        .nth(1)
+        .and_then(|rest| rest.split("```sh\n").nth(1))
+        .and_then(|block| block.split("```").next())
+        .expect("a set-up block");
+    assert_eq!(setup.lines().count(), 2, "two set-up commands:\n{setup}");
+    let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    for needle in [
+        "`cargo install --path .`",
+        "#### Two configs in one script: `with_allocator_conf`",
+        "a cached block of that size or more is *oversize*",
+        "`:help mem::status`",
+    ] {
+        assert!(flat.contains(needle), "README lacks {needle}");
+    }
+}

@@ -32,7 +32,8 @@ fn start_with(history: &Path, args: &[&str]) -> PtySession {
 
 #[test]
 fn interactive_session() {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpumem-pty-{}", std::process::id()));
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpumem-pty-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let history = dir.join("history");
     let _ = std::fs::remove_file(&history);
@@ -110,7 +111,8 @@ fn interactive_session() {
 
 /// A history file of its own for each test.
 fn history(test: &str) -> std::path::PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpumem-pty-{test}-{}", std::process::id()));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("gpumem-pty-{test}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let history = dir.join("history");
     let _ = std::fs::remove_file(&history);

@@ -9,7 +9,7 @@ use rhai::{Array, Dynamic, Map, Scope};
 use gpumem::alloc::format::format_size;
 use gpumem::alloc::summary::memory_summary;
 use gpumem::script::docs::{Kind, BINDINGS};
-use gpumem::script::stdlib::MODULES;
+use gpumem::script::stdlib::{module_docs, MODULES};
 use gpumem::tensor::{Runtime, Tensor};
 
 /// A `:` command's documentation.
@@ -38,7 +38,7 @@ pub const COMMANDS: &[Command] = &[
     Command {
         name: ":mem",
         args: "",
-        summary: "one line: allocated, reserved, and cudaMemGetInfo's used (total − free)",
+        summary: "one line: allocated, reserved, and cudaMemGetInfo's used (total − free), with the part outside the allocator (the CUDA context)",
     },
     Command {
         name: ":summary",
@@ -95,6 +95,10 @@ pub fn help() -> String {
     );
     for (name, summary, _) in MODULES {
         let _ = writeln!(text, "  {:<34} {summary}", format!("{name}::"));
+        for function in module_docs(name) {
+            let call = format!("{name}::{}", function.signature);
+            let _ = writeln!(text, "    {call:<32} {}", first_sentence(&function.doc));
+        }
     }
     text.push_str(
         "Ctrl-C stops a running script; variables stay. An unfinished input continues at the \
@@ -103,8 +107,42 @@ pub fn help() -> String {
     text
 }
 
-/// `:help NAME`: one binding or command.
+/// The first sentence of a doc comment, as a one-line summary.
+fn first_sentence(doc: &str) -> &str {
+    doc.split_once(". ").map_or(doc, |(first, _)| first)
+}
+
+/// `:help MODULE` or `:help MODULE::FUNCTION`: a module's functions, or one function (every
+/// overload) with its whole doc comment.
+fn module_help(name: &str) -> Option<String> {
+    let (module, function) = name.split_once("::").unwrap_or((name, ""));
+    let (_, summary, _) = MODULES.iter().find(|(known, _, _)| *known == module)?;
+    let functions = module_docs(module);
+    if function.is_empty() {
+        let mut text =
+            format!("{module}:: — {summary} (`import \"{module}\" as {module};` in files)");
+        for function in &functions {
+            let _ = write!(
+                text,
+                "\n  {module}::{:<30} {}",
+                function.signature,
+                first_sentence(&function.doc)
+            );
+        }
+        return Some(text);
+    }
+    let overloads: Vec<String> = functions
+        .iter()
+        .filter(|documented| documented.name == function)
+        .map(|documented| format!("{module}::{}\n  {}", documented.signature, documented.doc))
+        .collect();
+    (!overloads.is_empty()).then(|| overloads.join("\n"))
+}
+
+/// `:help NAME`: every binding, command, module or module function of that name (`:help mem`
+/// shows the `:mem` command and the `mem` module).
 pub fn help_for(name: &str) -> Result<String, String> {
+    let mut found: Vec<String> = Vec::new();
     let bare = name.trim_start_matches('.');
     if let Some(doc) = BINDINGS.iter().find(|doc| doc.name == bare) {
         let mut text = format!(
@@ -116,16 +154,24 @@ pub fn help_for(name: &str) -> Result<String, String> {
                 let _ = write!(text, "\n  {line}");
             }
         }
-        return Ok(text);
+        found.push(text);
     }
     let command = format!(":{}", name.trim_start_matches(':'));
-    if let Some(found) = COMMANDS.iter().find(|c| c.name == command) {
-        return Ok(format!(
+    if let Some(command) = COMMANDS.iter().find(|c| c.name == command) {
+        found.push(format!(
             "{} {}\n  {}",
-            found.name, found.args, found.summary
+            command.name, command.args, command.summary
         ));
     }
-    Err(format!(":help: no binding or command named '{name}'"))
+    if let Some(text) = module_help(name.trim_end_matches("::")) {
+        found.push(text);
+    }
+    if found.is_empty() {
+        return Err(format!(
+            ":help: no binding, command or module function named '{name}'"
+        ));
+    }
+    Ok(found.join("\n"))
 }
 
 /// `:vars`: every tensor reachable from a variable (directly, or inside arrays and maps at any
@@ -280,6 +326,31 @@ mod tests {
         assert!(help_for("randn").is_ok_and(|t| t.contains("randn(shape[, dtype])")));
         assert!(help_for("vars").is_ok_and(|t| t.contains(":vars")));
         assert!(help_for("nope").is_err_and(|t| t.contains("'nope'")));
+    }
+
+    #[test]
+    fn every_module_function_has_help() {
+        let text = help();
+        for (module, _, _) in MODULES {
+            let functions = gpumem::script::stdlib::module_docs(module);
+            for function in &functions {
+                let name = format!("{module}::{}", function.name);
+                let shown = help_for(&name).unwrap_or_else(|error| panic!("{error}"));
+                assert!(
+                    shown.contains(&format!("{module}::{}", function.signature)),
+                    "{shown}"
+                );
+                assert!(shown.contains(&function.doc), "{shown}");
+                assert!(
+                    text.contains(&format!("{module}::{}", function.signature)),
+                    "{name} not in :help"
+                );
+            }
+            let listing = help_for(module).expect("a module has help");
+            for function in &functions {
+                assert!(listing.contains(function.signature), "{listing}");
+            }
+        }
     }
 
     #[test]
