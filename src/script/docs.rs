@@ -96,7 +96,7 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("memory_history", Function, "memory_history()", "the recorded events as maps with PyTorch's keys (action, addr, size, stream, time_us, frames, ...)", "memory_history().len()"),
     doc("dump_snapshot", Function, "dump_snapshot(path)", "write segments, history and settings as a pickle PyTorch's memory_viz reads", "dump_snapshot(\"run.pickle\")"),
     doc("replay", Function, "replay(path[, conf])", "replay a PyTorch snapshot on the simulated H200: the `gpumem replay --json` report as a map", "replay(\"tests/replay/fixtures/inference.default.pickle\").final_stats[\"num_device_alloc\"]"),
-    doc("empty_cache", Function, "empty_cache()", "return wholly free cached segments to the device", "empty_cache()"),
+    doc("empty_cache", Function, "empty_cache()", "return wholly free cached segments (and whole free pages of expandable segments) to the device", "empty_cache()"),
     doc("reset_peak_memory_stats", Function, "reset_peak_memory_stats()", "every peak becomes the current value", "reset_peak_memory_stats()"),
     doc("reset_accumulated_memory_stats", Function, "reset_accumulated_memory_stats()", "totals and event counters go to zero", "reset_accumulated_memory_stats()"),
     doc("set_per_process_memory_fraction", Function, "set_per_process_memory_fraction(f)", "cap the allocator at f × total memory", "set_per_process_memory_fraction(0.5)"),
@@ -143,6 +143,34 @@ pub const BINDINGS: &[BindingDoc] = &[
 /// What `:help NAME` adds under a binding's one-line summary where one line cannot say it:
 /// what each field of a returned map means.
 pub const DETAILS: &[(&str, &str)] = &[
+    (
+        "device_memory",
+        "The driver's account (NVML on a GPU, the model on sim), in bytes:\n\
+         \x20 total_bytes, used_bytes, free_bytes  NVML's device figures (nvidia-smi's; its total also\n\
+         \x20                                      counts what the driver keeps for itself)\n\
+         \x20 used_v2_bytes           NVML's used without the driver's own reservation\n\
+         \x20 driver_reserved_bytes   what the driver keeps before any process runs\n\
+         \x20 process_bytes           this process as NVML lists it: its share of the CUDA context\n\
+         \x20                         plus the allocator's reserved bytes\n\
+         \x20 allocator_reserved_bytes  memory_reserved()\n\
+         \x20 context_bytes           process_bytes - allocator_reserved_bytes: the context's share NVML\n\
+         \x20                         lists under the process (520 MiB of the H200's 527 MiB context;\n\
+         \x20                         the rest is used under no process, and cudaMemGetInfo counts all\n\
+         \x20                         527 MiB: docs/memory-figures.md)\n\
+         \x20 other_processes_bytes   every other process\n\
+         \x20 method                  how process_bytes was found: nvml-pid, device-delta or sim-model",
+    ),
+    (
+        "measure",
+        "The map, in bytes unless said:\n\
+         \x20 peak_allocated, peak_reserved      the highest memory_allocated()/memory_reserved() inside the\n\
+         \x20                                    closure (the global peaks are left alone)\n\
+         \x20 allocated_before, allocated_after  memory_allocated() when the closure started and ended\n\
+         \x20 reserved_before, reserved_after    memory_reserved() likewise\n\
+         \x20 allocations                        blocks handed out inside (a count)\n\
+         \x20 device_allocations, device_frees   memory_stats()'s num_device_alloc/num_device_free inside (counts)\n\
+         \x20 result                             the closure's value",
+    ),
     (
         "fragmentation",
         "Each pool's map (all, small, large):\n\

@@ -27,7 +27,7 @@ pub const COMMANDS: &[Command] = &[
     Command {
         name: ":help",
         args: "[NAME]",
-        summary: "this list, or one binding's description",
+        summary: "this list, or the description of one binding, command, module or module function",
     },
     Command {
         name: ":vars",
