@@ -227,7 +227,7 @@ mod tests {
         assert_eq!(rate_text(0, 0.0), "?it/s");
         assert_eq!(rate_text(1, 4.409_812), "4.41it/s");
         assert_eq!(rate_text(9, 45.091_1), "45.1it/s");
-        assert_eq!(rate_text(99, 1234.567_8), "1235it/s");
+        assert_eq!(rate_text(99, 1_234.567_8), "1235it/s");
         assert_eq!(rate_text(2, 0.4), "2.50s/it");
         assert_eq!(rate_text(2, f64::NAN), "?it/s");
     }
