@@ -19,7 +19,7 @@
 //!
 //! Whether expandable segments would help is tried, never estimated: a side allocator under
 //! `expandable_segments:True` with this device's memory and cap allocates the live blocks
-//! again and then the request ([`super::trial`]).
+//! again and then the request ([`super::ExpandableTrial`], `alloc/trial.rs`).
 
 use super::format::format_size as fs;
 use super::trial::ExpandableTrial;

@@ -23,7 +23,7 @@ pub mod snapshot;
 pub mod stats;
 pub mod summary;
 pub mod trace;
-pub mod trial;
+mod trial;
 mod vmm;
 
 use std::collections::BTreeMap;
@@ -39,6 +39,7 @@ use expandable::SegmentTable;
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot};
 pub use stats::{DeviceStats, ScopeMark, ScopeReport, Stat, StatArray};
 pub use trace::{TraceAction, TraceEntry, TraceRecorder};
+pub use trial::ExpandableTrial;
 
 /// One mebibyte.
 pub const MIB: u64 = 1 << 20;
