@@ -96,7 +96,7 @@ const ROWS: &[Row] = &[
     row(Repl(":bogus"), "unknown command ':bogus'; :help lists the commands", 1),
     row(Repl(":load"), ":load: which file? usage: :load FILE", 1),
     row(Repl(":load /nonexistent.rhai"), ":load: cannot read /nonexistent.rhai", 1),
-    row(Repl(":help nosuch"), ":help: no binding or command named 'nosuch'", 1),
+    row(Repl(":help nosuch"), ":help: no binding, command or module function named 'nosuch'", 1),
     row(Repl("let y = 1 2;"), "input1:1:11: error: syntax error: Expecting ';' to terminate this statement", 1),
     row(Repl("fn g() {"), "the input ended inside an unfinished block", 1),
     row(Repl("let t = empty(16, \"uint8\");\n:load scripts/walkthrough.rhai"), "needs a session without live tensors", 1),

@@ -149,9 +149,14 @@ enum Command {
         /// Scripts or folders (searched recursively).
         #[arg(default_value = "tests/golden")]
         paths: Vec<PathBuf>,
-        /// Write (create or update) the .out files instead of comparing.
+        /// Write (create or update) the .out files instead of comparing; a script that stops
+        /// with an error is refused (a typo must not become a passing test).
         #[arg(long)]
         bless: bool,
+        /// Like --bless, and also write the .out files of scripts that stop with an error
+        /// (an expected OOM, a rejected config), pinning the error.
+        #[arg(long)]
+        bless_errors: bool,
     },
     /// Replay a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) through gpumem's
     /// allocator on a simulated device: peaks, cudaMalloc calls, OOMs, fragmentation, and
@@ -276,7 +281,11 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
             outputs.check()?;
             on_stack(|| run(&options, cli.limits, &cli.allow_path, &file, &outputs))
         }
-        Some(Command::Test { paths, bless }) => {
+        Some(Command::Test {
+            paths,
+            bless,
+            bless_errors,
+        }) => {
             let golden_options = golden::Options {
                 device: cli.device.clone(),
                 // Golden results must not depend on the caller's environment: only the flag.
@@ -284,6 +293,7 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
                     .alloc_conf
                     .map_or(ConfigSource::Default, ConfigSource::Flag),
                 bless,
+                bless_errors,
                 limits: cli.limits,
                 allow_paths: cli.allow_path.clone(),
             };
@@ -522,8 +532,9 @@ fn pinned_options(options: &SessionOptions, pinned: &Directives, file: &Path) ->
     let mut resolved = options.clone();
     if let Some(device) = &pinned.device {
         if let Some(flag) = options.device.as_ref().filter(|flag| *flag != device) {
+            let written = pinned.device_text.clone().unwrap_or(device.to_string());
             eprintln!(
-                "gpumem: {} pins `//! device: {device}`; ignoring --device {flag}",
+                "gpumem: {} pins `//! device: {written}`; ignoring --device {flag}",
                 file.display()
             );
         }

@@ -18,6 +18,7 @@ pub mod sandbox;
 pub mod snapshot_api;
 pub mod stack;
 pub mod stdlib;
+pub mod suggest;
 pub mod tensor_api;
 pub mod values_api;
 pub mod viz_api;
@@ -55,9 +56,12 @@ impl PrintSink {
     pub fn line(&self, text: &str) {
         match self {
             // A closed pipe (`gpumem run x.rhai | head`) is not the script's error: drop output.
-            PrintSink::Stdout => {
-                let _ = writeln!(std::io::stdout().lock(), "{text}");
-            }
+            // Printed above any progress bar on screen, never under a stale copy of it.
+            PrintSink::Stdout => progress_api::above_bars(|| {
+                let mut stdout = std::io::stdout().lock();
+                let _ = writeln!(stdout, "{text}");
+                let _ = stdout.flush();
+            }),
             PrintSink::Buffer(buffer) => {
                 let mut buffer = buffer.borrow_mut();
                 buffer.push_str(text);
