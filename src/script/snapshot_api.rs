@@ -101,7 +101,7 @@ fn replay_map(policy: &PathPolicy, path: &str, conf: &str) -> BindingResult<Dyna
     };
     match replay(&file, &options, &mut |_, _| {}) {
         Ok(report) => rhai::serde::to_dynamic(report.to_json()),
-        Err(error) => fail("replay", error.naming(Path::new(path))),
+        Err(error) => fail("replay", error.naming(&file)),
     }
 }
 

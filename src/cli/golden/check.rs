@@ -266,12 +266,7 @@ fn execute(script: &Path, options: &Options) -> Execution {
     );
     match gpumem::script::sandbox::PathPolicy::for_script(Some(script), &options.allow_paths) {
         Ok(policy) => host.set_path_policy(policy),
-        Err(error) => {
-            return Execution::Output {
-                text: String::new(),
-                error: Some(format!("{name}: error: {error}")),
-            }
-        }
+        Err(error) => return Execution::Unrunnable(error.to_string()),
     }
     let result = host.run_source(&name, &source);
     drop(host);
