@@ -25,7 +25,7 @@ use thiserror::Error;
 use crate::alloc::{AllocConf, AllocError, ConfigError};
 use crate::device::cuda::CudaGpu;
 use crate::device::sim::SimDevice;
-use crate::device::DeviceSpec;
+use crate::device::{DeviceError, DeviceSpec};
 use crate::tensor::Runtime;
 
 /// Environment variables PyTorch reads the allocator config from, first present wins.
@@ -124,8 +124,9 @@ pub enum SessionError {
     Cuda {
         /// The device asked for.
         device: DeviceSpec,
-        /// Why not.
-        reason: String,
+        /// Why not: the driver's error, as the device layer reported it.
+        #[source]
+        reason: DeviceError,
     },
     /// The allocator could not start (e.g. a bad fraction in the config).
     #[error("{0}")]
@@ -162,7 +163,7 @@ pub fn open(options: &SessionOptions) -> Result<Session, SessionError> {
             Err(reason) => {
                 return Err(SessionError::Cuda {
                     device: spec,
-                    reason: reason.to_string(),
+                    reason,
                 })
             }
         },
@@ -225,6 +226,33 @@ mod tests {
             message.contains("`//! alloc-conf:` directive of tests/golden/x.rhai"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn an_unusable_cuda_device_keeps_the_drivers_error_typed() {
+        // No GPU here (CI): the driver library is missing. On a GPU machine there is no
+        // device 4096. Either way the reason is the device layer's error, not its text.
+        let options = SessionOptions {
+            device: Some(DeviceSpec::Cuda(4096)),
+            config: ConfigSource::Default,
+        };
+        let Err(error) = open(&options) else {
+            panic!("cuda:4096 cannot be opened");
+        };
+        let SessionError::Cuda { device, reason } = &error else {
+            panic!("{error:?}");
+        };
+        assert_eq!(*device, DeviceSpec::Cuda(4096));
+        assert!(
+            matches!(
+                reason,
+                DeviceError::Unavailable(_) | DeviceError::NoSuchDevice { ordinal: 4096, .. }
+            ),
+            "{reason:?}"
+        );
+        assert_eq!(error.to_string(), format!("cannot use cuda:4096: {reason}"));
+        let source = std::error::Error::source(&error).map(ToString::to_string);
+        assert_eq!(source, Some(reason.to_string()));
     }
 
     #[test]

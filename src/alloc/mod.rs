@@ -109,21 +109,20 @@ pub enum AllocError {
     /// Out of memory; the message is PyTorch's.
     #[error("{}", .0.message)]
     OutOfMemory(OutOfMemory),
-    /// The device failed in a way other than running out of memory.
+    /// The device failed in a way other than running out of memory, or cannot do what the
+    /// config asks (e.g. expandable segments on a device without virtual memory management).
     #[error("device error: {0}")]
-    Device(String),
+    Device(#[from] DeviceError),
+    /// The allocator found its own bookkeeping inconsistent: a bug in gpumem, never the
+    /// user's input. The operation was refused; the allocator's state is as before it.
+    #[error("internal allocator error: {0}")]
+    Internal(String),
     /// `free` of something that is not a live allocation of this allocator.
     #[error("invalid free: {0}")]
     InvalidFree(String),
     /// `set_per_process_memory_fraction` outside [0, 1].
     #[error("set_per_process_memory_fraction: fraction must be between 0 and 1, got {0}")]
     InvalidFraction(f64),
-}
-
-impl From<DeviceError> for AllocError {
-    fn from(error: DeviceError) -> Self {
-        AllocError::Device(error.to_string())
-    }
 }
 
 /// What a malloc looks for: the stream, the rounded size, its pool and the segment size a miss

@@ -511,13 +511,19 @@ fn expandable_segments_need_the_devices_virtual_memory_calls() {
     let device = WrappedSim::new(SimDevice::new(1 << 30), None);
     let mut a = CachingAllocator::new(Box::new(device), conf.clone()).expect("allocator");
     let err = a.malloc(1000).expect_err("no VMM");
+    // The device's own error, kept typed inside the allocator's.
+    assert_eq!(err, AllocError::Device(crate::device::vmm_unsupported()));
     assert!(err
         .to_string()
-        .contains("does not support virtual memory management"));
+        .starts_with("device error: this device does not support virtual memory management"));
     assert_eq!(a.stats(), &DeviceStats::new(-1));
     let device = WrappedSim::new(SimDevice::new(1 << 30), Some(3 << 20));
     let mut a = CachingAllocator::new(Box::new(device), conf).expect("allocator");
     let err = a.malloc(1000).expect_err("bad granularity");
+    assert!(
+        matches!(err, AllocError::Device(DeviceError::Unsupported(_))),
+        "{err:?}"
+    );
     assert!(err
         .to_string()
         .contains("granularity of 3145728 bytes does not divide"));
