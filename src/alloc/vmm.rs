@@ -108,10 +108,11 @@ impl CachingAllocator {
                     "expandable segment: cannot reserve {pages} pages of {page} bytes"
                 )))
             })?;
-        let base = self.device.reserve_address_range(bytes)?;
+        let range = self.device.reserve_address_range(bytes)?;
+        let base = range.addr();
         let segment = self
             .expandable
-            .insert(ExpandableSegment::new(base, page, pages, stream, pool));
+            .insert(ExpandableSegment::new(range, page, pages, stream, pool));
         let id = self.blocks.insert(Block {
             stream,
             ptr: base,
@@ -283,7 +284,7 @@ impl CachingAllocator {
         let whole = self
             .expandable
             .get(segment_id)
-            .is_some_and(|segment| segment.base == ptr && segment.size() == size);
+            .is_some_and(|segment| segment.base.addr() == ptr && segment.size() == size);
         if mapped || !whole {
             return Err(AllocError::Internal(format!(
                 "expandable segment at {ptr:#x}: the block disagrees with the segment"

@@ -8,12 +8,13 @@
 use super::convert::stored_value;
 use super::philox;
 use super::{Contents, DType, TensorError};
+use crate::device::DevicePtr;
 
 /// A contiguous run of elements on the device, with what is known about them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Span {
     /// Device address of the first element.
-    pub ptr: u64,
+    pub ptr: DevicePtr,
     /// Number of elements.
     pub numel: usize,
     /// Element type.
@@ -247,7 +248,7 @@ mod tests {
 
     fn span(contents: Contents, numel: usize) -> Span {
         Span {
-            ptr: 0,
+            ptr: DevicePtr::NULL,
             numel,
             dtype: DType::Float32,
             contents,

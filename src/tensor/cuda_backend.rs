@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::backend::{finish_reduction, Backend, BinaryOp, Operand, Reduction, Span};
 use super::convert::{decode, fill_pattern};
 use super::{DType, TensorError};
-use crate::device::cuda::{CudaGpu, Current, DevicePtr};
+use crate::device::cuda::{CudaGpu, Current};
 use crate::device::kernels::{ElementwiseOp, Kernels, Operands, RandnFormat};
 
 /// Runs tensor operations on a CUDA GPU.
@@ -71,7 +71,7 @@ impl Backend for CudaBackend {
         let (current, kernels) = self.kernels()?;
         kernels.fill(
             &current,
-            DevicePtr(dst.ptr),
+            dst.ptr,
             dst.numel as u64,
             dst.dtype.size(),
             pattern,
@@ -82,14 +82,7 @@ impl Backend for CudaBackend {
     fn randn(&self, dst: &Span, seed: u64, offset: u64) -> Result<(), TensorError> {
         let format = randn_format(dst.dtype)?;
         let (current, kernels) = self.kernels()?;
-        kernels.randn(
-            &current,
-            format,
-            DevicePtr(dst.ptr),
-            dst.numel as u64,
-            seed,
-            offset,
-        )?;
+        kernels.randn(&current, format, dst.ptr, dst.numel as u64, seed, offset)?;
         Ok(())
     }
 
@@ -98,7 +91,7 @@ impl Backend for CudaBackend {
         let bytes = (src.numel * src.dtype.size()) as u64;
         // SAFETY: both spans are live tensors of this device, `bytes` long (same dtype and
         // element count).
-        unsafe { current.copy_device(DevicePtr(dst.ptr), DevicePtr(src.ptr), bytes) }?;
+        unsafe { current.copy_device(dst.ptr, src.ptr, bytes) }?;
         Ok(())
     }
 
@@ -113,15 +106,15 @@ impl Backend for CudaBackend {
             (Operand::Tensor(a), Operand::Tensor(b)) => {
                 float32_only(op.symbol(), &a)?;
                 float32_only(op.symbol(), &b)?;
-                Operands::Tensors(DevicePtr(a.ptr), DevicePtr(b.ptr))
+                Operands::Tensors(a.ptr, b.ptr)
             }
             (Operand::Tensor(a), Operand::Scalar(s)) => {
                 float32_only(op.symbol(), &a)?;
-                Operands::TensorScalar(DevicePtr(a.ptr), s as f32)
+                Operands::TensorScalar(a.ptr, s as f32)
             }
             (Operand::Scalar(s), Operand::Tensor(b)) => {
                 float32_only(op.symbol(), &b)?;
-                Operands::ScalarTensor(s as f32, DevicePtr(b.ptr))
+                Operands::ScalarTensor(s as f32, b.ptr)
             }
             (Operand::Scalar(_), Operand::Scalar(_)) => {
                 return Err(TensorError::Unsupported(format!(
@@ -135,7 +128,7 @@ impl Backend for CudaBackend {
             &current,
             elementwise(op),
             operands,
-            DevicePtr(out.ptr),
+            out.ptr,
             out.numel as u64,
         )?;
         Ok(())
@@ -145,7 +138,7 @@ impl Backend for CudaBackend {
         float32_only(op.name(), src)?;
         let (current, kernels) = self.kernels()?;
         let n = src.numel as u64;
-        let ptr = DevicePtr(src.ptr);
+        let ptr = src.ptr;
         let (sum, squares) = kernels.moments_f32(&current, ptr, n, 0.0)?;
         if op != Reduction::Std || n < 2 {
             return Ok(finish_reduction(op, n as f64, sum, squares));
@@ -166,7 +159,7 @@ impl Backend for CudaBackend {
         let count = count.min(src.numel);
         let mut bytes = vec![0u8; count * src.dtype.size()];
         // SAFETY: the span is a live tensor of this device holding at least `count` elements.
-        unsafe { current.copy_to_host(&mut bytes, DevicePtr(src.ptr)) }?;
+        unsafe { current.copy_to_host(&mut bytes, src.ptr) }?;
         Ok(decode(src.dtype, &bytes))
     }
 }

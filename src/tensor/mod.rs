@@ -345,7 +345,7 @@ pub struct Storage {
 impl Storage {
     /// The device address of the first byte (0 for an empty tensor).
     pub fn data_ptr(&self) -> u64 {
-        self.allocation.ptr
+        self.allocation.ptr.addr()
     }
 
     /// Bytes the tensor asked for (unrounded).
@@ -420,7 +420,7 @@ impl Tensor {
     ) -> Result<Tensor, TensorError> {
         convert::check_representable(dtype, value)?;
         let tensor = Tensor::empty(runtime, shape, dtype)?;
-        runtime.backend().fill(&tensor.span(), value)?;
+        runtime.backend().fill(&tensor.span()?, value)?;
         tensor.storage.set_contents(Contents::Constant(value));
         Ok(tensor)
     }
@@ -439,7 +439,7 @@ impl Tensor {
         }
         let tensor = Tensor::empty(runtime, shape, dtype)?;
         let (seed, offset) = runtime.take_random(tensor.numel() as u64);
-        runtime.backend().randn(&tensor.span(), seed, offset)?;
+        runtime.backend().randn(&tensor.span()?, seed, offset)?;
         tensor
             .storage
             .set_contents(Contents::Normal { seed, offset });
@@ -490,15 +490,34 @@ impl Tensor {
         &self.storage.runtime
     }
 
-    /// The elements this view covers, as the backend sees them.
-    pub fn span(&self) -> Span {
-        Span {
-            ptr: self.data_ptr(),
+    /// The elements this view covers, as the backend sees them: the view's address is derived
+    /// from its storage's by a checked offset (an error, never expected, when the view does not
+    /// lie inside the storage).
+    pub fn span(&self) -> Result<Span, TensorError> {
+        let size = self.dtype.size() as u64;
+        let start = (self.offset as u64).checked_mul(size);
+        let ptr = start
+            .and_then(|start| {
+                self.storage
+                    .allocation
+                    .ptr
+                    .offset_within(self.storage.nbytes, start, self.nbytes())
+            })
+            .ok_or_else(|| {
+                TensorError::OutOfRange(format!(
+                    "a view of {} bytes at element {} does not lie inside its storage of {} bytes",
+                    self.nbytes(),
+                    self.offset,
+                    self.storage.nbytes
+                ))
+            })?;
+        Ok(Span {
+            ptr,
             numel: self.numel(),
             dtype: self.dtype,
             contents: self.storage.contents(),
             first: self.offset as u64,
-        }
+        })
     }
 
     /// Whether the view covers its whole storage from the start.

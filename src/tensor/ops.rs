@@ -38,7 +38,7 @@ impl Tensor {
         }
         self.runtime()
             .backend()
-            .read(&self.span(), count.min(self.numel()))
+            .read(&self.span().ok()?, count.min(self.numel()))
             .ok()
     }
 
@@ -51,7 +51,7 @@ impl Tensor {
                 self.numel()
             )));
         }
-        self.runtime().backend().read(&self.span(), self.numel())
+        self.runtime().backend().read(&self.span()?, self.numel())
     }
 
     /// The single value of a one-element tensor (`t.item()`).
@@ -62,7 +62,7 @@ impl Tensor {
                 self.numel()
             )));
         }
-        let values = self.runtime().backend().read(&self.span(), 1)?;
+        let values = self.runtime().backend().read(&self.span()?, 1)?;
         values
             .first()
             .copied()
@@ -73,7 +73,7 @@ impl Tensor {
     pub fn clone_values(&self) -> Result<Tensor, TensorError> {
         let runtime = Rc::clone(self.runtime());
         let copy = Tensor::empty(&runtime, &self.shape, self.dtype)?;
-        runtime.backend().copy(&copy.span(), &self.span())?;
+        runtime.backend().copy(&copy.span()?, &self.span()?)?;
         // The copy starts at element 0 of its storage, so a generated view's offset moves in.
         let contents = match self.storage.contents() {
             Contents::Normal { seed, offset } => Contents::Normal {
@@ -124,12 +124,12 @@ impl Tensor {
         let runtime = Rc::clone(template.runtime());
         let out = Tensor::empty(&runtime, &template.shape, DType::Float32)?;
         let operand = |arg: Arg<'_>| match arg {
-            Arg::Tensor(tensor) => Operand::Tensor(tensor.span()),
-            Arg::Scalar(value) => Operand::Scalar(value),
+            Arg::Tensor(tensor) => tensor.span().map(Operand::Tensor),
+            Arg::Scalar(value) => Ok(Operand::Scalar(value)),
         };
         runtime
             .backend()
-            .binary(op, operand(lhs), operand(rhs), &out.span())?;
+            .binary(op, operand(lhs)?, operand(rhs)?, &out.span()?)?;
         out.storage.set_contents(Contents::Computed);
         Ok(out)
     }
@@ -143,7 +143,7 @@ impl Tensor {
                 self.dtype
             )));
         }
-        self.runtime().backend().reduce(op, &self.span())
+        self.runtime().backend().reduce(op, &self.span()?)
     }
 }
 

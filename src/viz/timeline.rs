@@ -428,7 +428,7 @@ impl MemoryObserver for Recorder {
                         let pool = CachingAllocator::pool_for(allocation.size);
                         self.push(
                             EventKind::Alloc,
-                            allocation.ptr,
+                            allocation.ptr.addr(),
                             allocation.size,
                             pool,
                             context,
@@ -448,7 +448,7 @@ impl MemoryObserver for Recorder {
                 let pool = CachingAllocator::pool_for(allocation.size);
                 self.push(
                     EventKind::Free,
-                    allocation.ptr,
+                    allocation.ptr.addr(),
                     allocation.size,
                     pool,
                     context,

@@ -72,7 +72,7 @@ impl Workload {
             for (action, addr, bytes) in device_events {
                 self.event(action, addr, bytes);
             }
-            self.event(Action::Alloc, block.ptr, size);
+            self.event(Action::Alloc, block.ptr.addr(), size);
             self.live_bytes += block.size;
             self.live.push((block, size));
         } else {
@@ -87,10 +87,10 @@ impl Workload {
         let index = self.rng.below(self.live.len() as u64) as usize;
         let (block, size) = self.live.swap_remove(index);
         self.live_bytes -= block.size;
-        self.event(Action::FreeRequested, block.ptr, size);
+        self.event(Action::FreeRequested, block.ptr.addr(), size);
         // The block is ours and live: its free cannot fail.
         let _ = self.allocator.free(block);
-        self.event(Action::FreeCompleted, block.ptr, size);
+        self.event(Action::FreeCompleted, block.ptr.addr(), size);
     }
 }
 

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
 
-use crate::device::DeviceError;
+use crate::device::{DeviceError, DevicePtr};
 
 /// The oldest driver the bindings work with: gpumem is built against CUDA 13.0's driver API
 /// (`cuda-13000`), whose versioned entry points (e.g. `cuEventElapsedTime_v2`) older drivers
@@ -384,8 +384,9 @@ impl Current<'_> {
             .map_err(|_| DeviceError::InvalidArgument(format!("cannot allocate {bytes} bytes")))?;
         // SAFETY: the context is current; the caller owns the segment and frees it with
         // `mem_free`.
+        let ordinal = self.context.device.ordinal;
         unsafe { cu::malloc_sync(size) }
-            .map(DevicePtr)
+            .map(|raw| DevicePtr::cuda(raw, ordinal))
             .map_err(failed_allocating("cuMemAlloc"))
     }
 
@@ -397,7 +398,7 @@ impl Current<'_> {
     pub unsafe fn mem_free(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
         self.check()?;
         // SAFETY: as the caller promises.
-        unsafe { cu::free_sync(ptr.0) }.map_err(failed("cuMemFree"))
+        unsafe { cu::free_sync(ptr.addr()) }.map_err(failed("cuMemFree"))
     }
 
     /// Copies `dst.len()` bytes from device address `src` to the host, after all work launched
@@ -411,7 +412,7 @@ impl Current<'_> {
         }
         self.check()?;
         // SAFETY: as the caller promises; synchronous copy into `dst`.
-        unsafe { cu::memcpy_dtoh_sync(dst, src.0) }.map_err(failed("cuMemcpyDtoH"))
+        unsafe { cu::memcpy_dtoh_sync(dst, src.addr()) }.map_err(failed("cuMemcpyDtoH"))
     }
 
     /// Copies `bytes` bytes between device addresses (`cuMemcpyDtoD`).
@@ -431,7 +432,8 @@ impl Current<'_> {
         let size = usize::try_from(bytes)
             .map_err(|_| DeviceError::InvalidArgument(format!("cannot copy {bytes} bytes")))?;
         // SAFETY: as the caller promises.
-        unsafe { cu::memcpy_dtod_sync(dst.0, src.0, size) }.map_err(failed("cuMemcpyDtoD"))
+        unsafe { cu::memcpy_dtod_sync(dst.addr(), src.addr(), size) }
+            .map_err(failed("cuMemcpyDtoD"))
     }
 }
 
@@ -518,7 +520,7 @@ impl Current<'_> {
         unsafe { sys::cuMemAddressReserve(&mut base, size, 0, 0, 0) }
             .result()
             .map_err(failed("cuMemAddressReserve"))?;
-        Ok(DevicePtr(base))
+        Ok(DevicePtr::cuda(base, self.context.device.ordinal))
     }
 
     /// Frees a reservation made by [`Current::address_reserve`] (`cuMemAddressFree`).
@@ -529,7 +531,7 @@ impl Current<'_> {
         self.check()?;
         let size = driver_size(bytes, "an address reservation")?;
         // SAFETY: as the caller promises.
-        unsafe { sys::cuMemAddressFree(base.0, size) }
+        unsafe { sys::cuMemAddressFree(base.addr(), size) }
             .result()
             .map_err(failed("cuMemAddressFree"))
     }
@@ -561,7 +563,7 @@ impl Current<'_> {
         self.check()?;
         let size = driver_size(memory.bytes, "a mapping")?;
         // SAFETY: as the caller promises.
-        unsafe { sys::cuMemMap(address.0, size, 0, memory.handle, 0) }
+        unsafe { sys::cuMemMap(address.addr(), size, 0, memory.handle, 0) }
             .result()
             .map_err(failed_allocating("cuMemMap"))
     }
@@ -582,7 +584,7 @@ impl Current<'_> {
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         // SAFETY: one descriptor, living across the call; the range is mapped as promised.
-        unsafe { sys::cuMemSetAccess(address.0, size, &access, 1) }
+        unsafe { sys::cuMemSetAccess(address.addr(), size, &access, 1) }
             .result()
             .map_err(failed_allocating("cuMemSetAccess"))
     }
@@ -596,32 +598,9 @@ impl Current<'_> {
         self.check()?;
         let size = driver_size(bytes, "an unmapping")?;
         // SAFETY: as the caller promises.
-        unsafe { sys::cuMemUnmap(address.0, size) }
+        unsafe { sys::cuMemUnmap(address.addr(), size) }
             .result()
             .map_err(failed("cuMemUnmap"))
-    }
-}
-
-/// A device address (`CUdeviceptr`). `#[repr(transparent)]`, so a kernel parameter declared
-/// `T*` receives it as is.
-#[repr(transparent)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DevicePtr(pub u64);
-
-impl DevicePtr {
-    /// The address.
-    pub fn addr(self) -> u64 {
-        self.0
-    }
-
-    /// The address `bytes` further on.
-    pub fn offset(self, bytes: u64) -> DevicePtr {
-        DevicePtr(self.0 + bytes)
-    }
-
-    /// Whether the address is a multiple of `align`.
-    pub fn is_aligned(self, align: u64) -> bool {
-        self.0.is_multiple_of(align)
     }
 }
 
@@ -680,7 +659,7 @@ impl Module {
         // SAFETY: `raw` is a loaded module; the context is current.
         let (ptr, bytes) = unsafe { cu::module::get_global(self.raw, c_name) }
             .map_err(failed("cuModuleGetGlobal"))?;
-        Ok((DevicePtr(ptr), bytes))
+        Ok((DevicePtr::cuda(ptr, self.context.device.ordinal), bytes))
     }
 }
 

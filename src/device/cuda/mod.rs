@@ -16,16 +16,16 @@
 pub mod driver;
 pub mod nvrtc;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
-pub use driver::{Current, DevicePtr, Module, PhysicalMemory, PrimaryContext, MIN_DRIVER_VERSION};
+pub use driver::{Current, Module, PhysicalMemory, PrimaryContext, MIN_DRIVER_VERSION};
 
 use super::kernels::Kernels;
 use super::nvml::DriverView;
-use super::{DeviceError, DeviceMemory, DriverMemory, ProcessMemory};
+use super::{DeviceError, DeviceMemory, DevicePtr, DriverMemory, MemorySpace, ProcessMemory};
 
 /// The environment variable naming what gpumem logs on stderr (comma-separated topics).
 pub const LOG_VARIABLE: &str = "GPUMEM_LOG";
@@ -248,11 +248,15 @@ impl CudaGpu {
 /// `cuMemCreate` allocation mapped per page.
 pub struct CudaDevice {
     gpu: Arc<CudaGpu>,
-    /// Reserved address ranges (`cuMemAddressReserve`): base → bytes.
-    reservations: BTreeMap<u64, u64>,
-    /// Physical pages mapped into those ranges: page address → its allocation, released
-    /// (`cuMemRelease`) when removed after `cuMemUnmap`.
-    pages: BTreeMap<u64, PhysicalMemory>,
+    /// Segments this device allocated (`cuMemAlloc`) and has not freed, by address: only these
+    /// are freed, so a segment of another allocator on the same GPU is never freed from under
+    /// it.
+    segments: BTreeSet<u64>,
+    /// Reserved address ranges (`cuMemAddressReserve`): base → (its address, bytes).
+    reservations: BTreeMap<u64, (DevicePtr, u64)>,
+    /// Physical pages mapped into those ranges: page address → (its address, its allocation),
+    /// released (`cuMemRelease`) when removed after `cuMemUnmap`.
+    pages: BTreeMap<u64, (DevicePtr, PhysicalMemory)>,
 }
 
 impl CudaDevice {
@@ -260,9 +264,15 @@ impl CudaDevice {
     pub fn new(gpu: Arc<CudaGpu>) -> CudaDevice {
         CudaDevice {
             gpu,
+            segments: BTreeSet::new(),
             reservations: BTreeMap::new(),
             pages: BTreeMap::new(),
         }
+    }
+
+    /// Whose memory this device's addresses are.
+    fn space(&self) -> MemorySpace {
+        MemorySpace::cuda(self.gpu.ordinal())
     }
 
     /// Checks that `[address, address + bytes)` is whole pages of `page` bytes inside one
@@ -276,7 +286,7 @@ impl CudaDevice {
         if page == 0 || bytes == 0 || !bytes.is_multiple_of(page) {
             return refuse("not a whole number of pages");
         }
-        let Some((&base, &size)) = self.reservations.range(..=address).next_back() else {
+        let Some((&base, &(_, size))) = self.reservations.range(..=address).next_back() else {
             return refuse("not inside a reserved range");
         };
         let end = address.checked_add(bytes);
@@ -288,16 +298,16 @@ impl CudaDevice {
 
     /// Unmaps and releases the given pages of `mapped` (after the device finished its work).
     fn unmap_each(
-        mapped: &mut BTreeMap<u64, PhysicalMemory>,
+        mapped: &mut BTreeMap<u64, (DevicePtr, PhysicalMemory)>,
         current: &Current<'_>,
         pages: &[u64],
     ) -> Result<(), DeviceError> {
         let mut first_error = Ok(());
         for address in pages {
-            if let Some(memory) = mapped.remove(address) {
+            if let Some((at, memory)) = mapped.remove(address) {
                 // SAFETY: the page was mapped by `map_pages` and is unmapped once, here; the
                 // caller synchronised, so no queued work uses it.
-                let unmapped = unsafe { current.unmap(DevicePtr(*address), memory.bytes()) };
+                let unmapped = unsafe { current.unmap(at, memory.bytes()) };
                 if unmapped.is_err() && first_error.is_ok() {
                     first_error = unmapped;
                 }
@@ -313,17 +323,49 @@ impl CudaDevice {
     }
 }
 
+/// The addresses of the `count` pages of `page` bytes that make up `[start, start + bytes)`,
+/// each derived from `start` by a checked offset.
+fn page_addresses(
+    start: DevicePtr,
+    bytes: u64,
+    page: u64,
+    count: u64,
+) -> Result<Vec<DevicePtr>, DeviceError> {
+    (0..count)
+        .map(|index| {
+            index
+                .checked_mul(page)
+                .and_then(|offset| start.offset_within(bytes, offset, page))
+                .ok_or_else(|| {
+                    DeviceError::InvalidArgument(format!(
+                        "page {index} of {page} bytes lies outside [{start:#x}, +{bytes})"
+                    ))
+                })
+        })
+        .collect()
+}
+
 impl DeviceMemory for CudaDevice {
-    fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        Ok(self.gpu.activate()?.mem_alloc(bytes)?.addr())
+    fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        let segment = self.gpu.activate()?.mem_alloc(bytes)?;
+        self.segments.insert(segment.addr());
+        Ok(segment)
     }
 
-    fn free(&mut self, address: u64) -> Result<(), DeviceError> {
+    fn free(&mut self, segment: DevicePtr) -> Result<(), DeviceError> {
+        let address = segment.addr_in(self.space(), "cuMemFree")?;
+        if !self.segments.contains(&address) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "cuMemFree of {address:#x}, which is not a segment of this device"
+            )));
+        }
         let current = self.gpu.activate()?;
-        // SAFETY: the allocator frees only addresses `malloc` returned, once, and only blocks
-        // no tensor uses; work queued on them ran on the same (legacy default) stream, which
-        // cuMemFree waits for.
-        unsafe { current.mem_free(DevicePtr(address)) }
+        // SAFETY: a segment `malloc` returned (checked above), freed once (forgotten below);
+        // the allocator frees only segments no tensor uses, and work queued on them ran on the
+        // same (legacy default) stream, which cuMemFree waits for.
+        unsafe { current.mem_free(segment) }?;
+        self.segments.remove(&address);
+        Ok(())
     }
 
     fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
@@ -362,14 +404,15 @@ impl DeviceMemory for CudaDevice {
         self.gpu.activate()?.allocation_granularity()
     }
 
-    fn reserve_address_range(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        let base = self.gpu.activate()?.address_reserve(bytes)?.addr();
-        self.reservations.insert(base, bytes);
+    fn reserve_address_range(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        let base = self.gpu.activate()?.address_reserve(bytes)?;
+        self.reservations.insert(base.addr(), (base, bytes));
         Ok(base)
     }
 
-    fn free_address_range(&mut self, base: u64, bytes: u64) -> Result<(), DeviceError> {
-        if self.reservations.get(&base) != Some(&bytes) {
+    fn free_address_range(&mut self, range: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        let base = range.addr_in(self.space(), "cuMemAddressFree")?;
+        if self.reservations.get(&base).map(|&(_, size)| size) != Some(bytes) {
             return Err(DeviceError::InvalidArgument(format!(
                 "no reserved range of {bytes} bytes at {base:#x}"
             )));
@@ -381,15 +424,19 @@ impl DeviceMemory for CudaDevice {
         }
         let current = self.gpu.activate()?;
         // SAFETY: exactly a reservation made by `reserve_address_range`, with nothing mapped.
-        unsafe { current.address_free(DevicePtr(base), bytes) }?;
+        unsafe { current.address_free(range, bytes) }?;
         self.reservations.remove(&base);
         Ok(())
     }
 
-    fn map_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+    fn map_pages(&mut self, start: DevicePtr, bytes: u64, page: u64) -> Result<(), DeviceError> {
+        let address = start.addr_in(self.space(), "cuMemMap")?;
         let count = self.page_run(address, bytes, page)?;
-        let addresses: Vec<u64> = (0..count).map(|i| address + i * page).collect();
-        if let Some(mapped) = addresses.iter().find(|a| self.pages.contains_key(a)) {
+        let addresses = page_addresses(start, bytes, page, count)?;
+        if let Some(mapped) = addresses
+            .iter()
+            .find(|at| self.pages.contains_key(&at.addr()))
+        {
             return Err(DeviceError::InvalidArgument(format!(
                 "the page at {mapped:#x} is already mapped"
             )));
@@ -406,10 +453,10 @@ impl DeviceMemory for CudaDevice {
         let mut outcome = Ok(());
         for (&at, memory) in addresses.iter().zip(created) {
             // SAFETY: `at` is a whole page inside a reservation (checked above) and unmapped.
-            match unsafe { current.map(DevicePtr(at), &memory) } {
+            match unsafe { current.map(at, &memory) } {
                 Ok(()) => {
-                    self.pages.insert(at, memory);
-                    mapped.push(at);
+                    self.pages.insert(at.addr(), (at, memory));
+                    mapped.push(at.addr());
                 }
                 Err(error) => {
                     outcome = Err(error);
@@ -419,7 +466,7 @@ impl DeviceMemory for CudaDevice {
         }
         if outcome.is_ok() {
             // SAFETY: every page of the range was just mapped.
-            outcome = unsafe { current.set_access(DevicePtr(address), bytes) };
+            outcome = unsafe { current.set_access(start, bytes) };
         }
         if let Err(error) = outcome {
             // Undo what this call mapped; the error of the mapping is the one to report.
@@ -429,9 +476,13 @@ impl DeviceMemory for CudaDevice {
         Ok(())
     }
 
-    fn unmap_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+    fn unmap_pages(&mut self, start: DevicePtr, bytes: u64, page: u64) -> Result<(), DeviceError> {
+        let address = start.addr_in(self.space(), "cuMemUnmap")?;
         let count = self.page_run(address, bytes, page)?;
-        let addresses: Vec<u64> = (0..count).map(|i| address + i * page).collect();
+        let addresses: Vec<u64> = page_addresses(start, bytes, page, count)?
+            .iter()
+            .map(|at| at.addr())
+            .collect();
         if let Some(missing) = addresses.iter().find(|a| !self.pages.contains_key(a)) {
             return Err(DeviceError::InvalidArgument(format!(
                 "the page at {missing:#x} is not mapped"
@@ -459,10 +510,10 @@ impl Drop for CudaDevice {
         let _ = current.synchronize();
         let pages: Vec<u64> = self.pages.keys().copied().collect();
         let _ = Self::unmap_each(&mut self.pages, &current, &pages);
-        for (&base, &bytes) in &self.reservations {
+        for &(base, bytes) in self.reservations.values() {
             // SAFETY: a reservation of ours with every page unmapped above; a failure leaves
             // the range to the driver, which reclaims it at process exit.
-            let _ = unsafe { current.address_free(DevicePtr(base), bytes) };
+            let _ = unsafe { current.address_free(base, bytes) };
         }
     }
 }

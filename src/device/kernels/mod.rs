@@ -14,8 +14,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::cuda::driver::{param, Current, DevicePtr, Function, Module};
-use super::DeviceError;
+use super::cuda::driver::{param, Current, Function, Module};
+use super::{DeviceError, DevicePtr};
 
 /// The generator's CUDA source (device functions shared by the production kernels and the
 /// benchmark's candidates).
@@ -195,7 +195,7 @@ impl RandnKernel {
         let grid = u32::try_from(needed.min(u64::from(self.grid)))
             .unwrap_or(self.grid)
             .max(1);
-        let (mut ptr, mut n, mut block0) = (ptr, n, offset / 4);
+        let (mut ptr, mut n, mut block0) = (ptr.addr(), n, offset / 4);
         let mut keys = PhiloxKeys::new(seed);
         let mut params = [
             param(&mut ptr),
@@ -203,9 +203,9 @@ impl RandnKernel {
             param(&mut block0),
             param(&mut keys),
         ];
-        // SAFETY: (float* out, u64 n, u64 block0, PhiloxKeys key) with DevicePtr
-        // #[repr(transparent)] over the address and PhiloxKeys #[repr(C)] as the kernel's struct
-        // of 22 u32; the caller's `ptr` holds n floats.
+        // SAFETY: (float* out, u64 n, u64 block0, PhiloxKeys key) with the address as a u64
+        // and PhiloxKeys #[repr(C)] as the kernel's struct of 22 u32; the caller's `ptr` holds
+        // n floats.
         unsafe { self.function.launch(current, grid, THREADS, &mut params) }
     }
 }
@@ -304,7 +304,7 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (mut ptr, mut n, mut pattern) = (ptr, n, pattern);
+        let (mut ptr, mut n, mut pattern) = (ptr.addr(), n, pattern);
         let mut params = [param(&mut ptr), param(&mut n), param(&mut pattern)];
         // SAFETY: (T* out, u64 n, u64 pattern); `ptr` holds n elements of `width` bytes.
         unsafe { f.launch(current, grid_for(n), THREADS, &mut params) }
@@ -335,7 +335,7 @@ impl Kernels {
         let grid = u32::try_from(n.div_ceil(4).div_ceil(u64::from(THREADS))).map_err(|_| {
             DeviceError::InvalidArgument(format!("randn: {n} elements are too many for one launch"))
         })?;
-        let (mut ptr, mut n, mut block0) = (ptr, n, offset / 4);
+        let (mut ptr, mut n, mut block0) = (ptr.addr(), n, offset / 4);
         let mut keys = PhiloxKeys::new(seed);
         let mut params = [
             param(&mut ptr),
@@ -360,13 +360,13 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let null = DevicePtr(0);
+        let null = DevicePtr::NULL.addr();
         let (mut a, mut b, mut mode, mut scalar) = match operands {
-            Operands::Tensors(a, b) => (a, b, 0i32, 0f32),
-            Operands::TensorScalar(a, s) => (a, null, 1, s),
-            Operands::ScalarTensor(s, b) => (null, b, 2, s),
+            Operands::Tensors(a, b) => (a.addr(), b.addr(), 0i32, 0f32),
+            Operands::TensorScalar(a, s) => (a.addr(), null, 1, s),
+            Operands::ScalarTensor(s, b) => (null, b.addr(), 2, s),
         };
-        let (mut out, mut n, mut op) = (out, n, op as i32);
+        let (mut out, mut n, mut op) = (out.addr(), n, op as i32);
         let mut params = [
             param(&mut a),
             param(&mut b),
@@ -394,7 +394,7 @@ impl Kernels {
         shift: f64,
     ) -> Result<(f64, f64), DeviceError> {
         let mut blocks = n.div_ceil(u64::from(THREADS)).clamp(1, MOMENTS_MAX_BLOCKS);
-        let (mut ptr, mut n, mut shift) = (ptr, n, shift);
+        let (mut ptr, mut n, mut shift) = (ptr.addr(), n, shift);
         // No data behind the lock: a panic elsewhere cannot leave the scratch inconsistent.
         let _reducing = self
             .reducing
@@ -449,12 +449,12 @@ mod tests {
 
     #[test]
     fn randn_arguments_are_checked_before_launching() {
-        assert!(check_randn(DevicePtr(512), 8, 16).is_ok());
+        assert!(check_randn(DevicePtr::simulated(512), 8, 16).is_ok());
         assert!(matches!(
-            check_randn(DevicePtr(512), 6, 16),
+            check_randn(DevicePtr::simulated(512), 6, 16),
             Err(DeviceError::InvalidArgument(_))
         ));
-        let error = check_randn(DevicePtr(520), 0, 16).unwrap_err();
+        let error = check_randn(DevicePtr::simulated(520), 0, 16).unwrap_err();
         assert_eq!(
             error.to_string(),
             "randn: address 0x208 is not 16-byte aligned"

@@ -25,7 +25,7 @@ use std::process::Command;
 use std::rc::Rc;
 
 use gpumem::device::cuda::driver::Event;
-use gpumem::device::cuda::{CudaGpu, Current, DevicePtr};
+use gpumem::device::cuda::{CudaGpu, Current};
 use gpumem::device::kernels::{RandnKernel, RANDN_LAYOUT, RANDN_SOURCE};
 use gpumem::device::DeviceError;
 use gpumem::tensor::backend::{BinaryOp, Reduction};
@@ -390,7 +390,7 @@ pub fn randn(
     let tensor = Tensor::randn(runtime, &SHAPE, DType::Float32).map_err(bench_error)?;
     let n = tensor.numel() as u64;
     let bytes = tensor.nbytes();
-    let ptr = DevicePtr(tensor.data_ptr());
+    let ptr = tensor.span().map_err(bench_error)?.ptr;
     out.push(format!("tensor: randn({SHAPE:?}) float32, {bytes} bytes"));
 
     let current = gpu.activate().map_err(bench_error)?;
