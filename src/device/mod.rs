@@ -13,9 +13,11 @@ pub mod cuda;
 pub mod kernels;
 pub mod nvml;
 pub mod sim;
+mod span;
 pub mod spec;
 
 pub use address::{DevicePtr, MemorySpace};
+pub use span::DeviceSpan;
 pub use spec::DeviceSpec;
 
 use thiserror::Error;

@@ -50,13 +50,13 @@ fn elementwise(op: BinaryOp) -> ElementwiseOp {
     }
 }
 
-fn float32_only(what: &str, span: &Span) -> Result<(), TensorError> {
-    if span.dtype == DType::Float32 {
+fn float32_only(what: &str, span: &Span<'_>) -> Result<(), TensorError> {
+    if span.dtype() == DType::Float32 {
         Ok(())
     } else {
         Err(TensorError::Unsupported(format!(
             "{what} on {} tensors is not supported yet (float32 only)",
-            span.dtype
+            span.dtype()
         )))
     }
 }
@@ -66,55 +66,47 @@ impl Backend for CudaBackend {
         Ok(self.gpu.synchronize()?)
     }
 
-    fn fill(&self, dst: &Span, value: f64) -> Result<(), TensorError> {
-        let pattern = fill_pattern(dst.dtype, value);
+    fn fill(&self, dst: &Span<'_>, value: f64) -> Result<(), TensorError> {
+        let pattern = fill_pattern(dst.dtype(), value);
         let (current, kernels) = self.kernels()?;
-        kernels.fill(
-            &current,
-            dst.ptr,
-            dst.numel as u64,
-            dst.dtype.size(),
-            pattern,
-        )?;
+        let width = dst.dtype().size() as u64;
+        kernels.fill(&current, dst.memory(), width, pattern)?;
         Ok(())
     }
 
-    fn randn(&self, dst: &Span, seed: u64, offset: u64) -> Result<(), TensorError> {
-        let format = randn_format(dst.dtype)?;
+    fn randn(&self, dst: &Span<'_>, seed: u64, offset: u64) -> Result<(), TensorError> {
+        let format = randn_format(dst.dtype())?;
         let (current, kernels) = self.kernels()?;
-        kernels.randn(&current, format, dst.ptr, dst.numel as u64, seed, offset)?;
+        kernels.randn(&current, format, dst.memory(), seed, offset)?;
         Ok(())
     }
 
-    fn copy(&self, dst: &Span, src: &Span) -> Result<(), TensorError> {
+    fn copy(&self, dst: &Span<'_>, src: &Span<'_>) -> Result<(), TensorError> {
         let current = self.gpu.activate()?;
-        let bytes = (src.numel * src.dtype.size()) as u64;
-        // SAFETY: both spans are live tensors of this device, `bytes` long (same dtype and
-        // element count).
-        unsafe { current.copy_device(dst.ptr, src.ptr, bytes) }?;
+        current.copy_device(dst.memory(), src.memory())?;
         Ok(())
     }
 
     fn binary(
         &self,
         op: BinaryOp,
-        lhs: Operand,
-        rhs: Operand,
-        out: &Span,
+        lhs: Operand<'_>,
+        rhs: Operand<'_>,
+        out: &Span<'_>,
     ) -> Result<(), TensorError> {
         let operands = match (lhs, rhs) {
             (Operand::Tensor(a), Operand::Tensor(b)) => {
                 float32_only(op.symbol(), &a)?;
                 float32_only(op.symbol(), &b)?;
-                Operands::Tensors(a.ptr, b.ptr)
+                Operands::Tensors(a.memory(), b.memory())
             }
             (Operand::Tensor(a), Operand::Scalar(s)) => {
                 float32_only(op.symbol(), &a)?;
-                Operands::TensorScalar(a.ptr, s as f32)
+                Operands::TensorScalar(a.memory(), s as f32)
             }
             (Operand::Scalar(s), Operand::Tensor(b)) => {
                 float32_only(op.symbol(), &b)?;
-                Operands::ScalarTensor(s as f32, b.ptr)
+                Operands::ScalarTensor(s as f32, b.memory())
             }
             (Operand::Scalar(_), Operand::Scalar(_)) => {
                 return Err(TensorError::Unsupported(format!(
@@ -123,29 +115,23 @@ impl Backend for CudaBackend {
                 )))
             }
         };
+        float32_only(op.symbol(), out)?;
         let (current, kernels) = self.kernels()?;
-        kernels.binary_f32(
-            &current,
-            elementwise(op),
-            operands,
-            out.ptr,
-            out.numel as u64,
-        )?;
+        kernels.binary_f32(&current, elementwise(op), operands, out.memory())?;
         Ok(())
     }
 
-    fn reduce(&self, op: Reduction, src: &Span) -> Result<f64, TensorError> {
+    fn reduce(&self, op: Reduction, src: &Span<'_>) -> Result<f64, TensorError> {
         float32_only(op.name(), src)?;
         let (current, kernels) = self.kernels()?;
-        let n = src.numel as u64;
-        let ptr = src.ptr;
-        let (sum, squares) = kernels.moments_f32(&current, ptr, n, 0.0)?;
+        let n = src.numel() as u64;
+        let (sum, squares) = kernels.moments_f32(&current, src.memory(), 0.0)?;
         if op != Reduction::Std || n < 2 {
             return Ok(finish_reduction(op, n as f64, sum, squares));
         }
         // Second pass around the mean, so a large mean does not cancel the variance away.
         let mean = sum / n as f64;
-        let (shifted_sum, shifted_squares) = kernels.moments_f32(&current, ptr, n, mean)?;
+        let (shifted_sum, shifted_squares) = kernels.moments_f32(&current, src.memory(), mean)?;
         Ok(finish_reduction(
             Reduction::Std,
             n as f64,
@@ -154,12 +140,11 @@ impl Backend for CudaBackend {
         ))
     }
 
-    fn read(&self, src: &Span, count: usize) -> Result<Vec<f64>, TensorError> {
+    fn read(&self, src: &Span<'_>, count: usize) -> Result<Vec<f64>, TensorError> {
         let current = self.gpu.activate()?;
-        let count = count.min(src.numel);
-        let mut bytes = vec![0u8; count * src.dtype.size()];
-        // SAFETY: the span is a live tensor of this device holding at least `count` elements.
-        unsafe { current.copy_to_host(&mut bytes, src.ptr) }?;
-        Ok(decode(src.dtype, &bytes))
+        let count = count.min(src.numel());
+        let mut bytes = vec![0u8; count * src.dtype().size()];
+        current.copy_to_host(&mut bytes, src.memory())?;
+        Ok(decode(src.dtype(), &bytes))
     }
 }

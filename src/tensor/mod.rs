@@ -24,7 +24,7 @@ use crate::alloc::format::format_size;
 use crate::alloc::{AllocConf, AllocError, Allocation, CachingAllocator};
 use crate::device::cuda::{CudaDevice, CudaGpu};
 use crate::device::sim::SimDevice;
-use crate::device::DeviceMemory;
+use crate::device::{DeviceMemory, DeviceSpan};
 use backend::{Backend, SimBackend, Span};
 use cuda_backend::CudaBackend;
 pub use dtype::DType;
@@ -367,6 +367,18 @@ impl Storage {
     pub fn runtime(&self) -> &Rc<Runtime> {
         &self.runtime
     }
+
+    /// The storage's device memory, borrowed for as long as the storage is: what kernel
+    /// launches on its tensors write and read.
+    pub(crate) fn device_span(&self) -> DeviceSpan<'_> {
+        // SAFETY: `allocation` is the block the allocator handed out for this storage, from
+        // its device's memory (its address derived from the segment's by the allocator),
+        // holding at least `nbytes` bytes (the request it was rounded up from). It goes back
+        // to its allocator only when the storage drops, which the borrow of `self` rules out
+        // while the span lives, and its allocator lives as long as the runtime this storage
+        // holds.
+        unsafe { DeviceSpan::new(self.allocation.ptr, self.nbytes) }
+    }
 }
 
 impl Drop for Storage {
@@ -490,34 +502,21 @@ impl Tensor {
         &self.storage.runtime
     }
 
-    /// The elements this view covers, as the backend sees them: the view's address is derived
-    /// from its storage's by a checked offset (an error, never expected, when the view does not
-    /// lie inside the storage).
-    pub fn span(&self) -> Result<Span, TensorError> {
-        let size = self.dtype.size() as u64;
-        let start = (self.offset as u64).checked_mul(size);
-        let ptr = start
-            .and_then(|start| {
-                self.storage
-                    .allocation
-                    .ptr
-                    .offset_within(self.storage.nbytes, start, self.nbytes())
-            })
-            .ok_or_else(|| {
-                TensorError::OutOfRange(format!(
-                    "a view of {} bytes at element {} does not lie inside its storage of {} bytes",
-                    self.nbytes(),
-                    self.offset,
-                    self.storage.nbytes
-                ))
-            })?;
-        Ok(Span {
-            ptr,
-            numel: self.numel(),
-            dtype: self.dtype,
-            contents: self.storage.contents(),
-            first: self.offset as u64,
-        })
+    /// The elements this view covers, as the backend sees them, borrowed from the storage:
+    /// the part of the storage's device memory the view covers (an error, never expected, when
+    /// the view does not lie inside its storage).
+    pub fn span(&self) -> Result<Span<'_>, TensorError> {
+        let start = (self.offset as u64)
+            .checked_mul(self.dtype.size() as u64)
+            .ok_or_else(|| TensorError::OutOfRange(format!("element {}", self.offset)))?;
+        let memory = self.storage.device_span().part(start, self.nbytes())?;
+        Span::new(
+            memory,
+            self.numel(),
+            self.dtype,
+            self.storage.contents(),
+            self.offset as u64,
+        )
     }
 
     /// Whether the view covers its whole storage from the start.

@@ -123,10 +123,12 @@ impl Tensor {
         }
         let runtime = Rc::clone(template.runtime());
         let out = Tensor::empty(&runtime, &template.shape, DType::Float32)?;
-        let operand = |arg: Arg<'_>| match arg {
-            Arg::Tensor(tensor) => tensor.span().map(Operand::Tensor),
-            Arg::Scalar(value) => Ok(Operand::Scalar(value)),
-        };
+        fn operand(arg: Arg<'_>) -> Result<Operand<'_>, TensorError> {
+            match arg {
+                Arg::Tensor(tensor) => tensor.span().map(Operand::Tensor),
+                Arg::Scalar(value) => Ok(Operand::Scalar(value)),
+            }
+        }
         runtime
             .backend()
             .binary(op, operand(lhs)?, operand(rhs)?, &out.span()?)?;

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
 
-use crate::device::{DeviceError, DevicePtr};
+use crate::device::{DeviceError, DevicePtr, DeviceSpan, MemorySpace};
 
 /// The oldest driver the bindings work with: gpumem is built against CUDA 13.0's driver API
 /// (`cuda-13000`), whose versioned entry points (e.g. `cuEventElapsedTime_v2`) older drivers
@@ -362,6 +362,11 @@ impl Current<'_> {
         self.context.ensure_current()
     }
 
+    /// Whose memory this context's kernels and copies may touch: its device's.
+    pub fn space(&self) -> MemorySpace {
+        MemorySpace::cuda(self.context.device.ordinal)
+    }
+
     /// Waits until all work launched in the context has finished (`cuCtxSynchronize`).
     pub fn synchronize(&self) -> Result<(), DeviceError> {
         self.check()?;
@@ -401,39 +406,49 @@ impl Current<'_> {
         unsafe { cu::free_sync(ptr.addr()) }.map_err(failed("cuMemFree"))
     }
 
-    /// Copies `dst.len()` bytes from device address `src` to the host, after all work launched
-    /// before (`cuMemcpyDtoH` on the legacy default stream).
-    ///
-    /// # Safety
-    /// `src .. src + dst.len()` must be device memory of this context.
-    pub unsafe fn copy_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<(), DeviceError> {
+    /// Copies the first `dst.len()` bytes of `src` to the host, after all work launched
+    /// before (`cuMemcpyDtoH` on the legacy default stream). Refused when `src` is shorter or
+    /// is not this device's memory.
+    pub fn copy_to_host(&self, dst: &mut [u8], src: DeviceSpan<'_>) -> Result<(), DeviceError> {
         if dst.is_empty() {
             return Ok(());
         }
+        let from = src.address_in(self.space(), "cuMemcpyDtoH")?;
+        if (dst.len() as u64) > src.bytes() {
+            return Err(DeviceError::InvalidArgument(format!(
+                "cuMemcpyDtoH: {} bytes asked of a span of {}",
+                dst.len(),
+                src.bytes()
+            )));
+        }
         self.check()?;
-        // SAFETY: as the caller promises; synchronous copy into `dst`.
-        unsafe { cu::memcpy_dtoh_sync(dst, src.addr()) }.map_err(failed("cuMemcpyDtoH"))
+        // SAFETY: `src` is live memory of this device for the borrow it carries, at least
+        // `dst.len()` bytes long (both checked above); the copy is synchronous, so it ends
+        // within that borrow, and writes only `dst`.
+        unsafe { cu::memcpy_dtoh_sync(dst, from) }.map_err(failed("cuMemcpyDtoH"))
     }
 
-    /// Copies `bytes` bytes between device addresses (`cuMemcpyDtoD`).
-    ///
-    /// # Safety
-    /// Both ranges must be device memory of this context, `bytes` long.
-    pub unsafe fn copy_device(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: u64,
-    ) -> Result<(), DeviceError> {
+    /// Copies all of `src` to the front of `dst` (`cuMemcpyDtoD`). Refused when `dst` is
+    /// shorter or either is not this device's memory.
+    pub fn copy_device(&self, dst: DeviceSpan<'_>, src: DeviceSpan<'_>) -> Result<(), DeviceError> {
+        let bytes = src.bytes();
         if bytes == 0 {
             return Ok(());
+        }
+        let to = dst.address_in(self.space(), "cuMemcpyDtoD")?;
+        let from = src.address_in(self.space(), "cuMemcpyDtoD")?;
+        if dst.bytes() < bytes {
+            return Err(DeviceError::InvalidArgument(format!(
+                "cuMemcpyDtoD: {bytes} bytes do not fit a span of {}",
+                dst.bytes()
+            )));
         }
         self.check()?;
         let size = usize::try_from(bytes)
             .map_err(|_| DeviceError::InvalidArgument(format!("cannot copy {bytes} bytes")))?;
-        // SAFETY: as the caller promises.
-        unsafe { cu::memcpy_dtod_sync(dst.addr(), src.addr(), size) }
-            .map_err(failed("cuMemcpyDtoD"))
+        // SAFETY: both spans are live memory of this device for the borrows they carry, and
+        // `dst` holds at least the `bytes` bytes of `src` (checked above).
+        unsafe { cu::memcpy_dtod_sync(to, from, size) }.map_err(failed("cuMemcpyDtoD"))
     }
 }
 
