@@ -1,6 +1,11 @@
 //! Where bytes live: the [`DeviceMemory`] trait the caching allocator draws segments from, and
 //! its implementations — a simulated GPU ([`sim`]) and a real CUDA device through cudarc
-//! ([`cuda`]) — plus the driver's own view of memory ([`nvml`]).
+//! ([`cuda`]) — plus the driver's own view of memory (NVML, [`DriverMemory`]).
+//!
+//! Device memory is named by [`DevicePtr`]s, which only a device makes, and kernels write only
+//! into [`DeviceSpan`]s borrowed from the memory's owner. The driver wrappers, NVRTC, NVML and
+//! the kernels themselves are crate-private; the `bench-internals` feature (on by default, for
+//! the binary's `gpumem bench randn`) exposes what the benchmark needs in `device::bench`.
 //!
 //! The allocator knows devices only through this trait: it asks for whole segments on a cache
 //! miss (`cudaMalloc`), returns them on `empty_cache` (`cudaFree`) and reads the driver's free and
@@ -9,9 +14,12 @@
 //! `cuMemMap` + `cuMemSetAccess`, `cuMemUnmap` + `cuMemRelease`, `cuMemAddressFree`).
 
 mod address;
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub mod bench;
 pub mod cuda;
-pub mod kernels;
-pub mod nvml;
+pub(crate) mod kernels;
+pub(crate) mod nvml;
 pub mod sim;
 mod span;
 pub mod spec;

@@ -1,6 +1,6 @@
 //! The CUDA implementation of [`Backend`]: maps tensor operations onto the kernels of
 //! `device::kernels` for the session's GPU. Every operation first makes the GPU's primary
-//! context current on the calling thread ([`CudaGpu::activate`]).
+//! context current on the calling thread (`CudaGpu::activate`).
 
 use std::sync::Arc;
 

@@ -291,11 +291,6 @@ impl PrimaryContext {
         Ok(PrimaryContext { raw, device })
     }
 
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
-    }
-
     /// Makes the context current on this thread, unless this thread already did, and returns
     /// the proof calls that need it take.
     pub fn current(&self) -> Result<Current<'_>, DeviceError> {
@@ -347,7 +342,7 @@ impl Drop for PrimaryContext {
     }
 }
 
-/// Proof that a [`PrimaryContext`] is current on this thread; calls that need a context take
+/// Proof that a `PrimaryContext` is current on this thread; calls that need a context take
 /// one. Not `Send`: it speaks for the thread that made it.
 #[derive(Debug, Clone, Copy)]
 pub struct Current<'a> {
@@ -760,12 +755,15 @@ pub fn param<T>(value: &mut T) -> *mut c_void {
 }
 
 /// A CUDA event (`CUevent`) for timing work on the legacy default stream; destroyed on drop.
+/// Only `gpumem bench randn` times kernels, so only the `bench-internals` feature has it.
+#[cfg(feature = "bench-internals")]
 #[derive(Debug)]
 pub struct Event<'a> {
     raw: sys::CUevent,
     context: &'a PrimaryContext,
 }
 
+#[cfg(feature = "bench-internals")]
 impl<'a> Event<'a> {
     /// A new event with timing enabled (`cuEventCreate`, default flags).
     pub fn new(current: &Current<'a>) -> Result<Event<'a>, DeviceError> {
@@ -799,6 +797,7 @@ impl<'a> Event<'a> {
     }
 }
 
+#[cfg(feature = "bench-internals")]
 impl Drop for Event<'_> {
     fn drop(&mut self) {
         let raw = self.raw;

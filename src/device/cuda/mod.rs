@@ -7,33 +7,34 @@
 //! Stream-ordered pools, managed memory and cudarc's `CudaSlice` are deliberately not used: they
 //! would hide segments in the driver's own pool, out of the allocator's (and NVML's) sight.
 //!
-//! Layers: [`driver`] wraps the driver API (the only caller of `cudarc::driver`), [`nvrtc`] the
+//! Layers: `driver` wraps the driver API (the only caller of `cudarc::driver`), `nvrtc` the
 //! compiler; this module owns the handles; `device::kernels` launches kernels through them.
 //!
 //! Set `GPUMEM_LOG=cuda` to have one line on stderr for the context's creation and for each
 //! NVRTC compilation, with its time.
 
-pub mod driver;
-pub mod nvrtc;
+pub(crate) mod driver;
+pub(crate) mod nvrtc;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
-pub use driver::{Current, Module, PhysicalMemory, PrimaryContext, MIN_DRIVER_VERSION};
+pub use driver::MIN_DRIVER_VERSION;
+pub(crate) use driver::{Current, Module, PhysicalMemory, PrimaryContext};
 
 use super::kernels::Kernels;
 use super::nvml::DriverView;
 use super::{DeviceError, DeviceMemory, DevicePtr, DriverMemory, MemorySpace, ProcessMemory};
 
 /// The environment variable naming what gpumem logs on stderr (comma-separated topics).
-pub const LOG_VARIABLE: &str = "GPUMEM_LOG";
+const LOG_VARIABLE: &str = "GPUMEM_LOG";
 /// The [`LOG_VARIABLE`] topic for the CUDA layer.
-pub const LOG_TOPIC: &str = "cuda";
+const LOG_TOPIC: &str = "cuda";
 
 /// Whether `GPUMEM_LOG` names the `cuda` topic (read once per process).
-pub fn logging() -> bool {
+fn logging() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
     *ENABLED.get_or_init(|| {
         std::env::var(LOG_VARIABLE).is_ok_and(|value| {
@@ -65,7 +66,7 @@ fn lock(mutex: &Mutex<()>) -> MutexGuard<'_, ()> {
 /// every session and thread — the [`CudaDevice`] each allocator owns and the tensor layer's
 /// CUDA backend — so the process has one context, one kernel module and one NVML baseline per
 /// device, as PyTorch has. Each thread that uses it makes the context current on itself
-/// ([`CudaGpu::activate`]).
+/// (`CudaGpu::activate`).
 pub struct CudaGpu {
     device: driver::Device,
     name: String,
@@ -161,7 +162,7 @@ impl CudaGpu {
     }
 
     /// The primary context, created (retained) on first use.
-    pub fn context(&self) -> Result<&Arc<PrimaryContext>, DeviceError> {
+    pub(crate) fn context(&self) -> Result<&Arc<PrimaryContext>, DeviceError> {
         if let Some(context) = self.context.get() {
             return Ok(context);
         }
@@ -184,7 +185,7 @@ impl CudaGpu {
     /// Makes the device's primary context current on this thread (creating it on first use)
     /// and returns the proof that calls needing it take. Every call that touches the device
     /// goes through here.
-    pub fn activate(&self) -> Result<Current<'_>, DeviceError> {
+    pub(crate) fn activate(&self) -> Result<Current<'_>, DeviceError> {
         self.context()?.current()
     }
 
@@ -198,9 +199,13 @@ impl CudaGpu {
     }
 
     /// Compiles `source` (named `name` in messages and logs) with NVRTC for this device and
-    /// loads it into the primary context. Counted ([`CudaGpu::compiles`]) and, under
+    /// loads it into the primary context. Counted (`compiles`) and, under
     /// `GPUMEM_LOG=cuda`, logged with its time.
-    pub fn compile_module(&self, source: &str, name: &str) -> Result<Arc<Module>, DeviceError> {
+    pub(crate) fn compile_module(
+        &self,
+        source: &str,
+        name: &str,
+    ) -> Result<Arc<Module>, DeviceError> {
         let context = self.context()?;
         let start = Instant::now();
         let ptx = nvrtc::compile(source, name, self.compute_capability)?;
@@ -220,13 +225,14 @@ impl CudaGpu {
 
     /// NVRTC compilations made so far through this handle (the production kernels once, plus
     /// one per `gpumem bench randn` run).
-    pub fn compiles(&self) -> usize {
+    #[cfg(feature = "bench-internals")]
+    pub(crate) fn compiles(&self) -> usize {
         self.compiles.load(Ordering::Relaxed)
     }
 
     /// The value kernels, compiled for this device on first use: once per process, whichever
     /// thread or session asks first (the others wait for it).
-    pub fn kernels(&self) -> Result<&Kernels, DeviceError> {
+    pub(crate) fn kernels(&self) -> Result<&Kernels, DeviceError> {
         if let Some(kernels) = self.kernels.get() {
             return Ok(kernels);
         }
@@ -315,11 +321,6 @@ impl CudaDevice {
             }
         }
         first_error
-    }
-
-    /// The shared device handle (for the value backend).
-    pub fn gpu(&self) -> &Arc<CudaGpu> {
-        &self.gpu
     }
 }
 

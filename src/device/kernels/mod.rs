@@ -28,14 +28,14 @@ pub const VALUES_SOURCE: &str = include_str!("values.cu");
 pub const SOURCE_NAME: &str = "values.cu";
 
 /// Philox rounds of the production generator. The kernels are compiled with it
-/// ([`production_source`]), and the tensor layer's CPU twin of the generator uses the same
+/// (`production_source`), and the tensor layer's CPU twin of the generator uses the same
 /// constant, so changing it here changes both sides together.
 ///
 /// 7 is the smallest round count Salmon et al. report as passing TestU01's BigCrush for
 /// Philox4x32 (their "Philox4x32-7"; they recommend 10 for a safety margin, which curand and
 /// PyTorch use). gpumem uses 7 because randn is bound by Philox's 32×32→64-bit multiplies on the
 /// GPU: 7 rounds make it about a quarter faster (README, "randn"). 10 is supported as well
-/// (pinned values and statistical tests cover both). [`PhiloxKeys`] holds keys for at most 10.
+/// (pinned values and statistical tests cover both). `PhiloxKeys` holds keys for at most 10.
 pub const PHILOX_ROUNDS: usize = 7;
 const _: () = assert!(PHILOX_ROUNDS >= 1 && PHILOX_ROUNDS <= 10);
 
@@ -72,7 +72,7 @@ pub const RANDN_LAYOUT: RandnLayout = RandnLayout {
 };
 
 /// The production source: the configuration ([`PHILOX_ROUNDS`], [`RANDN_LAYOUT`]) as
-/// `#define`s, then [`RANDN_SOURCE`] and [`VALUES_SOURCE`].
+/// `#define`s, then [`RANDN_SOURCE`] and `VALUES_SOURCE`.
 pub fn production_source() -> String {
     format!(
         "#define GPUMEM_PHILOX_ROUNDS {}\n#define GPUMEM_PHILOX_HILO {}\n#define GPUMEM_RANDN_PER_THREAD {}\n#define GPUMEM_RANDN_STREAMING {}\n{RANDN_SOURCE}\n{VALUES_SOURCE}",

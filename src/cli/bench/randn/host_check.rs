@@ -19,8 +19,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use super::{self as bench, Transform, VARIANTS};
-use gpumem::device::cuda::nvrtc;
-use gpumem::device::kernels;
+use gpumem::device::bench::{self as kernels, nvrtc};
 
 /// The host stand-ins for CUDA's types and intrinsics.
 const SHIM: &str = r#"

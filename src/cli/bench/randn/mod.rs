@@ -24,9 +24,10 @@ use std::path::Path;
 use std::process::Command;
 use std::rc::Rc;
 
-use gpumem::device::cuda::driver::Event;
-use gpumem::device::cuda::{CudaGpu, Current};
-use gpumem::device::kernels::{RandnFormat, RandnKernel, RANDN_LAYOUT, RANDN_SOURCE};
+use gpumem::device::bench::{
+    self as driver, Current, Event, RandnFormat, RandnKernel, RANDN_LAYOUT, RANDN_SOURCE,
+};
+use gpumem::device::cuda::CudaGpu;
 use gpumem::device::DeviceError;
 use gpumem::tensor::backend::{BinaryOp, Reduction};
 use gpumem::tensor::ops::Arg;
@@ -393,12 +394,11 @@ pub fn randn(
     let memory = tensor.span().map_err(bench_error)?.memory();
     out.push(format!("tensor: randn({SHAPE:?}) float32, {bytes} bytes"));
 
-    let current = gpu.activate().map_err(bench_error)?;
-    let kernels = gpu.kernels().map_err(bench_error)?;
+    let current = driver::activate(&gpu).map_err(bench_error)?;
+    let production_kernel = driver::production_randn(&gpu).map_err(bench_error)?;
     // The candidates; without them (a bug) the production kernel is still measured.
-    let candidates = gpu
-        .compile_module(&source(), "randn_variants.cu")
-        .and_then(|module| {
+    let candidates =
+        driver::compile_module(&gpu, &source(), "randn_variants.cu").and_then(|module| {
             VARIANTS
                 .iter()
                 .map(|v| {
@@ -422,7 +422,7 @@ pub fn randn(
     let mut timed = vec![Timed {
         label: "randn_f32".to_string(),
         about: format!("production kernel (same code as {production_label})"),
-        kernel: kernels.randn_kernel(RandnFormat::F32),
+        kernel: production_kernel,
         passes: Vec::new(),
     }];
     for (variant, kernel) in VARIANTS.iter().zip(&variant_kernels) {
@@ -486,8 +486,7 @@ pub fn randn(
     }
 
     // The tensor as randn leaves it, for the remaining checks.
-    kernels
-        .randn_kernel(RandnFormat::F32)
+    production_kernel
         .launch(&current, memory, SEED, 0)
         .map_err(bench_error)?;
     let mean = tensor.reduce(Reduction::Mean).map_err(bench_error)?;
@@ -542,7 +541,7 @@ pub fn randn(
     ));
     out.push(format!(
         "compilations: {} (the production kernels and the candidates)",
-        gpu.compiles()
+        driver::compiles(&gpu)
     ));
     out.push(format!("mean={mean:.6} std={std:.6}"));
     out.push(format!("twin_not_identical={}", production.not_identical));
