@@ -382,9 +382,9 @@ impl Current<'_> {
         self.check()?;
         let size = usize::try_from(bytes)
             .map_err(|_| DeviceError::InvalidArgument(format!("cannot allocate {bytes} bytes")))?;
+        let ordinal = self.context.device.ordinal;
         // SAFETY: the context is current; the caller owns the segment and frees it with
         // `mem_free`.
-        let ordinal = self.context.device.ordinal;
         unsafe { cu::malloc_sync(size) }
             .map(|raw| DevicePtr::cuda(raw, ordinal))
             .map_err(failed_allocating("cuMemAlloc"))
