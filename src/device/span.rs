@@ -56,11 +56,6 @@ impl<'a> DeviceSpan<'a> {
         self.bytes
     }
 
-    /// Whether the span holds no byte (launches on it do nothing).
-    pub fn is_empty(&self) -> bool {
-        self.bytes == 0
-    }
-
     /// Whose memory it is.
     pub fn space(&self) -> MemorySpace {
         self.start.space()
@@ -132,7 +127,7 @@ mod tests {
         assert_eq!((part.start().addr(), part.bytes()), (0x1010, 32));
         assert_eq!(part.space(), MemorySpace::Simulated);
         assert!(span.part(48, 16).is_ok());
-        assert!(span.part(64, 0).is_ok_and(|empty| empty.is_empty()));
+        assert!(span.part(64, 0).is_ok_and(|empty| empty.bytes() == 0));
         let error = span.part(48, 17).expect_err("past the end");
         assert_eq!(
             error.to_string(),

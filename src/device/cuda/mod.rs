@@ -70,7 +70,6 @@ fn lock(mutex: &Mutex<()>) -> MutexGuard<'_, ()> {
 pub struct CudaGpu {
     device: driver::Device,
     name: String,
-    uuid: String,
     total: u64,
     compute_capability: (i32, i32),
     /// Streaming multiprocessors (sizes grid-stride launches).
@@ -123,7 +122,6 @@ impl CudaGpu {
         Ok(CudaGpu {
             device,
             name: device.name()?,
-            uuid,
             total: device.total_memory()?,
             compute_capability: (major, minor),
             multiprocessors: u32::try_from(multiprocessors).unwrap_or(0).max(1),
@@ -144,11 +142,6 @@ impl CudaGpu {
     /// The marketing name (`NVIDIA H200`).
     pub fn name(&self) -> &str {
         &self.name
-    }
-
-    /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, the form NVML uses.
-    pub fn uuid(&self) -> &str {
-        &self.uuid
     }
 
     /// `(major, minor)` compute capability.
