@@ -113,8 +113,9 @@ impl DevicePtr {
     }
 
     /// An address of the simulated device. The simulated device mints its segments' addresses
-    /// with it, and the replay's device places a segment where a recording had it (simulated
-    /// memory is never written, so any address is as good as another there). Crate-private
+    /// with it, the replay's device places a segment where a recording had it, and the OOM
+    /// diagnosis's trial device (`alloc::trial`) numbers its segments (simulated memory is
+    /// never written, so any address is as good as another there). Crate-private
     /// all the same: outside `gpumem` no integer becomes a device address, and every CUDA
     /// launch refuses simulated addresses.
     pub(crate) fn simulated(addr: u64) -> DevicePtr {

@@ -48,6 +48,28 @@ impl<'a> Span<'a> {
         })
     }
 
+    /// The `count` elements after the first `skip` of this span (the last values a display
+    /// shows), borrowed from the same storage; an error when they do not lie inside it.
+    pub fn elements(&self, skip: usize, count: usize) -> Result<Span<'a>, TensorError> {
+        let width = self.dtype.size() as u64;
+        let outside = || {
+            TensorError::OutOfRange(format!(
+                "elements {skip} .. {skip} + {count} of a span of {}",
+                self.numel
+            ))
+        };
+        let offset = (skip as u64).checked_mul(width).ok_or_else(outside)?;
+        let bytes = (count as u64).checked_mul(width).ok_or_else(outside)?;
+        let memory = self.memory.part(offset, bytes).map_err(|_| outside())?;
+        Span::new(
+            memory,
+            count,
+            self.dtype,
+            self.contents,
+            self.first + skip as u64,
+        )
+    }
+
     /// The elements' device memory, borrowed from the storage.
     pub fn memory(&self) -> DeviceSpan<'a> {
         self.memory

@@ -28,6 +28,27 @@ impl CudaBackend {
     }
 }
 
+/// Copies `src`, on the GPU `from`, into `dst` on the GPU `to`: `t.to(i)` between CUDA
+/// devices. Within one GPU a plain device-to-device copy; between two, `cuMemcpyPeer`, which
+/// needs both devices' contexts (the source's exists: it holds the tensor).
+pub fn copy_between_gpus(
+    to: &Arc<CudaGpu>,
+    dst: &Span<'_>,
+    from: &Arc<CudaGpu>,
+    src: &Span<'_>,
+) -> Result<(), TensorError> {
+    if Arc::ptr_eq(to, from) {
+        return CudaBackend::new(Arc::clone(to)).copy(dst, src);
+    }
+    if src.memory().bytes() == 0 {
+        return Ok(());
+    }
+    let source = from.context()?;
+    let current = to.activate()?;
+    current.copy_from_peer(dst.memory(), source, src.memory())?;
+    Ok(())
+}
+
 /// How randn stores values of `dtype`.
 pub fn randn_format(dtype: DType) -> Result<RandnFormat, TensorError> {
     match dtype {

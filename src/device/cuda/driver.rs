@@ -27,7 +27,7 @@ use crate::device::{DeviceError, DevicePtr, DeviceSpan, MemorySpace};
 pub const MIN_DRIVER_VERSION: i32 = 13_000;
 
 /// Driver entry points gpumem calls; [`init`] checks each before the first call.
-const DRIVER_SYMBOLS: [&str; 40] = [
+const DRIVER_SYMBOLS: [&str; 41] = [
     "cuInit",
     "cuDriverGetVersion",
     "cuGetErrorName",
@@ -49,6 +49,7 @@ const DRIVER_SYMBOLS: [&str; 40] = [
     "cuMemGetInfo_v2",
     "cuMemcpyDtoH_v2",
     "cuMemcpyDtoD_v2",
+    "cuMemcpyPeer",
     "cuModuleLoadData",
     "cuModuleUnload",
     "cuModuleGetFunction",
@@ -444,6 +445,43 @@ impl Current<'_> {
         // SAFETY: both spans are live memory of this device for the borrows they carry, and
         // `dst` holds at least the `bytes` bytes of `src` (checked above).
         unsafe { cu::memcpy_dtod_sync(to, from, size) }.map_err(failed("cuMemcpyDtoD"))
+    }
+}
+
+impl Current<'_> {
+    /// Copies all of `src`, memory of the device whose primary context is `source`, to the
+    /// front of `dst` in this context (`cuMemcpyPeer`): the copy between two GPUs behind
+    /// `t.to(i)`. It is ordered after the work queued in both contexts, and work queued after
+    /// it in either context sees the copied bytes. Refused when `dst` is shorter, `dst` is not
+    /// this device's memory or `src` not `source`'s device's.
+    pub fn copy_from_peer(
+        &self,
+        dst: DeviceSpan<'_>,
+        source: &PrimaryContext,
+        src: DeviceSpan<'_>,
+    ) -> Result<(), DeviceError> {
+        let bytes = src.bytes();
+        if bytes == 0 {
+            return Ok(());
+        }
+        let to = dst.address_in(self.space(), "cuMemcpyPeer")?;
+        let from = src.address_in(MemorySpace::cuda(source.device.ordinal), "cuMemcpyPeer")?;
+        if dst.bytes() < bytes {
+            return Err(DeviceError::InvalidArgument(format!(
+                "cuMemcpyPeer: {bytes} bytes do not fit a span of {}",
+                dst.bytes()
+            )));
+        }
+        self.check()?;
+        let size = usize::try_from(bytes)
+            .map_err(|_| DeviceError::InvalidArgument(format!("cannot copy {bytes} bytes")))?;
+        // SAFETY: both contexts are retained for the call's duration (`self` borrows this
+        // one, `source` the other); `dst` is live memory of this context's device and `src`
+        // of `source`'s for the borrows they carry, and `dst` holds all `bytes` bytes of `src`
+        // (checked above).
+        unsafe { sys::cuMemcpyPeer(to, self.context.raw, from, source.raw, size) }
+            .result()
+            .map_err(failed("cuMemcpyPeer"))
     }
 }
 
