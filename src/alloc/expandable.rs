@@ -10,7 +10,7 @@
 //! reserving a range, to say so clearly).
 //!
 //! This module keeps the page bookkeeping of one segment; the allocator's rules that use it
-//! (finding room, mapping, unmapping, releasing) are in [`super::vmm`].
+//! (finding room, mapping, unmapping, releasing) are in the crate-private `alloc::vmm`.
 
 use super::block::{Pool, SegmentId, StreamId};
 use super::{LARGE_BUFFER, SMALL_BUFFER};
