@@ -144,7 +144,8 @@ no_panics() {
 golden_cuda() { (cd "$REPO" && "$GPUMEM" --device cuda:0 test tests/golden); }
 
 # Issue 15: every dtype's randn kernel (one launch path; float64/float16/bfloat16 grid-stride)
-# writes what the CPU twin computes: randn_dtypes.rhai prints the same values on cuda:0 and sim.
+# writes what the CPU twin computes, and a long tensor's display reads its last values back:
+# randn_dtypes.rhai prints the same values on cuda:0 and sim.
 randn_dtypes() {
     local cuda sim
     cuda=$("$GPUMEM" --device cuda:0 run randn_dtypes.rhai 2>&1) || { echo "$cuda"; return 1; }
