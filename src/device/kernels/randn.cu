@@ -230,3 +230,18 @@ __device__ __forceinline__ void randn_f32_grid(float* out, u64 n, u64 block0, co
         for (u64 j = 4 * full; j < n; ++j) out[j] = lanes[j - 4 * full];
     }
 }
+
+// The same grid-stride loop for the other float dtypes: each block of four values is generated
+// in float32 exactly as randn_f32's, then stored one element at a time through `convert` (T's
+// natural alignment is enough). Every randn kernel is launched the same way
+// (kernels::RandnKernel::launch).
+template <typename T, typename Gen, typename Convert>
+__device__ __forceinline__ void randn_convert_grid(T* out, u64 n, u64 block0, const PhiloxKeys& key, Gen gen,
+                                                   Convert convert) {
+    const u64 blocks = (n + 3) / 4, threads = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < blocks; i += threads) {
+        const float4 v = gen(block0 + i, key);
+        const float lanes[4] = {v.x, v.y, v.z, v.w};
+        for (u64 j = 4 * i; j < n && j < 4 * i + 4; ++j) out[j] = convert(lanes[j - 4 * i]);
+    }
+}
