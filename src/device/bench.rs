@@ -14,7 +14,7 @@ use super::cuda::CudaGpu;
 use super::DeviceError;
 
 pub use super::cuda::driver::{Current, Event, Function, Module};
-pub use super::kernels::{
+pub use super::cuda::kernels::{
     production_source, RandnFormat, RandnKernel, RandnLayout, RANDN_LAYOUT, RANDN_SOURCE,
     SOURCE_NAME,
 };

@@ -18,7 +18,6 @@ mod address;
 #[doc(hidden)]
 pub mod bench;
 pub mod cuda;
-pub(crate) mod kernels;
 pub(crate) mod nvml;
 pub mod sim;
 mod span;

@@ -1,5 +1,5 @@
 //! The CUDA implementation of [`Backend`]: maps tensor operations onto the kernels of
-//! `device::kernels` for the session's GPU. Every operation first makes the GPU's primary
+//! `device::cuda::kernels` for the session's GPU. Every operation first makes the GPU's primary
 //! context current on the calling thread (`CudaGpu::activate`).
 
 use std::sync::Arc;
@@ -7,8 +7,8 @@ use std::sync::Arc;
 use super::backend::{finish_reduction, Backend, BinaryOp, Operand, Reduction, Span};
 use super::convert::{decode, fill_pattern};
 use super::{DType, TensorError};
+use crate::device::cuda::kernels::{ElementwiseOp, Kernels, Operands, RandnFormat};
 use crate::device::cuda::{CudaGpu, Current};
-use crate::device::kernels::{ElementwiseOp, Kernels, Operands, RandnFormat};
 
 /// Runs tensor operations on a CUDA GPU.
 pub struct CudaBackend {

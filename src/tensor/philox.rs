@@ -4,7 +4,7 @@
 //!
 //! Value `j` of a stream keyed by `seed` depends only on `(seed, j)`: Philox is applied to the
 //! counter `j / 4` with the key `(seed low 32 bits, seed high 32 bits)`, its four words become
-//! two pairs of words and each pair two normals. The CUDA kernel (`src/device/kernels/randn.cu`)
+//! two pairs of words and each pair two normals. The CUDA kernel (`src/device/cuda/kernels/randn.cu`)
 //! does exactly this arithmetic in float32 — every step an IEEE operation with a stated rounding
 //! — so the simulated device can read the values of freshly generated tensors and
 //! `gpumem bench randn` can check the GPU bit for bit. This file and `randn.cu` change together;
@@ -20,7 +20,7 @@ const W1: u32 = 0xBB67_AE85;
 
 /// Philox rounds of the production generator: the device layer's count (the CUDA kernels are
 /// compiled with it), which this twin follows, so changing it there changes both sides together.
-pub use crate::device::kernels::PHILOX_ROUNDS;
+pub use crate::device::cuda::kernels::PHILOX_ROUNDS;
 
 /// The round counts the generator supports (7: Philox4x32-7, 10: Philox4x32-10).
 pub const SUPPORTED_ROUNDS: [usize; 2] = [7, 10];
@@ -88,7 +88,7 @@ pub const SQRT_HALF_BITS: u32 = 0x3F35_04F3;
 const HIGH_BITS: u32 = 0xFF80_0000;
 
 /// P(f) ≈ −2 ln(1+f) / f on [√½ − 1, √2 − 1], degree 8, highest order first. Minimax
-/// (src/device/kernels/fit_randn_poly.py); max relative error 3.0e-8 with these float32
+/// (src/device/cuda/kernels/fit_randn_poly.py); max relative error 3.0e-8 with these float32
 /// coefficients.
 #[allow(clippy::excessive_precision)]
 pub const LOG_POLY: [f32; 9] = [
@@ -305,7 +305,7 @@ mod tests {
         // Philox with the device layer's key schedule (computed on the host once per launch),
         // round by round as randn.cu runs it, equals this twin's Philox (which derives the keys
         // itself), for every supported round count.
-        use crate::device::kernels::PhiloxKeys;
+        use crate::device::cuda::kernels::PhiloxKeys;
         let seed = 0x0123_4567_89AB_CDEF;
         let keys = PhiloxKeys::new(seed);
         for rounds in SUPPORTED_ROUNDS {

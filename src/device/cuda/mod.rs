@@ -8,12 +8,13 @@
 //! would hide segments in the driver's own pool, out of the allocator's (and NVML's) sight.
 //!
 //! Layers: `driver` wraps the driver API (the only caller of `cudarc::driver`), `nvrtc` the
-//! compiler; this module owns the handles; `device::kernels` launches kernels through them.
+//! compiler; this module owns the handles; `kernels` launches kernels through them.
 //!
 //! Set `GPUMEM_LOG=cuda` to have one line on stderr for the context's creation and for each
 //! NVRTC compilation, with its time.
 
 pub(crate) mod driver;
+pub(crate) mod kernels;
 pub(crate) mod nvrtc;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,9 +25,9 @@ use std::time::Instant;
 pub use driver::MIN_DRIVER_VERSION;
 pub(crate) use driver::{Current, Module, PhysicalMemory, PrimaryContext};
 
-use super::kernels::Kernels;
 use super::nvml::DriverView;
 use super::{DeviceError, DeviceMemory, DevicePtr, DriverMemory, MemorySpace, ProcessMemory};
+use kernels::Kernels;
 
 /// The environment variable naming what gpumem logs on stderr (comma-separated topics).
 const LOG_VARIABLE: &str = "GPUMEM_LOG";
@@ -247,10 +248,7 @@ impl CudaGpu {
         if let Some(kernels) = self.kernels.get() {
             return Ok(kernels);
         }
-        let module = self.compile_module(
-            &super::kernels::production_source(),
-            super::kernels::SOURCE_NAME,
-        )?;
+        let module = self.compile_module(&kernels::production_source(), kernels::SOURCE_NAME)?;
         let kernels = Kernels::load(&module, self.multiprocessors)?;
         Ok(self.kernels.get_or_init(|| kernels))
     }

@@ -1,6 +1,6 @@
 //! The CUDA generator source against its CPU twins, without a GPU.
 //!
-//! 1. `src/device/kernels/randn.cu` and the benchmark's `variants.cu` are compiled as host C++
+//! 1. `src/device/cuda/kernels/randn.cu` and the benchmark's `variants.cu` are compiled as host C++
 //!    (`GPUMEM_HOST_CHECK`, with a header mapping CUDA's IEEE intrinsics onto the host's IEEE
 //!    arithmetic, rounding modes included), and every candidate's values on a spread of seeds
 //!    and counters must equal its Rust twin's bit for bit. The square root's correction step is

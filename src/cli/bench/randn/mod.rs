@@ -6,7 +6,7 @@
 //! reproducibility.
 //!
 //! The candidates ([`VARIANTS`]) are compiled from their own source ([`source`]:
-//! `device::kernels::RANDN_SOURCE` followed by `variants.cu` and one line per candidate), only
+//! `device::cuda::kernels::RANDN_SOURCE` followed by `variants.cu` and one line per candidate), only
 //! by this benchmark; their twins are in [`twins`]. Each is timed in [`PASSES`] passes of
 //! `reps` launches after a warm-up, passes interleaved across the candidates, and reported as
 //! the median pass with the spread of all passes (a difference between two candidates smaller
@@ -52,7 +52,7 @@ const SEED: u64 = 1234;
 /// the tensor's last four, the values `tensor::philox`'s pinned test holds for the twin.
 const PINNED_HEAD: usize = 8;
 const PINNED_TAIL: usize = 4;
-/// The candidates' CUDA source, compiled after `device::kernels::RANDN_SOURCE`.
+/// The candidates' CUDA source, compiled after `device::cuda::kernels::RANDN_SOURCE`.
 pub const VARIANTS_SOURCE: &str = include_str!("variants.cu");
 
 /// One candidate kernel of the benchmark.

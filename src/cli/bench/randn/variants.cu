@@ -1,5 +1,5 @@
 // `gpumem bench randn`'s candidate kernels, compiled only by the benchmark (never part of the
-// production module): src/device/kernels/randn.cu is compiled in front of this file, and the
+// production module): src/device/cuda/kernels/randn.cu is compiled in front of this file, and the
 // benchmark appends one RANDN_VARIANT line per candidate (cli::bench::randn::VARIANTS). Each
 // candidate's CPU twin is in src/cli/bench/randn/twins.rs; src/cli/bench/randn/host_check.rs
 // compiles the transforms below as host C++ (GPUMEM_HOST_CHECK) and checks them against those

@@ -96,7 +96,7 @@ __device__ __forceinline__ float sqrt_rn_normal(float y) {
 // -2 ln u: u = 2^e * m with m in [sqrt(1/2), sqrt(2)) by bit operations; -2 ln m = f * P(f),
 // f = m - 1 exact (Sterbenz); -2 ln u = e * NEG2LN2 + f * P(f). P: degree 8 minimax of
 // -2 ln(1+f)/f on [sqrt(1/2)-1, sqrt(2)-1], max relative error 3.0e-8 with these float32
-// coefficients (src/device/kernels/fit_randn_poly.py). NEG2LN2 is -2 ln 2 rounded to float32
+// coefficients (src/device/cuda/kernels/fit_randn_poly.py). NEG2LN2 is -2 ln 2 rounded to float32
 // (relative error 2.7e-9, a thirtieth of an ulp).
 // The angle: x in [-1/2, 1/2) from w1's low 23 bits exactly, theta = (pi/2) x in [-pi/4, pi/4);
 // cos(theta) = C(x^2) (degree 6, C(0) = 1, max relative error 3.9e-8) and sin(theta) = x S(x^2)

@@ -3,7 +3,7 @@
 // side to be live memory of this device holding the counts passed) and element counts; no kernel
 // allocates.
 
-// randn (src/device/kernels/randn.cu, compiled in front of this file, holds the generator). The
+// randn (src/device/cuda/kernels/randn.cu, compiled in front of this file, holds the generator). The
 // Rust side defines the production configuration in front of both (kernels::production_source):
 // GPUMEM_PHILOX_ROUNDS (Philox4x32 rounds; the CPU twin's tensor::philox::PHILOX_ROUNDS),
 // GPUMEM_PHILOX_HILO (multiply form), GPUMEM_RANDN_PER_THREAD (blocks per loop iteration) and

@@ -16,8 +16,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::cuda::driver::{param, Current, Function, Module};
-use super::{DeviceError, DevicePtr, DeviceSpan};
+use super::driver::{param, Current, Function, Module};
+use crate::device::{DeviceError, DevicePtr, DeviceSpan};
 
 /// The generator's CUDA source (device functions shared by the production kernels and the
 /// benchmark's candidates).
