@@ -53,7 +53,8 @@ pub const SMALL_BUFFER: u64 = 2 * MIB;
 pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
 /// Large requests from 10 MiB up get their own segment rounded up to this (`kRoundLarge`).
 pub const ROUND_LARGE: u64 = 2 * MIB;
-/// Segment size for large requests below 10 MiB (`kLargeBuffer`, 20 MiB); also the default
+/// Segment size for large requests below 10 MiB by default (`kLargeBuffer`, 20 MiB; PyTorch
+/// 2.11's default `large_segment_size`, which `large_segment_size_mb` changes); also the default
 /// `max_non_split_rounding_mb` and the smallest allowed `max_split_size_mb`.
 pub const LARGE_BUFFER: u64 = 20 * MIB;
 /// Requests of this size or more are refused outright (PyTorch: "Tried to allocate more than
@@ -416,16 +417,18 @@ impl CachingAllocator {
     }
 
     /// Bytes requested from the device when no cached block fits a rounded `size`
-    /// (PyTorch's `get_allocation_size`). With expandable segments only the memory-fraction
-    /// check and the OOM message use it; pages are mapped for the rounded size itself.
-    pub fn allocation_size(size: u64) -> u64 {
-        if size <= SMALL_SIZE {
-            SMALL_BUFFER
-        } else if size < MIN_LARGE_ALLOC {
-            LARGE_BUFFER
-        } else {
-            size.div_ceil(ROUND_LARGE) * ROUND_LARGE
-        }
+    /// (PyTorch's `get_allocation_size`): 2 MiB for the small pool, the large segment size
+    /// (`large_segment_size_mb`, 20 MiB by default) for large requests below 10 MiB, else the
+    /// size rounded up to 2 MiB. With expandable segments only the memory-fraction check and
+    /// the OOM message use it; pages are mapped for the rounded size itself.
+    pub fn allocation_size(&self, size: u64) -> u64 {
+        allocation_size(size, self.config.large_segment_size)
+    }
+
+    /// The page size of a pool's expandable segments under this config
+    /// ([`expandable::page_size`]).
+    pub fn page_size(&self, pool: Pool) -> u64 {
+        expandable::page_size(pool, self.config.large_segment_size)
     }
 
     fn pool_mut(&mut self, pool: Pool) -> &mut BlockPool {
@@ -483,7 +486,7 @@ impl CachingAllocator {
             stream,
             size,
             pool,
-            alloc_size: Self::allocation_size(size),
+            alloc_size: self.allocation_size(size),
         };
 
         // PyTorch also runs the free-memory callbacks and searches again here; the only one
@@ -979,6 +982,18 @@ impl Drop for CachingAllocator {
         for segment in self.expandable.drain() {
             let _ = segment.release(self.device.as_mut());
         }
+    }
+}
+
+/// Bytes PyTorch's `get_allocation_size` asks the device for when no cached block fits a
+/// rounded `size`, with `large_segment_size` as the config sets it.
+pub fn allocation_size(size: u64, large_segment_size: u64) -> u64 {
+    if size <= SMALL_SIZE {
+        SMALL_BUFFER
+    } else if size < MIN_LARGE_ALLOC {
+        large_segment_size
+    } else {
+        size.div_ceil(ROUND_LARGE) * ROUND_LARGE
     }
 }
 

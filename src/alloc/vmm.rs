@@ -11,7 +11,7 @@
 //! counters never change for expandable memory.
 
 use super::block::{Block, BlockId, Pool, SegmentId, NIL};
-use super::expandable::{page_size, reserved_pages, ExpandableSegment, SegmentTable};
+use super::expandable::{reserved_pages, ExpandableSegment, SegmentTable};
 use super::{AllocError, CachingAllocator, EventKind, Request};
 
 impl CachingAllocator {
@@ -89,7 +89,7 @@ impl CachingAllocator {
     /// Reserves a new expandable segment for (stream, pool) and records its whole range as one
     /// unmapped block.
     fn new_expandable_segment(&mut self, stream: u64, pool: Pool) -> Result<BlockId, AllocError> {
-        let page = page_size(pool);
+        let page = self.page_size(pool);
         // PyTorch does not consult the granularity: a page it does not divide makes the first
         // cuMemCreate fail. Checking first gives that failure a clear message.
         let granularity = self.device.allocation_granularity()?;
