@@ -59,6 +59,13 @@ pub struct Block {
     pub pool: Pool,
     /// Whether the block is handed out to a user.
     pub allocated: bool,
+    /// Whether the user freed the block but it is not back in its pool yet: it waits for the
+    /// events recorded on the streams it was used on (`record_stream`), or for a capture to end
+    /// before they are recorded. Such a block is still active and never merged or reused
+    /// (PyTorch: `!allocated && (event_count > 0 || !stream_uses.empty())`).
+    pub pending_free: bool,
+    /// Events still outstanding for a pending free (PyTorch's `Block::event_count`).
+    pub event_count: u32,
     /// Whether physical memory backs the range: false only for the unmapped ranges of
     /// expandable segments (PyTorch's `Block::mapped`).
     pub mapped: bool,
@@ -84,6 +91,19 @@ impl Block {
     #[inline]
     pub fn is_expandable(&self) -> bool {
         self.segment != NO_SEGMENT
+    }
+
+    /// Whether the block is free in its pool: neither handed out nor waiting for a pending
+    /// free to complete.
+    #[inline]
+    pub fn is_free(&self) -> bool {
+        !self.allocated && !self.pending_free
+    }
+
+    /// Whether the block counts as active: handed out, or freed and waiting for its streams.
+    #[inline]
+    pub fn is_active(&self) -> bool {
+        self.allocated || self.pending_free
     }
 }
 

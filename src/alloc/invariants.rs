@@ -10,6 +10,8 @@ use super::{CachingAllocator, Stat};
 struct Recount {
     allocation: i64,
     allocated_bytes: i64,
+    active: i64,
+    active_bytes: i64,
     requested_bytes: i64,
     segment: i64,
     reserved_bytes: i64,
@@ -67,6 +69,10 @@ impl CachingAllocator {
                 if block.allocated {
                     count.allocation += 1;
                     count.allocated_bytes += block.size as i64;
+                }
+                if block.is_active() {
+                    count.active += 1;
+                    count.active_bytes += block.size as i64;
                     count.requested_bytes += block.requested_size as i64;
                 } else if block.mapped && split && region.expandable.is_none() {
                     count.inactive_split += 1;
@@ -129,7 +135,7 @@ impl CachingAllocator {
         }
         let free_blocks = blocks
             .iter()
-            .filter(|(_, block)| !block.allocated && block.mapped)
+            .filter(|(_, block)| block.is_free() && block.mapped)
             .count();
         if free_blocks != self.small.len() + self.large.len() {
             return Err("the free sets hold blocks that do not exist".into());
@@ -139,6 +145,7 @@ impl CachingAllocator {
         }
         self.check_counters(&recount)?;
         self.check_oversize(&blocks)?;
+        self.check_pending(&blocks)?;
         let held: i64 = recount.iter().map(|count| count.reserved_bytes).sum();
         if held != self.total_allocated_memory as i64 {
             return Err(format!(
@@ -224,7 +231,7 @@ impl CachingAllocator {
             }
             if previous != NIL {
                 let before = self.blocks.at(previous);
-                if !before.allocated && !block.allocated && before.mapped == block.mapped {
+                if before.is_free() && block.is_free() && before.mapped == block.mapped {
                     return Err(format!(
                         "blocks {:#x} and {at:#x}: adjacent free blocks were not merged",
                         before.ptr
@@ -236,7 +243,7 @@ impl CachingAllocator {
                 let Some((_, page)) = region.expandable else {
                     return Err(format!("block {at:#x}: unmapped in a cudaMalloc segment"));
                 };
-                if block.allocated
+                if !block.is_free()
                     || !(at - base).is_multiple_of(page)
                     || !block.size.is_multiple_of(page)
                 {
@@ -258,12 +265,13 @@ impl CachingAllocator {
         Ok(())
     }
 
-    /// A block is in the free set iff free and mapped, in the unmapped set iff unmapped.
+    /// A block is in the free set iff free (not allocated, no pending free) and mapped, in the
+    /// unmapped set iff unmapped.
     fn check_cached(&self, block: &super::Block, id: BlockId) -> Result<(), String> {
         let pool = self.pool_ref(block.pool);
         let free = pool.contains(block.stream, block.size, block.ptr, id);
         let unmapped = pool.contains_unmapped(block.stream, block.ptr, id);
-        let expected = (!block.allocated && block.mapped, !block.mapped);
+        let expected = (block.is_free() && block.mapped, !block.mapped);
         if (free, unmapped) != expected {
             return Err(format!(
                 "block {:#x} (allocated {}, mapped {}): in free set {free}, in unmapped set {unmapped}",
@@ -280,6 +288,8 @@ impl CachingAllocator {
             let actual = Recount {
                 allocation: stats.allocation.pool(pool).current,
                 allocated_bytes: stats.allocated_bytes.pool(pool).current,
+                active: count.active,
+                active_bytes: count.active_bytes,
                 requested_bytes: stats.requested_bytes.pool(pool).current,
                 segment: stats.segment.pool(pool).current,
                 reserved_bytes: stats.reserved_bytes.pool(pool).current,
@@ -292,12 +302,16 @@ impl CachingAllocator {
                     pool.name()
                 ));
             }
-            if stats.active.pool(pool).current != count.allocation
-                || stats.active_bytes.pool(pool).current != count.allocated_bytes
+            if stats.active.pool(pool).current != count.active
+                || stats.active_bytes.pool(pool).current != count.active_bytes
             {
                 return Err(format!(
-                    "{} pool active counters differ from allocated",
-                    pool.name()
+                    "{} pool active counters ({}, {} bytes) differ from the allocated and pending-free blocks ({}, {} bytes)",
+                    pool.name(),
+                    stats.active.pool(pool).current,
+                    stats.active_bytes.pool(pool).current,
+                    count.active,
+                    count.active_bytes
                 ));
             }
         }
@@ -342,6 +356,67 @@ impl CachingAllocator {
             || self.stats.oversize_segments.current != oversize_segments
         {
             return Err("oversize counters differ from the recount".into());
+        }
+        Ok(())
+    }
+
+    /// Pending frees: a block waits for exactly the queued events naming it, is never
+    /// allocated while it waits, and only pending blocks have events; the streams recorded
+    /// for an allocation are its own blocks', without its own stream or repeats; every queued
+    /// event sits in its stream's queue.
+    fn check_pending(&self, blocks: &[(BlockId, &super::Block)]) -> Result<(), String> {
+        let mut queued: std::collections::BTreeMap<BlockId, u32> = Default::default();
+        for (&stream, queue) in &self.cuda_events {
+            if queue.is_empty() {
+                return Err(format!("stream {stream}: an empty event queue is kept"));
+            }
+            for (event, id) in queue {
+                if event.stream != stream {
+                    return Err(format!(
+                        "an event of stream {} sits in stream {stream}'s queue",
+                        event.stream
+                    ));
+                }
+                *queued.entry(*id).or_default() += 1;
+            }
+        }
+        for &(id, block) in blocks {
+            let events = queued.remove(&id).unwrap_or(0);
+            if block.event_count != events {
+                return Err(format!(
+                    "block {:#x}: event_count {} but {events} queued events",
+                    block.ptr, block.event_count
+                ));
+            }
+            if block.pending_free != (block.event_count > 0)
+                || (block.allocated && block.pending_free)
+            {
+                return Err(format!(
+                    "block {:#x}: pending_free {} with {} events (allocated {})",
+                    block.ptr, block.pending_free, block.event_count, block.allocated
+                ));
+            }
+        }
+        if let Some((id, _)) = queued.into_iter().next() {
+            return Err(format!(
+                "events queued for block {id}, which does not exist"
+            ));
+        }
+        for (&id, uses) in &self.stream_uses {
+            let Some(block) = self.blocks.get(id).filter(|block| block.allocated) else {
+                return Err(format!(
+                    "stream uses kept for block {id}, which is not allocated"
+                ));
+            };
+            let mut sorted = uses.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            if uses.is_empty() || sorted.len() != uses.len() || uses.contains(&block.stream) {
+                return Err(format!(
+                    "block {:#x}: stream uses {uses:?} (own stream {})",
+                    block.ptr, block.stream
+                ));
+            }
         }
         Ok(())
     }

@@ -19,6 +19,7 @@ pub mod format;
 mod invariants;
 pub mod measure;
 mod oom;
+pub mod pending;
 mod release;
 pub mod snapshot;
 pub mod stats;
@@ -26,17 +27,18 @@ pub mod summary;
 pub mod trace;
 mod vmm;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use thiserror::Error;
 
-use crate::device::{DeviceError, DeviceMemory};
+use crate::device::{DeviceError, DeviceMemory, StreamEvent};
 pub use block::{Block, BlockId, Pool, SegmentId, StreamId, NIL, NO_SEGMENT};
 use block::{BlockArena, BlockPool};
 pub use config::{AllocConf, ConfigError};
 pub use events::{EventKind, EventLog, MemoryEvent, MemoryObserver, Subscription};
 use expandable::SegmentTable;
+pub use pending::PendingFrees;
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot};
 pub use stats::{DeviceStats, ScopeMark, ScopeReport, Stat, StatArray};
 pub use trace::{TraceEntry, TraceRecorder};
@@ -118,6 +120,9 @@ pub enum AllocError {
     /// `free` of something that is not a live allocation of this allocator.
     #[error("invalid free: {0}")]
     InvalidFree(String),
+    /// Another call (`record_stream`) about something that is not a live allocation.
+    #[error("{0}")]
+    UnknownAllocation(String),
     /// `set_per_process_memory_fraction` outside [0, 1].
     #[error("set_per_process_memory_fraction: fraction must be between 0 and 1, got {0}")]
     InvalidFraction(f64),
@@ -210,6 +215,13 @@ pub struct CachingAllocator {
     listening: bool,
     /// The caller-supplied context stamped on every event ([`CachingAllocator::set_trace_context`]).
     context: u32,
+    /// The streams other than its own each allocated block was used on (`record_stream`;
+    /// PyTorch's `Block::stream_uses`), for the blocks that have any.
+    stream_uses: BTreeMap<BlockId, Vec<StreamId>>,
+    /// Outstanding events by stream, oldest first, each with the block whose free it holds
+    /// back (PyTorch's `cuda_events`). PyTorch keeps the streams in a hash map; gpumem walks
+    /// them in stream order.
+    cuda_events: BTreeMap<StreamId, VecDeque<(StreamEvent, BlockId)>>,
 }
 
 impl CachingAllocator {
@@ -232,6 +244,8 @@ impl CachingAllocator {
             observers: events::Observers::default(),
             listening: false,
             context: 0,
+            stream_uses: BTreeMap::new(),
+            cuda_events: BTreeMap::new(),
         };
         if let Some(fraction) = allocator.config.per_process_memory_fraction {
             allocator.set_memory_fraction(fraction)?;
@@ -480,6 +494,9 @@ impl CachingAllocator {
                 diagnosis: Box::new(self.diagnose(orig_size, orig_size, orig_size)),
             }));
         }
+        // Frees held back by record_stream whose events completed go back to their pools
+        // first (PyTorch's `process_events`).
+        self.process_events()?;
         let size = self.round_size(orig_size);
         let pool = Self::pool_for(size);
         let request = Request {
@@ -646,6 +663,8 @@ impl CachingAllocator {
             requested_size: 0,
             pool,
             allocated: false,
+            pending_free: false,
+            event_count: 0,
             mapped: true,
             segment: NO_SEGMENT,
             prev: NIL,
@@ -692,6 +711,8 @@ impl CachingAllocator {
                 requested_size: 0,
                 pool,
                 allocated: false,
+                pending_free: false,
+                event_count: 0,
                 mapped: true,
                 segment,
                 prev: before,
@@ -789,34 +810,49 @@ impl CachingAllocator {
         }
     }
 
-    /// Returns a block to the cache, merging it with free neighbours of its segment (PyTorch's
-    /// `free` followed at once by `free_block`, as without `record_stream`). Nothing goes back
-    /// to the device.
+    /// Frees an allocation (PyTorch's `free`): `allocation` and `allocated_bytes` fall at once
+    /// (`free_requested`). Without `record_stream` the block then merges with the free
+    /// neighbours of its segment and goes back to its pool (`free_block`, `free_completed`);
+    /// with it, one event is recorded on each stream it was used on and the block stays active
+    /// until they complete ([`pending`]). Nothing goes back to the device.
     pub fn free(&mut self, allocation: Allocation) -> Result<(), AllocError> {
         if allocation.is_null() {
             return Ok(());
         }
-        let freed = match self.blocks.get_mut(allocation.id) {
-            Some(block) if block.allocated && block.ptr == allocation.ptr => {
-                block.allocated = false;
-                Freed {
-                    id: allocation.id,
-                    pool: block.pool,
-                    size: block.size,
-                    requested: block.requested_size,
-                    ptr: block.ptr,
-                    stream: block.stream,
-                    prev: block.prev,
-                    next: block.next,
-                    expandable: block.is_expandable(),
+        let live = matches!(
+            self.blocks.get(allocation.id),
+            Some(block) if block.allocated && block.ptr == allocation.ptr
+        );
+        if !live {
+            return Err(AllocError::InvalidFree(format!(
+                "no live allocation at {:#x}",
+                allocation.ptr
+            )));
+        }
+        // Record the events before changing anything, so a device failure leaves the block
+        // allocated.
+        let events = match self.take_stream_uses(allocation.id) {
+            Some(uses) => match self.record_events(&uses) {
+                Ok(events) => Some(events),
+                Err(error) => {
+                    self.stream_uses.insert(allocation.id, uses);
+                    return Err(error);
                 }
-            }
-            _ => {
-                return Err(AllocError::InvalidFree(format!(
-                    "no live allocation at {:#x}",
-                    allocation.ptr
-                )))
-            }
+            },
+            None => None,
+        };
+        let block = self.blocks.at_mut(allocation.id);
+        block.allocated = false;
+        let freed = Freed {
+            id: allocation.id,
+            pool: block.pool,
+            size: block.size,
+            requested: block.requested_size,
+            ptr: block.ptr,
+            stream: block.stream,
+            prev: block.prev,
+            next: block.next,
+            expandable: block.is_expandable(),
         };
         let pool = freed.pool;
         self.stats.allocation.decrease(pool, 1);
@@ -832,8 +868,21 @@ impl CachingAllocator {
         if freed.size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
-        self.free_block(freed);
+        match events {
+            Some(events) => self.hold_until(allocation.id, events),
+            None => self.free_block(freed),
+        }
         Ok(())
+    }
+
+    /// The streams recorded for block `id`, taken away (PyTorch's `insert_events` moves them
+    /// out of the block). One branch while no block has any.
+    #[inline]
+    fn take_stream_uses(&mut self, id: BlockId) -> Option<Vec<StreamId>> {
+        if self.stream_uses.is_empty() {
+            return None;
+        }
+        self.stream_uses.remove(&id)
     }
 
     /// Merges a freed block with its free neighbours and caches it (PyTorch's `free_block`).
@@ -890,7 +939,7 @@ impl CachingAllocator {
     #[inline(always)]
     fn try_merge(&mut self, id: BlockId, neighbour: BlockId, mapped: bool) -> Option<(u64, u64)> {
         let other = self.blocks.get(neighbour)?;
-        if other.allocated || other.mapped != mapped {
+        if !other.is_free() || other.mapped != mapped {
             return None;
         }
         let (other_ptr, other_size, other_stream, other_pool) =

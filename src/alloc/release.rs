@@ -15,10 +15,11 @@ impl CachingAllocator {
         self.release_cached_blocks()
     }
 
-    /// PyTorch's `release_cached_blocks`: synchronise (`num_sync_all_streams` +1), then release
-    /// the large pool's cached memory and then the small pool's, on every stream.
+    /// PyTorch's `release_cached_blocks`: wait for every outstanding event and complete the
+    /// frees they held back (`synchronize_and_free_events`, `num_sync_all_streams` +1), then
+    /// release the large pool's cached memory and then the small pool's, on every stream.
     pub(super) fn release_cached_blocks(&mut self) -> Result<(), AllocError> {
-        self.stats.num_sync_all_streams += 1;
+        self.synchronize_and_free_events()?;
         self.release_blocks(Pool::Large)?;
         self.release_blocks(Pool::Small)
     }

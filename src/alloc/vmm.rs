@@ -59,11 +59,12 @@ impl CachingAllocator {
     /// blocks in a row hold at least `request.size` bytes; else a new segment, whose whole
     /// range is one unmapped block.
     fn find_expandable_block(&mut self, request: Request) -> Result<BlockId, AllocError> {
+        // PyTorch's `allocatable`: neither handed out nor waiting for a pending free.
         let available = |allocator: &Self, id: BlockId| {
             allocator
                 .blocks
                 .get(id)
-                .is_some_and(|block| !block.allocated)
+                .is_some_and(|block| block.is_free())
         };
         let pool = self.pool_ref(request.pool);
         for unmapped in pool.unmapped_of(request.stream) {
@@ -118,6 +119,8 @@ impl CachingAllocator {
             requested_size: 0,
             pool,
             allocated: false,
+            pending_free: false,
+            event_count: 0,
             mapped: false,
             segment,
             prev: NIL,
@@ -158,6 +161,8 @@ impl CachingAllocator {
                 requested_size: 0,
                 pool,
                 allocated: false,
+                pending_free: false,
+                event_count: 0,
                 mapped: false,
                 segment: segment_id,
                 prev: id,
@@ -271,6 +276,8 @@ impl CachingAllocator {
             requested_size: 0,
             pool: model.pool,
             allocated: false,
+            pending_free: false,
+            event_count: 0,
             mapped: true,
             segment: model.segment,
             prev,
