@@ -559,3 +559,46 @@ fn expandable_segments_need_the_devices_virtual_memory_calls() {
         .to_string()
         .contains("granularity of 3145728 bytes does not divide"));
 }
+
+/// `release_cached_blocks` (`empty_cache()` and a malloc's last resort) releases the large
+/// pool before the small one, each walked in PyTorch's (stream, size, address) order; split
+/// free pieces stay.
+#[test]
+fn release_cached_blocks_walks_large_then_small_in_pool_order() {
+    let mut a = allocator("");
+    a.record_history(true, 1000);
+    let sizes = [
+        (1, 30 * MIB),
+        (0, 40 * MIB),
+        (0, 12 * MIB),
+        (1, 1000),
+        (0, 1000),
+    ];
+    let blocks: Vec<Allocation> = sizes
+        .iter()
+        .map(|&(stream, size)| a.malloc_on(stream, size).expect("alloc"))
+        .collect();
+    let kept = a.malloc(5 * MIB).expect("a 20 MiB segment kept split");
+    for block in blocks {
+        a.free(block).expect("free");
+    }
+    let mark = a.trace().len();
+    a.empty_cache().expect("empty");
+    let released: Vec<(u64, u64)> = a.trace().entries()[mark..]
+        .iter()
+        .map(|entry| (entry.stream, entry.size))
+        .collect();
+    assert_eq!(
+        released,
+        [
+            (0, 12 * MIB),
+            (0, 40 * MIB),
+            (1, 30 * MIB),
+            (0, 2 * MIB),
+            (1, 2 * MIB)
+        ]
+    );
+    assert_eq!(get(&a, "reserved_bytes.all.current"), 20 * MIB as i64);
+    a.free(kept).expect("free");
+    a.check_invariants().expect("consistent");
+}
