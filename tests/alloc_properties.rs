@@ -5,9 +5,10 @@
 //! segment, page and reserved range. Allocations are also used on other streams
 //! (`record_stream`) while those streams work, wait for each other and synchronise: a block
 //! freed that way stays active and is never handed out again before its streams' events
-//! complete.
+//! complete. Two private pools are made active (for every stream or for one), left and
+//! released at random: their segments stay theirs, and are returned once they are freeable.
 
-use gpumem::alloc::{AllocConf, AllocError, Allocation, CachingAllocator};
+use gpumem::alloc::{AllocConf, AllocError, Allocation, CachingAllocator, MemPoolId, PoolFilter};
 use gpumem::device::sim::SimDevice;
 use gpumem::device::{DeviceError, DeviceMemory, StreamEvent};
 use proptest::prelude::*;
@@ -25,7 +26,22 @@ enum Op {
     SyncStream { stream: u64 },
     SyncAll,
     WaitStream { stream: u64, other: u64 },
+    UsePool { pool: usize, stream: Option<u64> },
+    EndPool { pool: usize },
+    ReleasePool { pool: usize },
 }
+
+/// The two private pools the sequences use: a `MemPool`'s id and a graph pool's.
+const POOLS: [MemPoolId; 2] = [
+    MemPoolId {
+        first: 0,
+        second: 1,
+    },
+    MemPoolId {
+        first: 1,
+        second: 0,
+    },
+];
 
 fn stream_strategy() -> impl Strategy<Value = u64> {
     prop_oneof![4 => Just(0_u64), 1 => Just(1), 1 => Just(7), 1 => Just(9)]
@@ -53,6 +69,9 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => stream_strategy().prop_map(|stream| Op::SyncStream { stream }),
         1 => Just(Op::SyncAll),
         1 => (stream_strategy(), stream_strategy()).prop_map(|(stream, other)| Op::WaitStream { stream, other }),
+        1 => (0_usize..2, proptest::option::of(stream_strategy())).prop_map(|(pool, stream)| Op::UsePool { pool, stream }),
+        1 => (0_usize..2).prop_map(|pool| Op::EndPool { pool }),
+        1 => (0_usize..2).prop_map(|pool| Op::ReleasePool { pool }),
     ]
 }
 
@@ -224,6 +243,18 @@ proptest! {
                 Op::WaitStream { stream, other } => {
                     allocator.wait_stream(stream, other).expect("wait_stream");
                 }
+                // Misuse (a pool active twice, released twice, ended when not active) is
+                // refused as PyTorch refuses it, and must change nothing.
+                Op::UsePool { pool, stream } => {
+                    let filter = stream.map_or(PoolFilter::AllStreams, PoolFilter::Stream);
+                    let _ = allocator.begin_allocate_to_pool(POOLS[pool], filter);
+                }
+                Op::EndPool { pool } => {
+                    let _ = allocator.end_allocate_to_pool(POOLS[pool]);
+                }
+                Op::ReleasePool { pool } => {
+                    let _ = allocator.release_pool(POOLS[pool]);
+                }
             }
             if let Err(violation) = allocator.check_invariants() {
                 prop_assert!(false, "after {op:?}: {violation}");
@@ -276,7 +307,19 @@ proptest! {
                 allocator.free(allocation).expect("final free");
             }
         }
+        // Leave every pool and drop every use, so that empty_cache may release them.
+        for (id, _) in allocator.active_pools() {
+            allocator.end_allocate_to_pool(id).expect("end");
+        }
+        for id in POOLS {
+            while allocator.release_pool(id).is_ok() {}
+        }
         allocator.empty_cache().expect("final empty_cache");
+        if !expandable {
+            // PyTorch forgets a freeable pool when its cudaMalloc_count is 0, which it counts
+            // per map and unmap with expandable segments (they need not balance).
+            prop_assert!(allocator.private_pools().is_empty(), "freeable pools are forgotten once empty");
+        }
         prop_assert_eq!(allocator.pending_frees().blocks, 0, "empty_cache waits for every event");
         prop_assert_eq!(allocator.stats().active.all.current, 0);
         prop_assert_eq!(allocator.stats().reserved_bytes.all.current, 0);
@@ -293,6 +336,8 @@ proptest! {
             // one unmap may return pages mapped by several maps.
             prop_assert_eq!(allocator.stats().num_device_alloc, allocator.stats().num_device_free);
         }
-        prop_assert!(allocator.check_invariants().is_ok());
+        if let Err(violation) = allocator.check_invariants() {
+            prop_assert!(false, "at the end: {violation}");
+        }
     }
 }

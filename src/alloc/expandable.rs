@@ -13,7 +13,7 @@
 //! This module keeps the page bookkeeping of one segment; the allocator's rules that use it
 //! (finding room, mapping, unmapping, releasing) are in [`super::vmm`].
 
-use super::block::{Pool, SegmentId, StreamId};
+use super::block::{Pool, PoolOwner, SegmentId, StreamId, DEFAULT_OWNER};
 use super::SMALL_BUFFER;
 use crate::device::{DeviceError, DeviceMemory};
 
@@ -70,6 +70,9 @@ pub struct ExpandableSegment {
     pub stream: StreamId,
     /// The pool the segment serves.
     pub pool: Pool,
+    /// Whose pool: the default pools or a private pool (set after [`ExpandableSegment::new`],
+    /// which makes a default-pool segment).
+    pub owner: PoolOwner,
     /// Which pages are mapped, from page 0; trailing unmapped pages are trimmed (PyTorch's
     /// `handles_` after `trimHandles`).
     mapped: Vec<bool>,
@@ -86,6 +89,7 @@ impl ExpandableSegment {
             pages,
             stream,
             pool,
+            owner: DEFAULT_OWNER,
             mapped: Vec::new(),
             mapped_bytes: 0,
         }

@@ -1,7 +1,7 @@
 //! Consistency checks of the allocator's state, recomputed from the blocks themselves. Used by
 //! property tests and debugging; cheap enough to call after every operation in tests.
 
-use super::block::{BlockId, Pool, StreamId, NIL, NO_SEGMENT};
+use super::block::{BlockId, Pool, PoolOwner, StreamId, DEFAULT_OWNER, NIL, NO_SEGMENT};
 use super::expandable::PageRange;
 use super::{CachingAllocator, Stat};
 
@@ -26,6 +26,7 @@ struct Region {
     base: u64,
     size: u64,
     pool: Pool,
+    owner: PoolOwner,
     stream: StreamId,
     /// The expandable segment's id and page size, `None` for a `cudaMalloc` segment.
     expandable: Option<(u32, u64)>,
@@ -137,12 +138,19 @@ impl CachingAllocator {
             .iter()
             .filter(|(_, block)| block.is_free() && block.mapped)
             .count();
-        if free_blocks != self.small.len() + self.large.len() {
+        let mut cached = self.small.len() + self.large.len();
+        let mut unmapped = self.small.unmapped_len() + self.large.unmapped_len();
+        for (_, pool) in self.pools.iter() {
+            cached += pool.small.len() + pool.large.len();
+            unmapped += pool.small.unmapped_len() + pool.large.unmapped_len();
+        }
+        if free_blocks != cached {
             return Err("the free sets hold blocks that do not exist".into());
         }
-        if unmapped_blocks != self.small.unmapped_len() + self.large.unmapped_len() {
+        if unmapped_blocks != unmapped {
             return Err("the unmapped sets hold blocks that do not exist".into());
         }
+        self.check_pools(&regions)?;
         self.check_counters(&recount)?;
         self.check_oversize(&blocks)?;
         self.check_pending(&blocks)?;
@@ -165,6 +173,7 @@ impl CachingAllocator {
                 base,
                 size: segment.size,
                 pool: segment.pool,
+                owner: segment.owner,
                 stream: segment.stream,
                 expandable: None,
             })
@@ -180,6 +189,7 @@ impl CachingAllocator {
                 base: segment.base,
                 size: segment.size(),
                 pool: segment.pool,
+                owner: segment.owner,
                 stream: segment.stream,
                 expandable: Some((id, segment.page)),
             });
@@ -217,9 +227,12 @@ impl CachingAllocator {
                     "block {at:#x}: the previous block's next link is wrong"
                 ));
             }
-            if block.pool != region.pool || block.stream != region.stream {
+            if block.pool != region.pool
+                || block.owner != region.owner
+                || block.stream != region.stream
+            {
                 return Err(format!(
-                    "block {at:#x}: pool or stream differs from its segment"
+                    "block {at:#x}: pool, owner or stream differs from its segment"
                 ));
             }
             let segment = region.expandable.map_or(NO_SEGMENT, |(id, _)| id);
@@ -268,7 +281,13 @@ impl CachingAllocator {
     /// A block is in the free set iff free (not allocated, no pending free) and mapped, in the
     /// unmapped set iff unmapped.
     fn check_cached(&self, block: &super::Block, id: BlockId) -> Result<(), String> {
-        let pool = self.pool_ref(block.pool);
+        if block.owner != DEFAULT_OWNER && self.pools.get(block.owner).is_none() {
+            return Err(format!(
+                "block {:#x} names pool {}, which does not exist",
+                block.ptr, block.owner
+            ));
+        }
+        let pool = self.pool_ref(block.owner, block.pool);
         let free = pool.contains(block.stream, block.size, block.ptr, id);
         let unmapped = pool.contains_unmapped(block.stream, block.ptr, id);
         let expected = (block.is_free() && block.mapped, !block.mapped);
@@ -388,7 +407,14 @@ impl CachingAllocator {
                     block.ptr, block.event_count
                 ));
             }
-            if block.pending_free != (block.event_count > 0)
+            let deferred = self.deferred_blocks.contains(&id);
+            if deferred && (block.event_count > 0 || !self.stream_uses.contains_key(&id)) {
+                return Err(format!(
+                    "block {:#x}: deferred until the capture ends, but with {} events or no streams",
+                    block.ptr, block.event_count
+                ));
+            }
+            if block.pending_free != (block.event_count > 0 || deferred)
                 || (block.allocated && block.pending_free)
             {
                 return Err(format!(
@@ -403,9 +429,13 @@ impl CachingAllocator {
             ));
         }
         for (&id, uses) in &self.stream_uses {
-            let Some(block) = self.blocks.get(id).filter(|block| block.allocated) else {
+            let Some(block) = self
+                .blocks
+                .get(id)
+                .filter(|block| block.allocated || self.deferred_blocks.contains(&id))
+            else {
                 return Err(format!(
-                    "stream uses kept for block {id}, which is not allocated"
+                    "stream uses kept for block {id}, which is neither allocated nor deferred"
                 ));
             };
             let mut sorted = uses.clone();
@@ -416,6 +446,74 @@ impl CachingAllocator {
                     "block {:#x}: stream uses {uses:?} (own stream {})",
                     block.ptr, block.stream
                 ));
+            }
+        }
+        for id in self.capture_stream_uses.keys() {
+            if !self.stream_uses.contains_key(id) {
+                return Err(format!(
+                    "streams recorded during a capture kept for block {id}, which has no stream uses"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Private pools: every block names the default pools or a live pool; a pool's
+    /// `cudaMalloc_count` equals its live `cudaMalloc` segments (with expandable segments on,
+    /// PyTorch counts maps and unmaps, which need not balance); freeable pools are exactly the
+    /// unused ones; active, `use_on_oom` and `no_split` pools are live, each active once.
+    fn check_pools(&self, regions: &[Region]) -> Result<(), String> {
+        for block in self.blocks() {
+            if block.owner != DEFAULT_OWNER && self.pools.get(block.owner).is_none() {
+                return Err(format!(
+                    "block {:#x} names pool {}, which does not exist",
+                    block.ptr, block.owner
+                ));
+            }
+        }
+        for (owner, pool) in self.pools.iter() {
+            if self.pools.owner(pool.id) != Some(owner) {
+                return Err(format!("pool {} is not found by its id", pool.id));
+            }
+            let segments = regions
+                .iter()
+                .filter(|region| region.owner == owner && region.expandable.is_none())
+                .count() as u32;
+            if !self.config.expandable_segments && pool.cuda_malloc_count != segments {
+                return Err(format!(
+                    "pool {}: cudaMalloc_count {} but {segments} segments",
+                    pool.id, pool.cuda_malloc_count
+                ));
+            }
+            if (pool.use_count == 0) != self.pools.freeable.contains(&pool.id) {
+                return Err(format!(
+                    "pool {}: use count {} but freeable {}",
+                    pool.id,
+                    pool.use_count,
+                    self.pools.freeable.contains(&pool.id)
+                ));
+            }
+        }
+        let mut active: Vec<_> = self
+            .pools
+            .captures_underway
+            .iter()
+            .map(|(id, _)| *id)
+            .collect();
+        active.sort_unstable();
+        let count = active.len();
+        active.dedup();
+        if active.len() != count {
+            return Err("a pool is active twice".into());
+        }
+        for id in active
+            .iter()
+            .chain(&self.pools.freeable)
+            .chain(&self.pools.use_on_oom)
+            .chain(&self.pools.no_split)
+        {
+            if self.pools.owner(*id).is_none() {
+                return Err(format!("pool {id} is named but does not exist"));
             }
         }
         Ok(())

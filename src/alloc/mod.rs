@@ -20,6 +20,7 @@ mod invariants;
 pub mod measure;
 mod oom;
 pub mod pending;
+pub mod pools;
 mod release;
 pub mod snapshot;
 pub mod stats;
@@ -33,12 +34,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use thiserror::Error;
 
 use crate::device::{DeviceError, DeviceMemory, StreamEvent};
-pub use block::{Block, BlockId, Pool, SegmentId, StreamId, NIL, NO_SEGMENT};
+pub use block::{
+    Block, BlockId, Pool, PoolOwner, SegmentId, StreamId, DEFAULT_OWNER, NIL, NO_SEGMENT,
+};
 use block::{BlockArena, BlockPool};
 pub use config::{AllocConf, ConfigError};
 pub use events::{EventKind, EventLog, MemoryEvent, MemoryObserver, Subscription};
 use expandable::SegmentTable;
 pub use pending::PendingFrees;
+pub use pools::{MemPoolId, PoolFilter, PrivatePoolInfo};
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot};
 pub use stats::{DeviceStats, ScopeMark, ScopeReport, Stat, StatArray};
 pub use trace::{TraceEntry, TraceRecorder};
@@ -123,6 +127,10 @@ pub enum AllocError {
     /// Another call (`record_stream`) about something that is not a live allocation.
     #[error("{0}")]
     UnknownAllocation(String),
+    /// A private-pool call PyTorch refuses (an unknown pool, one released twice, a pool made
+    /// active twice).
+    #[error("memory pool: {0}")]
+    Pool(String),
     /// `set_per_process_memory_fraction` outside [0, 1].
     #[error("set_per_process_memory_fraction: fraction must be between 0 and 1, got {0}")]
     InvalidFraction(f64),
@@ -134,14 +142,17 @@ impl From<DeviceError> for AllocError {
     }
 }
 
-/// What a malloc looks for: the stream, the rounded size, its pool and the segment size a miss
-/// needs (PyTorch's `AllocParams`).
+/// What a malloc looks for: the stream, the rounded size, its pool (kind and owner), the
+/// segment size a miss needs and whether new memory comes from expandable segments
+/// (PyTorch's `AllocParams`).
 #[derive(Debug, Clone, Copy)]
 struct Request {
     stream: StreamId,
     size: u64,
     pool: Pool,
+    owner: PoolOwner,
     alloc_size: u64,
+    expandable: bool,
 }
 
 /// What `free` read from the block it frees, handed to `free_block` so the block is read once.
@@ -149,6 +160,7 @@ struct Request {
 struct Freed {
     id: BlockId,
     pool: Pool,
+    owner: PoolOwner,
     size: u64,
     requested: u64,
     ptr: u64,
@@ -158,11 +170,12 @@ struct Freed {
     expandable: bool,
 }
 
-/// A `cudaMalloc` segment: its size, pool and stream.
+/// A `cudaMalloc` segment: its size, pool (kind and owner) and stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct DeviceSegment {
     size: u64,
     pool: Pool,
+    owner: PoolOwner,
     stream: StreamId,
 }
 
@@ -181,6 +194,8 @@ pub struct ExpandableInfo {
     pub stream: StreamId,
     /// The pool it serves.
     pub pool: Pool,
+    /// The memory pool it belongs to ((0, 0) for the default pools).
+    pub pool_id: MemPoolId,
 }
 
 /// Hands every allocator a distinct [`CachingAllocator::id`].
@@ -195,6 +210,8 @@ pub struct CachingAllocator {
     blocks: BlockArena,
     small: BlockPool,
     large: BlockPool,
+    /// The private pools (graph pools, `MemPool`s) and which of them allocations go to.
+    pools: pools::PrivatePools,
     stats: DeviceStats,
     /// Bytes currently held from the device (PyTorch's `total_allocated_memory`): `cudaMalloc`
     /// segments plus mapped pages.
@@ -222,6 +239,12 @@ pub struct CachingAllocator {
     /// back (PyTorch's `cuda_events`). PyTorch keeps the streams in a hash map; gpumem walks
     /// them in stream order.
     cuda_events: BTreeMap<StreamId, VecDeque<(StreamEvent, BlockId)>>,
+    /// Blocks freed with recorded streams while a private pool was active, whose events are
+    /// recorded once none is (PyTorch's `deferred_blocks`), in the order freed.
+    deferred_blocks: Vec<BlockId>,
+    /// The streams recorded for a block while a private pool was active (PyTorch's
+    /// `block_to_cudagraph_stream_uses`).
+    capture_stream_uses: BTreeMap<BlockId, Vec<StreamId>>,
 }
 
 impl CachingAllocator {
@@ -236,6 +259,7 @@ impl CachingAllocator {
             blocks: BlockArena::default(),
             small: BlockPool::default(),
             large: BlockPool::default(),
+            pools: pools::PrivatePools::default(),
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
             segments: BTreeMap::new(),
@@ -246,6 +270,8 @@ impl CachingAllocator {
             context: 0,
             stream_uses: BTreeMap::new(),
             cuda_events: BTreeMap::new(),
+            deferred_blocks: Vec::new(),
+            capture_stream_uses: BTreeMap::new(),
         };
         if let Some(fraction) = allocator.config.per_process_memory_fraction {
             allocator.set_memory_fraction(fraction)?;
@@ -337,6 +363,7 @@ impl CachingAllocator {
     /// Emits one event (see [`MemoryEvent`] for what `addr`, `size` and `bytes` mean per
     /// kind). While nothing listens this is one predictable branch; the rest is kept out of
     /// line.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn emit(
         &mut self,
@@ -346,23 +373,29 @@ impl CachingAllocator {
         bytes: u64,
         stream: StreamId,
         pool: Pool,
+        owner: PoolOwner,
     ) {
         if self.listening {
-            self.tell(MemoryEvent {
-                kind,
-                addr,
-                size,
-                bytes,
-                stream,
-                pool,
-                context: self.context,
-            });
+            self.tell(
+                MemoryEvent {
+                    kind,
+                    addr,
+                    size,
+                    bytes,
+                    stream,
+                    pool,
+                    pool_id: MemPoolId::DEFAULT,
+                    context: self.context,
+                },
+                owner,
+            );
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn tell(&mut self, event: MemoryEvent) {
+    fn tell(&mut self, mut event: MemoryEvent, owner: PoolOwner) {
+        event.pool_id = self.pool_id(owner);
         self.trace.record(&event);
         self.observers.tell(&event);
     }
@@ -445,14 +478,25 @@ impl CachingAllocator {
         expandable::page_size(pool, self.config.large_segment_size)
     }
 
-    fn pool_mut(&mut self, pool: Pool) -> &mut BlockPool {
+    /// The free blocks of one pool: the default pools' small or large set, or a private
+    /// pool's (PyTorch's `BlockPool`).
+    #[inline]
+    fn pool_mut(&mut self, owner: PoolOwner, pool: Pool) -> &mut BlockPool {
+        if owner != DEFAULT_OWNER {
+            return self.pools.at_mut(owner).blocks_mut(pool);
+        }
         match pool {
             Pool::Small => &mut self.small,
             Pool::Large => &mut self.large,
         }
     }
 
-    fn pool_ref(&self, pool: Pool) -> &BlockPool {
+    /// [`CachingAllocator::pool_mut`] to read.
+    #[inline]
+    fn pool_ref(&self, owner: PoolOwner, pool: Pool) -> &BlockPool {
+        if owner != DEFAULT_OWNER {
+            return self.pools.at(owner).blocks(pool);
+        }
         match pool {
             Pool::Small => &self.small,
             Pool::Large => &self.large,
@@ -464,10 +508,17 @@ impl CachingAllocator {
     }
 
     /// Whether new memory comes from expandable segments (PyTorch's
-    /// `is_expandable_segments_active`: the option is on; gpumem has no private pools).
+    /// `is_expandable_segments_active`: the option is on and the pool has no allocator of its
+    /// own, which gpumem's private pools never have).
     #[inline]
     fn expandable_active(&self) -> bool {
         self.config.expandable_segments
+    }
+
+    /// Whether a private pool is active: PyTorch's `captures_underway` is not empty.
+    #[inline]
+    fn capture_underway(&self) -> bool {
+        !self.pools.captures_underway.is_empty()
     }
 
     /// [`CachingAllocator::malloc_on`] on the default stream (0).
@@ -495,15 +546,20 @@ impl CachingAllocator {
             }));
         }
         // Frees held back by record_stream whose events completed go back to their pools
-        // first (PyTorch's `process_events`).
-        self.process_events()?;
+        // first (PyTorch's `process_events`); not while a private pool is active, when
+        // PyTorch may not query events (graph capture).
+        if !self.capture_underway() {
+            self.process_events()?;
+        }
         let size = self.round_size(orig_size);
         let pool = Self::pool_for(size);
-        let request = Request {
+        let mut request = Request {
             stream,
             size,
             pool,
+            owner: self.pools.route(stream),
             alloc_size: self.allocation_size(size),
+            expandable: self.expandable_active(),
         };
 
         // PyTorch also runs the free-memory callbacks and searches again here; the only one
@@ -514,11 +570,22 @@ impl CachingAllocator {
                 self.garbage_collect_cached_blocks()?;
             }
             found = self.alloc_block(request, false)?;
+            if found.is_none() {
+                if let Some((owner, block)) = self.try_mempool_fallback(request)? {
+                    // Served from the pool that had a cached block: its kind of request, its
+                    // owner, and no expandable growth (PyTorch's `mempool_params`).
+                    request.owner = owner;
+                    request.expandable = false;
+                    found = Some(block);
+                }
+            }
             if found.is_none() && self.release_available_cached_blocks(request)? {
                 found = self.alloc_block(request, false)?;
             }
-            if found.is_none() {
-                self.release_cached_blocks()?;
+            // The last resort is skipped while a private pool is active (PyTorch: only when
+            // `captures_underway` is empty): no flush, no retry.
+            if found.is_none() && !self.capture_underway() {
+                self.release_cached_blocks(MemPoolId::DEFAULT)?;
                 found = self.alloc_block(request, true)?;
             }
         }
@@ -534,12 +601,14 @@ impl CachingAllocator {
     fn get_free_block(&mut self, request: Request) -> Option<BlockId> {
         let gc = self.garbage_collection_enabled();
         let max_split_size = self.config.max_split_size;
-        let expandable = self.expandable_active();
-        let pool = self.pool_mut(request.pool);
+        let expandable = request.expandable;
+        // Without expandable segments in the config no block can be expandable.
+        let plain = !self.config.expandable_segments;
+        let pool = self.pool_mut(request.owner, request.pool);
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
-        if max_split_size == u64::MAX && !expandable {
+        if max_split_size == u64::MAX && plain {
             // No split limit and no expandable block, so no rule applies: take the best fit
             // in one traversal.
             return pool.take_best_fit(request.stream, request.size);
@@ -563,7 +632,7 @@ impl CachingAllocator {
         {
             return None;
         }
-        self.pool_mut(request.pool)
+        self.pool_mut(request.owner, request.pool)
             .remove(request.stream, block_size, ptr, id);
         Some(id)
     }
@@ -579,7 +648,7 @@ impl CachingAllocator {
         first: block::FreeKey,
         active: bool,
     ) -> Option<block::FreeKey> {
-        let pool = self.pool_ref(request.pool);
+        let pool = self.pool_ref(request.owner, request.pool);
         let mut candidates = pool.from_key(first).skip(1);
         if !active {
             return candidates
@@ -624,14 +693,19 @@ impl CachingAllocator {
                 return Ok(None);
             }
         }
-        if self.expandable_active() {
-            return self.try_allocate_expandable_block(request);
+        if request.expandable {
+            let block = self.try_allocate_expandable_block(request)?;
+            if block.is_some() {
+                self.count_private_malloc(request.owner);
+            }
+            return Ok(block);
         }
         let ptr = match self.device.malloc(size) {
             Ok(ptr) => ptr,
             Err(DeviceError::OutOfMemory) => return Ok(None),
             Err(other) => return Err(other.into()),
         };
+        self.count_private_malloc(request.owner);
         self.total_allocated_memory += size;
         let pool = request.pool;
         self.stats.segment.increase(pool, 1);
@@ -647,12 +721,14 @@ impl CachingAllocator {
             size,
             request.stream,
             pool,
+            request.owner,
         );
         self.segments.insert(
             ptr,
             DeviceSegment {
                 size,
                 pool,
+                owner: request.owner,
                 stream: request.stream,
             },
         );
@@ -662,6 +738,7 @@ impl CachingAllocator {
             size,
             requested_size: 0,
             pool,
+            owner: request.owner,
             allocated: false,
             pending_free: false,
             event_count: 0,
@@ -673,12 +750,37 @@ impl CachingAllocator {
         })))
     }
 
-    /// Whether a found block is carved up (PyTorch's `should_split`): with expandable segments
-    /// on, or in the small pool, when at least 512 bytes would remain; in the large pool when
-    /// the request is below `max_split_size` and more than 1 MiB would remain.
-    fn should_split(&self, block: &Block, size: u64) -> bool {
+    /// A private pool's segment count (PyTorch's `cudaMalloc_count`) goes up by one.
+    #[inline]
+    fn count_private_malloc(&mut self, owner: PoolOwner) {
+        if owner != DEFAULT_OWNER {
+            self.pools.at_mut(owner).cuda_malloc_count += 1;
+        }
+    }
+
+    /// A private pool's segment count goes down by one (PyTorch asserts it is positive; with
+    /// expandable segments its count of maps and unmaps need not balance, so gpumem stops at
+    /// zero).
+    #[inline]
+    fn uncount_private_malloc(&mut self, owner: PoolOwner) {
+        if owner != DEFAULT_OWNER {
+            let pool = self.pools.at_mut(owner);
+            pool.cuda_malloc_count = pool.cuda_malloc_count.saturating_sub(1);
+        }
+    }
+
+    /// Whether a found block is carved up (PyTorch's `should_split`): never in a pool marked
+    /// `no_split`; with expandable segments active for the request, or in the small pool, when
+    /// at least 512 bytes would remain; in the large pool when the request is below
+    /// `max_split_size` and more than 1 MiB would remain.
+    fn should_split(&self, block: &Block, size: u64, expandable: bool) -> bool {
+        if !self.pools.no_split.is_empty()
+            && self.pools.no_split.contains(&self.pool_id(block.owner))
+        {
+            return false;
+        }
         let remaining = block.size - size;
-        if block.pool == Pool::Small || self.expandable_active() {
+        if block.pool == Pool::Small || expandable {
             remaining >= MIN_BLOCK_SIZE
         } else {
             size < self.config.max_split_size && remaining > SMALL_SIZE
@@ -693,16 +795,17 @@ impl CachingAllocator {
         let block = self.blocks.at(id);
         let already_split = block.is_split();
         let counts_split = !block.is_expandable();
-        let split = self.should_split(block, size);
+        let split = self.should_split(block, size, request.expandable);
         let handed_out = if split {
             // The allocated piece takes the low end; the remainder keeps the old block's id
             // and goes back to the pool.
-            let (front, before, stream, segment, whole) = (
+            let (front, before, stream, segment, whole, owner) = (
                 block.ptr,
                 block.prev,
                 block.stream,
                 block.segment,
                 block.size,
+                block.owner,
             );
             let piece = self.blocks.insert(Block {
                 stream,
@@ -710,6 +813,7 @@ impl CachingAllocator {
                 size,
                 requested_size: 0,
                 pool,
+                owner,
                 allocated: false,
                 pending_free: false,
                 event_count: 0,
@@ -727,7 +831,7 @@ impl CachingAllocator {
             rest.prev = piece;
             rest.ptr = rest_ptr;
             rest.size = rest_size;
-            self.insert_free_at(id, stream, rest_size, rest_ptr, pool);
+            self.insert_free_at(id, stream, rest_size, rest_ptr, pool, owner);
             if counts_split {
                 if already_split {
                     self.stats.inactive_split_bytes.decrease(pool, size as i64);
@@ -753,8 +857,16 @@ impl CachingAllocator {
         let block = self.blocks.at_mut(handed_out);
         block.allocated = true;
         block.requested_size = orig_size;
-        let (ptr, block_size, stream) = (block.ptr, block.size, block.stream);
-        self.emit(EventKind::Alloc, ptr, orig_size, block_size, stream, pool);
+        let (ptr, block_size, stream, owner) = (block.ptr, block.size, block.stream, block.owner);
+        self.emit(
+            EventKind::Alloc,
+            ptr,
+            orig_size,
+            block_size,
+            stream,
+            pool,
+            owner,
+        );
         let stats = &mut self.stats;
         stats.allocation.increase(pool, 1);
         stats.allocated_bytes.increase(pool, block_size as i64);
@@ -776,15 +888,24 @@ impl CachingAllocator {
     #[inline]
     fn insert_free(&mut self, id: BlockId) {
         let block = self.blocks.at(id);
-        let (stream, size, ptr, pool) = (block.stream, block.size, block.ptr, block.pool);
-        self.insert_free_at(id, stream, size, ptr, pool);
+        let (stream, size, ptr, pool, owner) =
+            (block.stream, block.size, block.ptr, block.pool, block.owner);
+        self.insert_free_at(id, stream, size, ptr, pool, owner);
     }
 
     /// [`CachingAllocator::insert_free`] for a caller that has the block's key at hand (the
     /// hot paths: reading back fields just written costs a store-forwarding stall).
     #[inline]
-    fn insert_free_at(&mut self, id: BlockId, stream: StreamId, size: u64, ptr: u64, pool: Pool) {
-        let pool = self.pool_mut(pool);
+    fn insert_free_at(
+        &mut self,
+        id: BlockId,
+        stream: StreamId,
+        size: u64,
+        ptr: u64,
+        pool: Pool,
+        owner: PoolOwner,
+    ) {
+        let pool = self.pool_mut(owner, pool);
         let clock = pool.get_free_blocks_call_count;
         pool.insert(stream, size, ptr, id);
         self.blocks.at_mut(id).gc_count_base = clock;
@@ -799,10 +920,11 @@ impl CachingAllocator {
             size,
             ptr,
             pool,
+            owner,
             mapped,
             ..
         } = self.blocks.at(id);
-        let pool = self.pool_mut(pool);
+        let pool = self.pool_mut(owner, pool);
         if mapped {
             pool.remove(stream, size, ptr, id);
         } else {
@@ -830,22 +952,29 @@ impl CachingAllocator {
             )));
         }
         // Record the events before changing anything, so a device failure leaves the block
-        // allocated.
-        let events = match self.take_stream_uses(allocation.id) {
-            Some(uses) => match self.record_events(&uses) {
-                Ok(events) => Some(events),
-                Err(error) => {
-                    self.stream_uses.insert(allocation.id, uses);
-                    return Err(error);
-                }
-            },
-            None => None,
+        // allocated. While a private pool is active (a capture underway), PyTorch records
+        // none yet: the block waits for the capture to end, its streams kept.
+        let deferred = self.capture_underway() && self.stream_uses.contains_key(&allocation.id);
+        let events = if deferred {
+            None
+        } else {
+            match self.take_stream_uses(allocation.id) {
+                Some(uses) => match self.record_events(&uses) {
+                    Ok(events) => Some(events),
+                    Err(error) => {
+                        self.stream_uses.insert(allocation.id, uses);
+                        return Err(error);
+                    }
+                },
+                None => None,
+            }
         };
         let block = self.blocks.at_mut(allocation.id);
         block.allocated = false;
         let freed = Freed {
             id: allocation.id,
             pool: block.pool,
+            owner: block.owner,
             size: block.size,
             requested: block.requested_size,
             ptr: block.ptr,
@@ -864,11 +993,13 @@ impl CachingAllocator {
             freed.size,
             freed.stream,
             pool,
+            freed.owner,
         );
         if freed.size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
         match events {
+            _ if deferred => self.defer_until_no_capture(allocation.id),
             Some(events) => self.hold_until(allocation.id, events),
             None => self.free_block(freed),
         }
@@ -882,6 +1013,7 @@ impl CachingAllocator {
         if self.stream_uses.is_empty() {
             return None;
         }
+        self.capture_stream_uses.remove(&id);
         self.stream_uses.remove(&id)
     }
 
@@ -891,6 +1023,7 @@ impl CachingAllocator {
         let Freed {
             id,
             pool,
+            owner,
             size: orig_size,
             requested,
             ptr,
@@ -906,6 +1039,7 @@ impl CachingAllocator {
             orig_size,
             stream,
             pool,
+            owner,
         );
         let mut net_count: i64 = 0;
         let mut net_bytes: i64 = 0;
@@ -918,7 +1052,7 @@ impl CachingAllocator {
                 base = merged_base;
             }
         }
-        self.insert_free_at(id, stream, size, base, pool);
+        self.insert_free_at(id, stream, size, base, pool, owner);
         if self.blocks.at(id).is_split() {
             net_count += 1;
             net_bytes += size as i64;
@@ -942,10 +1076,10 @@ impl CachingAllocator {
         if !other.is_free() || other.mapped != mapped {
             return None;
         }
-        let (other_ptr, other_size, other_stream, other_pool) =
-            (other.ptr, other.size, other.stream, other.pool);
+        let (other_ptr, other_size, other_stream, other_pool, other_owner) =
+            (other.ptr, other.size, other.stream, other.pool, other.owner);
         let (other_prev, other_next) = (other.prev, other.next);
-        let pool = self.pool_mut(other_pool);
+        let pool = self.pool_mut(other_owner, other_pool);
         if mapped {
             pool.remove(other_stream, other_size, other_ptr, neighbour);
         } else {
@@ -985,6 +1119,14 @@ impl CachingAllocator {
             .map(|(&ptr, segment)| (ptr, segment.size, segment.pool))
     }
 
+    /// Every `cudaMalloc` segment's memory pool, by address, as (base address, pool id): (0, 0)
+    /// for the default pools.
+    pub fn segment_pool_ids(&self) -> impl Iterator<Item = (u64, MemPoolId)> + '_ {
+        self.segments
+            .iter()
+            .map(|(&ptr, segment)| (ptr, self.pool_id(segment.owner)))
+    }
+
     /// Every `cudaMalloc` segment's stream, by address, as (base address, stream).
     pub fn segment_streams(&self) -> impl Iterator<Item = (u64, StreamId)> + '_ {
         self.segments
@@ -1004,13 +1146,14 @@ impl CachingAllocator {
                 mapped: segment.mapped_bytes(),
                 stream: segment.stream,
                 pool: segment.pool,
+                pool_id: self.pool_id(segment.owner),
             })
             .collect();
         list.sort_unstable_by_key(|info| info.base);
         list
     }
 
-    /// Number of free blocks cached in each pool: (small, large).
+    /// Number of free blocks cached in each of the default pools: (small, large).
     pub fn cached_block_counts(&self) -> (usize, usize) {
         (self.small.len(), self.large.len())
     }

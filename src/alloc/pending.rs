@@ -14,10 +14,16 @@
 //! first), and on the OOM path and in `empty_cache()`, which wait for every outstanding event
 //! (`synchronize_and_free_events`, counted by `num_sync_all_streams`). Synchronising a stream
 //! or the device completes no free by itself: the next malloc notices.
+//!
+//! While a private pool is active (PyTorch: a capture is underway) a malloc does not look,
+//! and a block freed with recorded streams records no event yet: it waits, still active, until
+//! the allocator next looks with no pool active; then its events are recorded, leaving out the
+//! streams recorded during the capture (PyTorch's `insert_events_deferred_until_no_capture`
+//! and `remove_cudagraph_stream_uses`: the capture's own work has completed by then).
 
 use std::collections::VecDeque;
 
-use super::block::{BlockId, StreamId};
+use super::block::{BlockId, PoolOwner, StreamId};
 use super::{AllocError, Allocation, CachingAllocator, Freed};
 use crate::device::StreamEvent;
 
@@ -61,6 +67,13 @@ impl CachingAllocator {
         let uses = self.stream_uses.entry(allocation.id).or_default();
         if !uses.contains(&stream) {
             uses.push(stream);
+        }
+        if self.capture_underway() {
+            // PyTorch's `block_to_cudagraph_stream_uses`.
+            let during = self.capture_stream_uses.entry(allocation.id).or_default();
+            if !during.contains(&stream) {
+                during.push(stream);
+            }
         }
         Ok(())
     }
@@ -122,6 +135,37 @@ impl CachingAllocator {
         Ok(events)
     }
 
+    /// Holds the freed block `id` back until a capture is no longer underway (PyTorch's
+    /// `deferred_blocks`): active, out of its pool, its streams kept.
+    pub(super) fn defer_until_no_capture(&mut self, id: BlockId) {
+        self.blocks.at_mut(id).pending_free = true;
+        self.deferred_blocks.push(id);
+    }
+
+    /// PyTorch's `insert_events_deferred_until_no_capture`: the blocks freed during a capture
+    /// record their events now, on the streams recorded before the capture only; a block left
+    /// with none completes its free at once.
+    fn insert_deferred_events(&mut self) -> Result<(), AllocError> {
+        if self.deferred_blocks.is_empty() {
+            return Ok(());
+        }
+        for id in std::mem::take(&mut self.deferred_blocks) {
+            let mut uses = self.stream_uses.remove(&id).unwrap_or_default();
+            if let Some(during) = self.capture_stream_uses.remove(&id) {
+                uses.retain(|stream| !during.contains(stream));
+            }
+            let events = self.record_events(&uses)?;
+            if events.is_empty() {
+                self.blocks.at_mut(id).pending_free = false;
+                let freed = self.freed(id);
+                self.free_block(freed);
+            } else {
+                self.hold_until(id, events);
+            }
+        }
+        Ok(())
+    }
+
     /// Holds the freed block `id` back until `events` have completed: it stays active, out
     /// of its pool, and the events join their streams' queues.
     pub(super) fn hold_until(&mut self, id: BlockId, events: Vec<StreamEvent>) {
@@ -141,7 +185,7 @@ impl CachingAllocator {
     /// was completes its free); the first event not ready stops that stream's walk.
     #[inline]
     pub(super) fn process_events(&mut self) -> Result<(), AllocError> {
-        if self.cuda_events.is_empty() {
+        if self.cuda_events.is_empty() && self.deferred_blocks.is_empty() {
             return Ok(());
         }
         self.process_events_slow()
@@ -149,6 +193,7 @@ impl CachingAllocator {
 
     #[cold]
     fn process_events_slow(&mut self) -> Result<(), AllocError> {
+        self.insert_deferred_events()?;
         let streams: Vec<StreamId> = self.cuda_events.keys().copied().collect();
         for stream in streams {
             while let Some(&(event, id)) = self.cuda_events.get(&stream).and_then(VecDeque::front) {
@@ -164,14 +209,29 @@ impl CachingAllocator {
 
     /// PyTorch's `synchronize_and_free_events` (the first step of `release_cached_blocks`,
     /// so of `empty_cache()` and of a malloc's last resort): counts `num_sync_all_streams`,
-    /// waits for every outstanding event, stream by stream, and completes every pending free.
-    pub(super) fn synchronize_and_free_events(&mut self) -> Result<(), AllocError> {
+    /// records the events of blocks freed during a capture, waits for every outstanding event,
+    /// stream by stream, and completes every pending free. Given a private pool, only the
+    /// events of that pool's blocks are waited for.
+    pub(super) fn synchronize_and_free_events(
+        &mut self,
+        only: Option<PoolOwner>,
+    ) -> Result<(), AllocError> {
         self.stats.num_sync_all_streams += 1;
+        self.insert_deferred_events()?;
         let streams: Vec<StreamId> = self.cuda_events.keys().copied().collect();
         for stream in streams {
-            while let Some(&(event, id)) = self.cuda_events.get(&stream).and_then(VecDeque::front) {
+            let mut index = 0;
+            while let Some(&(event, id)) = self
+                .cuda_events
+                .get(&stream)
+                .and_then(|queue| queue.get(index))
+            {
+                if only.is_some_and(|owner| self.blocks.at(id).owner != owner) {
+                    index += 1;
+                    continue;
+                }
                 self.device.synchronize_event(event)?;
-                self.pop_event(stream);
+                self.remove_event(stream, index);
                 self.event_done(id);
             }
         }
@@ -180,8 +240,13 @@ impl CachingAllocator {
 
     /// Drops the oldest event of `stream`'s queue, and the queue once empty.
     fn pop_event(&mut self, stream: StreamId) {
+        self.remove_event(stream, 0);
+    }
+
+    /// Drops the event at `index` of `stream`'s queue, and the queue once empty.
+    fn remove_event(&mut self, stream: StreamId, index: usize) {
         if let Some(queue) = self.cuda_events.get_mut(&stream) {
-            queue.pop_front();
+            queue.remove(index);
             if queue.is_empty() {
                 self.cuda_events.remove(&stream);
             }
@@ -205,6 +270,7 @@ impl CachingAllocator {
         Freed {
             id,
             pool: block.pool,
+            owner: block.owner,
             size: block.size,
             requested: block.requested_size,
             ptr: block.ptr,

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::{CachingAllocator, EventKind, Pool};
+use super::{CachingAllocator, EventKind, MemPoolId, Pool, DEFAULT_OWNER};
 
 /// A block's state as PyTorch names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -61,6 +61,8 @@ pub struct SegmentSnapshot {
     pub stream: u64,
     /// `"small"` or `"large"`.
     pub segment_type: &'static str,
+    /// The memory pool owning the segment (`segment_pool_id`): (0, 0) for the default pools.
+    pub segment_pool_id: MemPoolId,
     /// Whether the range lies in an expandable segment.
     pub is_expandable: bool,
     /// The blocks, lowest address first.
@@ -81,7 +83,15 @@ impl CachingAllocator {
     /// Emits the `snapshot` event PyTorch's `_snapshot()` records, with the bytes of active
     /// blocks, for callers that build the snapshot's segments themselves.
     pub fn record_snapshot_event(&mut self, active_bytes: u64) {
-        self.emit(EventKind::Snapshot, 0, active_bytes, 0, 0, Pool::Large);
+        self.emit(
+            EventKind::Snapshot,
+            0,
+            active_bytes,
+            0,
+            0,
+            Pool::Large,
+            DEFAULT_OWNER,
+        );
     }
 
     /// The segments of [`CachingAllocator::snapshot`], without recording a trace entry.
@@ -105,6 +115,7 @@ impl CachingAllocator {
                 requested_size: 0,
                 stream: block.stream,
                 segment_type: block.pool.name(),
+                segment_pool_id: self.pool_id(block.owner),
                 is_expandable: block.is_expandable(),
                 blocks: Vec::new(),
             };
