@@ -175,7 +175,7 @@ impl CachingAllocator {
         for event in events {
             self.cuda_events
                 .entry(event.stream)
-                .or_insert_with(VecDeque::new)
+                .or_default()
                 .push_back((event, id));
         }
     }
