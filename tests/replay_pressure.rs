@@ -1,0 +1,394 @@
+//! The replay where memory is tight and streams or pools are involved (issue 16): frees deferred
+//! by `record_stream`, the OOM path completing them, `empty_cache()` recognised without frames,
+//! segments freed and made again at once, placement under what-if configs, private pools.
+//!
+//! Each recording is made by gpumem's own allocator on the simulated device, with the history
+//! on, and written as PyTorch writes a snapshot (the end-state segments with their pool ids,
+//! the trace, the settings). A self-replay — the same config, the same device — must then give
+//! every counter the recording had at the end and the same segment events; a what-if replay
+//! must never fail for placement.
+
+use std::path::{Path, PathBuf};
+
+use gpumem::alloc::{
+    AllocConf, AllocError, Allocation, CachingAllocator, MemPoolId, PoolFilter, StreamId, MIB,
+};
+use gpumem::device::sim::SimDevice;
+use gpumem::snapshot::model::{int, Frame, TraceEvent};
+use gpumem::snapshot::replay::{replay, Placement, ReplayOptions, ReplayReport};
+use gpumem::snapshot::{capture, pickle, AllocatorSettings, Snapshot};
+
+mod common;
+
+/// The simulated device of every recording here.
+const TOTAL: u64 = 16 << 30;
+
+/// A side stream (a `cudaStream_t` value in a real trace).
+const SIDE: StreamId = 0x5555_0000;
+
+fn fixed_clock() -> i64 {
+    1
+}
+
+/// An allocator recording its history, as a PyTorch process with `_record_memory_history`.
+fn recorder(conf: &str, fraction: Option<f64>) -> CachingAllocator {
+    let conf = AllocConf::parse(conf).expect("valid config");
+    let mut allocator =
+        CachingAllocator::new(Box::new(SimDevice::new(TOTAL)), conf).expect("allocator");
+    if let Some(fraction) = fraction {
+        allocator.set_memory_fraction(fraction).expect("fraction");
+    }
+    allocator.set_history_clock(fixed_clock);
+    allocator.record_history(true, usize::MAX);
+    allocator
+}
+
+/// The allocator's state as the snapshot PyTorch's `_dump_snapshot` writes; frames name
+/// `empty_cache` for the releases of the history's entries listed in `empty_cache_frames`.
+fn dump(allocator: &CachingAllocator, name: &str, empty_cache_frames: &[usize]) -> PathBuf {
+    let device_traces = vec![allocator
+        .trace()
+        .entries()
+        .iter()
+        .enumerate()
+        .map(|(index, entry)| TraceEvent {
+            action: entry.action,
+            addr: int(entry.addr),
+            size: int(entry.size),
+            stream: int(entry.stream),
+            time_us: entry.time_us,
+            compile_context: "N/A".into(),
+            user_metadata: String::new(),
+            frames: if empty_cache_frames.contains(&index) {
+                vec![Frame {
+                    name: "empty_cache".into(),
+                    filename: "torch/cuda/memory.py".into(),
+                    line: 1,
+                }]
+            } else {
+                Vec::new()
+            },
+        })
+        .collect()];
+    let snapshot = Snapshot {
+        segments: capture::segments(allocator, 0, &|_| Vec::new()),
+        device_traces,
+        allocator_settings: AllocatorSettings::from_conf(allocator.config()),
+        external_annotations: Vec::new(),
+    };
+    let path = common::scratch(name).join("run.pickle");
+    pickle::dump(&path, &snapshot).expect("dump");
+    path
+}
+
+fn replayed(path: &Path, conf: Option<&str>) -> ReplayReport {
+    let options = ReplayOptions {
+        capacity: Some(TOTAL),
+        conf: conf.map(|text| AllocConf::parse(text).expect("valid config")),
+        ..ReplayOptions::default()
+    };
+    replay(path, &options, &mut |_, _| {}).expect("replays")
+}
+
+/// A self-replay reproduces the recording: every counter, every segment event.
+fn assert_reproduces(recording: &CachingAllocator, report: &ReplayReport) {
+    let mut wrong = Vec::new();
+    for (key, value) in recording.stats().entries() {
+        if report.stat(&key) != value {
+            wrong.push(format!(
+                "{key}: recorded {value}, replayed {}",
+                report.stat(&key)
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}\n{report}", wrong.join("\n"));
+    let segments = &report.segment_events;
+    assert_eq!(segments.recorded, segments.replayed, "{report}");
+    assert_eq!(segments.differing, 0, "{report}");
+}
+
+/// The prefetch loop of the issue: a batch made on a side stream and used by the compute on
+/// the default stream (`record_stream`) is dropped while that work runs; the next activation
+/// is made meanwhile; the step ends with a sync.
+fn prefetch_loop(allocator: &mut CachingAllocator, steps: usize) {
+    let mut out: Option<Allocation> = None;
+    for _ in 0..steps {
+        let batch = allocator.malloc_on(SIDE, 64 * MIB).expect("batch");
+        allocator.record_stream(batch, 0).expect("record_stream");
+        allocator.device_mut().sleep(0, 5).expect("compute");
+        allocator
+            .free(batch)
+            .expect("drop the batch while compute runs");
+        let activation = allocator.malloc(48 * MIB).expect("activation");
+        if let Some(old) = out.replace(activation) {
+            allocator.free(old).expect("free");
+        }
+        allocator.synchronize_device().expect("loss.item()");
+    }
+    if let Some(old) = out {
+        allocator.free(old).expect("free");
+    }
+}
+
+#[test]
+fn deferred_frees_lower_allocated_at_free_requested() {
+    let mut recording = recorder("", None);
+    prefetch_loop(&mut recording, 8);
+    let path = dump(&recording, "prefetch", &[]);
+    let report = replayed(&path, None);
+    assert_reproduces(&recording, &report);
+    assert_eq!(report.counts.deferred_frees, 8);
+    // Allocated peaks at a batch with the last activation (112 MiB). At each activation the
+    // batch still waits for the compute: active then holds two activations and the batch
+    // (160 MiB). A replay that kept the batch allocated until its free completed reported
+    // that as allocated.
+    assert_eq!(report.stat("allocated_bytes.all.peak"), 112 * MIB as i64);
+    assert_eq!(report.stat("active_bytes.all.peak"), 160 * MIB as i64);
+    assert_eq!(report.placement, Placement::Recorded);
+}
+
+/// Under a fraction that holds three batches, PyTorch's malloc finds the last batch's block
+/// still pending, its first try refused: `release_cached_blocks` waits for the events, and
+/// the segments it completed go back. The self-replay makes the same releases in the same
+/// order; a what-if replay of the unconstrained run under that fraction completes the pending
+/// frees on its OOM path and fits, as PyTorch did.
+#[test]
+fn the_oom_path_completes_pending_frees_in_self_and_what_if_replays() {
+    let allowed = 200 * MIB;
+    let fraction = allowed as f64 / TOTAL as f64;
+    let conf = format!("per_process_memory_fraction:{fraction}");
+    let mut recording = recorder(&conf, None);
+    for _ in 0..6 {
+        let batch = recording
+            .malloc_on(SIDE, 64 * MIB)
+            .expect("fits after the flush");
+        recording.record_stream(batch, 0).expect("record_stream");
+        recording.device_mut().sleep(0, 5).expect("compute");
+        recording.free(batch).expect("free while compute runs");
+    }
+    assert!(recording.stats().num_alloc_retries > 0, "the OOM path ran");
+    assert!(recording.stats().num_sync_all_streams > 0);
+    assert_eq!(recording.stats().num_ooms, 0);
+    let path = dump(&recording, "prefetch-fraction", &[]);
+    let report = replayed(&path, Some(&conf));
+    assert_reproduces(&recording, &report);
+    assert_eq!(
+        report.placement,
+        Placement::Recorded,
+        "the fraction is not recorded"
+    );
+
+    let mut unconstrained = recorder("", None);
+    for _ in 0..6 {
+        let batch = unconstrained.malloc_on(SIDE, 64 * MIB).expect("batch");
+        unconstrained
+            .record_stream(batch, 0)
+            .expect("record_stream");
+        unconstrained.device_mut().sleep(0, 5).expect("compute");
+        unconstrained.free(batch).expect("free");
+    }
+    let path = dump(&unconstrained, "prefetch-unconstrained", &[]);
+    let what_if = replayed(&path, Some(&conf));
+    assert!(what_if.fits(), "{what_if}");
+    assert_eq!(what_if.stat("num_ooms"), 0);
+    assert_eq!(
+        what_if.stat("num_device_alloc"),
+        recording.stats().num_device_alloc,
+        "{what_if}"
+    );
+    assert_eq!(
+        what_if.stat("num_alloc_retries"),
+        recording.stats().num_alloc_retries
+    );
+    assert_eq!(
+        what_if.stat("allocated_bytes.all.peak"),
+        recording.stats().allocated_bytes.all.peak
+    );
+}
+
+/// `torch.cuda.empty_cache()` followed by a malloc, in a trace without frames: the releases
+/// cannot be the malloc's own (it would find a cached block), so they are an `empty_cache()`
+/// that came first — and the malloc then needs a new segment, as recorded.
+#[test]
+fn empty_cache_then_an_alloc_is_recognised_without_frames() {
+    let mut recording = recorder("", None);
+    let a = recording.malloc(30 * MIB).expect("alloc");
+    let b = recording.malloc(12 * MIB).expect("alloc");
+    recording.free(a).expect("free");
+    recording.free(b).expect("free");
+    recording.empty_cache().expect("empty_cache");
+    let c = recording.malloc(30 * MIB).expect("a new segment");
+    recording.free(c).expect("free");
+    let path = dump(&recording, "empty-cache-no-frames", &[]);
+    let report = replayed(&path, None);
+    assert_reproduces(&recording, &report);
+    assert_eq!(report.counts.empty_cache_calls, 1);
+    assert_eq!(report.stat("num_sync_all_streams"), 1);
+}
+
+/// The same with frames naming `empty_cache`, and a run at the end of the trace.
+#[test]
+fn empty_cache_with_frames_and_at_the_end() {
+    let mut recording = recorder("", None);
+    let a = recording.malloc(30 * MIB).expect("alloc");
+    recording.free(a).expect("free");
+    let mark = recording.trace().len();
+    recording.empty_cache().expect("empty_cache");
+    let b = recording.malloc(8 * MIB).expect("alloc");
+    recording.free(b).expect("free");
+    recording.empty_cache().expect("empty_cache at the end");
+    let path = dump(&recording, "empty-cache-frames", &[mark]);
+    let report = replayed(&path, None);
+    assert_reproduces(&recording, &report);
+    assert_eq!(report.counts.empty_cache_calls, 2);
+}
+
+/// A malloc's OOM path that frees a cached segment and makes one of the same size at the same
+/// address: two events on both sides, neither cancelling the other.
+#[test]
+fn a_segment_freed_and_made_again_in_one_step_is_two_events() {
+    let allowed = 40 * MIB;
+    let conf = format!(
+        "per_process_memory_fraction:{}",
+        allowed as f64 / TOTAL as f64
+    );
+    let mut recording = recorder(&conf, None);
+    let a = recording.malloc(24 * MIB).expect("alloc");
+    recording.free(a).expect("free");
+    // A 24 MiB request on another stream cannot use the cached block: the flush frees it and
+    // the retry gets the same 24 MiB back.
+    let b = recording
+        .malloc_on(SIDE, 24 * MIB)
+        .expect("after the flush");
+    let segment_events: Vec<(&str, u64, u64)> = recording
+        .trace()
+        .entries()
+        .iter()
+        .filter(|e| e.action.is_segment_event())
+        .map(|e| (e.action.name(), e.addr, e.size))
+        .collect();
+    assert_eq!(
+        segment_events,
+        [
+            ("segment_alloc", a.ptr, 24 * MIB),
+            ("segment_free", a.ptr, 24 * MIB),
+            ("segment_alloc", b.ptr, 24 * MIB)
+        ]
+    );
+    assert_eq!(a.ptr, b.ptr, "the driver hands the same range back");
+    recording.free(b).expect("free");
+    let path = dump(&recording, "free-and-remake", &[]);
+    let report = replayed(&path, Some(&conf));
+    assert_reproduces(&recording, &report);
+    assert_eq!(report.segment_events.recorded, 3);
+    assert_eq!(report.segment_events.same_address, 3);
+    assert_eq!(report.counts.empty_cache_calls, 0);
+}
+
+/// A what-if config changes the segment sequence: the replay uses the placement model, never
+/// the recorded addresses, and never fails for placement (forcing recorded placement mixes
+/// both, which must not fail either).
+#[test]
+fn what_if_replays_place_by_the_model_and_never_fail() {
+    let mut recording = recorder("", None);
+    let mut live = Vec::new();
+    for step in 0..40_u64 {
+        let size = (8 + (step * 7) % 90) * MIB;
+        live.push(recording.malloc(size).expect("alloc"));
+        if step % 3 == 2 {
+            let old = live.remove(0);
+            recording.free(old).expect("free");
+        }
+    }
+    for old in live {
+        recording.free(old).expect("free");
+    }
+    let path = dump(&recording, "what-if", &[]);
+    let what_if = replayed(&path, Some("max_split_size_mb:64"));
+    assert_eq!(what_if.placement, Placement::Model);
+    assert!(what_if.fits());
+    let options = ReplayOptions {
+        capacity: Some(TOTAL),
+        conf: Some(AllocConf::parse("max_split_size_mb:64").expect("valid")),
+        placement: Placement::Recorded,
+    };
+    let forced = replay(&path, &options, &mut |_, _| {}).expect("never a placement error");
+    assert!(forced.fits());
+    let same = replayed(&path, Some(""));
+    assert_eq!(
+        same.placement,
+        Placement::Recorded,
+        "an equal config is a self-replay"
+    );
+    assert_reproduces(&recording, &same);
+}
+
+/// A CUDA graph's pool (allocations during a capture on a side stream) and a `MemPool` used
+/// with `use_mem_pool`: the file's segments carry their ids; the replay routes their
+/// allocations to private pools, so the default pools' segments, the counters and the segment
+/// events are the recording's.
+#[test]
+fn private_pools_are_rebuilt_from_the_files_segments() {
+    let mut recording = recorder("", None);
+    let warm = recording.malloc(6 * MIB).expect("default pool");
+    let graph = recording.new_graph_pool_id();
+    recording
+        .begin_allocate_to_pool(graph, PoolFilter::Stream(SIDE))
+        .expect("capture");
+    let mut in_graph = Vec::new();
+    for size in [4 * MIB, 5 * MIB, 700 * 1024, 30 * MIB] {
+        in_graph.push(recording.malloc_on(SIDE, size).expect("graph pool"));
+    }
+    let default_during = recording
+        .malloc(5 * MIB)
+        .expect("default stream, default pool");
+    recording.end_allocate_to_pool(graph).expect("capture end");
+    for block in in_graph.drain(1..) {
+        recording.free(block).expect("free inside the pool");
+    }
+    let user = recording.new_mem_pool_id();
+    recording.create_pool(user).expect("MemPool()");
+    recording
+        .begin_allocate_to_pool(user, PoolFilter::AllStreams)
+        .expect("use_mem_pool");
+    let pooled = recording.malloc(3 * MIB).expect("user pool");
+    recording.end_allocate_to_pool(user).expect("leave");
+    recording.release_pool(user).expect("leave");
+    // Outside the pools, 5 MiB cannot use the pools' free memory.
+    let after = recording.malloc(5 * MIB).expect("default pool");
+    for block in [warm, default_during, after] {
+        recording.free(block).expect("free");
+    }
+    // Releases the default segment; the pools in use keep theirs. (An empty_cache() that
+    // releases nothing leaves no trace for a replay to see.)
+    recording.empty_cache().expect("empty_cache");
+    assert_eq!(recording.stats().num_device_free, 1);
+    let pools_at_end: Vec<MemPoolId> = capture::segments(&recording, 0, &|_| Vec::new())
+        .iter()
+        .map(|segment| {
+            MemPoolId::new(
+                segment.segment_pool_id.0 as u64,
+                segment.segment_pool_id.1 as u64,
+            )
+        })
+        .filter(|id| !id.is_default())
+        .collect();
+    assert!(pools_at_end.contains(&graph) && pools_at_end.contains(&user));
+    let path = dump(&recording, "pools", &[]);
+    let report = replayed(&path, None);
+    assert_reproduces(&recording, &report);
+    assert_eq!(report.counts.pooled_allocs, 5);
+    assert_eq!(report.counts.empty_cache_calls, 1);
+    let _ = pooled;
+}
+
+/// The replay's errors stay clear: a pool misuse in the allocator API is an error value, and
+/// the allocator is left consistent.
+#[test]
+fn pool_errors_leave_the_allocator_consistent() {
+    let mut allocator = recorder("", None);
+    let id = allocator.new_mem_pool_id();
+    let error = allocator.end_allocate_to_pool(id).expect_err("not active");
+    assert!(matches!(error, AllocError::Pool(_)), "{error}");
+    allocator.check_invariants().expect("consistent");
+}
