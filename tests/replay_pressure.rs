@@ -32,9 +32,13 @@ fn fixed_clock() -> i64 {
 
 /// An allocator recording its history, as a PyTorch process with `_record_memory_history`.
 fn recorder(conf: &str, fraction: Option<f64>) -> CachingAllocator {
+    recorder_on(SimDevice::new(TOTAL), conf, fraction)
+}
+
+/// [`recorder`] on `device`.
+fn recorder_on(device: SimDevice, conf: &str, fraction: Option<f64>) -> CachingAllocator {
     let conf = AllocConf::parse(conf).expect("valid config");
-    let mut allocator =
-        CachingAllocator::new(Box::new(SimDevice::new(TOTAL)), conf).expect("allocator");
+    let mut allocator = CachingAllocator::new(Box::new(device), conf).expect("allocator");
     if let Some(fraction) = fraction {
         allocator.set_memory_fraction(fraction).expect("fraction");
     }
@@ -43,9 +47,16 @@ fn recorder(conf: &str, fraction: Option<f64>) -> CachingAllocator {
     allocator
 }
 
-/// The allocator's state as the snapshot PyTorch's `_dump_snapshot` writes; frames name
-/// `empty_cache` for the releases of the history's entries listed in `empty_cache_frames`.
+/// The allocator's state as the snapshot PyTorch's `_dump_snapshot` writes, in a scratch
+/// folder; frames name `empty_cache` for the history's entries listed in `empty_cache_frames`.
 fn dump(allocator: &CachingAllocator, name: &str, empty_cache_frames: &[usize]) -> PathBuf {
+    let path = common::scratch(name).join("run.pickle");
+    dump_to(allocator, &path, empty_cache_frames);
+    path
+}
+
+/// [`dump`] to `path`.
+fn dump_to(allocator: &CachingAllocator, path: &Path, empty_cache_frames: &[usize]) {
     let device_traces = vec![allocator
         .trace()
         .entries()
@@ -76,9 +87,7 @@ fn dump(allocator: &CachingAllocator, name: &str, empty_cache_frames: &[usize]) 
         allocator_settings: AllocatorSettings::from_conf(allocator.config()),
         external_annotations: Vec::new(),
     };
-    let path = common::scratch(name).join("run.pickle");
-    pickle::dump(&path, &snapshot).expect("dump");
-    path
+    pickle::dump(path, &snapshot).expect("dump");
 }
 
 fn replayed(path: &Path, conf: Option<&str>) -> ReplayReport {
@@ -391,4 +400,60 @@ fn pool_errors_leave_the_allocator_consistent() {
     let error = allocator.end_allocate_to_pool(id).expect_err("not active");
     assert!(matches!(error, AllocError::Pool(_)), "{error}");
     allocator.check_invariants().expect("consistent");
+}
+
+/// The recordings the golden scripts `replay_deferred_frees` and `replay_private_pools` replay
+/// (tests/golden/data/, on the simulated H200) are the ones this code makes: rewritten with
+/// `GPUMEM_BLESS=1`, compared byte for byte otherwise.
+#[test]
+fn golden_recordings_are_current() {
+    let dir = common::tests_path("golden/data");
+    let bless = std::env::var_os("GPUMEM_BLESS").is_some_and(|v| v == "1");
+    let scratch = common::scratch("golden-data");
+    let mut prefetch = recorder_on(SimDevice::h200(), "", None);
+    prefetch_loop(&mut prefetch, 6);
+    let mut pools = recorder_on(SimDevice::h200(), "", None);
+    let graph = pools.new_graph_pool_id();
+    pools
+        .begin_allocate_to_pool(graph, PoolFilter::Stream(SIDE))
+        .expect("capture");
+    let static_input = pools.malloc_on(SIDE, 8 * MIB).expect("graph pool");
+    let scratch_buffer = pools.malloc_on(SIDE, 40 * MIB).expect("graph pool");
+    pools
+        .free(scratch_buffer)
+        .expect("freed inside the capture");
+    let output = pools
+        .malloc_on(SIDE, 24 * MIB)
+        .expect("graph pool, from the freed buffer");
+    pools.end_allocate_to_pool(graph).expect("capture end");
+    let eager = pools
+        .malloc(24 * MIB)
+        .expect("default pool: a segment of its own");
+    pools.free(eager).expect("free");
+    pools
+        .empty_cache()
+        .expect("releases the default segment only");
+    let _ = (static_input, output);
+    for (name, recording) in [
+        ("prefetch_deferred.pickle", &prefetch),
+        ("graph_pools.pickle", &pools),
+    ] {
+        let fresh = scratch.join(name);
+        dump_to(recording, &fresh, &[]);
+        let target = dir.join(name);
+        if bless {
+            std::fs::create_dir_all(&dir).expect("folder");
+            std::fs::copy(&fresh, &target).expect("write");
+        }
+        assert_eq!(
+            std::fs::read(&fresh).ok(),
+            std::fs::read(&target).ok(),
+            "{name} is stale: GPUMEM_BLESS=1 cargo test --test replay_pressure rewrites it"
+        );
+        assert_reproduces(recording, &replayed_on_h200(&target));
+    }
+}
+
+fn replayed_on_h200(path: &Path) -> ReplayReport {
+    replay(path, &ReplayOptions::default(), &mut |_, _| {}).expect("replays")
 }
