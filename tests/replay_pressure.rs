@@ -235,6 +235,31 @@ fn empty_cache_then_an_alloc_is_recognised_without_frames() {
     assert_eq!(report.stat("num_sync_all_streams"), 1);
 }
 
+/// `empty_cache()` completes a pending free (whose segment stays: another block lives in it)
+/// and releases another segment; the malloc after it is served by the completed block. The
+/// run's completion and release belong to the `empty_cache()`, not to the malloc.
+#[test]
+fn empty_cache_completing_a_pending_free_before_a_malloc_it_serves() {
+    let mut recording = recorder("", None);
+    let x = recording.malloc(4 * MIB).expect("alloc");
+    let neighbour = recording.malloc(4 * MIB).expect("same segment");
+    let other = recording.malloc(30 * MIB).expect("its own segment");
+    recording.record_stream(x, SIDE).expect("record_stream");
+    recording.device_mut().sleep(SIDE, 1).expect("work");
+    recording.free(x).expect("deferred");
+    recording.free(other).expect("free");
+    recording.empty_cache().expect("empty_cache");
+    let again = recording.malloc(4 * MIB).expect("served by x's block");
+    assert_eq!(again.ptr, x.ptr);
+    recording.free(again).expect("free");
+    recording.free(neighbour).expect("free");
+    let path = dump(&recording, "empty-cache-pending", &[]);
+    let report = replayed(&path, None);
+    assert_reproduces(&recording, &report);
+    assert_eq!(report.counts.empty_cache_calls, 1);
+    assert_eq!(report.counts.deferred_frees, 1);
+}
+
 /// The same with frames naming `empty_cache`, and a run at the end of the trace.
 #[test]
 fn empty_cache_with_frames_and_at_the_end() {

@@ -19,8 +19,8 @@
 //! path is left to the replayed malloc's OOM path; if the malloc takes another path (another
 //! config), the stream's work is marked done right after it. PyTorch made it on its OOM path
 //! when a release of the same malloc comes before it in the trace, or when the malloc found
-//! nothing cached (the trace shows new memory, a release or an OOM) although the completed
-//! block would have served it.
+//! nothing cached (the trace shows new memory or an OOM) although the completed block would
+//! have served it.
 //!
 //! # Releases and `empty_cache()`
 //!
@@ -382,11 +382,10 @@ impl Engine {
         let mut run = std::mem::take(&mut self.run);
         // Completions before any release: PyTorch's `process_events` made them, so the
         // blocks were back in the cache when the malloc looked — unless one of them would have
-        // served it while the recording shows the malloc found nothing cached (new memory, a
-        // release or an OOM): then they completed on its OOM path, like those after a release.
-        let missed = run.releases > 0
-            || run.new_memory > 0
-            || malloc.is_some_and(|event| event.action == Action::Oom);
+        // served it while the recording shows the malloc found nothing cached (new memory or
+        // an OOM; releases alone may be an empty_cache() before a malloc served from the
+        // cache): then they completed on its OOM path, like those after a release.
+        let missed = run.new_memory > 0 || malloc.is_some_and(|event| event.action == Action::Oom);
         let on_oom_path = match malloc {
             Some(event) if missed && !run.leading.is_empty() => {
                 let size = non_negative(event.size, "size")?;
