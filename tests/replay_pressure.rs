@@ -11,7 +11,8 @@
 use std::path::{Path, PathBuf};
 
 use gpumem::alloc::{
-    AllocConf, AllocError, Allocation, CachingAllocator, MemPoolId, PoolFilter, StreamId, MIB,
+    AllocConf, AllocError, Allocation, CachingAllocator, EventKind, MemPoolId, PoolFilter,
+    StreamId, MIB,
 };
 use gpumem::device::sim::SimDevice;
 use gpumem::snapshot::model::{int, Frame, TraceEvent};
@@ -481,4 +482,176 @@ fn golden_recordings_are_current() {
 
 fn replayed_on_h200(path: &Path) -> ReplayReport {
     replay(path, &ReplayOptions::default(), &mut |_, _| {}).expect("replays")
+}
+
+mod self_replay {
+    //! Random jobs recorded by gpumem's allocator — several streams, `record_stream` with work
+    //! still running, synchronisations, `empty_cache()`, under memory fractions, garbage
+    //! collection, `max_split_size_mb` and expandable segments — replayed under their own
+    //! config: every counter and every segment event must come back. What a trace cannot show
+    //! is allowed for: an `empty_cache()` that released nothing and completed nothing, or whose
+    //! completions read as an immediate free or as the `process_events` of the malloc right
+    //! after it (left out of `num_sync_all_streams`); and one whose releases a malloc follows at
+    //! once that would have released the same itself — by its OOM path (which also counts a
+    //! retry) or by garbage collection (which synchronises nothing).
+
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc { slot: usize, size: u64, stream: u64 },
+        Free { slot: usize },
+        RecordStream { slot: usize, stream: u64 },
+        Work { stream: u64 },
+        Sync,
+        EmptyCache,
+    }
+
+    const STREAMS: [u64; 3] = [0, SIDE, SIDE + 0x100];
+
+    fn op() -> impl Strategy<Value = Op> {
+        let stream =
+            prop_oneof![4 => Just(STREAMS[0]), 2 => Just(STREAMS[1]), 1 => Just(STREAMS[2])];
+        let size = prop_oneof![
+            (1_u64..=2048).prop_map(|k| k * 512),
+            (MIB + 1)..(10 * MIB),
+            (10 * MIB)..(90 * MIB),
+        ];
+        prop_oneof![
+            6 => (0_usize..12, size, stream.clone()).prop_map(|(slot, size, stream)| Op::Alloc { slot, size, stream }),
+            4 => (0_usize..12).prop_map(|slot| Op::Free { slot }),
+            3 => (0_usize..12, stream.clone()).prop_map(|(slot, stream)| Op::RecordStream { slot, stream }),
+            2 => stream.prop_map(|stream| Op::Work { stream }),
+            1 => Just(Op::Sync),
+            1 => Just(Op::EmptyCache),
+        ]
+    }
+
+    fn config() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(String::new()),
+            Just("per_process_memory_fraction:0.02".to_string()),
+            Just("per_process_memory_fraction:0.03,garbage_collection_threshold:0.6".to_string()),
+            Just("per_process_memory_fraction:0.03,max_split_size_mb:40".to_string()),
+            Just("expandable_segments:True,per_process_memory_fraction:0.03".to_string()),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { max_shrink_iters: 2000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn a_self_replay_reproduces_every_counter_and_segment_event(
+            conf in config(),
+            ops in proptest::collection::vec(op(), 1..120),
+        ) {
+            let mut recording = recorder(&conf, None);
+            let mut slots: Vec<Option<Allocation>> = vec![None; 12];
+            let mut invisible_syncs = 0;
+            let mut empty_cache_ends = Vec::new();
+            // Mallocs whose OOM path completed the free made just before them: the trace reads
+            // as that free made at once and the malloc's garbage collection releasing its
+            // segment, which the replay prefers where it gives the same releases (no retry, no
+            // synchronisation).
+            let mut collected_or_flushed = 0_i64;
+            let mut completion_only_ends = Vec::new();
+            for op in &ops {
+                match *op {
+                    Op::Alloc { slot, size, stream } => {
+                        let before = recording.trace().len();
+                        let retries = recording.stats().num_alloc_retries;
+                        let outcome = recording.malloc_on(stream, size);
+                        let entries = recording.trace().entries();
+                        let completes_the_last_free = before > 0
+                            && entries.get(before).is_some_and(|e| {
+                                e.action == EventKind::FreeCompleted
+                                    && entries[before - 1].action == EventKind::FreeRequested
+                                    && entries[before - 1].addr == e.addr
+                            });
+                        if completes_the_last_free && recording.stats().num_alloc_retries > retries {
+                            collected_or_flushed += 1;
+                        }
+                        if let Ok(new) = outcome {
+                            if let Some(old) = slots[slot].replace(new) {
+                                recording.free(old).expect("free");
+                            }
+                        }
+                    }
+                    Op::Free { slot } => {
+                        if let Some(old) = slots[slot].take() {
+                            recording.free(old).expect("free");
+                        }
+                    }
+                    Op::RecordStream { slot, stream } => {
+                        if let Some(allocation) = slots[slot] {
+                            recording.record_stream(allocation, stream).expect("record");
+                        }
+                    }
+                    Op::Work { stream } => recording.device_mut().sleep(stream, 1).expect("work"),
+                    Op::Sync => recording.synchronize_device().expect("sync"),
+                    Op::EmptyCache => {
+                        let before = recording.trace().len();
+                        recording.empty_cache().expect("empty_cache");
+                        let entries = recording.trace().entries();
+                        let added = &entries[before..];
+                        // Seen in the trace: a release, or completions that do not read as one
+                        // immediate free (a single completion right after its free_requested).
+                        let releases = added.iter().any(|e| e.action.is_segment_event());
+                        let looks_immediate = added.len() == 1
+                            && before > 0
+                            && entries[before - 1].action == EventKind::FreeRequested
+                            && entries[before - 1].addr == added[0].addr;
+                        if !releases && (added.is_empty() || looks_immediate) {
+                            invisible_syncs += 1;
+                        } else if releases {
+                            empty_cache_ends.push(entries.len());
+                        } else {
+                            completion_only_ends.push(entries.len());
+                        }
+                    }
+                }
+            }
+            let name = "self-replay";
+            let path = dump(&recording, name, &[]);
+            let report = replayed(&path, Some(&conf));
+            let entries = recording.trace().entries();
+            let malloc_at = |end: &&usize| {
+                entries.get(**end).is_some_and(|e| {
+                    matches!(
+                        e.action,
+                        EventKind::Alloc | EventKind::SegmentAlloc | EventKind::SegmentMap | EventKind::Oom
+                    )
+                })
+            };
+            let then_malloc = empty_cache_ends.iter().filter(malloc_at).count() as i64;
+            invisible_syncs += completion_only_ends.iter().filter(malloc_at).count() as i64;
+            let retries = recording.stats().num_alloc_retries;
+            let replayed_retries = report.stat("num_alloc_retries");
+            prop_assert!(
+                (retries - collected_or_flushed..=retries + then_malloc).contains(&replayed_retries),
+                "num_alloc_retries: recorded {retries}, replayed {replayed_retries}\n{report}"
+            );
+            let syncs = recording.stats().num_sync_all_streams - invisible_syncs;
+            let replayed_syncs = report.stat("num_sync_all_streams");
+            prop_assert!(
+                (syncs - then_malloc - collected_or_flushed..=syncs).contains(&replayed_syncs),
+                "num_sync_all_streams: recorded {syncs}, replayed {replayed_syncs}\n{report}"
+            );
+            let mut wrong = Vec::new();
+            for (key, value) in recording.stats().entries() {
+                if key == "num_alloc_retries" || key == "num_sync_all_streams" {
+                    continue;
+                }
+                let expected = value;
+                if report.stat(&key) != expected {
+                    wrong.push(format!("{key}: recorded {expected}, replayed {}", report.stat(&key)));
+                }
+            }
+            prop_assert!(wrong.is_empty(), "{}\n{report}", wrong.join("\n"));
+            let segments = &report.segment_events;
+            prop_assert_eq!(segments.differing, 0, "{}", report);
+            prop_assert_eq!(segments.recorded, segments.replayed);
+        }
+    }
 }

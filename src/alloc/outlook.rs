@@ -3,7 +3,7 @@
 //! releases in a trace belong to the malloc that follows them and which to an `empty_cache()`
 //! called just before it (a trace without frames does not say).
 
-use super::block::{Block, Pool, StreamId, DEFAULT_OWNER};
+use super::block::{Block, BlockId, FreeKey, Pool, PoolOwner, StreamId, DEFAULT_OWNER, NIL};
 use super::{Allocation, CachingAllocator, Request, MIB};
 
 /// `cudaMalloc` hands out physical memory in pages of this size on current NVIDIA GPUs (the
@@ -11,16 +11,27 @@ use super::{Allocation, CachingAllocator, Request, MIB};
 const DEVICE_PAGE: u64 = 2 * MIB;
 
 /// How a malloc would get its block on the allocator's state now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MallocOutlook {
     /// A cached block fits (PyTorch's `get_free_block` succeeds): nothing is released.
     Cached,
     /// New memory (a segment or pages) fits under the device and the memory fraction, and
     /// garbage collection would release nothing first.
     NewMemory,
-    /// The malloc would release cached memory first: garbage collection would free a segment,
-    /// or new memory is refused (by the fraction or the device) so the OOM path runs.
-    Release,
+    /// Garbage collection would release cached segments of these sizes, in this order, after
+    /// which new memory fits.
+    Collect(Vec<u64>),
+    /// New memory is refused (by the fraction or the device), even after garbage collection:
+    /// the malloc's OOM path runs and releases cached memory.
+    Release {
+        /// The sizes of the segments released, in order (garbage collection's,
+        /// `release_available_cached_blocks`', then `release_cached_blocks`'); `None` where
+        /// gpumem does not predict them (expandable segments, whose pages are unmapped).
+        released: Option<Vec<u64>>,
+        /// Whether the path reaches `release_cached_blocks`, which completes every pending
+        /// free (`synchronize_and_free_events`).
+        flush: bool,
+    },
 }
 
 impl CachingAllocator {
@@ -58,12 +69,51 @@ impl CachingAllocator {
         // get_free_block ticks the clock of the request's pool before the collector reads
         // the default large pool's.
         let tick = u64::from(request.owner == DEFAULT_OWNER && request.pool == Pool::Large);
-        if self.garbage_collection_enabled() && self.collection_would_release(tick) {
-            return MallocOutlook::Release;
+        let mut released: Vec<(BlockId, u64)> = if self.garbage_collection_enabled() {
+            self.collection_plan(tick, &[])
+        } else {
+            Vec::new()
+        };
+        let sizes = |released: &[(BlockId, u64)]| released.iter().map(|&(_, size)| size).collect();
+        if self.new_memory_fits(request, &released) {
+            return if released.is_empty() {
+                MallocOutlook::NewMemory
+            } else {
+                MallocOutlook::Collect(sizes(&released))
+            };
         }
+        if request.expandable {
+            return MallocOutlook::Release {
+                released: None,
+                flush: !self.capture_underway(),
+            };
+        }
+        if self.available_release_plan(request, &mut released)
+            && self.new_memory_fits(request, &released)
+        {
+            return MallocOutlook::Release {
+                released: Some(sizes(&released)),
+                flush: false,
+            };
+        }
+        let flush = !self.capture_underway();
+        if flush {
+            self.flush_plan(&mut released);
+        }
+        MallocOutlook::Release {
+            released: Some(sizes(&released)),
+            flush,
+        }
+    }
+
+    /// Whether new memory for `request` fits once the segments `released` are gone: under
+    /// the memory fraction, and in the device's free memory (in its 2 MiB pages).
+    fn new_memory_fits(&self, request: Request, released: &[(BlockId, u64)]) -> bool {
+        let gone: u64 = released.iter().map(|&(_, size)| size).sum();
+        let held = self.total_allocated_memory.saturating_sub(gone);
         if let Some(allowed) = self.allowed_memory_maximum {
-            if self.total_allocated_memory + request.alloc_size > allowed {
-                return MallocOutlook::Release;
+            if held + request.alloc_size > allowed {
+                return false;
             }
         }
         let needed = if request.expandable {
@@ -71,11 +121,84 @@ impl CachingAllocator {
         } else {
             request.alloc_size.div_ceil(DEVICE_PAGE) * DEVICE_PAGE
         };
-        let free = self.device.mem_get_info().map_or(0, |(free, _)| free);
-        if needed > free {
-            MallocOutlook::Release
-        } else {
-            MallocOutlook::NewMemory
+        let free = self.device.mem_get_info().map_or(0, |(free, _)| free) + gone;
+        needed <= free
+    }
+
+    /// What `release_available_cached_blocks` would release (added to `released`), and
+    /// whether it reports success: with `max_split_size_mb` set, the smallest cached oversize
+    /// block of the request's stream covering the request, else the largest ones in turn.
+    fn available_release_plan(&self, request: Request, released: &mut Vec<(BlockId, u64)>) -> bool {
+        if !self.config.has_split_limit() {
+            return false;
+        }
+        let max_split_size = self.config.max_split_size;
+        let target = request.size.max(max_split_size);
+        let key = (request.stream, target, 0, 0);
+        let pool = self.pool_ref(request.owner, request.pool);
+        let gone = |id: BlockId, released: &[(BlockId, u64)]| {
+            released.iter().any(|&(other, _)| other == id)
+        };
+        let found = pool
+            .from_key(key)
+            .find(|&(_, _, _, id)| !gone(id, released));
+        if let Some((stream, size, _, id)) = found {
+            if stream == request.stream && !self.blocks.at(id).is_expandable() {
+                released.push((id, size));
+                return true;
+            }
+        }
+        let mut total = 0;
+        for (stream, size, _, id) in pool.before_key(key) {
+            if total >= target || size < max_split_size || stream != request.stream {
+                break;
+            }
+            if !self.blocks.at(id).is_expandable() && !gone(id, released) {
+                total += size;
+                released.push((id, size));
+            }
+        }
+        total >= target
+    }
+
+    /// What `release_cached_blocks` would release (added to `released`): after the pending
+    /// frees complete, every `cudaMalloc` segment of the default pools with nothing allocated
+    /// (large pool first, each in (stream, size, address) order), then those of the freeable
+    /// private pools (small pool first).
+    fn flush_plan(&self, released: &mut Vec<(BlockId, u64)>) {
+        // Whole segments once the pending frees complete: no block allocated. Keyed by the
+        // head block (the merged block would take its place).
+        let mut whole: Vec<(PoolOwner, Pool, StreamId, u64, u64, BlockId)> = Vec::new();
+        for (id, block) in self.blocks.iter() {
+            if block.prev != NIL || block.is_expandable() {
+                continue;
+            }
+            let (mut cursor, mut size, mut in_use) = (id, 0, false);
+            while let Some(piece) = self.blocks.get(cursor) {
+                size += piece.size;
+                in_use |= piece.allocated;
+                cursor = piece.next;
+            }
+            if !in_use && !released.iter().any(|&(other, _)| other == id) {
+                whole.push((block.owner, block.pool, block.stream, size, block.ptr, id));
+            }
+        }
+        let mut order = |owner: PoolOwner, pool: Pool| {
+            let mut mine: Vec<_> = whole
+                .iter()
+                .filter(|w| w.0 == owner && w.1 == pool)
+                .map(|w| (w.2, w.3, w.4, w.5))
+                .collect();
+            mine.sort_unstable();
+            released.extend(mine.into_iter().map(|(_, size, _, id)| (id, size)));
+        };
+        order(DEFAULT_OWNER, Pool::Large);
+        order(DEFAULT_OWNER, Pool::Small);
+        for id in &self.pools.freeable {
+            if let Some(owner) = self.pools.owner(*id) {
+                order(owner, Pool::Small);
+                order(owner, Pool::Large);
+            }
         }
     }
 
@@ -117,32 +240,129 @@ impl CachingAllocator {
                 && merged >= rounded.wrapping_add(self.config.max_non_split_rounding_size))
     }
 
-    /// Whether `garbage_collect_cached_blocks` would release a segment now, with the default
-    /// large pool's clock `tick` lookups ahead: its first pass frees every unsplit,
-    /// non-expandable cached large block at least as old as the average.
-    fn collection_would_release(&self, tick: u64) -> bool {
+    /// What garbage collection alone would do for `malloc_on(stream, size)` had the pending
+    /// frees of `completed` completed just now (their blocks back in the cache, merged, as
+    /// young as a block can be): the sizes of the segments it would release, in order, when it
+    /// releases some and new memory then fits; `None` when the malloc would be served from the
+    /// cache, collect nothing, or still need its OOM path. A replay asks it to tell a free right
+    /// before a malloc that collected its segment from a deferred free that the malloc's OOM
+    /// path completed (the trace reads the same; only the retry count differs).
+    pub fn collection_if_completed(
+        &self,
+        stream: StreamId,
+        size: u64,
+        completed: &[Allocation],
+    ) -> Option<Vec<u64>> {
+        if !self.garbage_collection_enabled() || size == 0 || size >= super::ONE_EXABYTE {
+            return None;
+        }
+        let rounded = self.round_size(size);
+        let request = Request {
+            stream,
+            size: rounded,
+            pool: Self::pool_for(rounded),
+            owner: self.pools.route(stream),
+            alloc_size: self.allocation_size(rounded),
+            expandable: self.expandable_active(),
+        };
+        if self.find_free_block(request).is_some()
+            || completed
+                .iter()
+                .any(|&allocation| self.pending_block_would_serve(allocation, stream, size))
+        {
+            return None;
+        }
+        let tick = u64::from(request.owner == DEFAULT_OWNER && request.pool == Pool::Large);
+        let young: Vec<FreeKey> = completed
+            .iter()
+            .filter_map(|&allocation| self.whole_segment_once_completed(allocation))
+            .collect();
+        let released = self.collection_plan(tick, &young);
+        if released.is_empty() || !self.new_memory_fits(request, &released) {
+            return None;
+        }
+        Some(released.iter().map(|&(_, size)| size).collect())
+    }
+
+    /// The key (stream, size, address, block) the block of `allocation`, a pending free in the
+    /// default large pool, would have in its pool once completed and merged — when that makes
+    /// a whole, unsplit segment that garbage collection could release.
+    fn whole_segment_once_completed(&self, allocation: Allocation) -> Option<FreeKey> {
+        let block = self
+            .blocks
+            .get(allocation.id)
+            .filter(|block| block.pending_free && block.ptr == allocation.ptr)?;
+        if block.owner != DEFAULT_OWNER || block.pool != Pool::Large || block.is_expandable() {
+            return None;
+        }
+        let (mut size, mut base) = (block.size, block.ptr);
+        for neighbour in [block.prev, block.next] {
+            if neighbour == NIL {
+                continue;
+            }
+            let other = self.blocks.get(neighbour)?;
+            let outer = if neighbour == block.prev {
+                other.prev
+            } else {
+                other.next
+            };
+            if !other.is_free() || !other.mapped || outer != NIL {
+                return None;
+            }
+            size += other.size;
+            base = base.min(other.ptr);
+        }
+        Some((block.stream, size, base, allocation.id))
+    }
+
+    /// The sizes of the segments `garbage_collect_cached_blocks` would release now, in its
+    /// order, with the default large pool's clock `tick` lookups ahead: its passes over the
+    /// unsplit, non-expandable cached large blocks, each freeing those at least as old as the
+    /// average, until the bytes held fall under the threshold. `young` are whole segments
+    /// taken to have just come back to the cache (age `tick`), in their place in the pool's
+    /// (stream, size, address) order.
+    fn collection_plan(&self, tick: u64, young: &[FreeKey]) -> Vec<(BlockId, u64)> {
         let Some(allowed) = self.allowed_memory_maximum else {
-            return false;
+            return Vec::new();
         };
         let threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
         if self.total_allocated_memory <= threshold {
-            return false;
+            return Vec::new();
         }
+        let target = self.total_allocated_memory - threshold;
         let clock = self.large.get_free_blocks_call_count + tick;
         let age = |block: &Block| clock.saturating_sub(block.gc_count_base) as f64;
-        let unsplit: Vec<&Block> = self
+        // In the pool's order: (key, age, expandable); expandable blocks count towards the
+        // average but are never freed.
+        let mut candidates: Vec<(FreeKey, f64, bool)> = self
             .large
             .iter()
-            .map(|key| self.blocks.at(key.3))
-            .filter(|block| !block.is_split())
+            .map(|key| (key, self.blocks.at(key.3)))
+            .filter(|(_, block)| !block.is_split())
+            .map(|(key, block)| (key, age(block), block.is_expandable()))
+            .chain(young.iter().map(|&key| (key, tick as f64, false)))
             .collect();
-        if unsplit.is_empty() {
-            return false;
+        candidates.sort_unstable_by_key(|candidate| candidate.0);
+        let mut total_age: f64 = candidates.iter().map(|candidate| candidate.1).sum();
+        let mut freeable = candidates.len();
+        let (mut released, mut reclaimed) = (Vec::new(), 0);
+        let mut freed_any = true;
+        while reclaimed < target && freed_any && freeable > 0 {
+            let average = total_age / freeable as f64;
+            freed_any = false;
+            candidates.retain(|&((_, size, _, id), age, expandable)| {
+                if expandable || age < average {
+                    return true;
+                }
+                freed_any = true;
+                reclaimed += size;
+                total_age -= age;
+                freeable -= 1;
+                released.push((id, size));
+                false
+            });
         }
-        let average = unsplit.iter().map(|block| age(block)).sum::<f64>() / unsplit.len() as f64;
-        unsplit
-            .iter()
-            .any(|block| !block.is_expandable() && age(block) >= average)
+        released
     }
 
     /// Bytes of pages an expandable allocation would map: from the lowest place with room
@@ -196,7 +416,13 @@ mod tests {
         a.free(x).expect("free");
         assert_eq!(a.malloc_outlook(0, 20 * MIB), MallocOutlook::Cached);
         assert_eq!(a.malloc_outlook(0, 40 * MIB), MallocOutlook::NewMemory);
-        assert_eq!(a.malloc_outlook(0, 900 * MIB), MallocOutlook::Release);
+        assert_eq!(
+            a.malloc_outlook(0, 900 * MIB),
+            MallocOutlook::Release {
+                released: Some(vec![30 * MIB]),
+                flush: true
+            }
+        );
         assert_eq!(
             a.malloc_outlook(7, 20 * MIB),
             MallocOutlook::NewMemory,
@@ -205,7 +431,13 @@ mod tests {
         let total = a.device().total_memory() as f64;
         a.set_memory_fraction(60.0 * MIB as f64 / total)
             .expect("fraction");
-        assert_eq!(a.malloc_outlook(0, 32 * MIB), MallocOutlook::Release);
+        assert_eq!(
+            a.malloc_outlook(0, 32 * MIB),
+            MallocOutlook::Release {
+                released: Some(vec![30 * MIB]),
+                flush: true
+            }
+        );
         // The outlook changes nothing: the malloc then does what it said.
         let stats = a.stats().clone();
         let _ = a.malloc_outlook(0, 32 * MIB);
@@ -229,12 +461,63 @@ mod tests {
             MallocOutlook::Cached,
             "a fit, no collection"
         );
-        assert_eq!(a.malloc_outlook(0, 62 * MIB), MallocOutlook::Release);
+        // 60 MiB held is over the threshold (50 MiB): the collector frees the cached 60 MiB,
+        // then up to 100 MiB fit; more needs the OOM path.
+        assert_eq!(
+            a.malloc_outlook(0, 62 * MIB),
+            MallocOutlook::Collect(vec![60 * MIB])
+        );
+        assert_eq!(
+            a.malloc_outlook(0, 110 * MIB),
+            MallocOutlook::Release {
+                released: Some(vec![60 * MIB]),
+                flush: true
+            }
+        );
         let _ = a.malloc(62 * MIB).expect("alloc");
         assert_eq!(
             a.stats().num_device_free,
             1,
             "the collector freed the 60 MiB"
+        );
+        assert_eq!(a.stats().num_alloc_retries, 0);
+    }
+
+    #[test]
+    fn a_pending_free_read_as_completed_can_be_collected() {
+        let mut a = allocator("garbage_collection_threshold:0.5", 1 << 30);
+        let total = a.device().total_memory() as f64;
+        a.set_memory_fraction(100.0 * MIB as f64 / total)
+            .expect("fraction");
+        let x = a.malloc(60 * MIB).expect("alloc");
+        a.record_stream(x, 7).expect("record");
+        a.device_mut().sleep(7, 1).expect("work");
+        a.free(x).expect("deferred");
+        // Pending, the block is nothing the collector can take: the OOM path must flush it.
+        assert_eq!(
+            a.malloc_outlook(0, 62 * MIB),
+            MallocOutlook::Release {
+                released: Some(vec![60 * MIB]),
+                flush: true
+            }
+        );
+        // Completed just before the malloc, the collector takes its whole segment.
+        assert_eq!(
+            a.collection_if_completed(0, 62 * MIB, &[x]),
+            Some(vec![60 * MIB])
+        );
+        assert_eq!(a.collection_if_completed(0, 62 * MIB, &[]), None);
+        assert_eq!(
+            a.collection_if_completed(0, 50 * MIB, &[x]),
+            None,
+            "it would serve the malloc from the cache"
+        );
+        let y = a.malloc(20 * MIB).expect("alloc");
+        a.free(y).expect("free");
+        assert_eq!(
+            a.collection_if_completed(0, 2 * MIB, &[x]),
+            None,
+            "the cached 20 MiB serves it"
         );
     }
 

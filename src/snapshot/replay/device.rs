@@ -8,9 +8,15 @@
 //! not overlap a live segment; otherwise the simulator's own placement applies, and should that
 //! one overlap a segment placed at a recorded address, the segment goes just above the highest
 //! live one. A placement never fails: capacity alone decides whether a segment fits.
+//!
+//! Streams from [`DEFERRED_STREAMS`] up are the replay's own, one per free the trace shows
+//! deferred by `record_stream`: an event recorded on one completes only when the replay says so
+//! (`synchronize_stream`, at the recorded completion) or when the allocator waits for it
+//! (`synchronize_event`, its OOM path or `empty_cache()`) — never because the simulated device
+//! synchronised (a `cudaFree`), so the completions come in the order the trace recorded them.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 
 use crate::device::sim::SimDevice;
@@ -38,12 +44,18 @@ impl Hints {
     }
 }
 
+/// The first of the streams a replay makes up for deferred frees: above every address a
+/// process can hold, so no recorded stream (a `cudaStream_t` value) is one.
+pub const DEFERRED_STREAMS: u64 = 1 << 63;
+
 /// A [`SimDevice`] that puts segments at recorded addresses when it can.
 pub struct ReplayDevice {
     inner: SimDevice,
     hints: Hints,
     /// Live segments by the address handed out: (size, the simulator's own address).
     live: BTreeMap<u64, (u64, u64)>,
+    /// The made-up streams whose work is done.
+    done: BTreeSet<u64>,
 }
 
 impl ReplayDevice {
@@ -53,6 +65,7 @@ impl ReplayDevice {
             inner,
             hints,
             live: BTreeMap::new(),
+            done: BTreeSet::new(),
         }
     }
 
@@ -145,21 +158,35 @@ impl DeviceMemory for ReplayDevice {
         self.inner.unmap_pages(address, bytes, page)
     }
 
-    // Streams and events: the simulator's.
+    // Streams and events: the simulator's, but for the made-up streams of deferred frees.
 
     fn record_event(&mut self, stream: u64) -> Result<StreamEvent, DeviceError> {
+        if stream >= DEFERRED_STREAMS {
+            return Ok(StreamEvent { stream, ticket: 1 });
+        }
         self.inner.record_event(stream)
     }
 
     fn query_event(&self, event: StreamEvent) -> Result<bool, DeviceError> {
+        if event.stream >= DEFERRED_STREAMS {
+            return Ok(self.done.contains(&event.stream));
+        }
         self.inner.query_event(event)
     }
 
     fn synchronize_event(&mut self, event: StreamEvent) -> Result<(), DeviceError> {
+        if event.stream >= DEFERRED_STREAMS {
+            self.done.insert(event.stream);
+            return Ok(());
+        }
         self.inner.synchronize_event(event)
     }
 
     fn synchronize_stream(&mut self, stream: u64) -> Result<(), DeviceError> {
+        if stream >= DEFERRED_STREAMS {
+            self.done.insert(stream);
+            return Ok(());
+        }
         self.inner.synchronize_stream(stream)
     }
 
@@ -172,6 +199,10 @@ impl DeviceMemory for ReplayDevice {
     }
 
     fn sleep(&mut self, stream: u64, millis: u64) -> Result<(), DeviceError> {
+        if stream >= DEFERRED_STREAMS {
+            // A made-up stream is busy until the replay says otherwise.
+            return Ok(());
+        }
         self.inner.sleep(stream, millis)
     }
 }

@@ -10,7 +10,8 @@
 //! the streams, so the replay looks one event ahead: a `free_completed` of the same address
 //! right after the `free_requested` is an immediate free; otherwise the free was deferred. A
 //! deferred free is replayed as PyTorch made it: the allocation is recorded on a stream of its
-//! own whose work is still running (`record_stream`, then a busy stream), and freed —
+//! own whose work is still running (`record_stream` on one of the replay device's made-up
+//! streams, [`super::device::DEFERRED_STREAMS`]), and freed —
 //! `allocated_bytes` falls at once, the block stays active. Its completion then follows the
 //! allocator's own rules: a recorded `free_completed` marks that stream's work done, so the
 //! next malloc's `process_events` takes the block back, where PyTorch took it; and the OOM path
@@ -19,8 +20,11 @@
 //! path is left to the replayed malloc's OOM path; if the malloc takes another path (another
 //! config), the stream's work is marked done right after it. PyTorch made it on its OOM path
 //! when a release of the same malloc comes before it in the trace, or when the malloc found
-//! nothing cached (the trace shows new memory or an OOM) although the completed block would
-//! have served it.
+//! nothing cached (the trace shows new memory or an OOM) and the releases its OOM path would
+//! make with the block still pending are the recorded ones — unless the completion came right
+//! after its `free_requested` and the malloc's garbage collection, the free made at once,
+//! would make the same releases: the trace reads the same, and the free made at once is the
+//! likelier (docs/allocator.md, "Replaying deferred frees").
 //!
 //! # Releases and `empty_cache()`
 //!
@@ -46,7 +50,7 @@ use std::rc::Rc;
 use serde::Serialize;
 
 use super::compare::{DeviceEvent, SegmentComparison};
-use super::device::Hints;
+use super::device::{Hints, DEFERRED_STREAMS};
 use crate::alloc::outlook::MallocOutlook;
 use crate::alloc::{
     AllocError, Allocation, CachingAllocator, EventLog, MemPoolId, MemoryObserver, PoolFilter,
@@ -78,10 +82,6 @@ impl Hasher for AddressHasher {
 
 type AddressMap<V> = HashMap<u64, V, BuildHasherDefault<AddressHasher>>;
 type AddressSet = HashSet<u64, BuildHasherDefault<AddressHasher>>;
-
-/// The first stream id of the streams a replay makes up for deferred frees, one per free:
-/// above every address a process can hold, so no recorded stream (a `cudaStream_t`) is one.
-const DEFERRED_STREAMS: StreamId = 1 << 63;
 
 /// The state when the replay first ran out of memory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -172,10 +172,15 @@ impl PoolRoutes {
 struct Run {
     /// `segment_free`/`segment_unmap` events in it.
     releases: u64,
+    /// Their sizes, in order.
+    release_sizes: Vec<u64>,
     /// `segment_alloc`/`segment_map` events in it.
     new_memory: u64,
     /// Deferred completions in it.
     completions: u64,
+    /// Of those, completions right after their `free_requested` (they read as immediate
+    /// frees, so they are no sign of an `empty_cache()`).
+    adjacent: u64,
     /// Completions recorded before any release of the run, with their made-up streams: a
     /// malloc's `process_events` made them, or (when no release came before) its OOM path.
     leading: Vec<(StreamId, Allocation)>,
@@ -187,8 +192,10 @@ struct Run {
 }
 
 impl Run {
-    fn is_empty(&self) -> bool {
-        self.releases == 0 && self.completions == 0
+    /// Whether, ended by no malloc, the run shows an `empty_cache()`: a release, or a
+    /// completion that does not read as an immediate free.
+    fn shows_empty_cache(&self) -> bool {
+        self.releases > 0 || self.completions > self.adjacent
     }
 }
 
@@ -208,6 +215,9 @@ pub struct Engine {
     hints: Option<Hints>,
     /// A `free_requested` waiting to see whether its `free_completed` follows at once.
     held: Option<(u64, RawEvent)>,
+    /// A `free_requested` and the `free_completed` right after it, waiting for the next event:
+    /// an immediate free, unless that event starts a malloc's releases or new memory.
+    pair: Option<(u64, RawEvent, RawEvent)>,
     /// The current run of releases and deferred completions.
     run: Run,
     /// The next made-up stream for a deferred free.
@@ -247,6 +257,7 @@ impl Engine {
             trace: None,
             log,
             held: None,
+            pair: None,
             run: Run::default(),
             next_stream: DEFERRED_STREAMS,
             routes,
@@ -293,9 +304,9 @@ impl Engine {
         let fail = |message: String| SnapshotError::Event { index, message };
         if let Some((held_index, held)) = self.held.take() {
             if event.action == Action::FreeCompleted && event.addr == held.addr {
-                self.end_run(None).map_err(fail)?;
-                self.free_now(&event).map_err(fail)?;
-                self.observe(index);
+                // An immediate free, unless the next event starts a malloc's releases or new
+                // memory: then its OOM path may have completed a deferred free.
+                self.pair = Some((held_index, held, event));
                 return Ok(());
             }
             self.defer_free(&held)
@@ -305,10 +316,33 @@ impl Engine {
                 })?;
             self.observe(held_index);
         }
+        if let Some((requested_index, requested, completed)) = self.pair.take() {
+            let at = |message: String| SnapshotError::Event {
+                index: requested_index,
+                message,
+            };
+            if matches!(
+                event.action,
+                Action::SegmentFree
+                    | Action::SegmentUnmap
+                    | Action::SegmentAlloc
+                    | Action::SegmentMap
+            ) {
+                self.defer_free(&requested).map_err(at)?;
+                self.counts.deferred_frees -= 1;
+                self.complete_deferred(&completed).map_err(at)?;
+                self.run.adjacent += 1;
+            } else {
+                self.end_run(None).map_err(at)?;
+                self.free_now(&completed).map_err(at)?;
+            }
+            self.observe(requested_index);
+        }
         match event.action {
             Action::SegmentFree | Action::SegmentUnmap => {
                 self.segments.recorded(index, device_event(&event));
                 self.run.releases += 1;
+                self.run.release_sizes.push(event.size.max(0) as u64);
                 self.run.empty_cache_frame |= event.empty_cache_frame;
             }
             Action::SegmentAlloc | Action::SegmentMap => {
@@ -361,6 +395,10 @@ impl Engine {
         if let Some((_, held)) = self.held.take() {
             self.defer_free(&held).map_err(fail)?;
         }
+        if let Some((_, _, completed)) = self.pair.take() {
+            self.end_run(None).map_err(fail)?;
+            self.free_now(&completed).map_err(fail)?;
+        }
         self.end_run(None).map_err(fail)?;
         self.observe(last_index);
         self.counts.pending_frees = self.allocator.pending_frees().blocks;
@@ -380,19 +418,42 @@ impl Engine {
     /// `alloc` or `oom` event that ends the run, if one does.
     fn end_run(&mut self, malloc: Option<&RawEvent>) -> Result<(), String> {
         let mut run = std::mem::take(&mut self.run);
-        // Completions before any release: PyTorch's `process_events` made them, so the
-        // blocks were back in the cache when the malloc looked — unless one of them would have
-        // served it while the recording shows the malloc found nothing cached (new memory or
-        // an OOM; releases alone may be an empty_cache() before a malloc served from the
-        // cache): then they completed on its OOM path, like those after a release.
+        // Completions before any release: PyTorch's `process_events` made them (the blocks
+        // were back in the cache when the malloc looked), or, when the malloc found nothing
+        // cached (the trace shows new memory or an OOM), possibly its OOM path — if that path,
+        // with those blocks still pending, reaches `release_cached_blocks` and makes the
+        // recorded releases (with expandable segments, whose releases are not predicted: if a
+        // completed block would have served the malloc).
         let missed = run.new_memory > 0 || malloc.is_some_and(|event| event.action == Action::Oom);
         let on_oom_path = match malloc {
             Some(event) if missed && !run.leading.is_empty() => {
                 let size = non_negative(event.size, "size")?;
-                run.leading.iter().any(|&(_, allocation)| {
-                    self.allocator
-                        .pending_block_would_serve(allocation, event.stream as u64, size)
-                })
+                match self.outlook(event)? {
+                    // Unless every completion comes right after its `free_requested` and the
+                    // garbage collection of the malloc, had they been frees made at once,
+                    // would make the releases: the trace reads the same, and a free made at
+                    // once is the likelier.
+                    MallocOutlook::Release {
+                        released: Some(sizes),
+                        flush: true,
+                    } => {
+                        sizes == run.release_sizes
+                            && (run.adjacent < run.leading.len() as u64
+                                || self.collection_if_completed(event, &run.leading)?.as_ref()
+                                    != Some(&run.release_sizes))
+                    }
+                    MallocOutlook::Release {
+                        released: None,
+                        flush: true,
+                    } => run.leading.iter().any(|&(_, allocation)| {
+                        self.allocator.pending_block_would_serve(
+                            allocation,
+                            event.stream as u64,
+                            size,
+                        )
+                    }),
+                    _ => false,
+                }
             }
             _ => false,
         };
@@ -400,19 +461,22 @@ impl Engine {
             if on_oom_path {
                 run.after_release.push(stream);
             } else {
+                // Completed one by one, in the recorded order (PyTorch walks its streams in
+                // an order of its own; the trace shows it).
                 self.allocator
                     .synchronize_stream(stream)
+                    .and_then(|()| self.allocator.complete_finished_frees())
                     .map_err(|error| format!("the allocator failed: {error}"))?;
             }
         }
         let empty_cache = match malloc {
             _ if run.empty_cache_frame => true,
-            None => !run.is_empty(),
+            None => run.shows_empty_cache(),
             Some(event) => {
                 run.releases > 0
                     && run.after_release.is_empty()
                     && event.action == Action::Alloc
-                    && !self.malloc_releases(event)?
+                    && !self.malloc_releases(event, &run.release_sizes)?
             }
         };
         if empty_cache {
@@ -429,8 +493,25 @@ impl Engine {
         Ok(())
     }
 
-    /// Whether the malloc of `event`, replayed now, would release cached memory itself.
-    fn malloc_releases(&mut self, event: &RawEvent) -> Result<bool, String> {
+    /// Whether the malloc of `event`, replayed now, would release exactly the segments
+    /// `released` (their sizes, in order) that the run holds, by garbage collection or on its
+    /// OOM path; any others mean an `empty_cache()` released them. With expandable segments
+    /// (pages, not predicted) any release of the OOM path counts.
+    fn malloc_releases(&mut self, event: &RawEvent, released: &[u64]) -> Result<bool, String> {
+        Ok(match self.outlook(event)? {
+            MallocOutlook::Release { released: None, .. } => true,
+            MallocOutlook::Release {
+                released: Some(sizes),
+                ..
+            }
+            | MallocOutlook::Collect(sizes) => sizes == released,
+            MallocOutlook::Cached | MallocOutlook::NewMemory => false,
+        })
+    }
+
+    /// What the malloc of `event` would do now, routed as it will be, once the frees whose
+    /// events completed are back ([`CachingAllocator::malloc_outlook`]).
+    fn outlook(&mut self, event: &RawEvent) -> Result<MallocOutlook, String> {
         let size = non_negative(event.size, "size")?;
         let stream = event.stream as u64;
         let pool = self.route(event);
@@ -440,7 +521,27 @@ impl Engine {
         self.enter_pool(pool, stream)?;
         let outlook = self.allocator.malloc_outlook(stream, size);
         self.leave_pool(pool)?;
-        Ok(outlook == MallocOutlook::Release)
+        Ok(outlook)
+    }
+
+    /// What garbage collection alone would release for the malloc of `event`, routed as it
+    /// will be, had the pending frees of `completed` completed just before it
+    /// ([`CachingAllocator::collection_if_completed`]).
+    fn collection_if_completed(
+        &mut self,
+        event: &RawEvent,
+        completed: &[(StreamId, Allocation)],
+    ) -> Result<Option<Vec<u64>>, String> {
+        let size = non_negative(event.size, "size")?;
+        let stream = event.stream as u64;
+        let pool = self.route(event);
+        let allocations: Vec<Allocation> = completed.iter().map(|&(_, a)| a).collect();
+        self.enter_pool(pool, stream)?;
+        let released = self
+            .allocator
+            .collection_if_completed(stream, size, &allocations);
+        self.leave_pool(pool)?;
+        Ok(released)
     }
 
     /// After a malloc: completions PyTorch made on its OOM path that the replayed malloc did
@@ -614,10 +715,6 @@ impl Engine {
         self.allocator
             .record_stream(allocation, stream)
             .map_err(fail)?;
-        self.allocator
-            .device_mut()
-            .sleep(stream, 0)
-            .map_err(|error| format!("the replay device failed: {error}"))?;
         self.allocator.free(allocation).map_err(fail)
     }
 
