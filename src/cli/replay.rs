@@ -71,7 +71,7 @@ fn parse_conf(text: &str, what: &str) -> Result<AllocConf, CliError> {
 }
 
 fn replay_error(file: &Path, error: ReplayError) -> CliError {
-    CliError::Usage(format!("{}: {error}", file.display()))
+    CliError::Usage(error.naming(file))
 }
 
 /// A progress bar on stderr for a large file when stderr is a terminal.
@@ -105,9 +105,16 @@ fn run_one(args: &ReplayArgs, options: &ReplayOptions) -> Result<ReplayReport, C
 
 /// `gpumem replay`.
 pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
-    let capacity = match args.device {
+    let capacity = match &args.device {
         None => None,
-        Some(DeviceSpec::Sim(size)) => size,
+        Some(DeviceSpec::Sim(sizes)) => match sizes.as_slice() {
+            [size] => *size,
+            _ => {
+                return Err(CliError::Usage(
+                    "replay runs on one simulated device: use --device sim[:SIZE]".into(),
+                ))
+            }
+        },
         Some(DeviceSpec::Cuda(_)) => {
             return Err(CliError::Usage(
                 "replay runs on a simulated device: use --device sim[:SIZE]".into(),
