@@ -157,7 +157,11 @@ mod tests {
         drop(pool);
         assert_eq!(copy.use_count().expect("count"), 1, "a copy keeps the use");
         drop(copy);
-        assert_eq!(reserved(&runtime), 20 * MIB as i64, "the tensor keeps its segment");
+        assert_eq!(
+            reserved(&runtime),
+            20 * MIB as i64,
+            "the tensor keeps its segment"
+        );
         drop(kept);
         runtime.empty_cache().expect("empty");
         assert_eq!(reserved(&runtime), 0);

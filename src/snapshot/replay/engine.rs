@@ -30,10 +30,13 @@
 //!
 //! Segment releases (and the completions of deferred frees) come in runs. A run followed by
 //! the `alloc` or `oom` of a malloc is that malloc's own (garbage collection, the OOM path) —
-//! unless the malloc, replayed on the state before the run, would release nothing
-//! ([`CachingAllocator::malloc_outlook`]): then an `empty_cache()` came first. A run followed
-//! by anything else (a free, a snapshot, the end) was an `empty_cache()`; so is any run in
-//! which a release's frames name `empty_cache`.
+//! unless the malloc, replayed on the state before the run, would not release exactly those
+//! segments ([`CachingAllocator::malloc_outlook`]): then an `empty_cache()` came first. A run
+//! followed by anything else (a free, a snapshot, the end) was an `empty_cache()`; so is any
+//! run in which a release's frames name `empty_cache`. Where the malloc would release the same
+//! itself, the trace cannot tell whether an `empty_cache()` came first: the replay takes the
+//! releases as the malloc's, and `num_sync_all_streams` (and, for a malloc that then
+//! succeeds, `num_alloc_retries`) may differ from the recording's by one.
 //!
 //! # Private pools
 //!
@@ -475,7 +478,7 @@ impl Engine {
             Some(event) => {
                 run.releases > 0
                     && run.after_release.is_empty()
-                    && event.action == Action::Alloc
+                    && matches!(event.action, Action::Alloc | Action::Oom)
                     && !self.malloc_releases(event, &run.release_sizes)?
             }
         };
