@@ -661,6 +661,178 @@ mod self_replay {
     }
 }
 
+/// The ops of a PyTorch trace fixture (tests/fixtures/pytorch-traces/), with its config.
+struct TraceFixture {
+    total: u64,
+    /// The recorded config, with the memory fraction as `per_process_memory_fraction`.
+    conf: String,
+    traces: Vec<Vec<TraceOp>>,
+}
+
+/// One op of a trace fixture.
+enum TraceOp {
+    /// `slots[slot] = torch.empty(size)` on `stream`; the old occupant is freed after.
+    Alloc { slot: u64, size: u64, stream: u64 },
+    /// `slots[slot] = None`.
+    Free { slot: u64 },
+    /// `torch.cuda.empty_cache()`.
+    EmptyCache,
+}
+
+fn trace_fixture(path: &Path) -> TraceFixture {
+    use std::io::Read;
+    let mut text = String::new();
+    let file = std::fs::File::open(path).expect("readable");
+    if path.extension().is_some_and(|ext| ext == "gz") {
+        flate2::read::GzDecoder::new(file)
+            .read_to_string(&mut text)
+            .expect("decompresses");
+    } else {
+        std::io::BufReader::new(file)
+            .read_to_string(&mut text)
+            .expect("readable");
+    }
+    let fixture: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let total = fixture["total_memory"].as_u64().expect("total_memory");
+    let mut conf = fixture["alloc_conf"]
+        .as_str()
+        .expect("alloc_conf")
+        .to_string();
+    let fraction = fixture["memory_fraction"].as_f64().expect("fraction");
+    if fraction < 1.0 {
+        if !conf.is_empty() {
+            conf.push(',');
+        }
+        conf.push_str(&format!("per_process_memory_fraction:{fraction}"));
+    }
+    let traces = fixture["traces"]
+        .as_array()
+        .expect("traces")
+        .iter()
+        .map(|trace| {
+            trace["ops"]
+                .as_array()
+                .expect("ops")
+                .iter()
+                .map(|step| {
+                    let op = step["op"].as_array().expect("op");
+                    let number = |index: usize| op[index].as_u64().expect("number");
+                    match op[0].as_str().expect("op name") {
+                        "alloc" => TraceOp::Alloc {
+                            slot: number(1),
+                            size: number(2),
+                            stream: if op[3..].iter().any(|mark| mark == "stream1") {
+                                SIDE
+                            } else {
+                                0
+                            },
+                        },
+                        "free" => TraceOp::Free { slot: number(1) },
+                        "empty_cache" => TraceOp::EmptyCache,
+                        other => panic!("unknown op {other}"),
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    TraceFixture {
+        total,
+        conf,
+        traces,
+    }
+}
+
+/// Runs the fixture's ops on `allocator`; returns where each `empty_cache()` that the trace
+/// shows ends in the history, and how many the trace does not show (they released nothing).
+fn run_trace_ops(allocator: &mut CachingAllocator, fixture: &TraceFixture) -> (Vec<usize>, i64) {
+    let (ends, seen) = run_trace_ops_keeping(allocator, fixture, None);
+    let unseen = seen.iter().filter(|seen| !**seen).count() as i64;
+    (ends, unseen)
+}
+
+/// [`run_trace_ops`] calling only the `empty_cache()`s that `keep` marks (by their order; all
+/// of them without `keep`); returns where each one the trace shows ends, and for each call
+/// whether the trace shows it.
+fn run_trace_ops_keeping(
+    allocator: &mut CachingAllocator,
+    fixture: &TraceFixture,
+    keep: Option<&[bool]>,
+) -> (Vec<usize>, Vec<bool>) {
+    let (mut ends, mut seen) = (Vec::new(), Vec::new());
+    for trace in &fixture.traces {
+        let mut slots: std::collections::BTreeMap<u64, Allocation> = Default::default();
+        for op in trace {
+            match *op {
+                TraceOp::Alloc { slot, size, stream } => {
+                    if let Ok(new) = allocator.malloc_on(stream, size) {
+                        if let Some(old) = slots.insert(slot, new) {
+                            allocator.free(old).expect("free");
+                        }
+                    }
+                }
+                TraceOp::Free { slot } => {
+                    if let Some(old) = slots.remove(&slot) {
+                        allocator.free(old).expect("free");
+                    }
+                }
+                TraceOp::EmptyCache => {
+                    let call = seen.len();
+                    if keep.is_some_and(|keep| !keep[call]) {
+                        seen.push(false);
+                        continue;
+                    }
+                    let before = allocator.trace().len();
+                    allocator.empty_cache().expect("empty_cache");
+                    seen.push(allocator.trace().len() > before);
+                    if allocator.trace().len() > before {
+                        ends.push(allocator.trace().len());
+                    }
+                }
+            }
+        }
+    }
+    (ends, seen)
+}
+
+fn trace_fixture_path(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/pytorch-traces")
+        .join(name)
+}
+
+/// What-if: the default config's trace fixture, recorded by gpumem and replayed under
+/// `expandable_segments:True` and under `roundup_power2_divisions:4`, gives every counter of
+/// the same job run under that config (the fixtures of those configs are the same requests)
+/// — the job as its trace shows it: an `empty_cache()` that released nothing under the
+/// default config is not in the trace, so it is left out of the run too (under another
+/// config it may have released memory; PyTorch's trace has no entry for the call itself).
+#[test]
+fn what_if_replays_of_the_default_trace_fixture_give_the_other_configs_counters() {
+    let base = trace_fixture(&trace_fixture_path("traces_default.json"));
+    let mut recording = recorder_on(SimDevice::new(base.total), &base.conf, None);
+    let (_, seen) = run_trace_ops_keeping(&mut recording, &base, None);
+    let snapshot = dump(&recording, "whatif-base", &[]);
+    for other in ["traces_expandable.json", "traces_pow2div4.json"] {
+        let fixture = trace_fixture(&trace_fixture_path(other));
+        let mut direct = recorder_on(SimDevice::new(fixture.total), &fixture.conf, None);
+        run_trace_ops_keeping(&mut direct, &fixture, Some(&seen));
+        let options = ReplayOptions {
+            capacity: Some(fixture.total),
+            conf: Some(AllocConf::parse(&fixture.conf).expect("valid config")),
+            ..ReplayOptions::default()
+        };
+        let report = replay(&snapshot, &options, &mut |_, _| {}).expect("replays");
+        let wrong: Vec<String> = direct
+            .stats()
+            .entries()
+            .into_iter()
+            .filter(|(key, value)| report.stat(key) != *value)
+            .map(|(key, value)| format!("{key}: ran {value}, replayed {}", report.stat(&key)))
+            .collect();
+        assert!(wrong.is_empty(), "{other}:\n{}\n{report}", wrong.join("\n"));
+    }
+}
+
 /// Every allocation trace recorded from PyTorch 2.11 on the H200
 /// (tests/fixtures/pytorch-traces/: fractions with OOMs and retries, garbage collection,
 /// `max_split_size_mb`, expandable segments, `empty_cache()` without frames, a second stream),
@@ -668,7 +840,6 @@ mod self_replay {
 /// exactly: every counter and every segment event.
 #[test]
 fn the_pytorch_trace_fixtures_self_replay_exactly() {
-    use std::io::Read;
     let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch-traces");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&folder)
         .expect("fixtures")
@@ -678,72 +849,10 @@ fn the_pytorch_trace_fixtures_self_replay_exactly() {
     files.sort();
     assert!(files.len() >= 16, "{files:?}");
     for path in files {
-        let mut text = String::new();
-        let file = std::fs::File::open(&path).expect("readable");
-        if path.extension().is_some_and(|ext| ext == "gz") {
-            flate2::read::GzDecoder::new(file)
-                .read_to_string(&mut text)
-                .expect("decompresses");
-        } else {
-            std::io::BufReader::new(file)
-                .read_to_string(&mut text)
-                .expect("readable");
-        }
-        let fixture: serde_json::Value = serde_json::from_str(&text).expect("JSON");
-        let total = fixture["total_memory"].as_u64().expect("total_memory");
-        let mut conf = fixture["alloc_conf"]
-            .as_str()
-            .expect("alloc_conf")
-            .to_string();
-        let fraction = fixture["memory_fraction"].as_f64().expect("fraction");
-        if fraction < 1.0 {
-            if !conf.is_empty() {
-                conf.push(',');
-            }
-            conf.push_str(&format!("per_process_memory_fraction:{fraction}"));
-        }
+        let fixture = trace_fixture(&path);
+        let (total, conf) = (fixture.total, fixture.conf.clone());
         let mut recording = recorder_on(SimDevice::new(total), &conf, None);
-        let mut unseen_empty_caches = 0;
-        // Where the empty_cache() calls the trace shows end.
-        let mut ends: Vec<usize> = Vec::new();
-        for trace in fixture["traces"].as_array().expect("traces") {
-            let mut slots: std::collections::BTreeMap<u64, Allocation> = Default::default();
-            for step in trace["ops"].as_array().expect("ops") {
-                let op = step["op"].as_array().expect("op");
-                match op[0].as_str().expect("op name") {
-                    "alloc" => {
-                        let slot = op[1].as_u64().expect("slot");
-                        let size = op[2].as_u64().expect("size");
-                        let stream = if op[3..].iter().any(|mark| mark == "stream1") {
-                            SIDE
-                        } else {
-                            0
-                        };
-                        if let Ok(new) = recording.malloc_on(stream, size) {
-                            if let Some(old) = slots.insert(slot, new) {
-                                recording.free(old).expect("free");
-                            }
-                        }
-                    }
-                    "free" => {
-                        if let Some(old) = slots.remove(&op[1].as_u64().expect("slot")) {
-                            recording.free(old).expect("free");
-                        }
-                    }
-                    "empty_cache" => {
-                        let before = recording.trace().len();
-                        recording.empty_cache().expect("empty_cache");
-                        if recording.trace().len() == before {
-                            // Nothing released: the trace does not show it.
-                            unseen_empty_caches += 1;
-                        } else {
-                            ends.push(recording.trace().len());
-                        }
-                    }
-                    other => panic!("unknown op {other}"),
-                }
-            }
-        }
+        let (ends, unseen_empty_caches) = run_trace_ops(&mut recording, &fixture);
         let name = path
             .file_name()
             .expect("name")
