@@ -544,7 +544,12 @@ mod self_replay {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { max_shrink_iters: 2000, ..ProptestConfig::default() })]
+        // A fixed seed: the same jobs on every run (PROPTEST_CASES=20000 for a deeper search).
+        #![proptest_config(ProptestConfig {
+            max_shrink_iters: 2000,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(16),
+            ..ProptestConfig::default()
+        })]
 
         #[test]
         fn a_self_replay_reproduces_every_counter_and_segment_event(
@@ -555,26 +560,27 @@ mod self_replay {
             let mut slots: Vec<Option<Allocation>> = vec![None; 12];
             let mut invisible_syncs = 0;
             let mut empty_cache_ends = Vec::new();
-            // Mallocs whose OOM path completed the free made just before them: the trace reads
-            // as that free made at once and the malloc's garbage collection releasing its
-            // segment, which the replay prefers where it gives the same releases (no retry, no
-            // synchronisation).
+            // Mallocs that complete a pending free and then release its segment: the trace
+            // reads the same whether garbage collection took the segment after the malloc's
+            // process_events completed the free (or after a free made at once, just before),
+            // or the OOM path completed the free and released it (a retry and a
+            // synchronisation more). The replay picks one reading (docs/allocator.md,
+            // "Replaying deferred frees"), so those counters may differ by one for each.
             let mut collected_or_flushed = 0_i64;
             let mut completion_only_ends = Vec::new();
             for op in &ops {
                 match *op {
                     Op::Alloc { slot, size, stream } => {
                         let before = recording.trace().len();
-                        let retries = recording.stats().num_alloc_retries;
                         let outcome = recording.malloc_on(stream, size);
-                        let entries = recording.trace().entries();
-                        let completes_the_last_free = before > 0
-                            && entries.get(before).is_some_and(|e| {
-                                e.action == EventKind::FreeCompleted
-                                    && entries[before - 1].action == EventKind::FreeRequested
-                                    && entries[before - 1].addr == e.addr
-                            });
-                        if completes_the_last_free && recording.stats().num_alloc_retries > retries {
+                        let added = &recording.trace().entries()[before..];
+                        let completion = added
+                            .iter()
+                            .position(|e| e.action == EventKind::FreeCompleted);
+                        let release = added.iter().rposition(|e| {
+                            matches!(e.action, EventKind::SegmentFree | EventKind::SegmentUnmap)
+                        });
+                        if completion.zip(release).is_some_and(|(c, r)| c < r) {
                             collected_or_flushed += 1;
                         }
                         if let Ok(new) = outcome {
@@ -620,6 +626,10 @@ mod self_replay {
             let name = "self-replay";
             let path = dump(&recording, name, &[]);
             let report = replayed(&path, Some(&conf));
+            // Thousands of cases: leave no snapshot behind.
+            if let Some(folder) = path.parent() {
+                let _ = std::fs::remove_dir_all(folder);
+            }
             let entries = recording.trace().entries();
             let malloc_at = |end: &&usize| {
                 entries.get(**end).is_some_and(|e| {
@@ -634,13 +644,15 @@ mod self_replay {
             let retries = recording.stats().num_alloc_retries;
             let replayed_retries = report.stat("num_alloc_retries");
             prop_assert!(
-                (retries - collected_or_flushed..=retries + then_malloc).contains(&replayed_retries),
+                (retries - collected_or_flushed..=retries + then_malloc + collected_or_flushed)
+                    .contains(&replayed_retries),
                 "num_alloc_retries: recorded {retries}, replayed {replayed_retries}\n{report}"
             );
             let syncs = recording.stats().num_sync_all_streams - invisible_syncs;
             let replayed_syncs = report.stat("num_sync_all_streams");
             prop_assert!(
-                (syncs - then_malloc - collected_or_flushed..=syncs).contains(&replayed_syncs),
+                (syncs - then_malloc - collected_or_flushed..=syncs + collected_or_flushed)
+                    .contains(&replayed_syncs),
                 "num_sync_all_streams: recorded {syncs}, replayed {replayed_syncs}\n{report}"
             );
             let mut wrong = Vec::new();

@@ -51,6 +51,31 @@ impl CachingAllocator {
     /// memory; a request is taken to fit when that many bytes, in the device's 2 MiB pages,
     /// are free (the simulated device's rule).
     pub fn malloc_outlook(&self, stream: StreamId, size: u64) -> MallocOutlook {
+        self.outlook_with(stream, size, &[])
+    }
+
+    /// [`CachingAllocator::malloc_outlook`] had the pending frees of `completed` completed
+    /// just now (their blocks back in the cache, merged, as young as a block can be). A replay
+    /// asks it to tell a free made just before a malloc from a deferred free that the malloc
+    /// completed itself (the trace reads the same; the retry and synchronisation counts, and
+    /// the order of completions, differ).
+    pub fn malloc_outlook_if_completed(
+        &self,
+        stream: StreamId,
+        size: u64,
+        completed: &[Allocation],
+    ) -> MallocOutlook {
+        if completed
+            .iter()
+            .any(|&allocation| self.pending_block_would_serve(allocation, stream, size))
+        {
+            return MallocOutlook::Cached;
+        }
+        self.outlook_with(stream, size, completed)
+    }
+
+    /// The outlook, with the pending frees of `completed` taken as completed.
+    fn outlook_with(&self, stream: StreamId, size: u64, completed: &[Allocation]) -> MallocOutlook {
         if size == 0 || size >= super::ONE_EXABYTE {
             return MallocOutlook::Cached;
         }
@@ -66,11 +91,15 @@ impl CachingAllocator {
         if self.find_free_block(request).is_some() {
             return MallocOutlook::Cached;
         }
+        let young: Vec<FreeKey> = completed
+            .iter()
+            .filter_map(|&allocation| self.whole_segment_once_completed(allocation))
+            .collect();
         // get_free_block ticks the clock of the request's pool before the collector reads
         // the default large pool's.
         let tick = u64::from(request.owner == DEFAULT_OWNER && request.pool == Pool::Large);
         let mut released: Vec<(BlockId, u64)> = if self.garbage_collection_enabled() {
-            self.collection_plan(tick, &[])
+            self.collection_plan(tick, &young)
         } else {
             Vec::new()
         };
@@ -88,7 +117,7 @@ impl CachingAllocator {
                 flush: !self.capture_underway(),
             };
         }
-        if self.available_release_plan(request, &mut released)
+        if self.available_release_plan(request, &young, &mut released)
             && self.new_memory_fits(request, &released)
         {
             return MallocOutlook::Release {
@@ -128,32 +157,46 @@ impl CachingAllocator {
     /// What `release_available_cached_blocks` would release (added to `released`), and
     /// whether it reports success: with `max_split_size_mb` set, the smallest cached oversize
     /// block of the request's stream covering the request, else the largest ones in turn.
-    fn available_release_plan(&self, request: Request, released: &mut Vec<(BlockId, u64)>) -> bool {
+    /// `young` are whole default large-pool segments taken to be cached too (pending frees
+    /// read as completed).
+    fn available_release_plan(
+        &self,
+        request: Request,
+        young: &[FreeKey],
+        released: &mut Vec<(BlockId, u64)>,
+    ) -> bool {
         if !self.config.has_split_limit() {
             return false;
         }
         let max_split_size = self.config.max_split_size;
         let target = request.size.max(max_split_size);
-        let key = (request.stream, target, 0, 0);
-        let pool = self.pool_ref(request.owner, request.pool);
+        let key: FreeKey = (request.stream, target, 0, 0);
         let gone = |id: BlockId, released: &[(BlockId, u64)]| {
             released.iter().any(|&(other, _)| other == id)
         };
-        let found = pool
-            .from_key(key)
-            .find(|&(_, _, _, id)| !gone(id, released));
-        if let Some((stream, size, _, id)) = found {
+        // The pool's free blocks in its (stream, size, address) order, the young ones among
+        // them, less those released already.
+        let in_pool = request.owner == DEFAULT_OWNER && request.pool == Pool::Large;
+        let mut keys: Vec<FreeKey> = self
+            .pool_ref(request.owner, request.pool)
+            .iter()
+            .chain(young.iter().copied().filter(|_| in_pool))
+            .filter(|&(_, _, _, id)| !gone(id, released))
+            .collect();
+        keys.sort_unstable();
+        let first_at_or_above = keys.partition_point(|&other| other < key);
+        if let Some(&(stream, size, _, id)) = keys.get(first_at_or_above) {
             if stream == request.stream && !self.blocks.at(id).is_expandable() {
                 released.push((id, size));
                 return true;
             }
         }
         let mut total = 0;
-        for (stream, size, _, id) in pool.before_key(key) {
+        for &(stream, size, _, id) in keys[..first_at_or_above].iter().rev() {
             if total >= target || size < max_split_size || stream != request.stream {
                 break;
             }
-            if !self.blocks.at(id).is_expandable() && !gone(id, released) {
+            if !self.blocks.at(id).is_expandable() {
                 total += size;
                 released.push((id, size));
             }
@@ -240,50 +283,6 @@ impl CachingAllocator {
                 && merged >= rounded.wrapping_add(self.config.max_non_split_rounding_size))
     }
 
-    /// What garbage collection alone would do for `malloc_on(stream, size)` had the pending
-    /// frees of `completed` completed just now (their blocks back in the cache, merged, as
-    /// young as a block can be): the sizes of the segments it would release, in order, when it
-    /// releases some and new memory then fits; `None` when the malloc would be served from the
-    /// cache, collect nothing, or still need its OOM path. A replay asks it to tell a free right
-    /// before a malloc that collected its segment from a deferred free that the malloc's OOM
-    /// path completed (the trace reads the same; only the retry count differs).
-    pub fn collection_if_completed(
-        &self,
-        stream: StreamId,
-        size: u64,
-        completed: &[Allocation],
-    ) -> Option<Vec<u64>> {
-        if !self.garbage_collection_enabled() || size == 0 || size >= super::ONE_EXABYTE {
-            return None;
-        }
-        let rounded = self.round_size(size);
-        let request = Request {
-            stream,
-            size: rounded,
-            pool: Self::pool_for(rounded),
-            owner: self.pools.route(stream),
-            alloc_size: self.allocation_size(rounded),
-            expandable: self.expandable_active(),
-        };
-        if self.find_free_block(request).is_some()
-            || completed
-                .iter()
-                .any(|&allocation| self.pending_block_would_serve(allocation, stream, size))
-        {
-            return None;
-        }
-        let tick = u64::from(request.owner == DEFAULT_OWNER && request.pool == Pool::Large);
-        let young: Vec<FreeKey> = completed
-            .iter()
-            .filter_map(|&allocation| self.whole_segment_once_completed(allocation))
-            .collect();
-        let released = self.collection_plan(tick, &young);
-        if released.is_empty() || !self.new_memory_fits(request, &released) {
-            return None;
-        }
-        Some(released.iter().map(|&(_, size)| size).collect())
-    }
-
     /// The key (stream, size, address, block) the block of `allocation`, a pending free in the
     /// default large pool, would have in its pool once completed and merged — when that makes
     /// a whole, unsplit segment that garbage collection could release.
@@ -295,7 +294,7 @@ impl CachingAllocator {
         if block.owner != DEFAULT_OWNER || block.pool != Pool::Large || block.is_expandable() {
             return None;
         }
-        let (mut size, mut base) = (block.size, block.ptr);
+        let (mut size, mut base, mut head) = (block.size, block.ptr, allocation.id);
         for neighbour in [block.prev, block.next] {
             if neighbour == NIL {
                 continue;
@@ -310,9 +309,12 @@ impl CachingAllocator {
                 return None;
             }
             size += other.size;
-            base = base.min(other.ptr);
+            if neighbour == block.prev {
+                (base, head) = (other.ptr, neighbour);
+            }
         }
-        Some((block.stream, size, base, allocation.id))
+        // Keyed by the segment's head block, as the merged block would be known.
+        Some((block.stream, size, base, head))
     }
 
     /// The sizes of the segments `garbage_collect_cached_blocks` would release now, in its
@@ -484,7 +486,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pending_free_read_as_completed_can_be_collected() {
+    fn a_pending_free_read_as_completed_can_be_collected_or_released() {
         let mut a = allocator("garbage_collection_threshold:0.5", 1 << 30);
         let total = a.device().total_memory() as f64;
         a.set_memory_fraction(100.0 * MIB as f64 / total)
@@ -494,30 +496,37 @@ mod tests {
         a.device_mut().sleep(7, 1).expect("work");
         a.free(x).expect("deferred");
         // Pending, the block is nothing the collector can take: the OOM path must flush it.
-        assert_eq!(
-            a.malloc_outlook(0, 62 * MIB),
-            MallocOutlook::Release {
-                released: Some(vec![60 * MIB]),
-                flush: true
-            }
-        );
+        let flushed = MallocOutlook::Release {
+            released: Some(vec![60 * MIB]),
+            flush: true,
+        };
+        assert_eq!(a.malloc_outlook(0, 62 * MIB), flushed);
+        assert_eq!(a.malloc_outlook_if_completed(0, 62 * MIB, &[]), flushed);
         // Completed just before the malloc, the collector takes its whole segment.
         assert_eq!(
-            a.collection_if_completed(0, 62 * MIB, &[x]),
-            Some(vec![60 * MIB])
+            a.malloc_outlook_if_completed(0, 62 * MIB, &[x]),
+            MallocOutlook::Collect(vec![60 * MIB])
         );
-        assert_eq!(a.collection_if_completed(0, 62 * MIB, &[]), None);
         assert_eq!(
-            a.collection_if_completed(0, 50 * MIB, &[x]),
-            None,
+            a.malloc_outlook_if_completed(0, 50 * MIB, &[x]),
+            MallocOutlook::Cached,
             "it would serve the malloc from the cache"
         );
-        let y = a.malloc(20 * MIB).expect("alloc");
-        a.free(y).expect("free");
+        // With max_split_size_mb, release_available_cached_blocks takes it: oversize, it
+        // does not serve a request below the limit, and 60 + 30 MiB pass the 80 allowed.
+        let mut b = allocator("max_split_size_mb:40", 1 << 30);
+        b.set_memory_fraction(80.0 * MIB as f64 / total)
+            .expect("fraction");
+        let y = b.malloc(60 * MIB).expect("alloc");
+        b.record_stream(y, 7).expect("record");
+        b.device_mut().sleep(7, 1).expect("work");
+        b.free(y).expect("deferred");
         assert_eq!(
-            a.collection_if_completed(0, 2 * MIB, &[x]),
-            None,
-            "the cached 20 MiB serves it"
+            b.malloc_outlook_if_completed(0, 30 * MIB, &[y]),
+            MallocOutlook::Release {
+                released: Some(vec![60 * MIB]),
+                flush: false
+            }
         );
     }
 

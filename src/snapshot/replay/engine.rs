@@ -22,9 +22,10 @@
 //! when a release of the same malloc comes before it in the trace, or when the malloc found
 //! nothing cached (the trace shows new memory or an OOM) and the releases its OOM path would
 //! make with the block still pending are the recorded ones — unless the completion came right
-//! after its `free_requested` and the malloc's garbage collection, the free made at once,
-//! would make the same releases: the trace reads the same, and the free made at once is the
-//! likelier (docs/allocator.md, "Replaying deferred frees").
+//! after its `free_requested` and the malloc's garbage collection or
+//! `release_available_cached_blocks`, the free made at once, would make the same releases:
+//! the trace reads the same, and the free made at once is the likelier (docs/allocator.md,
+//! "Replaying deferred frees").
 //!
 //! # Releases and `empty_cache()`
 //!
@@ -433,17 +434,15 @@ impl Engine {
                 let size = non_negative(event.size, "size")?;
                 match self.outlook(event)? {
                     // Unless every completion comes right after its `free_requested` and the
-                    // garbage collection of the malloc, had they been frees made at once,
-                    // would make the releases: the trace reads the same, and a free made at
-                    // once is the likelier.
+                    // malloc, had they been frees made at once, would make the same releases:
+                    // the trace reads the same, and a free made at once is the likelier.
                     MallocOutlook::Release {
                         released: Some(sizes),
                         flush: true,
                     } => {
                         sizes == run.release_sizes
                             && (run.adjacent < run.leading.len() as u64
-                                || self.collection_if_completed(event, &run.leading)?.as_ref()
-                                    != Some(&run.release_sizes))
+                                || !self.releases_if_completed(event, &run)?)
                     }
                     MallocOutlook::Release {
                         released: None,
@@ -527,24 +526,28 @@ impl Engine {
         Ok(outlook)
     }
 
-    /// What garbage collection alone would release for the malloc of `event`, routed as it
-    /// will be, had the pending frees of `completed` completed just before it
-    /// ([`CachingAllocator::collection_if_completed`]).
-    fn collection_if_completed(
-        &mut self,
-        event: &RawEvent,
-        completed: &[(StreamId, Allocation)],
-    ) -> Result<Option<Vec<u64>>, String> {
+    /// Whether the malloc of `event`, routed as it will be, would make exactly the releases of
+    /// `run` had its leading deferred frees completed just before it
+    /// ([`CachingAllocator::malloc_outlook_if_completed`]).
+    fn releases_if_completed(&mut self, event: &RawEvent, run: &Run) -> Result<bool, String> {
         let size = non_negative(event.size, "size")?;
         let stream = event.stream as u64;
         let pool = self.route(event);
-        let allocations: Vec<Allocation> = completed.iter().map(|&(_, a)| a).collect();
+        let allocations: Vec<Allocation> = run.leading.iter().map(|&(_, a)| a).collect();
         self.enter_pool(pool, stream)?;
-        let released = self
+        let outlook = self
             .allocator
-            .collection_if_completed(stream, size, &allocations);
+            .malloc_outlook_if_completed(stream, size, &allocations);
         self.leave_pool(pool)?;
-        Ok(released)
+        Ok(match outlook {
+            MallocOutlook::Collect(sizes)
+            | MallocOutlook::Release {
+                released: Some(sizes),
+                ..
+            } => sizes == run.release_sizes,
+            MallocOutlook::Release { released: None, .. } => false,
+            MallocOutlook::Cached | MallocOutlook::NewMemory => run.release_sizes.is_empty(),
+        })
     }
 
     /// After a malloc: completions PyTorch made on its OOM path that the replayed malloc did
