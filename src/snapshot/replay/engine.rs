@@ -22,10 +22,9 @@
 //! when a release of the same malloc comes before it in the trace, or when the malloc found
 //! nothing cached (the trace shows new memory or an OOM) and the releases its OOM path would
 //! make with the block still pending are the recorded ones — unless the completion came right
-//! after its `free_requested` and the malloc's garbage collection or
-//! `release_available_cached_blocks`, the free made at once, would make the same releases:
-//! the trace reads the same, and the free made at once is the likelier (docs/allocator.md,
-//! "Replaying deferred frees").
+//! after its `free_requested` and the malloc, the free made at once, would make the same
+//! releases: the trace reads the same, and the free made at once is the likelier
+//! (docs/allocator.md, "Replaying deferred frees").
 //!
 //! # Releases and `empty_cache()`
 //!
