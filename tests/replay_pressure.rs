@@ -310,9 +310,9 @@ fn a_segment_freed_and_made_again_in_one_step_is_two_events() {
     assert_eq!(
         segment_events,
         [
-            ("segment_alloc", a.ptr, 24 * MIB),
-            ("segment_free", a.ptr, 24 * MIB),
-            ("segment_alloc", b.ptr, 24 * MIB)
+            ("segment_alloc", a.ptr.addr(), 24 * MIB),
+            ("segment_free", a.ptr.addr(), 24 * MIB),
+            ("segment_alloc", b.ptr.addr(), 24 * MIB)
         ]
     );
     assert_eq!(a.ptr, b.ptr, "the driver hands the same range back");

@@ -258,7 +258,7 @@ impl CachingAllocator {
         let Some(block) = self
             .blocks
             .get(allocation.id)
-            .filter(|block| block.pending_free && block.ptr == allocation.ptr)
+            .filter(|block| block.pending_free && block.ptr == allocation.ptr.addr())
         else {
             return false;
         };
@@ -290,7 +290,7 @@ impl CachingAllocator {
         let block = self
             .blocks
             .get(allocation.id)
-            .filter(|block| block.pending_free && block.ptr == allocation.ptr)?;
+            .filter(|block| block.pending_free && block.ptr == allocation.ptr.addr())?;
         if block.owner != DEFAULT_OWNER || block.pool != Pool::Large || block.is_expandable() {
             return None;
         }

@@ -53,7 +53,7 @@ impl CachingAllocator {
             return Ok(());
         }
         let own = match self.blocks.get(allocation.id) {
-            Some(block) if block.allocated && block.ptr == allocation.ptr => block.stream,
+            Some(block) if block.allocated && block.ptr == allocation.ptr.addr() => block.stream,
             _ => {
                 return Err(AllocError::UnknownAllocation(format!(
                     "record_stream: no live allocation at {:#x}",
@@ -333,7 +333,7 @@ mod tests {
             .expect("work on the side stream");
         let mark = a.trace().len();
         a.free(x).expect("free");
-        assert_eq!(history(&a, mark), [("free_requested", x.ptr)]);
+        assert_eq!(history(&a, mark), [("free_requested", x.ptr.addr())]);
         assert_eq!(get(&a, "allocated_bytes.all.current"), 0);
         assert_eq!(get(&a, "allocation.all.current"), 0);
         assert_eq!(get(&a, "active_bytes.all.current"), x.size as i64);
@@ -344,7 +344,10 @@ mod tests {
             1,
             "the 20 MiB segment's rest"
         );
-        assert_eq!(state_of(&a, x.ptr), Some(BlockState::ActivePendingFree));
+        assert_eq!(
+            state_of(&a, x.ptr.addr()),
+            Some(BlockState::ActivePendingFree)
+        );
         assert_eq!(
             a.pending_frees(),
             PendingFrees {
@@ -356,7 +359,7 @@ mod tests {
         a.check_invariants().expect("consistent");
         // Not reusable while the side stream works: the same request takes the free rest.
         let y = a.malloc(MIB + 512).expect("alloc");
-        assert_ne!(y.ptr, x.ptr);
+        assert_ne!(y.ptr.addr(), x.ptr.addr());
         assert_eq!(a.pending_frees().blocks, 1);
         // Synchronising completes the stream's work, not the free: the next malloc does.
         a.synchronize_stream(SIDE).expect("sync");
@@ -365,10 +368,10 @@ mod tests {
         let z = a.malloc(MIB + 512).expect("alloc");
         assert_eq!(
             history(&a, mark),
-            [("free_completed", x.ptr), ("alloc", x.ptr)],
+            [("free_completed", x.ptr.addr()), ("alloc", x.ptr.addr())],
             "process_events at the start of malloc, then the freed block is the best fit"
         );
-        assert_eq!(z.ptr, x.ptr);
+        assert_eq!(z.ptr.addr(), x.ptr.addr());
         assert_eq!(a.pending_frees(), PendingFrees::default());
         assert_eq!(
             get(&a, "active_bytes.all.current"),
@@ -389,7 +392,7 @@ mod tests {
         assert_eq!(get(&a, "requested_bytes.all.current"), 4096);
         let mark = a.trace().len();
         let _ = a.malloc(8192).expect("alloc");
-        assert_eq!(history(&a, mark)[0], ("free_completed", x.ptr));
+        assert_eq!(history(&a, mark)[0], ("free_completed", x.ptr.addr()));
         assert_eq!(get(&a, "active.all.current"), 1);
         a.check_invariants().expect("consistent");
     }
@@ -429,7 +432,10 @@ mod tests {
         a.synchronize_stream(5).expect("sync");
         let _ = a.malloc(512).expect("alloc");
         assert_eq!(a.pending_frees().events, 1, "stream 6 still works");
-        assert_eq!(state_of(&a, x.ptr), Some(BlockState::ActivePendingFree));
+        assert_eq!(
+            state_of(&a, x.ptr.addr()),
+            Some(BlockState::ActivePendingFree)
+        );
         a.synchronize_device().expect("sync");
         let _ = a.malloc(512).expect("alloc");
         assert_eq!(a.pending_frees(), PendingFrees::default());
@@ -499,7 +505,10 @@ mod tests {
         a.empty_cache().expect("empty");
         assert_eq!(
             history(&a, mark),
-            [("free_completed", x.ptr), ("segment_free", x.ptr)]
+            [
+                ("free_completed", x.ptr.addr()),
+                ("segment_free", x.ptr.addr())
+            ]
         );
         assert_eq!(get(&a, "num_sync_all_streams"), 1);
         assert_eq!(get(&a, "reserved_bytes.all.current"), 0);
@@ -525,10 +534,10 @@ mod tests {
         assert_eq!(
             history(&a, mark),
             [
-                ("free_completed", x.ptr),
-                ("segment_free", x.ptr),
-                ("segment_alloc", y.ptr),
-                ("alloc", y.ptr)
+                ("free_completed", x.ptr.addr()),
+                ("segment_free", x.ptr.addr()),
+                ("segment_alloc", y.ptr.addr()),
+                ("alloc", y.ptr.addr())
             ]
         );
         assert_eq!(get(&a, "num_alloc_retries"), 1);
@@ -547,7 +556,11 @@ mod tests {
         a.device_mut().sleep(SIDE, 1).expect("sleep");
         a.free(x).expect("free");
         let y = a.malloc(20 * MIB).expect("alloc");
-        assert_eq!(y.ptr, x.ptr + 20 * MIB, "mapped after the pending block");
+        assert_eq!(
+            y.ptr.addr(),
+            x.ptr.addr() + 20 * MIB,
+            "mapped after the pending block"
+        );
         assert_eq!(get(&a, "reserved_bytes.all.current"), 40 * MIB as i64);
         a.check_invariants().expect("consistent");
         a.empty_cache().expect("empty");
