@@ -175,9 +175,10 @@ enum Command {
         /// search in 2 MiB steps), for each config.
         #[arg(long)]
         min_capacity: bool,
-        /// Where segments are placed: where PyTorch's driver put them (recorded), or the
-        /// simulator's own model (model).
-        #[arg(long, value_enum, default_value_t = PlacementArg::Recorded)]
+        /// Where segments are placed: where PyTorch's driver put them (recorded), the
+        /// simulator's own model (model), or recorded when the replay follows the recorded
+        /// config and the model under any other (auto).
+        #[arg(long, value_enum, default_value_t = PlacementArg::Auto)]
         placement: PlacementArg,
         /// Also draw the replay's allocated and reserved memory over its events to FILE (.svg
         /// or .png).
@@ -196,6 +197,9 @@ enum Command {
 /// `--placement`.
 #[derive(Clone, Copy, ValueEnum)]
 enum PlacementArg {
+    /// Recorded when the replay follows the recorded config (the memory fraction aside, which
+    /// PyTorch does not record), the model otherwise.
+    Auto,
     /// Where PyTorch's driver placed the same segment, when the trace shows it.
     Recorded,
     /// The simulator's placement model.
@@ -326,6 +330,7 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
             min_capacity,
             json,
             placement: match placement {
+                PlacementArg::Auto => gpumem::snapshot::replay::Placement::Auto,
                 PlacementArg::Recorded => gpumem::snapshot::replay::Placement::Recorded,
                 PlacementArg::Model => gpumem::snapshot::replay::Placement::Model,
             },

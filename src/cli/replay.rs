@@ -56,7 +56,7 @@ pub struct ReplayArgs {
     pub min_capacity: bool,
     /// `--json`.
     pub json: bool,
-    /// `--placement model`.
+    /// `--placement`.
     pub placement: Placement,
     /// `--timeline` and `--report`.
     pub outputs: super::Outputs,
@@ -139,7 +139,6 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         gpumem::snapshot::replay::replay_observed(
             &args.file,
             &report,
-            args.placement,
             vec![Box::new(Rc::clone(&recorder))],
         )
         .map_err(|error| replay_error(&args.file, error))?;

@@ -6,7 +6,8 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use super::compare::SegmentComparison;
-use super::engine::{Counts, FirstOom};
+use super::engine::{Counts, FirstOom, PoolRoutes};
+use super::Placement;
 use crate::alloc::format::format_size;
 use crate::alloc::{AllocConf, DeviceStats};
 
@@ -77,6 +78,10 @@ pub struct ReplayReport {
     pub conf: AllocConf,
     /// Where that came from.
     pub conf_source: ConfSource,
+    /// Where segments were placed: [`Placement::Recorded`] or [`Placement::Model`].
+    pub placement: Placement,
+    /// Which allocations went to private pools (from the file's segments).
+    pub routes: PoolRoutes,
     /// What was replayed.
     pub counts: Counts,
     /// The first OOM, if any.
@@ -117,6 +122,7 @@ impl ReplayReport {
             "capacity_source": self.capacity_source,
             "alloc_conf": self.alloc_conf,
             "conf_source": self.conf_source,
+            "placement": self.placement,
             "fits": self.fits(),
             "counts": self.counts,
             "first_oom": self.first_oom,
@@ -155,11 +161,30 @@ impl fmt::Display for ReplayReport {
             format_size(self.capacity)
         )?;
         writeln!(f, "  allocator conf  {conf} ({conf_note})")?;
+        let placement = match self.placement {
+            Placement::Recorded => "recorded addresses (the replay follows the recorded config)",
+            _ => "the simulator's model (a config other than the recorded one)",
+        };
+        writeln!(f, "  placement       {placement}")?;
         writeln!(
             f,
             "  events          {} ({} alloc, {} free_completed, {} still pending at the end)",
             counts.events, counts.allocs, counts.frees, counts.pending_frees
         )?;
+        if counts.deferred_frees > 0 {
+            writeln!(
+                f,
+                "                  {} frees deferred by record_stream (allocated falls at free_requested)",
+                counts.deferred_frees
+            )?;
+        }
+        if counts.pooled_allocs > 0 {
+            writeln!(
+                f,
+                "                  {} allocations in private pools (by the file's segment_pool_id)",
+                counts.pooled_allocs
+            )?;
+        }
         if counts.other_device_events > 0 {
             writeln!(
                 f,
