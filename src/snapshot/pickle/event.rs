@@ -162,7 +162,7 @@ impl<'a> Fast<'a> {
             op::MEMOIZE => {
                 self.at += 1;
                 let id = self.next_id;
-                self.next_id += 1;
+                self.next_id = self.next_id.saturating_add(1);
                 id
             }
             op::BINPUT => {
@@ -189,7 +189,7 @@ impl<'a> Fast<'a> {
         if let Some((_, value)) = self.puts.iter().rev().find(|(put, _)| *put == id) {
             return Some(value.clone());
         }
-        self.memo.get(id)
+        self.memo.value(id)
     }
 
     /// A string, stored in the memo too if a memo opcode follows it.

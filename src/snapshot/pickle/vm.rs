@@ -3,17 +3,39 @@
 //! `action` key appended to a list is a trace event and is handed to the caller as soon as it
 //! is complete instead of being kept. Memory stays in proportion to what is not a trace
 //! event (segments, settings), whatever the trace's length.
+//!
+//! Every value on the machine's stack carries its nesting depth and the memory it holds, so
+//! the limits of [`ReadLimits`] hold as the values are built: no input nests deeper than the
+//! depth limit (values are dropped and compared recursively), holds more memory than its
+//! allowance, or makes the machine copy or scan more than its work allowance.
 
 use std::io::Read;
 use std::rc::Rc;
 
 use super::event::{event_from_dict, fast_event, long, RawEvent};
 use super::input::{Input, InputError};
-use super::value::{List, Memo, Value};
+use super::limits::{Budget, ReadLimits, Refusal};
+use super::value::{List, Memo, MemoEntry, Value};
 
 /// Look-ahead the event fast path wants in the buffer: events larger than this are parsed
 /// generically.
 const EVENT_WINDOW: usize = 64 << 10;
+
+/// Bytes the reader's accounting charges for one value wherever it is (a stack slot, an item
+/// of a container, half a dict entry): twice a stack slot's size, for the spare capacity of
+/// the vector that holds it.
+const VALUE_BYTES: u64 = 2 * std::mem::size_of::<Slot>() as u64;
+
+/// Bytes charged for a memo entry beside its value: the hash table's key, control bytes and
+/// spare capacity.
+const MEMO_ENTRY_BYTES: u64 = 2 * (std::mem::size_of::<MemoEntry>() as u64 + 8);
+
+/// Bytes charged for one MARK, or for one memoized container waiting to be complete.
+const MARK_BYTES: u64 = 16;
+
+/// The longest integer argument (`LONG1`/`LONG4`) whose bytes are read: anything longer is
+/// far outside 64 bits, skipped and read as [`Value::BigInt`].
+const LONGEST_INT: u64 = 16;
 
 /// Why unpickling stopped.
 #[derive(Debug)]
@@ -23,6 +45,15 @@ pub enum StreamError<E> {
         /// Byte offset of the problem.
         offset: u64,
         /// What is wrong.
+        message: String,
+        /// Trace events handed out before it.
+        events: u64,
+    },
+    /// The file asks for more than the reader's limits allow.
+    Limit {
+        /// Byte offset where a limit was reached.
+        offset: u64,
+        /// Which limit, with its value.
         message: String,
         /// Trace events handed out before it.
         events: u64,
@@ -128,10 +159,42 @@ pub(super) mod op {
     ];
 }
 
+/// A value on the machine's stack, with what the limits need to know of it.
+#[derive(Debug, Clone)]
+struct Slot {
+    value: Value,
+    /// Levels of containers in it: 0 for a scalar or a string, 1 for a container of those.
+    depth: u32,
+    /// Bytes of memory it holds by the reader's accounting, held in the budget while the slot
+    /// lives.
+    cost: u64,
+}
+
+/// Bytes a value holds beside its slot: a string's text, a list's box, an event's box.
+fn payload(value: &Value) -> u64 {
+    match value {
+        Value::Str(text) => text.len() as u64,
+        Value::List(_) => std::mem::size_of::<List>() as u64,
+        Value::Event(_) => std::mem::size_of::<RawEvent>() as u64,
+        _ => 0,
+    }
+}
+
+/// Whether a value is a container (it nests one level).
+fn is_container(value: &Value) -> bool {
+    matches!(value, Value::List(_) | Value::Dict(_) | Value::Tuple(_))
+}
+
+/// Values copied or scanned when a value costing `cost` is copied or scanned whole (every
+/// value costs at least [`VALUE_BYTES`]).
+fn nodes(cost: u64) -> u64 {
+    cost / VALUE_BYTES + 1
+}
+
 /// The pickle machine.
 pub struct Unpickler<R, F> {
     input: Input<R>,
-    stack: Vec<Value>,
+    stack: Vec<Slot>,
     marks: Vec<usize>,
     memo: Memo,
     /// Containers on the stack that were memoized while empty: (stack position, memo id).
@@ -142,12 +205,14 @@ pub struct Unpickler<R, F> {
     handler: F,
     /// Whether trace events stay in their lists as dicts (reading a whole pickle).
     whole: bool,
+    budget: Budget,
 }
 
 type Step<E> = Result<(), StreamError<E>>;
 
 impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
-    /// An unpickler reading `reader` and handing each trace event to `handler`.
+    /// An unpickler reading `reader` (of unknown size, under the default limits) and handing
+    /// each trace event to `handler`.
     pub fn new(reader: R, handler: F) -> Self {
         Unpickler {
             input: Input::new(reader),
@@ -159,6 +224,7 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
             events: 0,
             handler,
             whole: false,
+            budget: Budget::new(ReadLimits::default(), None),
         }
     }
 
@@ -171,6 +237,14 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
         unpickler
     }
 
+    /// The same unpickler under `limits`, reading a stream of `size` bytes when that is known
+    /// (declared lengths are then checked against it, and the allowances follow it).
+    pub fn with_limits(mut self, limits: ReadLimits, size: Option<u64>) -> Self {
+        self.input.set_size(size);
+        self.budget = Budget::new(limits, size);
+        self
+    }
+
     /// Trace events handed out so far.
     pub fn events(&self) -> u64 {
         self.events
@@ -181,12 +255,25 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
         self.input.offset()
     }
 
+    /// The memory and work spent so far, by the reader's accounting.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
     fn corrupt<T>(&self, message: impl Into<String>) -> Result<T, StreamError<E>> {
         Err(StreamError::Pickle {
             offset: self.input.offset(),
             message: message.into(),
             events: self.events,
         })
+    }
+
+    fn refused(&self, refusal: Refusal) -> StreamError<E> {
+        StreamError::Limit {
+            offset: refusal.offset,
+            message: refusal.message,
+            events: self.events,
+        }
     }
 
     fn input_error(&self, error: InputError) -> StreamError<E> {
@@ -196,161 +283,327 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
                 message: "the pickle ends early (the file is truncated)".into(),
                 events: self.events,
             },
+            InputError::TooLong {
+                offset,
+                declared,
+                left,
+            } => StreamError::Limit {
+                offset,
+                message: format!(
+                    "an argument of {declared} bytes is declared, but only {left} bytes are left in the file"
+                ),
+                events: self.events,
+            },
             InputError::Io(error) => StreamError::Io(error),
         }
     }
 
-    fn pop(&mut self) -> Result<Value, StreamError<E>> {
+    /// Holds `bytes` more of memory in the budget.
+    fn hold(&mut self, bytes: u64) -> Step<E> {
+        let offset = self.input.offset();
+        self.budget
+            .hold(bytes, offset)
+            .map_err(|refusal| self.refused(refusal))
+    }
+
+    /// Spends `units` of work in the budget.
+    fn spend(&mut self, units: u64) -> Step<E> {
+        let offset = self.input.offset();
+        self.budget
+            .spend(units, offset)
+            .map_err(|refusal| self.refused(refusal))
+    }
+
+    /// Refuses a container `depth` levels deep when that is over the limit.
+    fn check_depth(&self, depth: u32) -> Step<E> {
+        self.budget
+            .check_depth(depth, self.input.offset())
+            .map_err(|refusal| self.refused(refusal))
+    }
+
+    /// Pushes a value that holds no other value (a scalar, a string, an empty container).
+    fn push(&mut self, value: Value) -> Step<E> {
+        let cost = VALUE_BYTES + payload(&value);
+        self.hold(cost)?;
+        let depth = u32::from(is_container(&value));
+        self.stack.push(Slot { value, depth, cost });
+        Ok(())
+    }
+
+    /// Pushes a container made of `items` (whose memory is held already).
+    fn push_built(&mut self, items: Vec<Slot>, build: impl FnOnce(Vec<Value>) -> Value) -> Step<E> {
+        let mut depth = 1;
+        let mut cost = VALUE_BYTES;
+        for item in &items {
+            depth = depth.max(item.depth.saturating_add(1));
+            cost = cost.saturating_add(item.cost);
+        }
+        self.check_depth(depth)?;
+        self.hold(VALUE_BYTES)?;
+        let value = build(items.into_iter().map(|slot| slot.value).collect());
+        self.stack.push(Slot { value, depth, cost });
+        Ok(())
+    }
+
+    fn pop(&mut self) -> Result<Slot, StreamError<E>> {
         let floor = self.marks.last().copied().unwrap_or(0);
         if self.stack.len() <= floor {
             return self.corrupt("an opcode needs a value and the stack has none");
         }
         let position = self.stack.len() - 1;
-        self.settle(position);
+        self.settle(position)?;
         match self.stack.pop() {
-            Some(value) => Ok(value),
+            Some(slot) => Ok(slot),
             None => self.corrupt("stack underflow"),
         }
     }
 
+    /// Pops a value and drops it, giving its memory back.
+    fn pop_and_drop(&mut self) -> Step<E> {
+        let slot = self.pop()?;
+        self.budget.release(slot.cost);
+        Ok(())
+    }
+
     /// Values since the last MARK, which is removed.
-    fn pop_mark(&mut self) -> Result<Vec<Value>, StreamError<E>> {
+    fn pop_mark(&mut self) -> Result<Vec<Slot>, StreamError<E>> {
         let Some(mark) = self.marks.pop() else {
             return self.corrupt("an opcode needs a MARK and there is none");
         };
-        self.settle(mark);
+        self.budget.release(MARK_BYTES);
+        self.settle(mark)?;
         Ok(self.stack.split_off(mark))
     }
 
     /// Tells the memo what the memoized containers at stack positions `from` and above hold
     /// now that they are complete.
-    fn settle(&mut self, from: usize) {
+    fn settle(&mut self, from: usize) -> Step<E> {
         while let Some(&(position, id)) = self.pending.last() {
             if position < from {
                 break;
             }
             self.pending.pop();
-            if let Some(value) = self.stack.get(position) {
-                self.memo.put(id, value);
-            }
+            self.budget.release(MARK_BYTES);
+            self.remember(id, position)?;
+        }
+        Ok(())
+    }
+
+    /// Takes the slot on top of the stack (above the last MARK) off the stack to change it,
+    /// without settling its memo entry: [`Unpickler::put_back`] returns it to its place.
+    fn take_top(&mut self) -> Result<Slot, StreamError<E>> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() <= floor {
+            return self.corrupt("an opcode needs a value and the stack has none");
+        }
+        match self.stack.pop() {
+            Some(slot) => Ok(slot),
+            None => self.corrupt("stack underflow"),
         }
     }
 
-    fn top(&mut self) -> Result<&mut Value, StreamError<E>> {
-        let floor = self.marks.last().copied().unwrap_or(0);
-        if self.stack.len() <= floor {
-            return Err(StreamError::Pickle {
-                offset: self.input.offset(),
-                message: "an opcode needs a value and the stack has none".into(),
-                events: self.events,
-            });
+    fn put_back(&mut self, slot: Slot) {
+        self.stack.push(slot);
+    }
+
+    /// Records the value at stack position `position` under memo id `id`, as the memo keeps
+    /// it, charging the copy or the scan to the budget.
+    fn remember(&mut self, id: u32, position: usize) -> Step<E> {
+        let offset = self.input.offset();
+        let Some(slot) = self.stack.get(position) else {
+            return Ok(());
+        };
+        let (depth, cost) = (slot.depth, slot.cost);
+        self.budget
+            .spend(nodes(cost), offset)
+            .map_err(|refusal| self.refused(refusal))?;
+        let whole = self.memo.keeps_containers();
+        let entry = self.memo.form(&slot.value).map(|value| {
+            let kept_whole = whole && depth > 0;
+            MemoEntry {
+                cost: if kept_whole {
+                    cost
+                } else {
+                    VALUE_BYTES + payload(&value)
+                },
+                depth: if kept_whole { depth } else { 0 },
+                value,
+            }
+        });
+        self.keep(id, entry)
+    }
+
+    /// Puts `entry` in the memo under `id`, holding its memory and giving back what it
+    /// replaces.
+    fn keep(&mut self, id: u32, entry: Option<MemoEntry>) -> Step<E> {
+        if let Some(entry) = &entry {
+            self.hold(entry.cost + MEMO_ENTRY_BYTES)?;
         }
-        match self.stack.last_mut() {
-            Some(value) => Ok(value),
-            None => unreachable!("the stack is longer than its floor"),
+        if let Some(old) = self.memo.put(id, entry) {
+            self.budget.release(old.cost + MEMO_ENTRY_BYTES);
         }
+        self.budget
+            .check_memo(self.memo.len(), self.input.offset())
+            .map_err(|refusal| self.refused(refusal))
     }
 
     fn memoize(&mut self, id: u32) -> Step<E> {
-        let position = self.stack.len().wrapping_sub(1);
-        let Some(value) = self.stack.last() else {
+        let Some(slot) = self.stack.last() else {
             return self.corrupt("memoize with an empty stack");
         };
-        self.memo.put(id, value);
-        if matches!(value, Value::List(_) | Value::Dict(_)) {
+        let container = matches!(slot.value, Value::List(_) | Value::Dict(_));
+        let position = self.stack.len() - 1;
+        self.remember(id, position)?;
+        if container {
+            self.hold(MARK_BYTES)?;
             self.pending.push((position, id));
         }
         Ok(())
     }
 
+    /// Pushes a copy of what the memo holds under `id`.
     fn get(&mut self, id: u32) -> Step<E> {
-        match self.memo.get(id) {
-            Some(value) => {
-                self.stack.push(value);
-                Ok(())
-            }
-            None => self.corrupt(format!("a memo reference to {id}, which was never stored")),
-        }
+        let Some((depth, cost)) = self
+            .memo
+            .peek(id)
+            .map(|(depth, cost)| (depth, cost.max(VALUE_BYTES)))
+        else {
+            return self.corrupt(format!("a memo reference to {id}, which was never stored"));
+        };
+        self.spend(nodes(cost))?;
+        self.hold(cost)?;
+        let value = self.memo.value(id).unwrap_or(Value::Elided(false));
+        self.stack.push(Slot { value, depth, cost });
+        Ok(())
+    }
+
+    /// Pushes a copy of the value on top of the stack.
+    fn dup(&mut self) -> Step<E> {
+        let top = self.take_top()?;
+        let (depth, cost) = (top.depth, top.cost);
+        let copy = top.value.clone();
+        self.put_back(top);
+        self.spend(nodes(cost))?;
+        self.hold(cost)?;
+        self.stack.push(Slot {
+            value: copy,
+            depth,
+            cost,
+        });
+        Ok(())
+    }
+
+    /// Makes `item`, complete, part of the container `parent`: the parent's depth and memory
+    /// include it from now on.
+    fn absorb(&self, parent: &mut Slot, item: &Slot) -> Step<E> {
+        let depth = item.depth.saturating_add(1);
+        self.check_depth(depth)?;
+        parent.depth = parent.depth.max(depth);
+        parent.cost = parent.cost.saturating_add(item.cost);
+        Ok(())
     }
 
     /// Appends `items` to the list on top of the stack, handing trace events out.
-    fn extend_list(&mut self, items: Vec<Value>) -> Step<E> {
-        if self.whole {
-            return match self.top()? {
-                Value::List(list) => {
-                    list.items.extend(items);
-                    Ok(())
-                }
-                other => {
-                    let kind = other.type_name();
-                    self.corrupt(format!("APPEND to a {kind}, not a list"))
-                }
-            };
+    fn extend_list(&mut self, items: Vec<Slot>) -> Step<E> {
+        let mut parent = self.take_top()?;
+        if !matches!(parent.value, Value::List(_)) {
+            let kind = parent.value.type_name();
+            self.put_back(parent);
+            return self.corrupt(format!("APPEND to a {kind}, not a list"));
         }
-        let mut kept = Vec::new();
-        let mut emitted = Vec::new();
-        for item in items {
-            match item {
-                Value::Event(event) => emitted.push(*event),
-                Value::Dict(entries) if is_event(&entries) => {
-                    let index = self.events + emitted.len() as u64;
-                    match event_from_dict(&entries) {
-                        Ok(event) => emitted.push(event),
-                        Err(message) => return Err(StreamError::Event { index, message }),
-                    }
+        let result = self.extend_into(&mut parent, items);
+        let id = match &mut parent.value {
+            Value::List(list) => {
+                if let Ok(emitted) = &result {
+                    list.streamed += emitted.len() as u64;
                 }
-                other => kept.push(other),
+                list.id
             }
-        }
-        let list = match self.top()? {
-            Value::List(list) => list,
-            other => {
-                let kind = other.type_name();
-                return self.corrupt(format!("APPEND to a {kind}, not a list"));
-            }
+            _ => 0,
         };
-        list.items.extend(kept);
-        list.streamed += emitted.len() as u64;
-        let id = list.id;
-        for event in emitted {
+        self.put_back(parent);
+        for event in result? {
             self.emit(id, event)?;
         }
         Ok(())
     }
 
-    fn set_items(&mut self, items: Vec<Value>) -> Step<E> {
+    /// Puts the items that are not trace events into `parent` (a list) and returns the events.
+    fn extend_into(
+        &mut self,
+        parent: &mut Slot,
+        items: Vec<Slot>,
+    ) -> Result<Vec<RawEvent>, StreamError<E>> {
+        let mut emitted = Vec::new();
+        for item in items {
+            if !self.whole {
+                match &item.value {
+                    Value::Event(event) => {
+                        emitted.push(**event);
+                        self.budget.release(item.cost);
+                        continue;
+                    }
+                    Value::Dict(entries) if is_event(entries) => {
+                        let index = self.events + emitted.len() as u64;
+                        let event = event_from_dict(entries)
+                            .map_err(|message| StreamError::Event { index, message })?;
+                        emitted.push(event);
+                        self.budget.release(item.cost);
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
+            self.absorb(parent, &item)?;
+            if let Value::List(list) = &mut parent.value {
+                list.items.push(item.value);
+            }
+        }
+        Ok(emitted)
+    }
+
+    /// Sets `items` (keys and values, alternating) in the dict on top of the stack. A key set
+    /// twice keeps both entries; lookups read the last, as Python's dict does (this keeps
+    /// every SETITEMS linear in its items).
+    fn set_items(&mut self, items: Vec<Slot>) -> Step<E> {
         if !items.len().is_multiple_of(2) {
             return self.corrupt("SETITEMS with an odd number of values");
         }
-        let entries = match self.top()? {
-            Value::Dict(entries) => entries,
-            other => {
-                let kind = other.type_name();
-                return self.corrupt(format!("SETITEM on a {kind}, not a dict"));
-            }
-        };
+        let mut parent = self.take_top()?;
+        if !matches!(parent.value, Value::Dict(_)) {
+            let kind = parent.value.type_name();
+            self.put_back(parent);
+            return self.corrupt(format!("SETITEM on a {kind}, not a dict"));
+        }
         let mut items = items.into_iter();
+        let mut result = Ok(());
         while let (Some(key), Some(value)) = (items.next(), items.next()) {
-            match entries.iter_mut().find(|(k, _)| *k == key) {
-                Some(entry) => entry.1 = value,
-                None => entries.push((key, value)),
+            result = self
+                .absorb(&mut parent, &key)
+                .and_then(|()| self.absorb(&mut parent, &value));
+            if result.is_err() {
+                break;
+            }
+            if let Value::Dict(entries) = &mut parent.value {
+                entries.push((key.value, value.value));
             }
         }
-        Ok(())
+        self.put_back(parent);
+        result
     }
 
-    fn new_list(&mut self, items: Vec<Value>) -> Value {
+    fn new_list(&mut self) -> Step<E> {
         let id = self.next_list;
         self.next_list = self.next_list.wrapping_add(1);
-        Value::List(List {
+        self.push(Value::List(Box::new(List {
             id,
-            items,
+            items: Vec::new(),
             streamed: 0,
-        })
+        })))
     }
 
-    fn string(&self, bytes: &[u8]) -> Result<Value, StreamError<E>> {
-        match std::str::from_utf8(bytes) {
+    fn string(&self, bytes: Vec<u8>) -> Result<Value, StreamError<E>> {
+        match String::from_utf8(bytes) {
             Ok(text) => Ok(Value::Str(Rc::from(text))),
             Err(_) => self.corrupt("a string that is not UTF-8"),
         }
@@ -367,47 +620,70 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
         self.read(|input| input.array::<4>().map(u32::from_le_bytes))
     }
 
-    fn length_prefixed(&mut self, wide: bool) -> Result<Vec<u8>, StreamError<E>> {
-        let length = if wide {
-            let length = self.read(|input| input.array::<8>().map(u64::from_le_bytes))?;
-            usize::try_from(length).unwrap_or(usize::MAX)
+    /// The length argument of a `BINUNICODE`-like opcode: 4 bytes, or 8 when `wide`.
+    fn length(&mut self, wide: bool) -> Result<u64, StreamError<E>> {
+        if wide {
+            self.read(|input| input.array::<8>().map(u64::from_le_bytes))
         } else {
-            self.u32()? as usize
-        };
-        if length > 1 << 31 {
-            return self.corrupt(format!("an argument of {length} bytes"));
+            self.u32().map(u64::from)
         }
-        self.read(|input| input.take(length).map(<[u8]>::to_vec))
+    }
+
+    /// A string of `length` declared bytes, its memory held before it is read.
+    fn text(&mut self, length: u64) -> Result<Value, StreamError<E>> {
+        let offset = self.input.offset();
+        let end = offset.saturating_add(length);
+        if let Some(size) = self.input.size() {
+            if end > size {
+                return Err(self.input_error(InputError::TooLong {
+                    offset,
+                    declared: length,
+                    left: size.saturating_sub(offset),
+                }));
+            }
+        }
+        // Held while the bytes become a string; the string's own cost is held again when it
+        // is pushed. (The one more copy made on the way is the "2 ×" of the memory bound.)
+        let transient = length;
+        self.budget
+            .hold_expecting(transient, offset, end)
+            .map_err(|refusal| self.refused(refusal))?;
+        let count = usize::try_from(length).unwrap_or(usize::MAX);
+        let bytes = self.read(|input| input.take_vec(count));
+        self.budget.release(transient);
+        self.string(bytes?)
     }
 
     /// An `EMPTY_DICT`: a whole trace event through the fast path when the bytes are one,
     /// else an empty dict to be filled by the opcodes that follow.
     fn empty_dict(&mut self) -> Step<E> {
         if self.whole {
-            self.stack.push(Value::Dict(Vec::new()));
-            return Ok(());
+            return self.push(Value::Dict(Vec::new()));
         }
         let fast = match self.input.window(EVENT_WINDOW) {
             Ok(window) => fast_event(window, &self.memo),
             Err(error) => return Err(self.input_error(error)),
         };
-        if let Some((event, used, puts)) = fast {
-            self.input.advance(used);
-            for (id, value) in puts {
-                self.memo.put(id, &value);
-            }
-            // Inside a MARK batch of a list with nothing else pending (how picklers write a
-            // trace), the event goes out at once; otherwise it waits for its APPEND.
-            if let Some(list) = self.batch_list() {
-                let id = list.id;
-                list.streamed += 1;
-                return self.emit(id, event);
-            }
-            self.stack.push(Value::Event(Box::new(event)));
-        } else {
-            self.stack.push(Value::Dict(Vec::new()));
+        let Some((event, used, puts)) = fast else {
+            return self.push(Value::Dict(Vec::new()));
+        };
+        self.input.advance(used);
+        for (id, value) in puts {
+            let entry = self.memo.form(&value).map(|value| MemoEntry {
+                cost: VALUE_BYTES + payload(&value),
+                depth: 0,
+                value,
+            });
+            self.keep(id, entry)?;
         }
-        Ok(())
+        // Inside a MARK batch of a list with nothing else pending (how picklers write a
+        // trace), the event goes out at once; otherwise it waits for its APPEND.
+        if let Some(list) = self.batch_list() {
+            let id = list.id;
+            list.streamed += 1;
+            return self.emit(id, event);
+        }
+        self.push(Value::Event(Box::new(event)))
     }
 
     /// The list being filled by the current MARK batch, when the batch holds nothing yet.
@@ -417,7 +693,10 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
             return None;
         }
         match self.stack.get_mut(mark - 1) {
-            Some(Value::List(list)) => Some(list),
+            Some(Slot {
+                value: Value::List(list),
+                ..
+            }) => Some(list),
             _ => None,
         }
     }
@@ -435,13 +714,23 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
         .map_err(StreamError::Handler)
     }
 
+    /// An integer of `length` little-endian bytes (`LONG1`/`LONG4`).
+    fn long_int(&mut self, length: u64) -> Step<E> {
+        if length > LONGEST_INT {
+            self.read(|input| input.skip(length))?;
+            return self.push(Value::BigInt);
+        }
+        let bytes = self.read(|input| input.take_vec(length as usize))?;
+        self.push(long(&bytes).map_or(Value::BigInt, Value::Int))
+    }
+
     /// Runs the machine to `STOP` and returns the top-level value (with trace events taken
     /// out of their lists).
     pub fn run(&mut self) -> Result<Value, StreamError<E>> {
         loop {
             let opcode = self.read(Input::byte)?;
             match opcode {
-                op::STOP => return self.pop(),
+                op::STOP => return self.pop().map(|slot| slot.value),
                 op::PROTO => {
                     let version = self.read(Input::byte)?;
                     if version > 5 {
@@ -452,122 +741,89 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
                 op::FRAME => {
                     self.read(|input| input.array::<8>())?;
                 }
-                op::MARK => self.marks.push(self.stack.len()),
-                op::POP => {
-                    self.pop()?;
+                op::MARK => {
+                    self.hold(MARK_BYTES)?;
+                    self.marks.push(self.stack.len());
                 }
+                op::POP => self.pop_and_drop()?,
                 op::POP_MARK => {
-                    self.pop_mark()?;
+                    for slot in self.pop_mark()? {
+                        self.budget.release(slot.cost);
+                    }
                 }
-                op::DUP => {
-                    let top = self.top()?.clone();
-                    self.stack.push(top);
-                }
-                op::NONE => self.stack.push(Value::None),
-                op::NEWTRUE => self.stack.push(Value::Bool(true)),
-                op::NEWFALSE => self.stack.push(Value::Bool(false)),
+                op::DUP => self.dup()?,
+                op::NONE => self.push(Value::None)?,
+                op::NEWTRUE => self.push(Value::Bool(true))?,
+                op::NEWFALSE => self.push(Value::Bool(false))?,
                 op::BININT1 => {
                     let value = self.read(Input::byte)?;
-                    self.stack.push(Value::Int(i64::from(value)));
+                    self.push(Value::Int(i64::from(value)))?;
                 }
                 op::BININT2 => {
                     let value = self.read(|input| input.array::<2>().map(u16::from_le_bytes))?;
-                    self.stack.push(Value::Int(i64::from(value)));
+                    self.push(Value::Int(i64::from(value)))?;
                 }
                 op::BININT => {
                     let value = self.read(|input| input.array::<4>().map(i32::from_le_bytes))?;
-                    self.stack.push(Value::Int(i64::from(value)));
+                    self.push(Value::Int(i64::from(value)))?;
                 }
-                op::LONG1 | op::LONG4 => {
-                    let length = if opcode == op::LONG1 {
-                        usize::from(self.read(Input::byte)?)
-                    } else {
-                        self.u32()? as usize
-                    };
-                    let bytes = self.read(|input| input.take(length).map(<[u8]>::to_vec))?;
-                    self.stack
-                        .push(long(&bytes).map_or(Value::BigInt, Value::Int));
+                op::LONG1 => {
+                    let length = self.read(Input::byte)?;
+                    self.long_int(u64::from(length))?;
+                }
+                op::LONG4 => {
+                    let length = self.u32()?;
+                    self.long_int(u64::from(length))?;
                 }
                 op::INT | op::LONG => {
                     let line = self.read(Input::line)?;
-                    let text = String::from_utf8_lossy(&line);
-                    let text = text.trim_end_matches('L');
-                    let value = match text {
-                        "00" => Value::Bool(false),
-                        "01" => Value::Bool(true),
-                        _ => match text.parse::<i64>() {
-                            Ok(value) => Value::Int(value),
-                            Err(_)
-                                if !text.is_empty()
-                                    && text
-                                        .trim_start_matches('-')
-                                        .bytes()
-                                        .all(|b| b.is_ascii_digit()) =>
-                            {
-                                Value::BigInt
-                            }
-                            Err(_) => {
-                                return self.corrupt(format!("an integer written as '{text}'"))
-                            }
-                        },
+                    let Some(value) = decimal(&line) else {
+                        let text = String::from_utf8_lossy(&line).into_owned();
+                        return self.corrupt(format!("an integer written as '{text}'"));
                     };
-                    self.stack.push(value);
+                    self.push(value)?;
                 }
                 op::BINFLOAT => {
                     let value = self.read(|input| input.array::<8>().map(f64::from_be_bytes))?;
-                    self.stack.push(Value::Float(value));
+                    self.push(Value::Float(value))?;
                 }
                 op::FLOAT => {
                     let line = self.read(Input::line)?;
                     match String::from_utf8_lossy(&line).parse::<f64>() {
-                        Ok(value) => self.stack.push(Value::Float(value)),
+                        Ok(value) => self.push(Value::Float(value))?,
                         Err(_) => return self.corrupt("a float that is not a number"),
                     }
                 }
-                op::SHORT_BINUNICODE => {
-                    let length = usize::from(self.read(Input::byte)?);
-                    let bytes = self.read(|input| input.take(length).map(<[u8]>::to_vec))?;
-                    let value = self.string(&bytes)?;
-                    self.stack.push(value);
+                op::SHORT_BINUNICODE | op::SHORT_BINSTRING => {
+                    let length = self.read(Input::byte)?;
+                    let value = self.text(u64::from(length))?;
+                    self.push(value)?;
                 }
-                op::BINUNICODE | op::BINUNICODE8 => {
-                    let bytes = self.length_prefixed(opcode == op::BINUNICODE8)?;
-                    let value = self.string(&bytes)?;
-                    self.stack.push(value);
+                op::BINUNICODE | op::BINUNICODE8 | op::BINSTRING => {
+                    let length = self.length(opcode == op::BINUNICODE8)?;
+                    let value = self.text(length)?;
+                    self.push(value)?;
                 }
                 op::UNICODE | op::STRING => {
                     let line = self.read(Input::line)?;
                     let text = String::from_utf8_lossy(&line);
                     let text = text.trim_matches(|c| c == '\'' || c == '"');
-                    self.stack.push(Value::Str(Rc::from(text)));
+                    self.push(Value::Str(Rc::from(text)))?;
                 }
-                op::SHORT_BINSTRING | op::SHORT_BINBYTES => {
-                    let length = usize::from(self.read(Input::byte)?);
-                    let bytes = self.read(|input| input.take(length).map(<[u8]>::to_vec))?;
-                    let value = if opcode == op::SHORT_BINSTRING {
-                        self.string(&bytes)?
-                    } else {
-                        Value::Bytes
-                    };
-                    self.stack.push(value);
+                op::SHORT_BINBYTES => {
+                    let length = self.read(Input::byte)?;
+                    self.read(|input| input.skip(u64::from(length)))?;
+                    self.push(Value::Bytes)?;
                 }
-                op::BINSTRING | op::BINBYTES | op::BINBYTES8 => {
-                    let bytes = self.length_prefixed(opcode == op::BINBYTES8)?;
-                    let value = if opcode == op::BINSTRING {
-                        self.string(&bytes)?
-                    } else {
-                        Value::Bytes
-                    };
-                    self.stack.push(value);
+                op::BINBYTES | op::BINBYTES8 => {
+                    let length = self.length(opcode == op::BINBYTES8)?;
+                    self.read(|input| input.skip(length))?;
+                    self.push(Value::Bytes)?;
                 }
-                op::EMPTY_LIST => {
-                    let list = self.new_list(Vec::new());
-                    self.stack.push(list);
-                }
+                op::EMPTY_LIST => self.new_list()?,
                 op::LIST => {
                     let items = self.pop_mark()?;
-                    let list = self.new_list(Vec::new());
-                    self.stack.push(list);
+                    self.new_list()?;
                     self.extend_list(items)?;
                 }
                 op::APPEND => {
@@ -581,7 +837,7 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
                 op::EMPTY_DICT => self.empty_dict()?,
                 op::DICT => {
                     let items = self.pop_mark()?;
-                    self.stack.push(Value::Dict(Vec::new()));
+                    self.push(Value::Dict(Vec::new()))?;
                     self.set_items(items)?;
                 }
                 op::SETITEM => {
@@ -593,10 +849,10 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
                     let items = self.pop_mark()?;
                     self.set_items(items)?;
                 }
-                op::EMPTY_TUPLE => self.stack.push(Value::Tuple(Vec::new())),
+                op::EMPTY_TUPLE => self.push(Value::Tuple(Vec::new()))?,
                 op::TUPLE => {
                     let items = self.pop_mark()?;
-                    self.stack.push(Value::Tuple(items));
+                    self.push_built(items, Value::Tuple)?;
                 }
                 op::TUPLE1 | op::TUPLE2 | op::TUPLE3 => {
                     let count = usize::from(opcode - op::TUPLE1 + 1);
@@ -605,7 +861,7 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
                         items.push(self.pop()?);
                     }
                     items.reverse();
-                    self.stack.push(Value::Tuple(items));
+                    self.push_built(items, Value::Tuple)?;
                 }
                 op::MEMOIZE => {
                     let id = self.memo.next_id();
@@ -658,6 +914,23 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
             }
         }
     }
+}
+
+/// A protocol-0 integer (`INT`/`LONG`): `00`/`01` are booleans, a number that does not fit
+/// 64 bits is a [`Value::BigInt`]; `None` when the text is not a number.
+fn decimal(line: &[u8]) -> Option<Value> {
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim_end_matches('L');
+    match text {
+        "00" => return Some(Value::Bool(false)),
+        "01" => return Some(Value::Bool(true)),
+        _ => {}
+    }
+    if let Ok(value) = text.parse::<i64>() {
+        return Some(Value::Int(value));
+    }
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then_some(Value::BigInt)
 }
 
 /// Whether a dict is a trace event: it has an `action` key.
