@@ -165,15 +165,6 @@ impl<R: Read> Input<R> {
         Ok(byte)
     }
 
-    /// The next byte, or `None` at the end of the stream.
-    pub fn byte_or_end(&mut self) -> Result<Option<u8>, InputError> {
-        match self.byte() {
-            Ok(byte) => Ok(Some(byte)),
-            Err(InputError::Eof { .. }) => Ok(None),
-            Err(other) => Err(other),
-        }
-    }
-
     /// The next `count` bytes, borrowed; `count` must be at most half the buffer (the fixed
     /// arguments of opcodes and short strings).
     pub fn take(&mut self, count: usize) -> Result<&[u8], InputError> {
@@ -281,7 +272,6 @@ mod tests {
         let rest = input.take_vec(BUFFER + 6).map(|s| s.to_vec()).ok();
         assert_eq!(rest.map(|r| r.len()), Some(BUFFER + 6));
         assert!(matches!(input.byte(), Err(InputError::Eof { .. })));
-        assert!(matches!(input.byte_or_end(), Ok(None)));
     }
 
     #[test]

@@ -12,9 +12,12 @@
 //! size, and a refusal ([`SnapshotError::Limit`]) names the byte offset and the limit.
 
 pub mod decode;
-pub mod event;
-pub mod input;
+mod dict_event;
+mod entry;
+mod fast;
+mod input;
 pub mod limits;
+mod opcodes;
 pub mod value;
 pub mod vm;
 
@@ -24,7 +27,7 @@ use std::path::Path;
 use thiserror::Error;
 
 pub use decode::Remainder;
-pub use event::RawEvent;
+pub use entry::RawEvent;
 pub use limits::ReadLimits;
 pub use vm::Emitted;
 

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use super::event::RawEvent;
+use super::entry::RawEvent;
 
 /// A list being built: its items, and how many trace events it streamed instead of keeping.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,72 +1,13 @@
-//! Trace events as the unpickler hands them out ([`RawEvent`]), decoded either by a fast
-//! path that reads one event dict straight from the input bytes without building values, or
-//! from a generic dict when the fast path does not recognise the bytes.
+//! The trace-event fast path: one event dict read straight from the input bytes, in the layouts
+//! Python's pickler and serde-pickle write, without building values. Anything it does not
+//! recognise goes the generic way (the unpickler builds the dict and `dict_event.rs` reads it).
 
 use std::rc::Rc;
 
+use super::entry::RawEvent;
+use super::opcodes::{self as op, long};
 use super::value::{Memo, Value};
-use super::vm::op;
 use crate::snapshot::model::Action;
-
-/// The fields of one trace event a replay uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RawEvent {
-    /// What happened.
-    pub action: Action,
-    /// `addr` (for `oom`: `device_free`).
-    pub addr: i64,
-    /// `size`.
-    pub size: i64,
-    /// `stream` (0 when absent).
-    pub stream: i64,
-    /// `time_us` (0 when absent).
-    pub time_us: i64,
-    /// Whether its frames name `empty_cache` (a release by `torch.cuda.empty_cache()`).
-    pub empty_cache_frame: bool,
-}
-
-/// Reads an event from a generic dict, or says what is wrong with it.
-pub fn event_from_dict(entries: &[(Value, Value)]) -> Result<RawEvent, String> {
-    let get = |key: &str| {
-        entries
-            .iter()
-            .find(|(k, _)| k.as_str() == Some(key))
-            .map(|(_, v)| v)
-    };
-    let action = match get("action") {
-        Some(Value::Str(name)) => Action::from_name(name)
-            .ok_or_else(|| format!("unknown action '{name}' (not one PyTorch records)"))?,
-        Some(other) => {
-            return Err(format!(
-                "'action' is a {}, expected a string",
-                other.type_name()
-            ))
-        }
-        None => return Err("no 'action'".into()),
-    };
-    let int = |key: &str, required: bool| -> Result<i64, String> {
-        match get(key) {
-            Some(value) => value
-                .as_int()
-                .ok_or_else(|| format!("'{key}' is a {}, expected an int", value.type_name())),
-            None if required => Err(format!("{} event has no '{key}'", action.name())),
-            None => Ok(0),
-        }
-    };
-    let addr = if action == Action::Oom && get("device_free").is_some() {
-        int("device_free", true)?
-    } else {
-        int("addr", true)?
-    };
-    Ok(RawEvent {
-        action,
-        addr,
-        size: int("size", true)?,
-        stream: int("stream", false)?,
-        time_us: int("time_us", false)?,
-        empty_cache_frame: get("frames").is_some_and(Value::has_empty_cache_frame),
-    })
-}
 
 /// The fields of an event dict, as the fast path recognises their keys.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -307,63 +248,5 @@ impl<'a> Fast<'a> {
             }
         }
         (has_action && has_addr && has_size).then_some(event)
-    }
-}
-
-/// A little-endian two's-complement integer of up to 8 bytes (`LONG1`'s argument); `None`
-/// when it does not fit 64 bits.
-pub fn long(bytes: &[u8]) -> Option<i64> {
-    if bytes.is_empty() {
-        return Some(0);
-    }
-    if bytes.len() > 8 {
-        // Python writes a 9th byte only for sign: accept it when the value still fits.
-        let (low, high) = bytes.split_at(8);
-        let sign = if low[7] & 0x80 != 0 { 0xff } else { 0 };
-        if high.iter().any(|&b| b != sign) {
-            return None;
-        }
-        return long(low);
-    }
-    let mut buffer = if bytes[bytes.len() - 1] & 0x80 != 0 {
-        [0xff_u8; 8]
-    } else {
-        [0_u8; 8]
-    };
-    buffer[..bytes.len()].copy_from_slice(bytes);
-    Some(i64::from_le_bytes(buffer))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn long_decodes_twos_complement() {
-        assert_eq!(long(&[]), Some(0));
-        assert_eq!(long(&[0xff]), Some(-1));
-        assert_eq!(long(&[0x00, 0x80, 0x00]), Some(0x8000));
-        assert_eq!(
-            long(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0]),
-            None,
-            "2^63 does not fit"
-        );
-        assert_eq!(long(&[1, 0, 0, 0, 0, 0, 0, 0, 0]), Some(1));
-    }
-
-    #[test]
-    fn a_dict_without_action_or_with_an_unknown_one_is_refused() {
-        let key = |k: &str| Value::Str(k.into());
-        assert!(event_from_dict(&[(key("size"), Value::Int(1))])
-            .unwrap_err()
-            .contains("no 'action'"));
-        let unknown = [(key("action"), key("teleport"))];
-        assert!(event_from_dict(&unknown)
-            .unwrap_err()
-            .contains("unknown action 'teleport'"));
-        let no_addr = [(key("action"), key("alloc")), (key("size"), Value::Int(1))];
-        assert!(event_from_dict(&no_addr)
-            .unwrap_err()
-            .contains("alloc event has no 'addr'"));
     }
 }
