@@ -96,10 +96,7 @@ fn a_pickle_that_is_not_a_snapshot_is_refused() {
     dict.insert(key("weights"), Value::List(vec![Value::F64(0.5)]));
     let dict = serde_pickle::value_to_vec(&Value::Dict(dict), SerOptions::new()).expect("pickles");
     let path = write(&dir, "dict.pickle", &dict);
-    refused(
-        &path,
-        &["not a PyTorch memory snapshot", "no 'device_traces'"],
-    );
+    refused(&path, &["not a PyTorch memory snapshot", "no 'segments'"]);
     // A pickled Python object (`collections.OrderedDict()`, protocol 2).
     let path = write(
         &dir,

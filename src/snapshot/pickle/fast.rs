@@ -1,11 +1,13 @@
 //! The trace-event fast path: one event dict read straight from the input bytes, in the layouts
-//! Python's pickler and serde-pickle write, without building values. Anything it does not
-//! recognise goes the generic way (the unpickler builds the dict and `dict_event.rs` reads it).
+//! Python's pickler (protocols 2 to 5), serde-pickle and PyTorch's C++ writer (TorchScript's
+//! pickler) write, without building values. Anything it does not recognise goes the generic
+//! way (the unpickler builds the dict and `from_dict.rs` reads it).
 
 use std::rc::Rc;
 
-use super::entry::RawEvent;
-use super::opcodes::{self as op, long};
+use super::entry::{Entry, Marker, MarkerKind, RawEvent};
+use super::frames::StackId;
+use super::opcodes::{self as op, long, unsigned_long};
 use super::value::{Memo, Value};
 use crate::snapshot::model::Action;
 
@@ -19,6 +21,7 @@ enum Field {
     TimeUs,
     Text,
     Frames,
+    Pool,
 }
 
 fn field(key: &[u8]) -> Option<Field> {
@@ -28,10 +31,18 @@ fn field(key: &[u8]) -> Option<Field> {
         b"size" => Field::Size,
         b"stream" => Field::Stream,
         b"time_us" => Field::TimeUs,
-        b"compile_context" | b"user_metadata" => Field::Text,
+        b"compile_context" | b"user_metadata" | b"internal_metadata" => Field::Text,
         b"frames" => Field::Frames,
+        b"pool_id" => Field::Pool,
         _ => return None,
     })
+}
+
+/// What an event's `action` names.
+#[derive(Clone, Copy)]
+enum Kind {
+    Memory(Action),
+    Marker(MarkerKind),
 }
 
 /// A string read by the fast path: new bytes, or a memo reference.
@@ -50,13 +61,14 @@ impl Text<'_> {
     }
 }
 
-/// What the fast path read: the event, the bytes it took, and the memo entries it made.
-pub type FastEvent = (RawEvent, usize, Vec<(u32, Value)>);
+/// What the fast path read: the entry, the bytes it took, and the memo entries it made.
+pub type FastEvent = (Entry, usize, Vec<(u32, Value)>);
 
 /// Parses one event dict from `bytes`, which start just after its `EMPTY_DICT` opcode.
-/// Returns the event, the bytes it took and the memo entries it made, or `None` when the bytes
-/// are not an event dict in the layout Python's pickler and serde-pickle write (the caller
-/// then parses them generically). Nothing is changed unless it succeeds.
+/// Returns the entry (its `empty_cache_frame` left for the caller, who holds the stacks), the
+/// bytes it took and the memo entries it made, or `None` when the bytes are not an event dict
+/// in a layout it knows (the caller then parses them generically). Nothing is changed unless it
+/// succeeds.
 pub fn fast_event(bytes: &[u8], memo: &Memo) -> Option<FastEvent> {
     let mut parser = Fast {
         bytes,
@@ -92,9 +104,12 @@ impl<'a> Fast<'a> {
         Some(piece)
     }
 
+    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N)?.try_into().ok()
+    }
+
     fn u32(&mut self) -> Option<u32> {
-        let piece = self.take(4)?;
-        Some(u32::from_le_bytes([piece[0], piece[1], piece[2], piece[3]]))
+        self.array().map(u32::from_le_bytes)
     }
 
     /// A memo store right after a value, if there is one: its id.
@@ -159,62 +174,100 @@ impl<'a> Fast<'a> {
     }
 
     fn int(&mut self) -> Option<i64> {
+        match self.number()? {
+            Number::Signed(value) => Some(value),
+            Number::Unsigned(_) => None,
+        }
+    }
+
+    /// An address: any 64 bits ([`RawEvent::addr`]).
+    fn address(&mut self) -> Option<i64> {
+        match self.number()? {
+            Number::Signed(value) => Some(value),
+            Number::Unsigned(value) => Some(value as i64),
+        }
+    }
+
+    fn number(&mut self) -> Option<Number> {
         let value = match self.byte()? {
             op::BININT1 => i64::from(self.byte()?),
-            op::BININT2 => {
-                let piece = self.take(2)?;
-                i64::from(u16::from_le_bytes([piece[0], piece[1]]))
-            }
-            op::BININT => {
-                let piece = self.take(4)?;
-                i64::from(i32::from_le_bytes([piece[0], piece[1], piece[2], piece[3]]))
-            }
+            op::BININT2 => i64::from(u16::from_le_bytes(self.array()?)),
+            op::BININT => i64::from(i32::from_le_bytes(self.array()?)),
             op::LONG1 => {
                 let length = usize::from(self.byte()?);
-                long(self.take(length)?)?
+                let bytes = self.take(length)?;
+                return match long(bytes) {
+                    Some(value) => Some(Number::Signed(value)),
+                    None => unsigned_long(bytes).map(Number::Unsigned),
+                };
             }
             _ => return None,
         };
-        Some(value)
+        Some(Number::Signed(value))
     }
 
-    /// `frames`: an empty list or a memo reference; anything longer goes the generic way.
-    fn frames(&mut self) -> Option<bool> {
+    /// `frames`: an empty list or a memo reference to one the reader interned; a list being
+    /// filled goes the generic way.
+    fn frames(&mut self) -> Option<StackId> {
         match self.byte()? {
             op::EMPTY_LIST => {
                 if let Some(id) = self.memo_store()? {
-                    self.puts.push((id, Value::Elided(false)));
+                    self.puts.push((id, Value::Stack(StackId::EMPTY)));
                 }
                 match self.bytes.get(self.at)? {
-                    // A MARK or an item would start filling it.
+                    // A MARK would start filling it (and a single item appended to it would
+                    // be read as the next key, which fails: the generic way takes over).
                     &op::MARK => None,
-                    _ => Some(false),
+                    _ => Some(StackId::EMPTY),
                 }
             }
             opcode @ (op::BINGET | op::LONG_BINGET) => match self.memo_ref(opcode)? {
-                Value::Elided(flag) => Some(flag),
+                Value::Stack(id) => Some(id),
+                Value::Elided => Some(StackId::EMPTY),
+                Value::List(list) if list.is_empty() => Some(StackId::EMPTY),
                 _ => None,
             },
             _ => None,
         }
     }
 
-    fn event(&mut self) -> Option<RawEvent> {
+    /// `pool_id`: two integers and `TUPLE2` (memoized or not), or a memo reference to such a
+    /// pair.
+    fn pool(&mut self) -> Option<(i64, i64)> {
+        if let Some(&opcode @ (op::BINGET | op::LONG_BINGET)) = self.bytes.get(self.at) {
+            self.at += 1;
+            return match self.memo_ref(opcode)? {
+                Value::Tuple(items) => match items.as_slice() {
+                    [first, second] => Some((first.as_int()?, second.as_int()?)),
+                    _ => None,
+                },
+                _ => None,
+            };
+        }
+        let first = self.int()?;
+        let second = self.int()?;
+        if self.byte()? != op::TUPLE2 {
+            return None;
+        }
         if let Some(id) = self.memo_store()? {
-            self.puts.push((id, Value::Elided(false)));
+            self.puts.push((
+                id,
+                Value::Tuple(vec![Value::Int(first), Value::Int(second)]),
+            ));
+        }
+        Some((first, second))
+    }
+
+    fn event(&mut self) -> Option<Entry> {
+        if let Some(id) = self.memo_store()? {
+            self.puts.push((id, Value::Elided));
         }
         if self.byte()? != op::MARK {
             return None;
         }
-        let mut event = RawEvent {
-            action: Action::Alloc,
-            addr: 0,
-            size: 0,
-            stream: 0,
-            time_us: 0,
-            empty_cache_frame: false,
-        };
-        let (mut has_action, mut has_addr, mut has_size) = (false, false, false);
+        let mut kind = None;
+        let mut event = RawEvent::new(Action::Alloc);
+        let (mut has_addr, mut has_size) = (false, false);
         loop {
             if self.bytes.get(self.at)? == &op::SETITEMS {
                 self.at += 1;
@@ -222,17 +275,20 @@ impl<'a> Fast<'a> {
             }
             let key = self.text()?;
             let field = field(key.bytes()?)?;
-            if !has_action && field != Field::Action {
+            if kind.is_none() && field != Field::Action {
                 return None;
             }
             match field {
                 Field::Action => {
                     let name = self.text()?;
-                    event.action = Action::from_bytes(name.bytes()?)?;
-                    has_action = true;
+                    let name = name.bytes()?;
+                    kind = Some(match Action::from_bytes(name) {
+                        Some(action) => Kind::Memory(action),
+                        None => Kind::Marker(MarkerKind::from_bytes(name)?),
+                    });
                 }
                 Field::Addr => {
-                    event.addr = self.int()?;
+                    event.addr = self.address()?;
                     has_addr = true;
                 }
                 Field::Size => {
@@ -244,9 +300,32 @@ impl<'a> Fast<'a> {
                 Field::Text => {
                     self.text()?.bytes()?;
                 }
-                Field::Frames => event.empty_cache_frame = self.frames()?,
+                Field::Frames => event.stack = self.frames()?,
+                Field::Pool => event.pool = self.pool()?,
             }
         }
-        (has_action && has_addr && has_size).then_some(event)
+        // PyTorch's C++ writer memoizes a dict it holds twice after the dict is complete.
+        if let Some(id) = self.memo_store()? {
+            self.puts.push((id, Value::Elided));
+        }
+        match kind? {
+            Kind::Memory(action) => {
+                event.action = action;
+                (has_addr && has_size).then_some(Entry::Memory(event))
+            }
+            Kind::Marker(kind) => Some(Entry::Marker(Marker {
+                kind,
+                addr: event.addr,
+                size: event.size,
+                time_us: event.time_us,
+                stack: event.stack,
+            })),
+        }
     }
+}
+
+/// An integer argument: signed 64 bits, or from 2^63 to 2^64 - 1.
+enum Number {
+    Signed(i64),
+    Unsigned(u64),
 }

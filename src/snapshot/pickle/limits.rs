@@ -36,15 +36,16 @@ pub struct ReadLimits {
 }
 
 impl Default for ReadLimits {
-    /// Limits under which `gpumem replay` stays within 64 MiB + 2 × the file's size (the
-    /// process itself, the 1 MiB input buffer, one long string being read and the values
-    /// held), and reads in time linear in the file's size.
+    /// Limits under which the reader stays within 64 MiB + 2 × the file's size (the values it
+    /// holds are charged at twice their size, for the spare capacity of their vectors, which
+    /// covers the one more copy of a long string being read; the process itself and the
+    /// 1 MiB input buffer fit in the rest), and reads in time linear in the file's size.
     fn default() -> Self {
         ReadLimits {
             max_depth: 64,
             max_memo_entries: 1 << 24,
             base_memory: 32 * MIB,
-            memory_per_byte: 1,
+            memory_per_byte: 2,
             base_work: 64 * MIB,
             work_per_byte: 16,
         }

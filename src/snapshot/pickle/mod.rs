@@ -12,12 +12,15 @@
 //! size, and a refusal ([`SnapshotError::Limit`]) names the byte offset and the limit.
 
 pub mod decode;
-mod dict_event;
 mod entry;
 mod fast;
+pub mod frames;
+mod from_dict;
 mod input;
 pub mod limits;
 mod opcodes;
+pub mod records;
+mod shape;
 pub mod value;
 pub mod vm;
 
@@ -27,8 +30,10 @@ use std::path::Path;
 use thiserror::Error;
 
 pub use decode::Remainder;
-pub use entry::RawEvent;
+pub use entry::{Entry, Marker, MarkerKind, RawEvent, Trace};
+pub use frames::{SharedFrame, StackId, Stacks};
 pub use limits::ReadLimits;
+pub use records::{BlockRecord, BlockState, SegmentRecord};
 pub use vm::Emitted;
 
 use super::model::Snapshot;
@@ -120,7 +125,7 @@ pub fn stream_limited(
 ) -> Result<Remainder, SnapshotError> {
     let mut unpickler = Unpickler::new(reader, handler).with_limits(limits, size);
     let top = unpickler.run().map_err(from_stream)?;
-    decode::remainder(&top).map_err(SnapshotError::NotASnapshot)
+    decode::remainder(&top, unpickler.take_stacks()).map_err(SnapshotError::NotASnapshot)
 }
 
 /// A reading error as the caller sees it (an I/O error names no file yet).
@@ -144,6 +149,7 @@ fn from_stream(error: StreamError<SnapshotError>) -> SnapshotError {
             message,
             events,
         },
+        StreamError::Shape(message) => SnapshotError::NotASnapshot(message),
         StreamError::Event { index, message } => SnapshotError::Event { index, message },
         StreamError::Handler(error) => error,
         StreamError::Io(error) => SnapshotError::Io {

@@ -76,25 +76,29 @@ pub const OBJECT_OPCODES: [(u8, &str); 18] = [
 /// A little-endian two's-complement integer of up to 8 bytes (`LONG1`'s argument); `None`
 /// when it does not fit 64 bits.
 pub fn long(bytes: &[u8]) -> Option<i64> {
-    if bytes.is_empty() {
-        return Some(0);
+    // Python writes a byte past the 8th only for the sign: accept it when the value fits.
+    let (low, high) = bytes.split_at(bytes.len().min(8));
+    let negative = low.last().is_some_and(|&byte| byte & 0x80 != 0);
+    let sign = if negative { 0xff } else { 0 };
+    if high.iter().any(|&byte| byte != sign) {
+        return None;
     }
-    if bytes.len() > 8 {
-        // Python writes a 9th byte only for sign: accept it when the value still fits.
-        let (low, high) = bytes.split_at(8);
-        let sign = if low[7] & 0x80 != 0 { 0xff } else { 0 };
-        if high.iter().any(|&b| b != sign) {
-            return None;
-        }
-        return long(low);
+    let mut buffer = [sign; 8];
+    for (slot, byte) in buffer.iter_mut().zip(low) {
+        *slot = *byte;
     }
-    let mut buffer = if bytes[bytes.len() - 1] & 0x80 != 0 {
-        [0xff_u8; 8]
-    } else {
-        [0_u8; 8]
-    };
-    buffer[..bytes.len()].copy_from_slice(bytes);
     Some(i64::from_le_bytes(buffer))
+}
+
+/// A little-endian two's-complement integer from 2^63 to 2^64 - 1 (Python's `LONG1` of an
+/// unsigned 64-bit value: 8 bytes with the top bit set and a 9th sign byte of 0), or `None`.
+pub fn unsigned_long(bytes: &[u8]) -> Option<u64> {
+    match bytes {
+        [a, b, c, d, e, f, g, h, 0] if h & 0x80 != 0 => {
+            Some(u64::from_le_bytes([*a, *b, *c, *d, *e, *f, *g, *h]))
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -112,5 +116,16 @@ mod tests {
             "2^63 does not fit"
         );
         assert_eq!(long(&[1, 0, 0, 0, 0, 0, 0, 0, 0]), Some(1));
+        assert_eq!(
+            unsigned_long(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0]),
+            Some(1 << 63),
+            "an XPU address"
+        );
+        assert_eq!(unsigned_long(&[0xff; 9]), None, "negative");
+        assert_eq!(
+            unsigned_long(&[0, 0, 0, 0, 0, 0, 0, 0x7f, 0]),
+            None,
+            "fits i64"
+        );
     }
 }

@@ -1,24 +1,30 @@
 //! A streaming unpickler for memory snapshots: Python's pickle machine (protocols 0 to 5,
 //! without the opcodes that build arbitrary Python objects), except that a dict with an
-//! `action` key appended to a list is a trace event and is handed to the caller as soon as it
-//! is complete instead of being kept. Memory stays in proportion to what is not a trace
-//! event (segments, settings), whatever the trace's length.
+//! `action` key appended to a list is a trace entry and is handed to the caller as soon as it
+//! is complete instead of being kept, with the trace it belongs to (the list's place in the
+//! file: `device_traces[n]`, `host_traces`). Frames are interned ([`Stacks`]), and segments
+//! and blocks become compact records as soon as they are complete, so memory stays in
+//! proportion to the file's distinct stacks and live state, whatever the trace's length.
 //!
 //! Every value on the machine's stack carries its nesting depth and the memory it holds, so
 //! the limits of [`ReadLimits`] hold as the values are built: no input nests deeper than the
 //! depth limit (values are dropped and compared recursively), holds more memory than its
 //! allowance, or makes the machine copy or scan more than its work allowance.
 
+use std::collections::HashMap;
 use std::io::Read;
 use std::rc::Rc;
 
-use super::dict_event::event_from_dict;
-use super::entry::RawEvent;
+use super::entry::{Entry, Trace};
 use super::fast::fast_event;
+use super::frames::{FrameId, SharedFrame, StackId, Stacks};
+use super::from_dict;
 use super::input::{Input, InputError};
 use super::limits::{Budget, ReadLimits, Refusal};
-use super::opcodes::{self as op, long};
-use super::value::{List, Memo, MemoEntry, Value};
+use super::opcodes::{self as op, long, unsigned_long};
+use super::records::{BlockRecord, SegmentRecord};
+use super::shape::{frame_bytes, frame_of, holds_segments, stack_items, take_blocks, trace_of};
+use super::value::{List, Memo, MemoEntry, Place, Section, Value};
 
 /// Look-ahead the event fast path wants in the buffer: events larger than this are parsed
 /// generically.
@@ -29,12 +35,30 @@ const EVENT_WINDOW: usize = 64 << 10;
 /// the vector that holds it.
 const VALUE_BYTES: u64 = 2 * std::mem::size_of::<Slot>() as u64;
 
-/// Bytes charged for a memo entry beside its value: the hash table's key, control bytes and
-/// spare capacity.
+/// Bytes charged for a memo entry, its value included but not what the value points to: the
+/// hash table's key and entry, control bytes and spare capacity.
 const MEMO_ENTRY_BYTES: u64 = 2 * (std::mem::size_of::<MemoEntry>() as u64 + 8);
 
-/// Bytes charged for one MARK, or for one memoized container waiting to be complete.
-const MARK_BYTES: u64 = 16;
+/// The memory a memo entry holds: the entry, and what its value holds beyond a slot (an
+/// entry's cost is that of a copy on the stack).
+fn memo_bytes(entry: &MemoEntry) -> u64 {
+    MEMO_ENTRY_BYTES + entry.cost.saturating_sub(VALUE_BYTES)
+}
+
+/// Bytes charged for one MARK, or for one memoized container waiting to be complete (its
+/// place in two tables).
+const MARK_BYTES: u64 = 48;
+
+/// Bytes charged for one block record (twice its size, for the spare capacity of the vector
+/// holding it).
+const BLOCK_BYTES: u64 = 2 * std::mem::size_of::<BlockRecord>() as u64;
+
+/// Bytes a segment record holds beside its blocks.
+const SEGMENT_BYTES: u64 = VALUE_BYTES + std::mem::size_of::<SegmentRecord>() as u64;
+
+/// Work units per byte hashed when a frame is interned (hashing is cheap next to building a
+/// value).
+const HASHED_BYTES_PER_UNIT: u64 = 64;
 
 /// The longest integer argument (`LONG1`/`LONG4`) whose bytes are read: anything longer is
 /// far outside 64 bits, skipped and read as [`Value::BigInt`].
@@ -61,6 +85,9 @@ pub enum StreamError<E> {
         /// Trace events handed out before it.
         events: u64,
     },
+    /// The pickle is not laid out as a memory snapshot (a segment or block that cannot be
+    /// read, with its index).
+    Shape(String),
     /// A trace event is malformed.
     Event {
         /// Its index among all trace events (0-based).
@@ -74,17 +101,24 @@ pub enum StreamError<E> {
     Io(std::io::Error),
 }
 
-/// What the reader reports per trace event: the list it belongs to (its creation number),
-/// the event's index among all events, and the event.
-pub struct Emitted {
-    /// The trace list's id ([`List::id`]).
+/// What the reader reports per trace entry: the trace it belongs to, its index among all
+/// entries, the entry, and the stacks its frames are resolved in.
+pub struct Emitted<'a> {
+    /// The trace list's id ([`List::id`], its creation number in the pickle).
     pub list: u32,
-    /// Index among all trace events so far (0-based).
+    /// Which trace of the file: a device's (`device_traces[n]`), pinned host memory's, or
+    /// neither.
+    pub trace: Trace,
+    /// Index among all trace entries of the file so far (0-based, every trace counted).
     pub index: u64,
     /// Bytes of the pickle read so far (for progress reports).
     pub offset: u64,
-    /// The event.
-    pub event: RawEvent,
+    /// The entry.
+    pub entry: Entry,
+    /// Every distinct stack read so far: [`Stacks::frames`] of [`Entry::stack`] gives the
+    /// entry's frames (filename, line, name), and any stack id handed out earlier stays valid
+    /// (the table is also returned with the rest of the snapshot).
+    pub stacks: &'a Stacks,
 }
 
 /// A value on the machine's stack, with what the limits need to know of it.
@@ -103,7 +137,7 @@ fn payload(value: &Value) -> u64 {
     match value {
         Value::Str(text) => text.len() as u64,
         Value::List(_) => std::mem::size_of::<List>() as u64,
-        Value::Event(_) => std::mem::size_of::<RawEvent>() as u64,
+        Value::Event(_) => std::mem::size_of::<Entry>() as u64,
         _ => 0,
     }
 }
@@ -128,17 +162,22 @@ pub struct Unpickler<R, F> {
     /// Containers on the stack that were memoized while empty: (stack position, memo id).
     /// When one leaves the stack, complete, the memo learns what it held.
     pending: Vec<(usize, u32)>,
+    /// The same, by memo id: a reference to a container still on the stack reads what it
+    /// holds so far (a frame referenced again inside the `frames` list being built).
+    pending_at: HashMap<u32, usize>,
     next_list: u32,
     events: u64,
     handler: F,
     /// Whether trace events stay in their lists as dicts (reading a whole pickle).
     whole: bool,
     budget: Budget,
+    /// Every distinct frame and stack read so far (a streaming read interns them).
+    stacks: Stacks,
 }
 
 type Step<E> = Result<(), StreamError<E>>;
 
-impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
+impl<R: Read, E, F: FnMut(Emitted<'_>) -> Result<(), E>> Unpickler<R, F> {
     /// An unpickler reading `reader` (of unknown size, under the default limits) and handing
     /// each trace event to `handler`.
     pub fn new(reader: R, handler: F) -> Self {
@@ -148,11 +187,13 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
             marks: Vec::new(),
             memo: Memo::default(),
             pending: Vec::new(),
+            pending_at: HashMap::new(),
             next_list: 0,
             events: 0,
             handler,
             whole: false,
             budget: Budget::new(ReadLimits::default(), None),
+            stacks: Stacks::default(),
         }
     }
 
@@ -186,6 +227,11 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
     /// The memory and work spent so far, by the reader's accounting.
     pub fn budget(&self) -> &Budget {
         &self.budget
+    }
+
+    /// The stacks read, taken out (once the machine has stopped).
+    pub fn take_stacks(&mut self) -> Stacks {
+        std::mem::take(&mut self.stacks)
     }
 
     fn corrupt<T>(&self, message: impl Into<String>) -> Result<T, StreamError<E>> {
@@ -311,6 +357,9 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
                 break;
             }
             self.pending.pop();
+            if self.pending_at.get(&id) == Some(&position) {
+                self.pending_at.remove(&id);
+            }
             self.budget.release(MARK_BYTES);
             self.remember(id, position)?;
         }
@@ -335,40 +384,113 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
     }
 
     /// Records the value at stack position `position` under memo id `id`, as the memo keeps
-    /// it, charging the copy or the scan to the budget.
+    /// it.
     fn remember(&mut self, id: u32, position: usize) -> Step<E> {
-        let offset = self.input.offset();
+        let entry = self.memo_entry_at(position)?;
+        self.keep(id, entry)
+    }
+
+    /// What the memo keeps of the value at stack position `position` (a streaming read
+    /// interns a frame dict or a list of frames first), the copy or the scan charged to the
+    /// budget.
+    fn memo_entry_at(&mut self, position: usize) -> Result<Option<MemoEntry>, StreamError<E>> {
         let Some(slot) = self.stack.get(position) else {
-            return Ok(());
+            return Ok(None);
         };
         let (depth, cost) = (slot.depth, slot.cost);
-        self.budget
-            .spend(nodes(cost), offset)
-            .map_err(|refusal| self.refused(refusal))?;
         let whole = self.memo.keeps_containers();
-        let entry = self.memo.form(&slot.value).map(|value| {
-            let kept_whole = whole && depth > 0;
-            MemoEntry {
-                cost: if kept_whole {
-                    cost
-                } else {
-                    VALUE_BYTES + payload(&value)
-                },
-                depth: if kept_whole { depth } else { 0 },
+        let work = match &slot.value {
+            // A copy of the whole value.
+            _ if whole => nodes(cost),
+            // A look at its entries or items (for a frame, or a list of frames).
+            Value::Dict(entries) => 1 + entries.len() as u64,
+            Value::List(list) => 1 + list.items.len() as u64,
+            _ => 1,
+        };
+        self.spend(work)?;
+        let interned = if whole {
+            None
+        } else {
+            self.interned_form(position)?
+        };
+        Ok(match interned {
+            Some(value) => Some(MemoEntry {
                 value,
-            }
-        });
-        self.keep(id, entry)
+                depth: 0,
+                cost: VALUE_BYTES,
+            }),
+            None => self.stack.get(position).and_then(|slot| {
+                self.memo.form(&slot.value).map(|value| {
+                    let kept_whole = whole && depth > 0;
+                    MemoEntry {
+                        cost: if kept_whole {
+                            cost
+                        } else {
+                            VALUE_BYTES + payload(&value)
+                        },
+                        depth: if kept_whole { depth } else { 0 },
+                        value,
+                    }
+                })
+            }),
+        })
+    }
+
+    /// The interned form of the value at stack position `position` when it is a frame dict
+    /// ([`Value::Frame`]) or a non-empty list of frames ([`Value::Stack`]).
+    fn interned_form(&mut self, position: usize) -> Result<Option<Value>, StreamError<E>> {
+        match self.stack.get(position).map(|slot| &slot.value) {
+            Some(value @ Value::Dict(_)) => match frame_of(value) {
+                Some(frame) => {
+                    let id = self.intern_frame(frame)?;
+                    Ok(Some(Value::Frame(id)))
+                }
+                None => Ok(None),
+            },
+            Some(Value::List(list)) if !list.is_empty() => match stack_items(list) {
+                Some(frames) => {
+                    let id = self.intern_stack(&frames)?;
+                    Ok(Some(Value::Stack(id)))
+                }
+                None => Ok(None),
+            },
+            _ => Ok(None),
+        }
+    }
+
+    /// Interns a frame, charging the hashing to the work budget and the table's growth to the
+    /// memory budget.
+    fn intern_frame(&mut self, frame: SharedFrame) -> Result<FrameId, StreamError<E>> {
+        self.spend(1 + frame_bytes(&frame) / HASHED_BYTES_PER_UNIT)?;
+        let Some((id, grew)) = self.stacks.frame(frame) else {
+            return Err(StreamError::Shape(
+                "more distinct frames than the reader can number".into(),
+            ));
+        };
+        self.hold(grew)?;
+        Ok(id)
+    }
+
+    /// Interns a stack (its frames innermost first), charging it as [`Unpickler::intern_frame`].
+    fn intern_stack(&mut self, frames: &[FrameId]) -> Result<StackId, StreamError<E>> {
+        self.spend(1 + frames.len() as u64 / 16)?;
+        let Some((id, grew)) = self.stacks.stack(frames) else {
+            return Err(StreamError::Shape(
+                "more distinct stacks than the reader can number".into(),
+            ));
+        };
+        self.hold(grew)?;
+        Ok(id)
     }
 
     /// Puts `entry` in the memo under `id`, holding its memory and giving back what it
     /// replaces.
     fn keep(&mut self, id: u32, entry: Option<MemoEntry>) -> Step<E> {
         if let Some(entry) = &entry {
-            self.hold(entry.cost + MEMO_ENTRY_BYTES)?;
+            self.hold(memo_bytes(entry))?;
         }
         if let Some(old) = self.memo.put(id, entry) {
-            self.budget.release(old.cost + MEMO_ENTRY_BYTES);
+            self.budget.release(memo_bytes(&old));
         }
         self.budget
             .check_memo(self.memo.len(), self.input.offset())
@@ -385,12 +507,26 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
         if container {
             self.hold(MARK_BYTES)?;
             self.pending.push((position, id));
+            self.pending_at.insert(id, position);
+        } else {
+            self.pending_at.remove(&id);
         }
         Ok(())
     }
 
-    /// Pushes a copy of what the memo holds under `id`.
+    /// Pushes a copy of what the memo holds under `id`; for a container still on the stack,
+    /// of what it holds so far.
     fn get(&mut self, id: u32) -> Step<E> {
+        if let Some(&position) = self.pending_at.get(&id) {
+            let entry = self.memo_entry_at(position)?;
+            let (value, depth, cost) = match entry {
+                Some(entry) => (entry.value, entry.depth, entry.cost.max(VALUE_BYTES)),
+                None => (Value::Elided, 0, VALUE_BYTES),
+            };
+            self.hold(cost)?;
+            self.stack.push(Slot { value, depth, cost });
+            return Ok(());
+        }
         let Some((depth, cost)) = self
             .memo
             .peek(id)
@@ -400,7 +536,7 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
         };
         self.spend(nodes(cost))?;
         self.hold(cost)?;
-        let value = self.memo.value(id).unwrap_or(Value::Elided(false));
+        let value = self.memo.value(id).unwrap_or(Value::Elided);
         self.stack.push(Slot { value, depth, cost });
         Ok(())
     }
@@ -431,57 +567,77 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
         Ok(())
     }
 
-    /// Appends `items` to the list on top of the stack, handing trace events out.
+    /// Appends `items` to the list on top of the stack, handing trace entries out.
     fn extend_list(&mut self, items: Vec<Slot>) -> Step<E> {
         let mut parent = self.take_top()?;
-        if !matches!(parent.value, Value::List(_)) {
-            let kind = parent.value.type_name();
-            self.put_back(parent);
-            return self.corrupt(format!("APPEND to a {kind}, not a list"));
-        }
-        let result = self.extend_into(&mut parent, items);
-        let id = match &mut parent.value {
-            Value::List(list) => {
-                if let Ok(emitted) = &result {
-                    list.streamed += emitted.len() as u64;
-                }
-                list.id
+        let (id, place) = match &parent.value {
+            Value::List(list) => (list.id, list.place),
+            other => {
+                let kind = other.type_name();
+                self.put_back(parent);
+                return self.corrupt(format!("APPEND to a {kind}, not a list"));
             }
-            _ => 0,
         };
+        let result = self.extend_into(&mut parent, place, items);
+        if let (Value::List(list), Ok(entries)) = (&mut parent.value, &result) {
+            list.streamed += entries.len() as u64;
+        }
         self.put_back(parent);
-        for event in result? {
-            self.emit(id, event)?;
+        let trace = trace_of(place);
+        for entry in result? {
+            self.emit(id, trace, entry)?;
         }
         Ok(())
     }
 
-    /// Puts the items that are not trace events into `parent` (a list) and returns the events.
+    /// Puts the items that are not trace entries into `parent` (a list at `place`), in the
+    /// reader's compact forms where it has one, and returns the entries.
     fn extend_into(
         &mut self,
         parent: &mut Slot,
+        place: Place,
         items: Vec<Slot>,
-    ) -> Result<Vec<RawEvent>, StreamError<E>> {
+    ) -> Result<Vec<Entry>, StreamError<E>> {
         let mut emitted = Vec::new();
         for item in items {
-            if !self.whole {
+            let item = if self.whole {
+                item
+            } else {
                 match &item.value {
-                    Value::Event(event) => {
-                        emitted.push(**event);
+                    Value::Event(entry) => {
+                        emitted.push(**entry);
                         self.budget.release(item.cost);
                         continue;
                     }
                     Value::Dict(entries) if is_event(entries) => {
                         let index = self.events + emitted.len() as u64;
-                        let event = event_from_dict(entries)
+                        let entry = from_dict::event(&item.value)
                             .map_err(|message| StreamError::Event { index, message })?;
-                        emitted.push(event);
+                        emitted.push(entry);
                         self.budget.release(item.cost);
                         continue;
                     }
-                    _ => {}
+                    Value::Dict(_) if place == Place::Under(Section::Blocks) => {
+                        self.append_block(parent, item)?;
+                        continue;
+                    }
+                    Value::Dict(_) if holds_segments(place) => {
+                        let index = match &parent.value {
+                            Value::List(list) => list.items.len(),
+                            _ => 0,
+                        };
+                        self.segment_record(item, place, index)?
+                    }
+                    Value::Dict(_) => match frame_of(&item.value) {
+                        Some(frame) => {
+                            let id = self.intern_frame(frame)?;
+                            self.replace(item, Value::Frame(id))?
+                        }
+                        None => item,
+                    },
+                    _ => item,
                 }
-            }
+            };
             self.absorb(parent, &item)?;
             if let Value::List(list) = &mut parent.value {
                 list.items.push(item.value);
@@ -490,9 +646,99 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
         Ok(emitted)
     }
 
+    /// A slot holding `value` (which holds no other value) in place of `old`, whose memory is
+    /// given back.
+    fn replace(&mut self, old: Slot, value: Value) -> Result<Slot, StreamError<E>> {
+        self.budget.release(old.cost);
+        let cost = VALUE_BYTES + payload(&value);
+        self.hold(cost)?;
+        Ok(Slot {
+            value,
+            depth: 0,
+            cost,
+        })
+    }
+
+    /// Reads a block dict appended to a segment's `blocks` into a record kept in the list; the
+    /// first that cannot be read is remembered, for the segment to report.
+    fn append_block(&mut self, parent: &mut Slot, item: Slot) -> Step<E> {
+        let record = from_dict::block(&item.value);
+        self.budget.release(item.cost);
+        let Value::List(list) = &mut parent.value else {
+            return Ok(());
+        };
+        match record {
+            Ok(record) => {
+                let offset = self.input.offset();
+                self.budget
+                    .hold(BLOCK_BYTES, offset)
+                    .map_err(|refusal| StreamError::Limit {
+                        offset: refusal.offset,
+                        message: refusal.message,
+                        events: self.events,
+                    })?;
+                parent.cost = parent.cost.saturating_add(BLOCK_BYTES);
+                list.blocks.push(record);
+            }
+            Err(message) => {
+                if list.bad_block.is_none() {
+                    list.bad_block = Some((list.blocks.len(), message));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads segment `index` of the list at `place` (a dict whose blocks are records already)
+    /// into a record.
+    fn segment_record(
+        &mut self,
+        item: Slot,
+        place: Place,
+        index: usize,
+    ) -> Result<Slot, StreamError<E>> {
+        let what = if place == Place::Under(Section::HostSegments) {
+            "host segment"
+        } else {
+            "segment"
+        };
+        let cost = item.cost;
+        let mut dict = item.value;
+        let record = take_blocks(&mut dict)
+            .and_then(|blocks| from_dict::segment(&dict, blocks))
+            .map_err(|message| StreamError::Shape(format!("{what} {index}: {message}")))?;
+        self.budget.release(cost);
+        let cost = SEGMENT_BYTES + record.blocks.len() as u64 * BLOCK_BYTES;
+        self.hold(cost)?;
+        Ok(Slot {
+            value: Value::Segment(Box::new(record)),
+            depth: 0,
+            cost,
+        })
+    }
+
+    /// A `frames` value as an interned stack: a list of frames, an empty list, or a shared
+    /// container the memo did not keep (read as no frames). Anything else is left for the
+    /// entry's reader to refuse.
+    fn as_stack(&mut self, slot: Slot) -> Result<Slot, StreamError<E>> {
+        let id = match &slot.value {
+            Value::List(list) if list.is_empty() => Some(StackId::EMPTY),
+            Value::List(list) => match stack_items(list) {
+                Some(frames) => Some(self.intern_stack(&frames)?),
+                None => None,
+            },
+            Value::Elided => Some(StackId::EMPTY),
+            _ => None,
+        };
+        match id {
+            Some(id) => self.replace(slot, Value::Stack(id)),
+            None => Ok(slot),
+        }
+    }
+
     /// Sets `items` (keys and values, alternating) in the dict on top of the stack. A key set
     /// twice keeps both entries; lookups read the last, as Python's dict does (this keeps
-    /// every SETITEMS linear in its items).
+    /// every SETITEMS linear in its items). A streaming read interns a `frames` value.
     fn set_items(&mut self, items: Vec<Slot>) -> Step<E> {
         if !items.len().is_multiple_of(2) {
             return self.corrupt("SETITEMS with an odd number of values");
@@ -506,6 +752,17 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
         let mut items = items.into_iter();
         let mut result = Ok(());
         while let (Some(key), Some(value)) = (items.next(), items.next()) {
+            let value = if !self.whole && key.value.as_str() == Some("frames") {
+                match self.as_stack(value) {
+                    Ok(value) => value,
+                    Err(error) => {
+                        result = Err(error);
+                        break;
+                    }
+                }
+            } else {
+                value
+            };
             result = self
                 .absorb(&mut parent, &key)
                 .and_then(|()| self.absorb(&mut parent, &value));
@@ -520,13 +777,72 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
         result
     }
 
+    /// Where a list created now sits: from what the stack holds below it (the container it
+    /// will be added to and, for a dict, its key). Python's pickler and PyTorch's C++ writer
+    /// add items in MARK batches (`APPENDS`, `SETITEMS`), or one at a time (`APPEND`,
+    /// `SETITEM`) for a container of one item and in protocols 0 and 1.
+    fn place_of_new_list(&self) -> Place {
+        let stack = &self.stack;
+        let len = stack.len();
+        let item_of = |list: &List, position: usize| match list.place {
+            Place::Under(section) => {
+                Place::ItemOf(section, u32::try_from(position).unwrap_or(u32::MAX))
+            }
+            _ => Place::Other,
+        };
+        let key = |slot: &Slot| {
+            slot.value
+                .as_str()
+                .map(|key| Place::Under(Section::of_key(key)))
+        };
+        if let Some(&mark) = self.marks.last() {
+            if let Some(below) = mark.checked_sub(1).and_then(|at| stack.get(at)) {
+                let in_batch = len.saturating_sub(mark);
+                match &below.value {
+                    Value::List(list) if mark <= len => {
+                        return item_of(list, list.items.len().saturating_add(in_batch))
+                    }
+                    _ if in_batch % 2 == 1 => {
+                        if let Some(place) = stack.last().and_then(key) {
+                            return place;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        match stack.last().map(|slot| &slot.value) {
+            Some(Value::List(list)) => return item_of(list, list.items.len()),
+            Some(Value::Str(_)) => {
+                if let (
+                    Some(top),
+                    Some(Slot {
+                        value: Value::Dict(_),
+                        ..
+                    }),
+                ) = (
+                    stack.last(),
+                    len.checked_sub(2).and_then(|at| stack.get(at)),
+                ) {
+                    if let Some(place) = key(top) {
+                        return place;
+                    }
+                }
+            }
+            None if self.marks.is_empty() => return Place::Root,
+            _ => {}
+        }
+        Place::Other
+    }
+
     fn new_list(&mut self) -> Step<E> {
         let id = self.next_list;
         self.next_list = self.next_list.wrapping_add(1);
+        let place = self.place_of_new_list();
         self.push(Value::List(Box::new(List {
             id,
-            items: Vec::new(),
-            streamed: 0,
+            place,
+            ..List::default()
         })))
     }
 
@@ -582,7 +898,7 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
         self.string(bytes?)
     }
 
-    /// An `EMPTY_DICT`: a whole trace event through the fast path when the bytes are one,
+    /// An `EMPTY_DICT`: a whole trace entry through the fast path when the bytes are one,
     /// else an empty dict to be filled by the opcodes that follow.
     fn empty_dict(&mut self) -> Step<E> {
         if self.whole {
@@ -592,7 +908,7 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
             Ok(window) => fast_event(window, &self.memo),
             Err(error) => return Err(self.input_error(error)),
         };
-        let Some((event, used, puts)) = fast else {
+        let Some((entry, used, puts)) = fast else {
             return self.push(Value::Dict(Vec::new()));
         };
         self.input.advance(used);
@@ -605,17 +921,16 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
             self.keep(id, entry)?;
         }
         // Inside a MARK batch of a list with nothing else pending (how picklers write a
-        // trace), the event goes out at once; otherwise it waits for its APPEND.
-        if let Some(list) = self.batch_list() {
-            let id = list.id;
-            list.streamed += 1;
-            return self.emit(id, event);
+        // trace), the entry goes out at once; otherwise it waits for its APPEND.
+        if let Some((id, place)) = self.batch_list() {
+            return self.emit(id, trace_of(place), entry);
         }
-        self.push(Value::Event(Box::new(event)))
+        self.push(Value::Event(Box::new(entry)))
     }
 
-    /// The list being filled by the current MARK batch, when the batch holds nothing yet.
-    fn batch_list(&mut self) -> Option<&mut List> {
+    /// The list being filled by the current MARK batch, when the batch holds nothing yet: its
+    /// id and place, one more entry counted as streamed to it.
+    fn batch_list(&mut self) -> Option<(u32, Place)> {
         let &mark = self.marks.last()?;
         if self.stack.len() != mark || mark == 0 {
             return None;
@@ -624,20 +939,28 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
             Some(Slot {
                 value: Value::List(list),
                 ..
-            }) => Some(list),
+            }) => {
+                list.streamed += 1;
+                Some((list.id, list.place))
+            }
             _ => None,
         }
     }
 
-    /// Hands one event of list `list` to the handler.
-    fn emit(&mut self, list: u32, event: RawEvent) -> Step<E> {
+    /// Hands one entry of list `list` (of `trace`) to the handler.
+    fn emit(&mut self, list: u32, trace: Trace, mut entry: Entry) -> Step<E> {
         let index = self.events;
         self.events += 1;
+        if let Entry::Memory(event) = &mut entry {
+            event.empty_cache_frame = self.stacks.mentions_empty_cache(event.stack);
+        }
         (self.handler)(Emitted {
             list,
+            trace,
             index,
             offset: self.input.offset(),
-            event,
+            entry,
+            stacks: &self.stacks,
         })
         .map_err(StreamError::Handler)
     }
@@ -649,7 +972,11 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
             return self.push(Value::BigInt);
         }
         let bytes = self.read(|input| input.take_vec(length as usize))?;
-        self.push(long(&bytes).map_or(Value::BigInt, Value::Int))
+        let value = match long(&bytes) {
+            Some(value) => Value::Int(value),
+            None => unsigned_long(&bytes).map_or(Value::BigInt, Value::Unsigned),
+        };
+        self.push(value)
     }
 
     /// Runs the machine to `STOP` and returns the top-level value (with trace events taken

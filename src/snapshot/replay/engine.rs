@@ -12,7 +12,7 @@ use super::device::Hints;
 use super::observe::{DeviceEvent, SegmentWatch};
 use crate::alloc::{AllocError, Allocation, CachingAllocator};
 use crate::snapshot::model::Action;
-use crate::snapshot::pickle::{Emitted, RawEvent, SnapshotError};
+use crate::snapshot::pickle::{Emitted, Entry, RawEvent, SnapshotError};
 use crate::tensor::observe::{MemoryEvent, MemoryObserver};
 
 /// A hasher for device addresses: one multiplication, enough for keys that are already
@@ -160,13 +160,16 @@ impl Engine {
 
     /// Replays one event from the reader.
     pub fn handle(&mut self, emitted: Emitted) -> Result<(), SnapshotError> {
+        let Entry::Memory(event) = emitted.entry else {
+            // `user_defined` and `annotate` markers change no memory.
+            return Ok(());
+        };
         if *self.trace.get_or_insert(emitted.list) != emitted.list {
             self.counts.other_device_events += 1;
             return Ok(());
         }
         self.counts.events += 1;
         let index = emitted.index;
-        let event = emitted.event;
         let fail = |message: String| SnapshotError::Event { index, message };
         if !is_release(event.action) {
             self.explain_releases(event.action, index)?;

@@ -32,10 +32,12 @@ use thiserror::Error;
 use crate::alloc::{AllocConf, CachingAllocator};
 use crate::device::sim::{SimDevice, H200_TOTAL_MEMORY};
 use crate::device::DeviceMemory;
-use crate::snapshot::pickle::{self, SnapshotError};
+use crate::snapshot::pickle::{self, Remainder, SnapshotError, Trace};
 use device::{Hints, ReplayDevice};
 pub use engine::Engine;
-pub use report::{CapacitySource, ConfSource, Fragmentation, ReplayReport};
+pub use report::{
+    CapacitySource, ConfSource, DeviceTrace, Fragmentation, HostMemory, ReplayReport,
+};
 
 /// Why a replay could not run.
 #[derive(Debug, Error)]
@@ -49,6 +51,12 @@ pub enum ReplayError {
     /// The allocator could not start (e.g. a bad memory fraction in the config).
     #[error("cannot start the allocator: {0}")]
     Allocator(String),
+    /// The file holds no allocator event to replay for the device asked for.
+    #[error("{0}; record the history with torch.cuda.memory._record_memory_history() before the job runs, then save it with torch.cuda.memory._dump_snapshot(path)")]
+    NoHistory(String),
+    /// `--device-index` names a device the file has no trace for.
+    #[error("{0}")]
+    NoSuchDevice(String),
 }
 
 /// Where the replay's device places segments.
@@ -72,6 +80,9 @@ pub struct ReplayOptions {
     pub conf: Option<AllocConf>,
     /// Segment placement.
     pub placement: Placement,
+    /// The device whose trace is replayed (its position in `device_traces`); `None` = the
+    /// first with entries.
+    pub device_index: Option<u32>,
 }
 
 impl ReplayOptions {
@@ -103,7 +114,12 @@ pub fn replay(
     if let Some(conf) = &options.conf {
         let (report, _) = run(
             path,
-            (capacity, capacity_source, options.placement),
+            (
+                capacity,
+                capacity_source,
+                options.placement,
+                options.device_index,
+            ),
             conf.clone(),
             ConfSource::Given,
             progress,
@@ -112,7 +128,12 @@ pub fn replay(
     }
     let (report, recorded) = run(
         path,
-        (capacity, capacity_source, options.placement),
+        (
+            capacity,
+            capacity_source,
+            options.placement,
+            options.device_index,
+        ),
         AllocConf::default(),
         ConfSource::DefaultNoSettings,
         &mut *progress,
@@ -132,7 +153,12 @@ pub fn replay(
     }
     let (report, _) = run(
         path,
-        (capacity, capacity_source, options.placement),
+        (
+            capacity,
+            capacity_source,
+            options.placement,
+            options.device_index,
+        ),
         conf,
         ConfSource::Recorded,
         progress,
@@ -160,7 +186,12 @@ pub fn replay_timeline(
     let watcher = TimelineWatcher(std::rc::Rc::clone(&recorder), path.display().to_string());
     run_observed(
         path,
-        (report.capacity, report.capacity_source, placement),
+        (
+            report.capacity,
+            report.capacity_source,
+            placement,
+            u32::try_from(report.device_index).ok(),
+        ),
         report.conf.clone(),
         report.conf_source,
         &mut no_progress,
@@ -202,7 +233,7 @@ impl crate::tensor::observe::MemoryObserver for TimelineWatcher {
 /// One pass over the file under `conf`; also returns the settings the file records.
 fn run(
     path: &Path,
-    device: (u64, CapacitySource, Placement),
+    device: (u64, CapacitySource, Placement, Option<u32>),
     conf: AllocConf,
     conf_source: ConfSource,
     progress: Progress<'_>,
@@ -213,7 +244,12 @@ fn run(
 /// [`run`] with an observer told about every allocator operation.
 fn run_observed(
     path: &Path,
-    (capacity, capacity_source, placement): (u64, CapacitySource, Placement),
+    (capacity, capacity_source, placement, device_index): (
+        u64,
+        CapacitySource,
+        Placement,
+        Option<u32>,
+    ),
     conf: AllocConf,
     conf_source: ConfSource,
     progress: Progress<'_>,
@@ -233,7 +269,17 @@ fn run_observed(
     let mut engine = Engine::new(allocator, hints);
     engine.set_observer(observer);
     let mut last_index = 0;
+    let mut other_devices = 0;
     let remainder = pickle::stream_file(path, |emitted| {
+        // One device's trace is replayed; pinned host memory never is.
+        match emitted.trace {
+            Trace::Device(index) if device_index.is_none_or(|wanted| wanted == index) => {}
+            Trace::Device(_) => {
+                other_devices += 1;
+                return Ok(());
+            }
+            Trace::Host(_) | Trace::Other => return Ok(()),
+        }
         last_index = emitted.index;
         let offset = emitted.offset;
         engine.handle(emitted)?;
@@ -243,10 +289,33 @@ fn run_observed(
         Ok(())
     })?;
     engine.finish(last_index)?;
-    let device_index = engine
-        .trace()
-        .and_then(|id| remainder.traces.iter().position(|(list, _)| *list == id))
-        .unwrap_or(0);
+    engine.counts.other_device_events += other_devices;
+    let devices = device_traces(&remainder);
+    if let Some(wanted) = device_index {
+        if wanted as usize >= remainder.traces.len() {
+            return Err(ReplayError::NoSuchDevice(format!(
+                "the file has no trace for device {wanted}: {}",
+                describe_devices(&devices)
+            )));
+        }
+    }
+    let device_index = match device_index {
+        Some(wanted) => wanted as usize,
+        None => engine
+            .trace()
+            .and_then(|id| remainder.traces.iter().position(|(list, _)| *list == id))
+            .unwrap_or(0),
+    };
+    if engine.counts.events == 0 {
+        return Err(ReplayError::NoHistory(if remainder.has_device_traces {
+            format!(
+                "device {device_index}'s trace holds no allocator event ({})",
+                describe_devices(&devices)
+            )
+        } else {
+            "the file records no trace (no 'device_traces': a snapshot taken without history, or PyTorch 2.0's bare list of segments)".into()
+        }));
+    }
     if engine.trace().is_some()
         && remainder
             .traces
@@ -272,6 +341,33 @@ fn run_observed(
         final_stats: stats.entries(),
         fragmentation: Fragmentation::of(stats),
         segment_events: engine.segments.clone(),
+        devices,
+        host: HostMemory::of(&remainder),
     };
     Ok((report, remainder.settings))
+}
+
+/// Each device's trace in the file and its entries.
+fn device_traces(remainder: &Remainder) -> Vec<DeviceTrace> {
+    remainder
+        .traces
+        .iter()
+        .enumerate()
+        .map(|(index, &(_, entries))| DeviceTrace {
+            index: u32::try_from(index).unwrap_or(u32::MAX),
+            entries,
+        })
+        .collect()
+}
+
+/// "devices 0 (120 entries), 1 (0 entries)", for messages.
+fn describe_devices(devices: &[DeviceTrace]) -> String {
+    if devices.is_empty() {
+        return "the file holds no device trace".into();
+    }
+    let list: Vec<String> = devices
+        .iter()
+        .map(|device| format!("{} ({} entries)", device.index, device.entries))
+        .collect();
+    format!("the file holds devices {}", list.join(", "))
 }
