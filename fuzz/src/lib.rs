@@ -8,7 +8,7 @@ use std::rc::Rc;
 use gpumem::alloc::{AllocConf, Allocation, CachingAllocator, MIB};
 use gpumem::device::sim::SimDevice;
 use gpumem::script::{on_script_stack, Host, Limits, PrintSink, ScriptError};
-use gpumem::snapshot::pickle::{self, ReadLimits, Remainder};
+use gpumem::snapshot::pickle::{self, ReadLimits, Remainder, Trace};
 use gpumem::snapshot::replay::device::{Hints, ReplayDevice};
 use gpumem::snapshot::replay::Engine;
 use gpumem::snapshot::SnapshotError;
@@ -212,6 +212,10 @@ fn replay_snapshot(data: &[u8], conf: AllocConf) -> Result<Remainder, SnapshotEr
     let mut last = 0;
     let limits = ReadLimits::default();
     let read = pickle::stream_limited(data, limits, Some(data.len() as u64), |emitted| {
+        // As `gpumem replay`: device traces only, never pinned host memory.
+        if !matches!(emitted.trace, Trace::Device(_)) {
+            return Ok(());
+        }
         last = emitted.index;
         engine.handle(emitted)
     });
