@@ -4,6 +4,9 @@
 //! a timeline is recorded as `gpumem run --timeline/--report` records it (target: at most twice
 //! the plain loop), and of running an empty script (engine set-up included).
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
 use gpumem::alloc::AllocConf;
@@ -29,15 +32,21 @@ fn allocation_loop(c: &mut Criterion) {
     group.bench_function("empty_1MiB_uint8_loop_100k", |b| {
         b.iter(|| host.engine().run_ast(&ast).expect("runs"))
     });
-    // Recording: script lines stamped (an observed runtime makes bindings stamp them), every
-    // event kept. A fresh recorder per run (set up outside the timing), so the kept events do
+    // Recording: script lines stamped (a listened-to allocator makes bindings stamp them),
+    // every event kept. A fresh recorder per run (set up outside the timing), so the kept events do
     // not pile up across runs.
     let recording = new_host();
     group.bench_function("empty_1MiB_uint8_loop_100k_recording", |b| {
         b.iter_batched(
-            || Recorder::install(recording.runtime(), "bench"),
-            |recorder| {
+            || {
+                let runtime = recording.devices().current();
+                let recorder = Rc::new(RefCell::new(Recorder::new(&runtime.allocator(), "bench")));
+                let subscription = runtime.subscribe(Box::new(Rc::clone(&recorder)));
+                (recorder, subscription)
+            },
+            |(recorder, subscription)| {
                 recording.engine().run_ast(&ast).expect("runs");
+                recording.devices().current().unsubscribe(subscription);
                 recorder
             },
             BatchSize::PerIteration,

@@ -13,6 +13,7 @@
 pub mod block;
 pub mod config;
 pub mod diagnosis;
+pub mod events;
 pub mod expandable;
 pub mod format;
 mod invariants;
@@ -23,6 +24,7 @@ pub mod snapshot;
 pub mod stats;
 pub mod summary;
 pub mod trace;
+mod trial;
 mod vmm;
 
 use std::collections::BTreeMap;
@@ -34,10 +36,12 @@ use crate::device::{DeviceError, DeviceMemory};
 pub use block::{Block, BlockId, Pool, SegmentId, StreamId, NIL, NO_SEGMENT};
 use block::{BlockArena, BlockPool};
 pub use config::{AllocConf, ConfigError};
+pub use events::{EventKind, EventLog, MemoryEvent, MemoryObserver, Subscription};
 use expandable::SegmentTable;
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot};
 pub use stats::{DeviceStats, ScopeMark, ScopeReport, Stat, StatArray};
-pub use trace::{TraceAction, TraceEntry, TraceRecorder};
+pub use trace::{TraceEntry, TraceRecorder};
+pub use trial::ExpandableTrial;
 
 /// One mebibyte.
 pub const MIB: u64 = 1 << 20;
@@ -197,8 +201,16 @@ pub struct CachingAllocator {
     segments: BTreeMap<u64, DeviceSegment>,
     /// Every live expandable segment (PyTorch's `expandable_segments_`).
     expandable: SegmentTable,
-    /// The event trace (PyTorch's `alloc_buffer` and `record_history`).
+    /// The memory history (PyTorch's `alloc_buffer` and `record_history`): the built-in
+    /// observer of the event stream.
     trace: TraceRecorder,
+    /// Every other observer of the event stream ([`CachingAllocator::subscribe`]).
+    observers: events::Observers,
+    /// Whether anything listens to the event stream: the history records or an observer is
+    /// subscribed. Kept apart so an unobserved allocator pays one branch per event.
+    listening: bool,
+    /// The caller-supplied context stamped on every event ([`CachingAllocator::set_trace_context`]).
+    context: u32,
 }
 
 impl CachingAllocator {
@@ -218,6 +230,9 @@ impl CachingAllocator {
             segments: BTreeMap::new(),
             expandable: SegmentTable::default(),
             trace: TraceRecorder::default(),
+            observers: events::Observers::default(),
+            listening: false,
+            context: 0,
         };
         if let Some(fraction) = allocator.config.per_process_memory_fraction {
             allocator.set_memory_fraction(fraction)?;
@@ -251,20 +266,92 @@ impl CachingAllocator {
         &self.stats
     }
 
-    /// The event trace.
+    /// The memory history.
     pub fn trace(&self) -> &TraceRecorder {
         &self.trace
     }
 
-    /// The event trace, to turn recording on or off, size or clear it.
-    pub fn trace_mut(&mut self) -> &mut TraceRecorder {
-        &mut self.trace
+    /// Turns the memory history on or off (off forgets what was recorded, as PyTorch's
+    /// `recordHistory(enabled=False)`), keeping at most `max_entries` entries.
+    pub fn record_history(&mut self, enabled: bool, max_entries: usize) {
+        self.trace.set_max_entries(max_entries);
+        self.trace.set_enabled(enabled);
+        self.update_listening();
     }
 
-    /// Sets the opaque context id stamped on every trace entry from now on (the script layer
-    /// maps it to "file:line").
+    /// Replaces the history's clock (tests use a fixed one).
+    pub fn set_history_clock(&mut self, clock: trace::Clock) {
+        self.trace.set_clock(clock);
+    }
+
+    /// Sets the opaque context id stamped on every event from now on (the script layer maps it
+    /// to "file:line").
     pub fn set_trace_context(&mut self, context: u32) {
-        self.trace.set_context(context);
+        self.context = context;
+    }
+
+    /// The context id stamped on new events.
+    pub fn trace_context(&self) -> u32 {
+        self.context
+    }
+
+    /// Subscribes `observer` to the event stream: from now on it is told about every event,
+    /// in order. Returns the handle that ends the subscription.
+    pub fn subscribe(&mut self, observer: Box<dyn MemoryObserver>) -> Subscription {
+        let id = self.observers.add(observer);
+        self.update_listening();
+        id
+    }
+
+    /// Ends a subscription, handing the observer back (`None` if it already ended).
+    pub fn unsubscribe(&mut self, id: Subscription) -> Option<Box<dyn MemoryObserver>> {
+        let observer = self.observers.remove(id);
+        self.update_listening();
+        observer
+    }
+
+    /// Whether anything listens to the event stream (history or an observer): callers that
+    /// stamp contexts can skip the work otherwise.
+    #[inline]
+    pub fn is_listened_to(&self) -> bool {
+        self.listening
+    }
+
+    fn update_listening(&mut self) {
+        self.listening = self.trace.enabled() || !self.observers.is_empty();
+    }
+
+    /// Emits one event (see [`MemoryEvent`] for what `addr`, `size` and `bytes` mean per
+    /// kind). While nothing listens this is one predictable branch; the rest is kept out of
+    /// line.
+    #[inline(always)]
+    fn emit(
+        &mut self,
+        kind: EventKind,
+        addr: u64,
+        size: u64,
+        bytes: u64,
+        stream: StreamId,
+        pool: Pool,
+    ) {
+        if self.listening {
+            self.tell(MemoryEvent {
+                kind,
+                addr,
+                size,
+                bytes,
+                stream,
+                pool,
+                context: self.context,
+            });
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn tell(&mut self, event: MemoryEvent) {
+        self.trace.record(&event);
+        self.observers.tell(&event);
     }
 
     /// `torch.cuda.reset_peak_memory_stats()`.
@@ -389,7 +476,7 @@ impl CachingAllocator {
             return Err(AllocError::OutOfMemory(OutOfMemory {
                 message: "CUDA out of memory. Tried to allocate more than 1EB memory.".into(),
                 alloc_size: orig_size,
-                diagnosis: Box::new(self.diagnose(orig_size, orig_size, orig_size)),
+                diagnosis: Box::new(self.diagnose(stream, orig_size, orig_size, orig_size)),
             }));
         }
         let size = self.round_size(orig_size);
@@ -535,8 +622,14 @@ impl CachingAllocator {
             self.stats.oversize_segments.increase(1);
         }
         self.stats.num_device_alloc += 1;
-        self.trace
-            .record(TraceAction::SegmentAlloc, ptr, size, request.stream);
+        self.emit(
+            EventKind::SegmentAlloc,
+            ptr,
+            size,
+            size,
+            request.stream,
+            pool,
+        );
         self.segments.insert(
             ptr,
             DeviceSegment {
@@ -639,8 +732,7 @@ impl CachingAllocator {
         block.allocated = true;
         block.requested_size = orig_size;
         let (ptr, block_size, stream) = (block.ptr, block.size, block.stream);
-        self.trace
-            .record(TraceAction::Alloc, ptr, orig_size, stream);
+        self.emit(EventKind::Alloc, ptr, orig_size, block_size, stream, pool);
         let stats = &mut self.stats;
         stats.allocation.increase(pool, 1);
         stats.allocated_bytes.increase(pool, block_size as i64);
@@ -728,11 +820,13 @@ impl CachingAllocator {
         let pool = freed.pool;
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, freed.size as i64);
-        self.trace.record(
-            TraceAction::FreeRequested,
+        self.emit(
+            EventKind::FreeRequested,
             freed.ptr,
             freed.requested,
+            freed.size,
             freed.stream,
+            pool,
         );
         if freed.size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
@@ -755,8 +849,14 @@ impl CachingAllocator {
             next,
             expandable,
         } = freed;
-        self.trace
-            .record(TraceAction::FreeCompleted, ptr, requested, stream);
+        self.emit(
+            EventKind::FreeCompleted,
+            ptr,
+            requested,
+            orig_size,
+            stream,
+            pool,
+        );
         let mut net_count: i64 = 0;
         let mut net_bytes: i64 = 0;
         let (mut base, mut size) = (ptr, orig_size);

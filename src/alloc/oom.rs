@@ -3,7 +3,7 @@
 //! segments; only the figures differ (reserved bytes are mapped bytes there).
 
 use super::format::format_size as fs;
-use super::{AllocError, CachingAllocator, OutOfMemory, Request, TraceAction};
+use super::{AllocError, CachingAllocator, EventKind, OutOfMemory, Request};
 
 impl CachingAllocator {
     /// Builds PyTorch's OOM error: reads the device's free and total memory, records the `oom`
@@ -25,8 +25,14 @@ impl CachingAllocator {
             }
             proc_info.push_str(&format!(" has {} memory in use. ", fs(process.used_bytes)));
         }
-        self.trace
-            .record(TraceAction::Oom, device_free, request.size, request.stream);
+        self.emit(
+            EventKind::Oom,
+            device_free,
+            request.size,
+            request.alloc_size,
+            request.stream,
+            request.pool,
+        );
         self.stats.num_ooms += 1;
         let allocated = self.stats.allocated_bytes.all.current.max(0) as u64;
         let reserved = self.stats.reserved_bytes.all.current.max(0) as u64;
@@ -44,7 +50,12 @@ impl CachingAllocator {
         AllocError::OutOfMemory(OutOfMemory {
             message,
             alloc_size: request.alloc_size,
-            diagnosis: Box::new(self.diagnose(orig_size, request.size, request.alloc_size)),
+            diagnosis: Box::new(self.diagnose(
+                request.stream,
+                orig_size,
+                request.size,
+                request.alloc_size,
+            )),
         })
     }
 }

@@ -4,14 +4,14 @@
 //! `release_available_cached_blocks`, `garbage_collect_cached_blocks`).
 
 use super::block::{Block, BlockId, FreeKey, NIL};
-use super::{AllocError, CachingAllocator, Pool, Request, TraceAction};
+use super::{AllocError, CachingAllocator, EventKind, Pool, Request};
 
 impl CachingAllocator {
     /// `torch.cuda.empty_cache()`: returns every completely free `cudaMalloc` segment to the
     /// device and unmaps every whole free page of expandable segments. Pieces of segments that
     /// still hold an allocation stay cached.
     pub fn empty_cache(&mut self) -> Result<(), AllocError> {
-        self.trace.record(TraceAction::EmptyCache, 0, 0, 0);
+        self.emit(EventKind::EmptyCache, 0, 0, 0, 0, Pool::Large);
         self.release_cached_blocks()
     }
 
@@ -56,8 +56,7 @@ impl CachingAllocator {
         let block = self.blocks.at(id);
         let (ptr, size, pool, stream) = (block.ptr, block.size, block.pool, block.stream);
         self.stats.num_device_free += 1;
-        self.trace
-            .record(TraceAction::SegmentFree, ptr, size, stream);
+        self.emit(EventKind::SegmentFree, ptr, size, size, stream, pool);
         self.device.free(ptr)?;
         self.total_allocated_memory -= size;
         self.stats.segment.decrease(pool, 1);

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::{CachingAllocator, TraceAction};
+use super::{CachingAllocator, EventKind, Pool};
 
 /// A block's state as PyTorch names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -70,8 +70,14 @@ impl CachingAllocator {
     pub fn snapshot(&mut self) -> Vec<SegmentSnapshot> {
         let segments = self.segment_snapshots();
         let active: u64 = segments.iter().map(|segment| segment.active_size).sum();
-        self.trace.record(TraceAction::Snapshot, 0, active, 0);
+        self.record_snapshot_event(active);
         segments
+    }
+
+    /// Emits the `snapshot` event PyTorch's `_snapshot()` records, with the bytes of active
+    /// blocks, for callers that build the snapshot's segments themselves.
+    pub fn record_snapshot_event(&mut self, active_bytes: u64) {
+        self.emit(EventKind::Snapshot, 0, active_bytes, 0, 0, Pool::Large);
     }
 
     /// The segments of [`CachingAllocator::snapshot`], without recording a trace entry.

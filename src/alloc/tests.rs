@@ -441,11 +441,10 @@ fn trace_records_pytorchs_events_in_order() {
             .collect()
     };
     let mut a = allocator("");
-    a.trace_mut().set_clock(clock);
-    a.trace_mut().set_max_entries(100);
+    a.set_history_clock(clock);
     let untraced = a.malloc(1000).expect("alloc");
     assert!(a.trace().is_empty(), "off by default");
-    a.trace_mut().set_enabled(true);
+    a.record_history(true, 100);
     a.set_trace_context(3);
     let x = a.malloc(5 * MIB).expect("alloc");
     a.free(x).expect("free");
@@ -466,7 +465,7 @@ fn trace_records_pytorchs_events_in_order() {
             ("free_requested", small, 1000),
             ("free_completed", small, 1000),
             ("snapshot", 0, 0),
-            ("empty_cache", 0, 0),
+            // PyTorch's history has no `empty_cache` entry: only what it released.
             ("segment_free", base, 20 * MIB),
             ("segment_free", small, 2 * MIB),
             ("oom", free, 1024),
@@ -479,8 +478,7 @@ fn trace_records_pytorchs_events_in_order() {
         .all(|e| e.context == 3 && e.time_us == 7));
 
     let mut e = expandable(H200_TOTAL);
-    e.trace_mut().set_max_entries(100);
-    e.trace_mut().set_enabled(true);
+    e.record_history(true, 100);
     let y = e.malloc(5 * MIB).expect("alloc");
     let z = e.malloc(30 * MIB).expect("alloc");
     let _ = e.snapshot();
@@ -499,7 +497,6 @@ fn trace_records_pytorchs_events_in_order() {
             ("segment_map", base + 20 * MIB, 20 * MIB),
             ("alloc", base + 5 * MIB, 30 * MIB),
             ("snapshot", 0, 35 * MIB),
-            ("empty_cache", 0, 0),
             ("segment_unmap", base, 40 * MIB),
         ]
     );

@@ -12,7 +12,7 @@
 
 use super::block::{Block, BlockId, Pool, SegmentId, NIL};
 use super::expandable::{page_size, reserved_pages, ExpandableSegment, SegmentTable};
-use super::{AllocError, CachingAllocator, Request, TraceAction};
+use super::{AllocError, CachingAllocator, EventKind, Request};
 
 impl CachingAllocator {
     /// PyTorch's `try_allocate_expandable_block`: finds the lowest-addressed place of the
@@ -125,6 +125,7 @@ impl CachingAllocator {
             gc_count_base: 0,
         });
         self.pool_mut(pool).insert_unmapped(stream, base, id);
+        self.emit(EventKind::RangeReserve, base, bytes, page, stream, pool);
         Ok(id)
     }
 
@@ -179,8 +180,14 @@ impl CachingAllocator {
         self.total_allocated_memory += mapped;
         self.stats.reserved_bytes.increase(pool, mapped as i64);
         self.stats.num_device_alloc += 1;
-        self.trace
-            .record(TraceAction::SegmentMap, mapped_ptr, mapped, stream);
+        self.emit(
+            EventKind::SegmentMap,
+            mapped_ptr,
+            mapped,
+            mapped,
+            stream,
+            pool,
+        );
         Ok(true)
     }
 
@@ -235,8 +242,14 @@ impl CachingAllocator {
         self.total_allocated_memory -= unmapped;
         self.stats.reserved_bytes.decrease(pool, unmapped as i64);
         self.stats.num_device_free += 1;
-        self.trace
-            .record(TraceAction::SegmentUnmap, unmapped_ptr, unmapped, stream);
+        self.emit(
+            EventKind::SegmentUnmap,
+            unmapped_ptr,
+            unmapped,
+            unmapped,
+            stream,
+            pool,
+        );
         Ok(())
     }
 
@@ -291,7 +304,9 @@ impl CachingAllocator {
         self.pool_mut(pool).remove_unmapped(stream, ptr, id);
         self.blocks.remove(id);
         if let Some(segment) = self.expandable.remove(segment_id) {
+            let page = segment.page;
             segment.release(self.device.as_mut())?;
+            self.emit(EventKind::RangeRelease, ptr, size, page, stream, pool);
         }
         Ok(())
     }

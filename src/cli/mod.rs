@@ -12,14 +12,17 @@ pub mod replay;
 pub mod soak;
 pub mod splitmix;
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::rc::Rc;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
 use gpumem::device::DeviceSpec;
 use gpumem::script::directives::{self, Directives};
+use gpumem::script::sandbox::PathPolicy;
 use gpumem::script::{on_script_stack, Host, Limits, PrintSink, ScriptError};
 use gpumem::session::{self, ConfigSource, Session, SessionError, SessionOptions};
 use gpumem::viz::chart::{self, ChartSize};
@@ -106,8 +109,9 @@ impl From<ScriptError> for CliError {
 #[derive(Parser)]
 #[command(name = "gpumem", version, about)]
 struct Cli {
-    /// Device: `cuda[:N]` or `sim[:SIZE]` (e.g. `sim:80GiB`). Default: cuda:0 when a GPU is
-    /// found, else the simulated H200.
+    /// Devices: `cuda` (every visible GPU; `cuda:N` starts on GPU N), `sim[:SIZE]` (e.g.
+    /// `sim:80GiB`) or `sim:SIZE,SIZE,...` (one simulated device per size). Default: the GPUs
+    /// when one is found, else the simulated H200.
     #[arg(long, global = true, value_name = "DEVICE")]
     device: Option<DeviceSpec>,
     /// Allocator config in PyTorch's syntax (e.g. `max_split_size_mb:64`); default: the
@@ -117,6 +121,10 @@ struct Cli {
     /// Sandbox limits of the script engine.
     #[command(flatten)]
     limits: Limits,
+    /// Also let scripts read and write files beneath DIR (repeatable). Without it a script's
+    /// `dump_snapshot` and `replay` reach only its own directory and the current directory.
+    #[arg(long, global = true, value_name = "DIR")]
+    allow_path: Vec<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -141,9 +149,14 @@ enum Command {
         /// Scripts or folders (searched recursively).
         #[arg(default_value = "tests/golden")]
         paths: Vec<PathBuf>,
-        /// Write (create or update) the .out files instead of comparing.
+        /// Write (create or update) the .out files instead of comparing; a script that stops
+        /// with an error is refused (a typo must not become a passing test).
         #[arg(long)]
         bless: bool,
+        /// Like --bless, and also write the .out files of scripts that stop with an error
+        /// (an expected OOM, a rejected config), pinning the error.
+        #[arg(long)]
+        bless_errors: bool,
     },
     /// Replay a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) through gpumem's
     /// allocator on a simulated device: peaks, cudaMalloc calls, OOMs, fragmentation, and
@@ -258,8 +271,9 @@ pub fn main() -> ExitCode {
 /// Runs the command the arguments name.
 fn try_main(cli: Cli) -> Result<(), CliError> {
     let options = SessionOptions {
-        device: cli.device,
+        device: cli.device.clone(),
         config: ConfigSource::flag_or_environment(cli.alloc_conf.clone()),
+        devices: None,
     };
     match cli.command {
         Some(Command::Run {
@@ -269,17 +283,23 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
         }) => {
             let outputs = Outputs { timeline, report };
             outputs.check()?;
-            on_stack(|| run(&options, cli.limits, &file, &outputs))
+            on_stack(|| run(&options, cli.limits, &cli.allow_path, &file, &outputs))
         }
-        Some(Command::Test { paths, bless }) => {
+        Some(Command::Test {
+            paths,
+            bless,
+            bless_errors,
+        }) => {
             let golden_options = golden::Options {
-                device: cli.device,
+                device: cli.device.clone(),
                 // Golden results must not depend on the caller's environment: only the flag.
                 config: cli
                     .alloc_conf
                     .map_or(ConfigSource::Default, ConfigSource::Flag),
                 bless,
+                bless_errors,
                 limits: cli.limits,
+                allow_paths: cli.allow_path.clone(),
             };
             match golden::command(&paths, &golden_options) {
                 Exit::Success => Ok(()),
@@ -325,7 +345,7 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
         Some(Command::Bench(BenchTarget::Soak { seconds, seed })) => {
             bench_soak(&options, seconds, seed)
         }
-        None => on_stack(|| repl(&options, cli.limits)),
+        None => on_stack(|| repl(&options, cli.limits, &cli.allow_path)),
     }
 }
 
@@ -344,10 +364,20 @@ fn open_session(options: &SessionOptions) -> Result<Session, CliError> {
     Ok(session)
 }
 
+/// Where a script (at `script`, or typed into the REPL) may read and write files: its own
+/// directory, the current one and every `--allow-path`.
+pub(crate) fn sandbox_policy(
+    script: Option<&Path>,
+    allow_paths: &[PathBuf],
+) -> Result<PathPolicy, CliError> {
+    PathPolicy::for_script(script, allow_paths).map_err(|error| CliError::Usage(error.to_string()))
+}
+
 /// `gpumem` without a subcommand: the REPL (a piped transcript with errors fails).
-fn repl(options: &SessionOptions, limits: Limits) -> Result<(), CliError> {
+fn repl(options: &SessionOptions, limits: Limits, allow_paths: &[PathBuf]) -> Result<(), CliError> {
     let session = open_session(options)?;
-    match repl::run(session.runtime, session.device, limits) {
+    let paths = sandbox_policy(None, allow_paths)?;
+    match repl::run(session.devices, session.device, limits, paths) {
         Ok(0) => Ok(()),
         Ok(code) => Err(CliError::ScriptExit(code)),
         Err(error) => Err(CliError::Usage(error.to_string())),
@@ -448,6 +478,7 @@ impl Outputs {
 fn run(
     options: &SessionOptions,
     limits: Limits,
+    allow_paths: &[PathBuf],
     file: &Path,
     outputs: &Outputs,
 ) -> Result<(), CliError> {
@@ -465,16 +496,23 @@ fn run(
         }
         other => other?,
     };
-    let host = Host::with_limits(session.runtime, PrintSink::Stdout, limits);
+    let host = Host::with_limits(session.devices, PrintSink::Stdout, limits);
+    host.set_path_policy(sandbox_policy(Some(file), allow_paths)?);
     host.set_map_options(paint::stdout_map_options());
     if !outputs.wanted() {
         return Ok(host.run_source(&name, &source)?);
     }
-    let runtime = std::rc::Rc::clone(host.runtime());
+    // The timeline follows the device current at the start (one timeline per device is
+    // future work).
+    let runtime = host.devices().current();
     // While observed, bindings stamp their script line on the allocator's trace context.
-    let recorder = Recorder::install(&runtime, name.clone());
+    let recorder = Rc::new(RefCell::new(Recorder::new(
+        &runtime.allocator(),
+        name.clone(),
+    )));
+    let subscription = runtime.subscribe(Box::new(Rc::clone(&recorder)));
     let result = host.run_source(&name, &source);
-    runtime.set_observer(None);
+    runtime.unsubscribe(subscription);
     let mut timeline = recorder.borrow().timeline(Vec::new());
     timeline.labels = gpumem::script::viz_api::timeline_labels(&timeline);
     let end = {
@@ -498,15 +536,17 @@ fn run(
 /// flag (or environment variable), saying so on stderr when it overrides one that was given.
 fn pinned_options(options: &SessionOptions, pinned: &Directives, file: &Path) -> SessionOptions {
     let mut resolved = options.clone();
-    if let Some(device) = pinned.device {
-        if let Some(flag) = options.device.filter(|flag| *flag != device) {
+    if let Some(device) = &pinned.device {
+        if let Some(flag) = options.device.as_ref().filter(|flag| *flag != device) {
+            let written = pinned.device_text.clone().unwrap_or(device.to_string());
             eprintln!(
-                "gpumem: {} pins `//! device: {device}`; ignoring --device {flag}",
+                "gpumem: {} pins `//! device: {written}`; ignoring --device {flag}",
                 file.display()
             );
         }
-        resolved.device = Some(device);
+        resolved.device = Some(device.clone());
     }
+    resolved.devices = pinned.devices;
     if let Some(text) = &pinned.alloc_conf {
         if options.config != ConfigSource::Default && options.config.text() != text {
             eprintln!(
@@ -528,7 +568,8 @@ fn pinned_options(options: &SessionOptions, pinned: &Directives, file: &Path) ->
 fn bench_alloc(options: &SessionOptions, rounds: u32, json: bool) -> Result<(), CliError> {
     let session = open_session(options)?;
     let timings = session
-        .runtime
+        .devices
+        .current()
         .with_allocator(|allocator| crate::cli::bench::time_patterns(allocator, rounds as usize))
         .map_err(|error| CliError::Failed(error.to_string()))?;
     if json {
@@ -566,7 +607,7 @@ fn bench_soak(options: &SessionOptions, seconds: f64, seed: u64) -> Result<(), C
         DeviceSpec::Sim(_) => 0,
         DeviceSpec::Cuda(_) => 2 << 20,
     };
-    let report = session.runtime.with_allocator(|allocator| {
+    let report = session.devices.current().with_allocator(|allocator| {
         soak::soak(
             allocator,
             std::time::Duration::from_secs_f64(seconds),
@@ -604,9 +645,11 @@ fn bench_randn(options: &SessionOptions, reps: u32, torch_script: &Path) -> Resu
     let session = session::open(&SessionOptions {
         device: Some(DeviceSpec::Cuda(index)),
         config: options.config.clone(),
+        devices: None,
     })?;
-    let report = crate::cli::bench::randn::randn(&session.runtime, index, reps, torch_script)
-        .map_err(|error| CliError::Usage(format!("cannot use cuda:{index}: {error}")))?;
+    let report =
+        crate::cli::bench::randn::randn(&session.devices.current(), index, reps, torch_script)
+            .map_err(|error| CliError::Usage(format!("cannot use cuda:{index}: {error}")))?;
     println!("{report}");
     Ok(())
 }

@@ -1,8 +1,10 @@
 //! `gpumem replay FILE`: a PyTorch memory snapshot replayed through gpumem's allocator on a
 //! simulated device (the work is `gpumem::snapshot::replay`); and `gpumem bench replay`.
 
+use std::cell::RefCell;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -14,6 +16,7 @@ use gpumem::device::DeviceSpec;
 use gpumem::snapshot::replay::{
     min_capacity, replay, CapacitySearch, Placement, ReplayError, ReplayOptions, ReplayReport,
 };
+use gpumem::viz::Recorder;
 
 use super::CliError;
 
@@ -70,7 +73,7 @@ fn parse_conf(text: &str, what: &str) -> Result<AllocConf, CliError> {
 }
 
 fn replay_error(file: &Path, error: ReplayError) -> CliError {
-    CliError::Usage(format!("{}: {error}", file.display()))
+    CliError::Usage(error.naming(file))
 }
 
 /// A progress bar on stderr for a large file when stderr is a terminal.
@@ -104,9 +107,16 @@ fn run_one(args: &ReplayArgs, options: &ReplayOptions) -> Result<ReplayReport, C
 
 /// `gpumem replay`.
 pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
-    let capacity = match args.device {
+    let capacity = match &args.device {
         None => None,
-        Some(DeviceSpec::Sim(size)) => size,
+        Some(DeviceSpec::Sim(sizes)) => match sizes.as_slice() {
+            [size] => *size,
+            _ => {
+                return Err(CliError::Usage(
+                    "replay runs on one simulated device: use --device sim[:SIZE]".into(),
+                ))
+            }
+        },
         Some(DeviceSpec::Cuda(_)) => {
             return Err(CliError::Usage(
                 "replay runs on a simulated device: use --device sim[:SIZE]".into(),
@@ -125,9 +135,18 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
     };
     let report = run_one(args, &options)?;
     if args.outputs.wanted() {
-        let timeline =
-            gpumem::snapshot::replay::replay_timeline(&args.file, &report, args.placement)
-                .map_err(|error| replay_error(&args.file, error))?;
+        let recorder = Rc::new(RefCell::new(Recorder::empty(
+            args.file.display().to_string(),
+            report.capacity,
+        )));
+        gpumem::snapshot::replay::replay_observed(
+            &args.file,
+            &report,
+            args.placement,
+            vec![Box::new(Rc::clone(&recorder))],
+        )
+        .map_err(|error| replay_error(&args.file, error))?;
+        let timeline = recorder.borrow().timeline(Vec::new());
         args.outputs.write(
             &timeline,
             super::EndState {

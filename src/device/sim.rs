@@ -22,6 +22,10 @@ pub const H200_CONTEXT_BYTES: u64 = 527 * MIB;
 /// pytorch-seed-walkthrough.json, step 1). The other 7 MiB count as used on the device but as
 /// nobody's.
 pub const H200_PROCESS_CONTEXT_BYTES: u64 = 520 * MIB;
+/// A simulated device's context is at most this fraction of it (one eighth): the H200's
+/// 527 MiB would leave a device of a few hundred MiB nothing to allocate. Not PyTorch's or the
+/// driver's behaviour, a choice of the model, said when such a device is opened.
+pub const SMALL_DEVICE_CONTEXT_SHARE: u64 = 8;
 /// NVML's "used" on the H200 before any process creates a context: memory the driver keeps
 /// for itself (measured: 644939776 bytes).
 pub const H200_DRIVER_RESERVED_BYTES: u64 = 644_939_776;
@@ -264,6 +268,10 @@ impl AddressSpace {
 #[derive(Debug, Clone)]
 pub struct SimDevice {
     total: u64,
+    /// The device's ordinal among the simulated machine's devices.
+    index: usize,
+    /// Whether the machine has several devices, so the label names the ordinal (`sim:1`).
+    numbered: bool,
     context_bytes: u64,
     /// The part of `context_bytes` NVML attributes to this process.
     process_context_bytes: u64,
@@ -279,15 +287,18 @@ pub struct SimDevice {
 
 impl SimDevice {
     /// A simulated device of `total` bytes. Its context costs what the H200's does, but never
-    /// more than an eighth of the device, so small simulated devices stay usable.
+    /// more than an eighth of the device ([`SMALL_DEVICE_CONTEXT_SHARE`]), so small simulated
+    /// devices stay usable; [`SimDevice::context_is_scaled`] says when that applies.
     pub fn new(total: u64) -> SimDevice {
-        let context_bytes = H200_CONTEXT_BYTES.min(total / 8);
+        let context_bytes = H200_CONTEXT_BYTES.min(total / SMALL_DEVICE_CONTEXT_SHARE);
         // The attributed share keeps the H200's proportion on a smaller simulated device.
         let process_context_bytes = (u128::from(context_bytes)
             * u128::from(H200_PROCESS_CONTEXT_BYTES)
             / u128::from(H200_CONTEXT_BYTES)) as u64;
         SimDevice {
             total,
+            index: 0,
+            numbered: false,
             context_bytes,
             process_context_bytes,
             context_created: Cell::new(false),
@@ -303,9 +314,37 @@ impl SimDevice {
         SimDevice::new(H200_TOTAL_MEMORY)
     }
 
+    /// This device as device `index` of a simulated machine with several devices: its index
+    /// is `index` (as in PyTorch's OOM message, "GPU 1 has ...") and its label `sim:INDEX`.
+    /// A machine of one device keeps [`SimDevice::new`]'s index 0 and label `sim`.
+    pub fn numbered(self, index: usize) -> SimDevice {
+        SimDevice {
+            index,
+            numbered: true,
+            ..self
+        }
+    }
+
+    /// A device like this one (capacity, index, label) as a process that never used it sees
+    /// it: nothing allocated, no context. What a fresh session on the same machine gets.
+    pub fn fresh(&self) -> SimDevice {
+        let device = SimDevice::new(self.total);
+        SimDevice {
+            index: self.index,
+            numbered: self.numbered,
+            ..device
+        }
+    }
+
     /// What the simulated CUDA context costs in the driver's view.
     pub fn context_bytes(&self) -> u64 {
         self.context_bytes
+    }
+
+    /// Whether this device is too small for the H200's context, which is then scaled down to
+    /// an eighth of it (below 8 × 527 MiB, about 4.12 GiB).
+    pub fn context_is_scaled(&self) -> bool {
+        self.context_bytes < H200_CONTEXT_BYTES
     }
 
     /// Whether the context exists yet (a call that needs it was made).
@@ -418,7 +457,7 @@ impl DeviceMemory for SimDevice {
     }
 
     fn index(&self) -> usize {
-        0
+        self.index
     }
 
     /// This process, once it has a context (NVML lists only processes with one).
@@ -434,7 +473,11 @@ impl DeviceMemory for SimDevice {
     }
 
     fn label(&self) -> String {
-        "sim".into()
+        if self.numbered {
+            format!("sim:{}", self.index)
+        } else {
+            "sim".into()
+        }
     }
 
     fn allocation_granularity(&self) -> Result<u64, DeviceError> {
@@ -652,6 +695,20 @@ mod tests {
         ));
         assert!(device.reserve_address_range(0).is_err());
         assert!(device.reserve_address_range(MIB).is_err());
+    }
+
+    #[test]
+    fn a_numbered_device_names_its_index_and_a_fresh_copy_has_no_context() {
+        let mut device = SimDevice::new(1 << 30).numbered(1);
+        assert_eq!((device.index(), device.label()), (1, "sim:1".to_string()));
+        assert_eq!(SimDevice::new(1 << 30).label(), "sim");
+        device.malloc(2 * MIB).expect("fits");
+        assert!(device.has_context());
+        let fresh = device.fresh();
+        assert!(!fresh.has_context());
+        assert_eq!(fresh.driver_memory().map(|m| m.process_bytes), Ok(0));
+        assert_eq!((fresh.index(), fresh.label()), (1, "sim:1".to_string()));
+        assert_eq!(fresh.total_memory(), 1 << 30);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use rhai::NativeCallContext;
 
-use crate::alloc::trace::{TraceAction, TraceEntry};
+use crate::alloc::{EventKind, TraceEntry};
 use crate::snapshot::model::{int, Frame, TraceEvent};
 use crate::tensor::Runtime;
 
@@ -31,10 +31,10 @@ thread_local! {
 }
 
 /// Makes the allocator stamp the events that follow with the call site of `context` (only
-/// while history is being recorded or the runtime is observed).
+/// while something listens to its event stream: the history, or a timeline being recorded by
+/// `gpumem run --timeline/--report`).
 pub fn stamp(context: &NativeCallContext, runtime: &Runtime) {
-    // A timeline being recorded (`gpumem run --timeline/--report`) reads the stamp too.
-    if !runtime.is_observed() && !runtime.allocator().trace().enabled() {
+    if !runtime.allocator().is_listened_to() {
         return;
     }
     let line = context.call_position().line().unwrap_or(0) as u32;
@@ -80,7 +80,7 @@ pub fn events(entries: &[TraceEntry]) -> Vec<TraceEvent> {
         .iter()
         .filter_map(|entry| {
             Some(TraceEvent {
-                // gpumem's own `empty_cache` marker is not PyTorch's: left out.
+                // The history holds PyTorch's kinds only; the filter keeps that promise here too.
                 action: Some(entry.action).filter(|action| action.is_pytorchs())?,
                 addr: int(entry.addr),
                 size: int(entry.size),
@@ -99,10 +99,10 @@ pub fn allocation_contexts(entries: &[TraceEntry]) -> HashMap<u64, u32> {
     let mut live = HashMap::new();
     for entry in entries {
         match entry.action {
-            TraceAction::Alloc => {
+            EventKind::Alloc => {
                 live.insert(entry.addr, entry.context);
             }
-            TraceAction::FreeCompleted => {
+            EventKind::FreeCompleted => {
                 live.remove(&entry.addr);
             }
             _ => {}

@@ -80,7 +80,7 @@ pub struct Frame {
 
 /// The kind of a trace event: the allocator's trace action, of which a snapshot holds
 /// PyTorch's nine ([`Action::PYTORCH`]; reading a file accepts only their names).
-pub use crate::alloc::trace::TraceAction as Action;
+pub use crate::alloc::EventKind as Action;
 
 /// One trace event, as `_snapshot()["device_traces"][device][i]`.
 #[derive(Debug, Clone, PartialEq)]

@@ -4,8 +4,8 @@
 
 use std::rc::Rc;
 
-use super::backend::{BinaryOp, Operand, Reduction};
-use super::{Contents, DType, Tensor, TensorError};
+use super::backend::{BinaryOp, Operand, Reduction, Span};
+use super::{Contents, DType, Runtime, Tensor, TensorError};
 
 /// The most elements `to_array()` copies to the host (4 MB of float32): larger reads are
 /// refused with a message rather than building a huge script array.
@@ -29,7 +29,47 @@ pub fn format_value(dtype: DType, value: f64) -> String {
     }
 }
 
+/// A tensor of at most this many elements shows every value in its display.
+pub const DISPLAY_ALL_UP_TO: usize = 10;
+/// A larger tensor shows this many values at each end (PyTorch's print option `edgeitems`,
+/// 3 by default), with `...` between.
+pub const DISPLAY_EDGE_ITEMS: usize = 3;
+
+/// The values a tensor's display shows: every value of a small tensor, or the first and the
+/// last [`DISPLAY_EDGE_ITEMS`] of a larger one.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ShownValues {
+    /// Every value.
+    All(Vec<f64>),
+    /// The first and the last few.
+    Ends(Vec<f64>, Vec<f64>),
+}
+
 impl Tensor {
+    /// What the display shows of the values ([`ShownValues`]), when the device can read them.
+    pub fn shown_values(&self) -> Option<ShownValues> {
+        let numel = self.numel();
+        if numel <= DISPLAY_ALL_UP_TO {
+            return self.leading_values(numel).map(ShownValues::All);
+        }
+        let head = self.leading_values(DISPLAY_EDGE_ITEMS)?;
+        let skipped = numel - DISPLAY_EDGE_ITEMS;
+        let full = self.span();
+        // Views are contiguous, so the last elements are one span at the end of this one.
+        let tail = Span {
+            ptr: full.ptr + (skipped * self.dtype().size()) as u64,
+            numel: DISPLAY_EDGE_ITEMS,
+            first: full.first + skipped as u64,
+            ..full
+        };
+        let tail = self
+            .runtime()
+            .backend()
+            .read(&tail, DISPLAY_EDGE_ITEMS)
+            .ok()?;
+        Some(ShownValues::Ends(head, tail))
+    }
+
     /// The first `count` values, when the device can read them; `None` for `empty` tensors,
     /// zero-element tensors, and on sim for values it cannot compute.
     pub fn leading_values(&self, count: usize) -> Option<Vec<f64>> {
@@ -74,16 +114,33 @@ impl Tensor {
         let runtime = Rc::clone(self.runtime());
         let copy = Tensor::empty(&runtime, &self.shape, self.dtype)?;
         runtime.backend().copy(&copy.span(), &self.span())?;
-        // The copy starts at element 0 of its storage, so a generated view's offset moves in.
-        let contents = match self.storage.contents() {
+        copy.storage.set_contents(self.contents_of_copy());
+        Ok(copy)
+    }
+
+    /// This tensor's values in a new tensor on `runtime`'s device, or this tensor itself when
+    /// it is there already (PyTorch's `t.to(device)` returns `t` then). Views copy only their
+    /// own elements. [`super::Devices::copy_to`] adds PyTorch's device selection around it.
+    pub fn to_runtime(&self, runtime: &Rc<Runtime>) -> Result<Tensor, TensorError> {
+        if Rc::ptr_eq(self.runtime(), runtime) {
+            return Ok(self.clone());
+        }
+        let copy = Tensor::empty(runtime, &self.shape, self.dtype)?;
+        runtime.copy_from(&copy.span(), self.runtime(), &self.span())?;
+        copy.storage.set_contents(self.contents_of_copy());
+        Ok(copy)
+    }
+
+    /// What a copy of this view holds: the same contents, with a generated view's offset
+    /// moved in (the copy starts at element 0 of its storage).
+    fn contents_of_copy(&self) -> Contents {
+        match self.storage.contents() {
             Contents::Normal { seed, offset } => Contents::Normal {
                 seed,
                 offset: offset + self.offset as u64,
             },
             other => other,
-        };
-        copy.storage.set_contents(contents);
-        Ok(copy)
+        }
     }
 
     /// `lhs op rhs` into a new tensor: float32 tensors of equal shape, or a tensor and a number.

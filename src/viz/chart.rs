@@ -9,8 +9,9 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-use super::timeline::{EventKind, Timeline};
+use super::timeline::Timeline;
 use super::units;
+use crate::alloc::EventKind;
 
 /// Pixel size of the chart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

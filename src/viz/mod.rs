@@ -13,4 +13,4 @@ pub mod units;
 pub use fragmentation::{Fragmentation, FreeSpace};
 pub use layout::{MemoryLayout, Region, SegmentLayout, Span};
 pub use map::MapOptions;
-pub use timeline::{Event, EventKind, ExpandableRange, Recorder, Timeline};
+pub use timeline::{Event, ExpandableRange, Recorder, Timeline};

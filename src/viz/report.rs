@@ -9,19 +9,20 @@
 //! recorded allocator events can feed a recorder the same way.
 //!
 //! ```
-//! use gpumem::alloc::AllocConf;
+//! use std::{cell::RefCell, rc::Rc};
+//! use gpumem::alloc::{AllocConf, CachingAllocator};
 //! use gpumem::device::sim::SimDevice;
-//! use gpumem::tensor::{DType, Runtime, Tensor};
 //! use gpumem::viz::report::{self, ReportInput};
 //! use gpumem::viz::Recorder;
 //!
-//! let runtime = Runtime::sim(SimDevice::new(8 << 30), AllocConf::default())?;
-//! let recorder = Recorder::install(&runtime, "example");
-//! let x = Tensor::empty(&runtime, &[1 << 20], DType::Float32)?;
-//! drop(x);
-//! runtime.set_observer(None);
+//! let device = Box::new(SimDevice::new(8 << 30));
+//! let mut allocator = CachingAllocator::new(device, AllocConf::default())?;
+//! let recorder = Rc::new(RefCell::new(Recorder::new(&allocator, "example")));
+//! allocator.subscribe(Box::new(Rc::clone(&recorder)));
+//! let x = allocator.malloc(4 << 20)?;
+//! allocator.free(x)?;
 //! let timeline = recorder.borrow().timeline(Vec::new());
-//! let page = report::html(&ReportInput::at_end(&timeline, &runtime.allocator(), "sim"))?;
+//! let page = report::html(&ReportInput::at_end(&timeline, &allocator, "sim"))?;
 //! assert!(page.contains("<svg") && !page.contains("http://cdn"));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -32,11 +33,12 @@ use serde_json::json;
 
 use super::chart::{self, ChartError, ChartSize};
 use super::layout::{MemoryLayout, Region};
-use super::timeline::{EventKind, Timeline};
+use super::timeline::Timeline;
 use super::units;
 use crate::alloc::format::format_size;
 use crate::alloc::summary::memory_summary;
 use crate::alloc::CachingAllocator;
+use crate::alloc::EventKind;
 
 const PAGE: &str = include_str!("report/page.html");
 const CSS: &str = include_str!("report/page.css");

@@ -1,79 +1,12 @@
 //! A run's memory over its allocator events: what the `--timeline` chart and the HTML report
-//! draw. A [`Recorder`] watches a runtime (or any code driving an allocator, such as a replay)
-//! and produces a [`Timeline`]: the layout when recording began, then every event with the
-//! allocated and reserved bytes right after it and the context (script line) it came from,
-//! enough to rebuild the segment map at any event.
-
-use std::cell::RefCell;
-use std::collections::BTreeMap;
-use std::rc::Rc;
+//! draw. A [`Recorder`] subscribes to an allocator's event stream
+//! ([`crate::alloc::events`]) and produces a [`Timeline`]: the layout when recording began,
+//! then every event with the allocated and reserved bytes right after it and the context
+//! (script line) it came from, enough to rebuild the segment map at any event. It follows
+//! the figures from what each event moves; it never reads or diffs allocator state.
 
 use super::layout::MemoryLayout;
-use crate::alloc::{AllocError, CachingAllocator, Pool};
-use crate::tensor::observe::{MemoryEvent, MemoryObserver};
-
-/// What happened, named as PyTorch's memory history names it where it has a name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EventKind {
-    /// A block was handed out: (block address, block size).
-    Alloc,
-    /// A block went back to the cache: (block address, block size).
-    Free,
-    /// A segment came from the device: (base, size).
-    SegmentAlloc,
-    /// A segment went back to the device: (base, size).
-    SegmentFree,
-    /// Pages of an expandable segment were mapped: (first byte, bytes).
-    SegmentMap,
-    /// Pages of an expandable segment were unmapped: (first byte, bytes).
-    SegmentUnmap,
-    /// An out-of-memory error: (0, the segment that could not be had).
-    Oom,
-    /// `empty_cache()` was called: (0, 0), before the segments it released.
-    EmptyCache,
-}
-
-impl EventKind {
-    /// Every kind, in the order of their numeric codes ([`EventKind::code`]).
-    pub const ALL: [EventKind; 8] = [
-        EventKind::Alloc,
-        EventKind::Free,
-        EventKind::SegmentAlloc,
-        EventKind::SegmentFree,
-        EventKind::SegmentMap,
-        EventKind::SegmentUnmap,
-        EventKind::Oom,
-        EventKind::EmptyCache,
-    ];
-
-    /// The name PyTorch's trace uses (`alloc`, `free_completed`, `segment_alloc`, ...;
-    /// `empty_cache` is gpumem's).
-    pub fn name(self) -> &'static str {
-        match self {
-            EventKind::Alloc => "alloc",
-            EventKind::Free => "free_completed",
-            EventKind::SegmentAlloc => "segment_alloc",
-            EventKind::SegmentFree => "segment_free",
-            EventKind::SegmentMap => "segment_map",
-            EventKind::SegmentUnmap => "segment_unmap",
-            EventKind::Oom => "oom",
-            EventKind::EmptyCache => "empty_cache",
-        }
-    }
-
-    /// The kind's index in [`EventKind::ALL`], as the report's data encodes it.
-    pub fn code(self) -> u8 {
-        EventKind::ALL
-            .iter()
-            .position(|kind| *kind == self)
-            .unwrap_or(0) as u8
-    }
-
-    /// Whether charts mark it (OOMs and `empty_cache()` calls).
-    pub fn is_marked(self) -> bool {
-        matches!(self, EventKind::Oom | EventKind::EmptyCache)
-    }
-}
+use crate::alloc::{CachingAllocator, EventKind, MemoryEvent, MemoryObserver, Pool};
 
 /// One event and the memory right after it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +15,8 @@ pub struct Event {
     pub kind: EventKind,
     /// Address of the block or segment concerned (0 for OOM and `empty_cache`).
     pub address: u64,
-    /// Bytes concerned (see [`EventKind`]).
+    /// Bytes concerned: the block's (rounded) size for `alloc` and the frees, the segment's or
+    /// the pages' bytes for segment events, the segment that could not be had for an OOM.
     pub size: u64,
     /// The pool of the block or segment.
     pub pool: Pool,
@@ -149,179 +83,62 @@ impl Timeline {
     }
 }
 
-/// Builds a [`Timeline`] from what it is told. Install it on a runtime with
-/// [`Recorder::install`], or call [`MemoryObserver::observe`] after each allocator operation
-/// of your own (a replay) — always with the allocator as it is right after the operation.
+/// Builds a [`Timeline`] from an allocator's event stream: subscribe it (shared, as
+/// `Rc<RefCell<Recorder>>`, to read it afterwards) with [`CachingAllocator::subscribe`] or
+/// `Runtime::subscribe`.
 #[derive(Debug)]
 pub struct Recorder {
     timeline: Timeline,
-    /// Segments as last seen: base → (size, pool).
-    segments: BTreeMap<u64, (u64, Pool)>,
-    /// `num_device_alloc` and `num_device_free` when segments were last compared.
-    device_calls: (i64, i64),
-    /// Mapped runs of expandable segments as last seen: start → end.
-    mapped: BTreeMap<u64, u64>,
-    /// Bytes mapped in expandable segments when last compared.
-    mapped_bytes: u64,
-}
-
-/// The mapped runs of every expandable segment (start → end), from the allocator's blocks.
-fn mapped_runs(allocator: &CachingAllocator) -> BTreeMap<u64, u64> {
-    let mut blocks: Vec<(u64, u64)> = allocator
-        .blocks()
-        .filter(|block| block.mapped && block.is_expandable())
-        .map(|block| (block.ptr, block.ptr + block.size))
-        .collect();
-    blocks.sort_unstable();
-    let mut runs: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut current: Option<(u64, u64)> = None;
-    for (start, end) in blocks {
-        current = match current {
-            Some((run_start, run_end)) if run_end == start => Some((run_start, end)),
-            Some((run_start, run_end)) => {
-                runs.insert(run_start, run_end);
-                Some((start, end))
-            }
-            None => Some((start, end)),
-        };
-    }
-    if let Some((start, end)) = current {
-        runs.insert(start, end);
-    }
-    runs
-}
-
-/// The parts of `a`'s runs that `b`'s do not cover, as (start, end).
-fn uncovered(a: &BTreeMap<u64, u64>, b: &BTreeMap<u64, u64>) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    for (&start, &end) in a {
-        let mut at = start;
-        // Runs of `b` that overlap [start, end), in order.
-        let first = b.range(..=start).next_back().map_or(start, |(&s, _)| s);
-        for (&b_start, &b_end) in b.range(first..end) {
-            if b_end <= at {
-                continue;
-            }
-            if b_start > at {
-                out.push((at, b_start.min(end)));
-            }
-            at = at.max(b_end);
-            if at >= end {
-                break;
-            }
-        }
-        if at < end {
-            out.push((at, end));
-        }
-    }
-    out
+    /// Allocated and reserved bytes after the last event.
+    allocated: u64,
+    reserved: u64,
 }
 
 impl Recorder {
-    /// A recorder starting from `allocator`'s state now.
+    /// A recorder starting from `allocator`'s state now (subscribe it to the same allocator
+    /// before its next operation).
     pub fn new(allocator: &CachingAllocator, title: impl Into<String>) -> Recorder {
         let stats = allocator.stats();
-        let mut recorder = Recorder {
+        let allocated = stats.allocated_bytes.all.current.max(0) as u64;
+        let reserved = stats.reserved_bytes.all.current.max(0) as u64;
+        let expandable = allocator
+            .expandable_segments()
+            .into_iter()
+            .map(|info| ExpandableRange {
+                base: info.base,
+                size: info.reserved,
+                page: info.page,
+                pool: info.pool,
+            })
+            .collect();
+        Recorder {
             timeline: Timeline {
                 title: title.into(),
                 initial: MemoryLayout::of(allocator),
-                initial_allocated: stats.allocated_bytes.all.current.max(0) as u64,
-                initial_reserved: stats.reserved_bytes.all.current.max(0) as u64,
+                initial_allocated: allocated,
+                initial_reserved: reserved,
                 events: Vec::new(),
                 labels: Vec::new(),
                 device_total: allocator.device().total_memory(),
-                expandable: Vec::new(),
+                expandable,
             },
-            segments: allocator
-                .segments()
-                .map(|(base, size, pool)| (base, (size, pool)))
-                .collect(),
-            device_calls: (stats.num_device_alloc, stats.num_device_free),
-            mapped: BTreeMap::new(),
-            mapped_bytes: 0,
-        };
-        recorder.note_expandable(allocator);
-        recorder.mapped = mapped_runs(allocator);
-        recorder.mapped_bytes = recorder.mapped.iter().map(|(s, e)| e - s).sum();
-        recorder
+            allocated,
+            reserved,
+        }
     }
 
-    /// Starts the timeline from an empty allocator (nothing reserved), whatever the allocator
-    /// this recorder was made from held: for a recorder made right after the first operation
-    /// of a fresh allocator, as a replay's is.
-    pub fn start_empty(&mut self) {
-        self.timeline.initial = MemoryLayout::default();
-        self.timeline.initial_allocated = 0;
-        self.timeline.initial_reserved = 0;
-        self.timeline.expandable.clear();
-        self.segments.clear();
-        self.device_calls = (0, 0);
-        self.mapped.clear();
-        self.mapped_bytes = 0;
-    }
-
-    /// Adds the expandable segments not seen before to the timeline's list; returns the bytes
-    /// they map now.
-    fn note_expandable(&mut self, allocator: &CachingAllocator) -> u64 {
-        let mut mapped = 0;
-        for info in allocator.expandable_segments() {
-            mapped += info.mapped;
-            let known = &mut self.timeline.expandable;
-            if let Err(index) = known.binary_search_by_key(&info.base, |range| range.base) {
-                known.insert(
-                    index,
-                    ExpandableRange {
-                        base: info.base,
-                        size: info.reserved,
-                        page: info.page,
-                        pool: info.pool,
-                    },
-                );
-            }
+    /// A recorder for an allocator that holds nothing yet (a replay's fresh one), on a device
+    /// of `device_total` bytes.
+    pub fn empty(title: impl Into<String>, device_total: u64) -> Recorder {
+        Recorder {
+            timeline: Timeline {
+                title: title.into(),
+                device_total,
+                ..Timeline::default()
+            },
+            allocated: 0,
+            reserved: 0,
         }
-        mapped
-    }
-
-    /// Records the pages of expandable segments mapped and unmapped since last time (unmaps
-    /// first), when the mapped byte count says some were.
-    fn mapping_changes(&mut self, allocator: &CachingAllocator, context: u32) {
-        if !allocator.config().expandable_segments {
-            return;
-        }
-        let mapped_bytes = self.note_expandable(allocator);
-        if mapped_bytes == self.mapped_bytes {
-            return;
-        }
-        self.mapped_bytes = mapped_bytes;
-        let now = mapped_runs(allocator);
-        let pool_of = |recorder: &Recorder, address: u64| {
-            recorder
-                .timeline
-                .expandable
-                .iter()
-                .find(|range| address >= range.base && address < range.base + range.size)
-                .map_or(Pool::Large, |range| range.pool)
-        };
-        for (start, end) in uncovered(&self.mapped, &now) {
-            let pool = pool_of(self, start);
-            self.push(EventKind::SegmentUnmap, start, end - start, pool, context);
-        }
-        for (start, end) in uncovered(&now, &self.mapped) {
-            let pool = pool_of(self, start);
-            self.push(EventKind::SegmentMap, start, end - start, pool, context);
-        }
-        self.mapped = now;
-    }
-
-    /// Starts recording `runtime`'s allocator; returns the shared recorder to read the
-    /// timeline from afterwards ([`Recorder::finish`]).
-    pub fn install(
-        runtime: &crate::tensor::Runtime,
-        title: impl Into<String>,
-    ) -> Rc<RefCell<Recorder>> {
-        let recorder = Rc::new(RefCell::new(Recorder::new(&runtime.allocator(), title)));
-        runtime.set_observer(Some(Box::new(Rc::clone(&recorder))));
-        recorder
     }
 
     /// The events so far.
@@ -345,154 +162,94 @@ impl Recorder {
         }
     }
 
-    fn push(&mut self, kind: EventKind, address: u64, size: u64, pool: Pool, context: u32) {
-        let (allocated, reserved) = self.timeline.events.last().map_or(
-            (
-                self.timeline.initial_allocated,
-                self.timeline.initial_reserved,
-            ),
-            |last| (last.allocated, last.reserved),
-        );
-        let (allocated, reserved) = match kind {
-            EventKind::Alloc => (allocated + size, reserved),
-            EventKind::Free => (allocated.saturating_sub(size), reserved),
-            EventKind::SegmentAlloc | EventKind::SegmentMap => (allocated, reserved + size),
-            EventKind::SegmentFree | EventKind::SegmentUnmap => {
-                (allocated, reserved.saturating_sub(size))
-            }
-            EventKind::Oom | EventKind::EmptyCache => (allocated, reserved),
-        };
-        self.timeline.events.push(Event {
-            kind,
-            address,
-            size,
-            pool,
-            allocated,
-            reserved,
-            context,
-        });
-    }
-
-    /// Records the segments that came and went since last time (releases first: the
-    /// allocator frees cached segments before it retries), when the device call counters say
-    /// some did.
-    fn segment_changes(&mut self, allocator: &CachingAllocator, context: u32) {
-        let stats = allocator.stats();
-        let calls = (stats.num_device_alloc, stats.num_device_free);
-        if calls == self.device_calls {
-            return;
-        }
-        self.device_calls = calls;
-        let now: BTreeMap<u64, (u64, Pool)> = allocator
-            .segments()
-            .map(|(base, size, pool)| (base, (size, pool)))
-            .collect();
-        let gone: Vec<(u64, (u64, Pool))> = self
-            .segments
-            .iter()
-            .filter(|(base, segment)| now.get(base) != Some(segment))
-            .map(|(&base, &segment)| (base, segment))
-            .collect();
-        let new: Vec<(u64, (u64, Pool))> = now
-            .iter()
-            .filter(|(base, segment)| self.segments.get(base) != Some(segment))
-            .map(|(&base, &segment)| (base, segment))
-            .collect();
-        for (base, (size, pool)) in gone {
-            self.push(EventKind::SegmentFree, base, size, pool, context);
-        }
-        for (base, (size, pool)) in new {
-            self.push(EventKind::SegmentAlloc, base, size, pool, context);
-        }
-        self.segments = now;
-    }
-
-    /// Makes the last event's figures the allocator's own, so nothing can drift.
-    fn settle(&mut self, allocator: &CachingAllocator) {
-        let stats = allocator.stats();
-        if let Some(last) = self.timeline.events.last_mut() {
-            last.allocated = stats.allocated_bytes.all.current.max(0) as u64;
-            last.reserved = stats.reserved_bytes.all.current.max(0) as u64;
+    /// Notes an expandable range reserved during the run (kept sorted by base).
+    fn note_range(&mut self, event: &MemoryEvent) {
+        let known = &mut self.timeline.expandable;
+        if let Err(index) = known.binary_search_by_key(&event.addr, |range| range.base) {
+            known.insert(
+                index,
+                ExpandableRange {
+                    base: event.addr,
+                    size: event.size,
+                    page: event.bytes,
+                    pool: event.pool,
+                },
+            );
         }
     }
 }
 
 impl MemoryObserver for Recorder {
-    fn observe(&mut self, event: MemoryEvent<'_>, context: u32, allocator: &CachingAllocator) {
-        match event {
-            MemoryEvent::Malloc { result, .. } => {
-                self.segment_changes(allocator, context);
-                self.mapping_changes(allocator, context);
-                match result {
-                    Ok(allocation) if !allocation.is_null() => {
-                        let pool = CachingAllocator::pool_for(allocation.size);
-                        self.push(
-                            EventKind::Alloc,
-                            allocation.ptr,
-                            allocation.size,
-                            pool,
-                            context,
-                        );
-                    }
-                    Err(AllocError::OutOfMemory(oom)) => {
-                        let pool = oom.diagnosis.pool;
-                        self.push(EventKind::Oom, 0, oom.alloc_size, pool, context);
-                    }
-                    _ => {}
-                }
+    fn on_event(&mut self, event: &MemoryEvent) {
+        let bytes = event.bytes;
+        match event.kind {
+            EventKind::Alloc => self.allocated += bytes,
+            EventKind::FreeRequested => self.allocated = self.allocated.saturating_sub(bytes),
+            EventKind::SegmentAlloc | EventKind::SegmentMap => self.reserved += bytes,
+            EventKind::SegmentFree | EventKind::SegmentUnmap => {
+                self.reserved = self.reserved.saturating_sub(bytes)
             }
-            MemoryEvent::Free(allocation) => {
-                if allocation.is_null() {
-                    return;
-                }
-                let pool = CachingAllocator::pool_for(allocation.size);
-                self.push(
-                    EventKind::Free,
-                    allocation.ptr,
-                    allocation.size,
-                    pool,
-                    context,
-                );
+            EventKind::RangeReserve => {
+                self.note_range(event);
+                return;
             }
-            MemoryEvent::EmptyCache => {
-                self.push(EventKind::EmptyCache, 0, 0, Pool::Large, context);
-                self.segment_changes(allocator, context);
-                self.mapping_changes(allocator, context);
-            }
+            // A released range stays listed: the map still draws its earlier pages.
+            EventKind::RangeRelease | EventKind::Snapshot => return,
+            EventKind::FreeCompleted | EventKind::Oom | EventKind::EmptyCache => {}
         }
-        self.settle(allocator);
-    }
-}
-
-impl MemoryObserver for Rc<RefCell<Recorder>> {
-    fn observe(&mut self, event: MemoryEvent<'_>, context: u32, allocator: &CachingAllocator) {
-        if let Ok(mut recorder) = self.try_borrow_mut() {
-            recorder.observe(event, context, allocator);
-        }
+        let address = match event.kind {
+            // PyTorch's `oom` carries the device's free bytes where an address would be.
+            EventKind::Oom | EventKind::EmptyCache => 0,
+            _ => event.addr,
+        };
+        self.timeline.events.push(Event {
+            kind: event.kind,
+            address,
+            size: bytes,
+            pool: event.pool,
+            allocated: self.allocated,
+            reserved: self.reserved,
+            context: event.context,
+        });
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
     use super::*;
     use crate::alloc::AllocConf;
     use crate::device::sim::SimDevice;
-    use crate::tensor::{DType, Runtime, Tensor};
+
+    fn allocator(conf: &str) -> CachingAllocator {
+        let conf = AllocConf::parse(conf).expect("config");
+        CachingAllocator::new(Box::new(SimDevice::new(1 << 30)), conf).expect("allocator")
+    }
+
+    fn record(
+        allocator: &mut CachingAllocator,
+        run: impl FnOnce(&mut CachingAllocator),
+    ) -> Timeline {
+        let recorder = Rc::new(RefCell::new(Recorder::new(allocator, "test")));
+        let id = allocator.subscribe(Box::new(Rc::clone(&recorder)));
+        run(allocator);
+        allocator.unsubscribe(id);
+        let timeline = recorder.borrow().timeline(Vec::new());
+        timeline
+    }
 
     #[test]
     fn records_segments_blocks_ooms_and_empty_cache_with_exact_figures() {
-        let runtime = Runtime::sim(SimDevice::new(1 << 30), AllocConf::default()).expect("runtime");
-        let recorder = Recorder::install(&runtime, "test");
-        runtime.with_allocator(|allocator| allocator.set_trace_context(7));
-        let a = Tensor::empty(&runtime, &[30 << 20], DType::UInt8).expect("fits");
-        drop(a);
-        assert!(Tensor::empty(&runtime, &[2 << 30], DType::UInt8).is_err());
-        runtime.empty_cache().expect("empties");
-        runtime.set_observer(None);
-        let timeline = Rc::try_unwrap(recorder)
-            .expect("the runtime let go")
-            .into_inner()
-            .finish(vec!["x.rhai:1".into()]);
+        let mut allocator = allocator("");
+        allocator.set_trace_context(7);
+        let timeline = record(&mut allocator, |allocator| {
+            let a = allocator.malloc(30 << 20).expect("fits");
+            allocator.free(a).expect("frees");
+            assert!(allocator.malloc(2 << 30).is_err());
+            allocator.empty_cache().expect("empties");
+        });
         let kinds: Vec<&str> = timeline.events.iter().map(|e| e.kind.name()).collect();
         // The OOM's flush already returned the cached segment.
         assert_eq!(
@@ -500,6 +257,7 @@ mod tests {
             [
                 "segment_alloc",
                 "alloc",
+                "free_requested",
                 "free_completed",
                 "segment_free",
                 "oom",
@@ -513,49 +271,64 @@ mod tests {
             .collect();
         assert_eq!(
             figures,
-            [(0, 30), (30, 30), (0, 30), (0, 0), (0, 0), (0, 0)]
+            [(0, 30), (30, 30), (0, 30), (0, 30), (0, 0), (0, 0), (0, 0)]
         );
         assert!(timeline.events.iter().all(|e| e.context == 7));
         assert_eq!(timeline.label(7), "");
         assert_eq!(timeline.peaks(), (30 << 20, 30 << 20));
+        let stats = allocator.stats();
+        let last = timeline.events.last().map(|e| (e.allocated, e.reserved));
+        assert_eq!(
+            last,
+            Some((
+                stats.allocated_bytes.all.current as u64,
+                stats.reserved_bytes.all.current as u64
+            ))
+        );
     }
 
     #[test]
     fn expandable_segments_map_and_unmap_pages() {
-        let conf = AllocConf::parse("expandable_segments:True").expect("config");
-        let runtime = Runtime::sim(SimDevice::new(1 << 30), conf).expect("runtime");
-        let recorder = Recorder::install(&runtime, "test");
-        let a = Tensor::empty(&runtime, &[30 << 20], DType::UInt8).expect("fits");
-        drop(a);
-        runtime.empty_cache().expect("empties");
-        runtime.set_observer(None);
-        let timeline = recorder.borrow().timeline(Vec::new());
+        let mut allocator = allocator("expandable_segments:True");
+        let timeline = record(&mut allocator, |allocator| {
+            let a = allocator.malloc(30 << 20).expect("fits");
+            allocator.free(a).expect("frees");
+            allocator.empty_cache().expect("empties");
+        });
         let kinds: Vec<&str> = timeline.events.iter().map(|e| e.kind.name()).collect();
         assert_eq!(
             kinds,
             [
                 "segment_map",
                 "alloc",
+                "free_requested",
                 "free_completed",
                 "empty_cache",
                 "segment_unmap"
             ]
         );
         assert_eq!(timeline.events[0].size, 40 << 20, "two 20 MiB pages");
-        assert_eq!(timeline.events[4].size, 40 << 20);
-        assert_eq!(timeline.expandable.len(), 1);
+        assert_eq!(timeline.events[5].size, 40 << 20);
+        assert_eq!(
+            timeline.expandable.len(),
+            1,
+            "the range reserved on the way"
+        );
+        assert_eq!(timeline.expandable[0].page, 20 << 20);
         let last = timeline.events.last().map(|e| (e.allocated, e.reserved));
         assert_eq!(last, Some((0, 0)));
     }
 
     #[test]
-    fn uncovered_parts_of_runs() {
-        let runs = |list: &[(u64, u64)]| list.iter().copied().collect::<BTreeMap<u64, u64>>();
-        assert_eq!(
-            uncovered(&runs(&[(0, 10), (20, 30)]), &runs(&[(2, 4), (25, 40)])),
-            [(0, 2), (4, 10), (20, 25)]
-        );
-        assert_eq!(uncovered(&runs(&[(0, 10)]), &runs(&[])), [(0, 10)]);
-        assert!(uncovered(&runs(&[(5, 6)]), &runs(&[(0, 10)])).is_empty());
+    fn a_recorder_started_late_begins_from_the_allocators_state() {
+        let mut allocator = allocator("");
+        let kept = allocator.malloc(3 << 20).expect("fits");
+        let timeline = record(&mut allocator, |allocator| {
+            allocator.free(kept).expect("frees");
+        });
+        assert_eq!(timeline.initial_allocated, 3 << 20);
+        assert_eq!(timeline.initial_reserved, 20 << 20);
+        let last = timeline.events.last().map(|e| (e.allocated, e.reserved));
+        assert_eq!(last, Some((0, 20 << 20)));
     }
 }

@@ -6,14 +6,14 @@
 use std::cell::{Cell, RefCell};
 use std::io::Write;
 use std::path::Path;
+use std::rc::Rc;
 
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 
-use gpumem::alloc::{AllocConf, Allocation, CachingAllocator};
+use gpumem::alloc::{AllocConf, Allocation, CachingAllocator, EventLog};
 use gpumem::device::sim::SimDevice;
 use gpumem::snapshot::model::{int, Action, Annotation, Segment, TraceEvent};
-use gpumem::snapshot::replay::observe::{DeviceEvent, SegmentWatch};
 use gpumem::snapshot::{capture, AllocatorSettings};
 
 use crate::cli::splitmix::SplitMix64;
@@ -26,13 +26,13 @@ const LIVE_TARGET: usize = 2000;
 /// The generator's state while the trace is being written.
 struct Workload {
     allocator: CachingAllocator,
-    watch: SegmentWatch,
+    /// The allocator's event stream: every event of PyTorch's kinds goes into the trace.
+    log: Rc<RefCell<EventLog>>,
     rng: SplitMix64,
     live: Vec<(Allocation, u64)>,
     live_bytes: u64,
     time_us: i64,
     pending: Vec<TraceEvent>,
-    device_events: Vec<DeviceEvent>,
 }
 
 impl Workload {
@@ -65,14 +65,10 @@ impl Workload {
         if grow && self.live_bytes < LIVE_LIMIT {
             let size = self.size();
             let Ok(block) = self.allocator.malloc(size) else {
+                self.log.borrow_mut().take();
                 return self.free_one();
             };
-            self.watch.collect(&self.allocator, &mut self.device_events);
-            let device_events = std::mem::take(&mut self.device_events);
-            for (action, addr, bytes) in device_events {
-                self.event(action, addr, bytes);
-            }
-            self.event(Action::Alloc, block.ptr, size);
+            self.write_events();
             self.live_bytes += block.size;
             self.live.push((block, size));
         } else {
@@ -85,12 +81,19 @@ impl Workload {
             return;
         }
         let index = self.rng.below(self.live.len() as u64) as usize;
-        let (block, size) = self.live.swap_remove(index);
+        let (block, _) = self.live.swap_remove(index);
         self.live_bytes -= block.size;
-        self.event(Action::FreeRequested, block.ptr, size);
         // The block is ours and live: its free cannot fail.
         let _ = self.allocator.free(block);
-        self.event(Action::FreeCompleted, block.ptr, size);
+        self.write_events();
+    }
+
+    /// Moves the allocator's events since the last call into the trace (PyTorch's kinds only).
+    fn write_events(&mut self) {
+        let events = self.log.borrow_mut().take();
+        for event in events.iter().filter(|event| event.kind.is_pytorchs()) {
+            self.event(event.kind, event.addr, event.size);
+        }
     }
 }
 
@@ -162,17 +165,18 @@ impl Serialize for Synthetic<'_> {
 /// Writes a synthetic snapshot of `events` trace events to `path` (a few more when the last
 /// step makes several); returns its size in bytes and the events written.
 pub fn write_synthetic(path: &Path, events: u64, seed: u64) -> Result<(u64, u64), String> {
-    let allocator = CachingAllocator::new(Box::new(SimDevice::h200()), AllocConf::default())
+    let mut allocator = CachingAllocator::new(Box::new(SimDevice::h200()), AllocConf::default())
         .map_err(|error| error.to_string())?;
+    let log = Rc::new(RefCell::new(EventLog::default()));
+    allocator.subscribe(Box::new(Rc::clone(&log)));
     let workload = RefCell::new(Workload {
         allocator,
-        watch: SegmentWatch::default(),
+        log,
         rng: SplitMix64(seed),
         live: Vec::new(),
         live_bytes: 0,
         time_us: 1_700_000_000_000_000,
         pending: Vec::new(),
-        device_events: Vec::new(),
     });
     let snapshot = Synthetic {
         traces: Traces {

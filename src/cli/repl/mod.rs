@@ -18,6 +18,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use gpumem::script::sandbox::PathPolicy;
 use rhai::Scope;
 use rustyline::error::ReadlineError;
 use rustyline::history::DefaultHistory;
@@ -27,11 +28,17 @@ use gpumem::alloc::AllocConf;
 use gpumem::device::sim::H200_TOTAL_MEMORY;
 use gpumem::device::DeviceSpec;
 use gpumem::script::{directives, Definitions, Host, Limits, PrintSink, ScriptError};
-use gpumem::tensor::Runtime;
+use gpumem::tensor::Devices;
 use helper::ReplHelper;
 
 /// Environment variable naming the history file (tests point it at a temporary file).
 pub const HISTORY_VARIABLE: &str = "GPUMEM_HISTORY";
+
+/// The prompt for a new input.
+pub const PROMPT: &str = "gpumem> ";
+
+/// The prompt for the next line of an unfinished input, as wide as [`PROMPT`].
+pub const CONTINUATION_PROMPT: &str = "   ...> ";
 
 /// What the loop does after a line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,15 +64,15 @@ pub struct Repl {
 }
 
 impl Repl {
-    /// A REPL over `runtime` (on `device`), printing to `out`, with the standard modules
-    /// preloaded.
+    /// A REPL over `devices` (as `device` named them), printing to `out`, with the standard
+    /// modules preloaded.
     pub fn new(
-        runtime: Rc<Runtime>,
+        devices: Devices,
         device: DeviceSpec,
         out: PrintSink,
         limits: Limits,
     ) -> Result<Repl, ScriptError> {
-        let mut host = Host::with_limits(runtime, out.clone(), limits);
+        let mut host = Host::with_limits(devices, out.clone(), limits);
         host.preload_stdlib()?;
         Ok(Repl {
             host,
@@ -123,6 +130,17 @@ impl Repl {
         Flow::Continue
     }
 
+    /// Gives up the unfinished `input` (a blank line was typed, or Ctrl-D): it is not run, and
+    /// the error says what it lacked.
+    pub fn give_up(&mut self, parser: &rhai::Engine, input: &str) {
+        let first = input.lines().next().unwrap_or("").trim();
+        self.error(&format!(
+            "discarded the unfinished input starting `{first}`: {}; a blank line gives up an \
+             unfinished input",
+            continuation::why_unfinished(parser, input)
+        ));
+    }
+
     /// Reports an error (stderr, or the buffer) and counts it.
     pub fn error(&mut self, text: &str) {
         self.errors += 1;
@@ -136,7 +154,7 @@ impl Repl {
         let (name, argument) = command
             .split_once(char::is_whitespace)
             .map_or((command, ""), |(name, rest)| (name, rest.trim()));
-        let runtime = Rc::clone(self.host.runtime());
+        let devices = Rc::clone(self.host.devices());
         match (name, argument) {
             ("quit" | "q" | "exit", _) => return Flow::Quit,
             ("help" | "h", "") => self.out.line(&commands::help()),
@@ -145,11 +163,11 @@ impl Repl {
                 Err(text) => self.error(&text),
             },
             ("vars", _) => self.out.line(&commands::vars(&self.scope)),
-            ("mem", _) => self.out.line(&commands::mem(&runtime)),
-            ("summary", _) => self.out.line(&commands::summary(&runtime)),
+            ("mem", _) => self.out.line(&commands::mem(&devices)),
+            ("summary", _) => self.out.line(&commands::summary(&devices.current())),
             ("map", _) => self
                 .out
-                .line(&commands::map(&runtime, self.host.map_options())),
+                .line(&commands::map(&devices, self.host.map_options())),
             ("load", "") => self.error(":load: which file? usage: :load FILE"),
             ("load", file) => return self.load(Path::new(file)),
             ("reset", _) => self.reset(),
@@ -191,22 +209,38 @@ impl Repl {
 
     /// Whether this session satisfies a script's directives; else why not.
     fn accepts(&self, pinned: &directives::Directives) -> Result<(), String> {
-        if let Some(device) = pinned.device {
-            let total = |spec: DeviceSpec| match spec {
-                DeviceSpec::Sim(size) => Some(size.unwrap_or(H200_TOTAL_MEMORY)),
+        if let Some(device) = &pinned.device {
+            // Simulated machines are the same when their capacities are (`sim` is the H200).
+            let totals = |spec: &DeviceSpec| match spec {
+                DeviceSpec::Sim(sizes) => Some(
+                    sizes
+                        .iter()
+                        .map(|size| size.unwrap_or(H200_TOTAL_MEMORY))
+                        .collect::<Vec<u64>>(),
+                ),
                 DeviceSpec::Cuda(_) => None,
             };
-            let same = device == self.device
-                || (total(device).is_some() && total(device) == total(self.device));
+            let same = *device == self.device
+                || (totals(device).is_some() && totals(device) == totals(&self.device));
             if !same {
+                let written = pinned.device_text.clone().unwrap_or(device.to_string());
                 return Err(format!(
-                    "pins `//! device: {device}` but this session runs on {}",
+                    "pins `//! device: {written}` but this session runs on {}",
                     self.device
                 ));
             }
         }
+        if let Some(needed) = pinned.devices {
+            let count = self.host.devices().count();
+            if needed != count {
+                return Err(format!(
+                    "pins `//! devices: {needed}` but this session has {count} device{}",
+                    if count == 1 { "" } else { "s" }
+                ));
+            }
+        }
         if let Some(text) = &pinned.alloc_conf {
-            let runtime = Rc::clone(self.host.runtime());
+            let runtime = self.host.devices().current();
             let ours = runtime.allocator().config().clone();
             let wanted = AllocConf::parse(text).map_err(|error| {
                 format!("pins `//! alloc-conf: {text}`, which is invalid: {error}")
@@ -225,16 +259,16 @@ impl Repl {
         Ok(())
     }
 
+    /// `:reset`: drops every variable and function, then makes every device as a new process
+    /// finds it (allocator, counters, peaks, history, generator; the simulated CUDA contexts
+    /// too, while a GPU's context lives as long as the process).
     fn reset(&mut self) {
         self.scope.clear();
         self.definitions = Definitions::default();
-        let runtime = Rc::clone(self.host.runtime());
-        match runtime.empty_cache() {
-            Ok(()) => self.out.line(&format!(
-                "reset: every variable dropped, cache emptied ({})",
-                commands::mem(&runtime)
-            )),
-            Err(error) => self.error(&format!(":reset: empty_cache failed: {error}")),
+        let devices = Rc::clone(self.host.devices());
+        match devices.reset() {
+            Ok(()) => self.out.line(&commands::reset_report(&devices)),
+            Err(error) => self.error(&format!(":reset: {error}")),
         }
     }
 }
@@ -268,9 +302,15 @@ pub enum ReplError {
 /// Runs the REPL on standard input until `:quit`, `exit(code)` or end of input, and returns the
 /// process exit status: the code given to `exit`, else for piped input 1 when an input failed
 /// (or the input ended inside an unfinished block) and 0 otherwise; 0 when interactive.
-pub fn run(runtime: Rc<Runtime>, device: DeviceSpec, limits: Limits) -> Result<u8, ReplError> {
+pub fn run(
+    devices: Devices,
+    device: DeviceSpec,
+    limits: Limits,
+    paths: PathPolicy,
+) -> Result<u8, ReplError> {
     let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
-    let mut repl = Repl::new(runtime, device, PrintSink::Stdout, limits)?;
+    let mut repl = Repl::new(devices, device, PrintSink::Stdout, limits)?;
+    repl.host.set_path_policy(paths);
     if !interactive {
         let stdin = std::io::stdin().lock();
         return Ok(match piped::run(&mut repl, stdin)? {
@@ -304,17 +344,33 @@ pub fn run(runtime: Rc<Runtime>, device: DeviceSpec, limits: Limits) -> Result<u
         let _ = editor.load_history(path);
     }
     println!("gpumem REPL — :help lists commands and bindings, Ctrl-D leaves");
+    let parser = rhai::Engine::new_raw();
+    // The lines of an input still unfinished (an open brace, a trailing operator, ...).
+    let mut pending = String::new();
     loop {
-        match editor.readline("gpumem> ") {
+        let prompt = if pending.is_empty() {
+            PROMPT
+        } else {
+            CONTINUATION_PROMPT
+        };
+        match editor.readline(prompt) {
             Ok(line) => {
-                if !line.trim().is_empty() {
-                    let _ = editor.add_history_entry(line.as_str());
-                    if let Some(path) = &history {
-                        save_history(&mut editor, path);
-                    }
+                if !pending.is_empty() && line.trim().is_empty() {
+                    remember(&mut editor, history.as_deref(), &pending);
+                    repl.give_up(&parser, &std::mem::take(&mut pending));
+                    continue;
                 }
+                if !pending.is_empty() {
+                    pending.push('\n');
+                }
+                pending.push_str(&line);
+                if continuation::needs_more(&parser, &pending) {
+                    continue;
+                }
+                let input = std::mem::take(&mut pending);
+                remember(&mut editor, history.as_deref(), &input);
                 interrupt.store(false, Ordering::Relaxed);
-                let flow = repl.handle(&line);
+                let flow = repl.handle(&input);
                 *variables.borrow_mut() = repl.variable_names();
                 match flow {
                     Flow::Continue => {}
@@ -322,13 +378,29 @@ pub fn run(runtime: Rc<Runtime>, device: DeviceSpec, limits: Limits) -> Result<u
                     Flow::Exit(code) => return Ok(code),
                 }
             }
-            // Ctrl-C at the prompt abandons the line being typed.
-            Err(ReadlineError::Interrupted) => continue,
-            Err(ReadlineError::Eof) => break,
+            // Ctrl-C abandons the line being typed, and the unfinished input it continues.
+            Err(ReadlineError::Interrupted) => pending.clear(),
+            Err(ReadlineError::Eof) => {
+                if !pending.is_empty() {
+                    repl.give_up(&parser, &pending);
+                }
+                break;
+            }
             Err(error) => return Err(error.into()),
         }
     }
     Ok(0)
+}
+
+/// Adds a whole input (all its lines) to the history, saving it when there is a file.
+fn remember(editor: &mut Editor<ReplHelper, DefaultHistory>, path: Option<&Path>, input: &str) {
+    if input.trim().is_empty() {
+        return;
+    }
+    let _ = editor.add_history_entry(input);
+    if let Some(path) = path {
+        save_history(editor, path);
+    }
 }
 
 fn save_history(editor: &mut Editor<ReplHelper, DefaultHistory>, path: &Path) {

@@ -5,7 +5,10 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
-use super::observe::DeviceEvent;
+use crate::alloc::EventKind;
+
+/// One device-level event: (kind, address, bytes).
+pub type DeviceEvent = (EventKind, u64, u64);
 
 /// One side of a pairing: the event and the index of the recorded event during which it
 /// happened.

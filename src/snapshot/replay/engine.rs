@@ -2,18 +2,20 @@
 //! `free_completed` frees, device-level events are compared, recorded OOMs are retried, and
 //! `empty_cache()` is called where the trace shows PyTorch's did.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::rc::Rc;
 
 use serde::Serialize;
 
-use super::compare::SegmentComparison;
+use super::compare::{DeviceEvent, SegmentComparison};
 use super::device::Hints;
-use super::observe::{DeviceEvent, SegmentWatch};
-use crate::alloc::{AllocError, Allocation, CachingAllocator};
+use crate::alloc::{
+    AllocError, Allocation, CachingAllocator, EventLog, MemoryObserver, Subscription,
+};
 use crate::snapshot::model::Action;
 use crate::snapshot::pickle::{Emitted, Entry, RawEvent, SnapshotError};
-use crate::tensor::observe::{MemoryEvent, MemoryObserver};
 
 /// A hasher for device addresses: one multiplication, enough for keys that are already
 /// spread out (the standard hasher costs more than the allocator's own work here).
@@ -96,11 +98,12 @@ pub struct Engine {
     skipped: AddressSet,
     /// The trace list replayed (the first that has events).
     trace: Option<u32>,
-    watch: SegmentWatch,
+    /// The allocator's own events since the last recorded event was replayed: its segment
+    /// events are what the comparison checks.
+    log: Rc<RefCell<EventLog>>,
     /// Where recorded segments go, for the device to place gpumem's alike (`None`: the
     /// simulator's placement model).
     hints: Option<Hints>,
-    device_events: Vec<DeviceEvent>,
     /// Recorded segment releases seen since the last other event, not yet explained.
     release_pending: bool,
     /// Whether `empty_cache()` was already called for the current run of releases.
@@ -111,41 +114,33 @@ pub struct Engine {
     pub first_oom: Option<FirstOom>,
     /// Device events compared.
     pub segments: SegmentComparison,
-    /// Told about every allocator operation (a timeline being recorded), if set.
-    observer: Option<Box<dyn MemoryObserver>>,
 }
 
 impl Engine {
     /// A replay into `allocator` (fresh, on the device and config to replay under), telling
     /// recorded segment placements to `hints` when given.
-    pub fn new(allocator: CachingAllocator, hints: Option<Hints>) -> Engine {
+    pub fn new(mut allocator: CachingAllocator, hints: Option<Hints>) -> Engine {
+        let log = Rc::new(RefCell::new(EventLog::default()));
+        allocator.subscribe(Box::new(Rc::clone(&log)));
         Engine {
             allocator,
             hints,
             live: AddressMap::default(),
             skipped: AddressSet::default(),
             trace: None,
-            watch: SegmentWatch::default(),
-            device_events: Vec::new(),
+            log,
             release_pending: false,
             released: false,
             counts: Counts::default(),
             first_oom: None,
             segments: SegmentComparison::default(),
-            observer: None,
         }
     }
 
-    /// Tells `observer` about every allocation, free and `empty_cache()` from now on.
-    pub fn set_observer(&mut self, observer: Option<Box<dyn MemoryObserver>>) {
-        self.observer = observer;
-    }
-
-    /// Tells the observer, if any, about `event` (context 0: a replay has no script lines).
-    fn notify(&mut self, event: MemoryEvent<'_>) {
-        if let Some(observer) = self.observer.as_mut() {
-            observer.observe(event, 0, &self.allocator);
-        }
+    /// Subscribes `observer` to the replay allocator's event stream (a timeline being
+    /// recorded, say); see [`CachingAllocator::subscribe`].
+    pub fn subscribe(&mut self, observer: Box<dyn MemoryObserver>) -> Subscription {
+        self.allocator.subscribe(observer)
     }
 
     /// The allocator replayed into.
@@ -194,9 +189,9 @@ impl Engine {
             }
             Action::Oom => self.recorded_oom(index, &event).map_err(fail)?,
             Action::Snapshot => self.counts.snapshots += 1,
-            // gpumem's own marker: a file's reader accepts only PyTorch's names, and a recorded
-            // `empty_cache()` shows in its segment_free events, which the arm above replays.
-            Action::EmptyCache => {}
+            // gpumem's own kinds: a file's reader accepts only PyTorch's names (a recorded
+            // `empty_cache()` shows in its segment_free events, which the arm above replays).
+            Action::EmptyCache | Action::RangeReserve | Action::RangeRelease => {}
         }
         if matches!(event.action, Action::Alloc | Action::Oom) {
             if let Some(hints) = &self.hints {
@@ -245,32 +240,32 @@ impl Engine {
         self.allocator
             .empty_cache()
             .map_err(|error| format!("empty_cache failed: {error}"))?;
-        self.notify(MemoryEvent::EmptyCache);
         self.counts.empty_cache_calls += 1;
         self.release_pending = false;
         self.released = true;
         Ok(())
     }
 
+    /// Hands the allocator's segment events since the last call to the comparison, as
+    /// replayed at event `index`.
     fn observe(&mut self, index: u64) {
-        self.watch.collect(&self.allocator, &mut self.device_events);
-        for event in self.device_events.drain(..) {
-            self.segments.replayed(index, event);
+        let events = self.log.borrow_mut().take();
+        for event in events {
+            if event.kind.is_segment_event() {
+                self.segments
+                    .replayed(index, (event.kind, event.addr, event.size));
+            }
         }
     }
 
-    /// The event's request (its size, on its stream) through the allocator, told to the
-    /// observer; the size and the allocator's answer.
+    /// The event's request (its size, on its stream) through the allocator; the size and the
+    /// allocator's answer.
     fn malloc(
         &mut self,
         event: &RawEvent,
     ) -> Result<(u64, Result<Allocation, AllocError>), String> {
         let size = non_negative(event.size, "size")?;
         let result = self.allocator.malloc_on(event.stream as u64, size);
-        self.notify(MemoryEvent::Malloc {
-            requested: size,
-            result: &result,
-        });
         Ok((size, result))
     }
 
@@ -335,12 +330,10 @@ impl Engine {
         self.counts.frees += 1;
         let addr = event.addr as u64;
         if let Some(live) = self.live.remove(&addr) {
-            let result = self
+            return self
                 .allocator
                 .free(live.allocation)
                 .map_err(|error| format!("the allocator failed: {error}"));
-            self.notify(MemoryEvent::Free(live.allocation));
-            return result;
         }
         if self.skipped.remove(&addr) {
             return Ok(());
@@ -353,14 +346,10 @@ impl Engine {
     fn recorded_oom(&mut self, _index: u64, event: &RawEvent) -> Result<(), String> {
         self.counts.recorded_ooms += 1;
         match self.malloc(event)?.1 {
-            Ok(allocation) => {
-                let freed = self
-                    .allocator
-                    .free(allocation)
-                    .map_err(|error| format!("the allocator failed: {error}"));
-                self.notify(MemoryEvent::Free(allocation));
-                freed
-            }
+            Ok(allocation) => self
+                .allocator
+                .free(allocation)
+                .map_err(|error| format!("the allocator failed: {error}")),
             Err(AllocError::OutOfMemory(_)) => {
                 self.counts.recorded_ooms_reproduced += 1;
                 Ok(())

@@ -19,7 +19,6 @@
 pub mod compare;
 pub mod device;
 pub mod engine;
-pub mod observe;
 pub mod report;
 pub mod search;
 
@@ -29,7 +28,7 @@ use std::path::Path;
 
 use thiserror::Error;
 
-use crate::alloc::{AllocConf, CachingAllocator};
+use crate::alloc::{AllocConf, CachingAllocator, MemoryObserver};
 use crate::device::sim::{SimDevice, H200_TOTAL_MEMORY};
 use crate::device::DeviceMemory;
 use crate::snapshot::pickle::{self, Remainder, SnapshotError, Trace};
@@ -57,6 +56,17 @@ pub enum ReplayError {
     /// `--device-index` names a device the file has no trace for.
     #[error("{0}")]
     NoSuchDevice(String),
+}
+
+impl ReplayError {
+    /// The message for a replay of `file`, naming the file once: a file that could not be
+    /// read is named by the error itself, every other error is prefixed with it.
+    pub fn naming(&self, file: &Path) -> String {
+        match self {
+            ReplayError::Snapshot(SnapshotError::Io { .. }) => self.to_string(),
+            _ => format!("{}: {self}", file.display()),
+        }
+    }
 }
 
 /// Where the replay's device places segments.
@@ -173,18 +183,16 @@ fn same_behaviour(a: &AllocConf, b: &AllocConf) -> bool {
     a == *b
 }
 
-/// Replays `path` once more under the config and device `report` was made with, with a
-/// [`Recorder`](crate::viz::Recorder) watching: the run as a timeline, for
-/// `gpumem replay --report/--timeline`. Keeps every event in memory.
-pub fn replay_timeline(
+/// Replays `path` once more under the config and device `report` was made with, with
+/// `observers` subscribed to the replay allocator's event stream from its first event (a
+/// timeline recorder, say: `gpumem replay --report/--timeline`).
+pub fn replay_observed(
     path: &Path,
     report: &ReplayReport,
     placement: Placement,
-) -> Result<crate::viz::Timeline, ReplayError> {
-    let recorder: std::rc::Rc<std::cell::RefCell<Option<crate::viz::Recorder>>> =
-        std::rc::Rc::default();
-    let watcher = TimelineWatcher(std::rc::Rc::clone(&recorder), path.display().to_string());
-    run_observed(
+    observers: Vec<Box<dyn MemoryObserver>>,
+) -> Result<ReplayReport, ReplayError> {
+    let (report, _) = run_observed(
         path,
         (
             report.capacity,
@@ -195,39 +203,9 @@ pub fn replay_timeline(
         report.conf.clone(),
         report.conf_source,
         &mut no_progress,
-        Some(Box::new(watcher)),
+        observers,
     )?;
-    let recorder = recorder.borrow_mut().take();
-    Ok(
-        recorder.map_or_else(crate::viz::Timeline::default, |recorder| {
-            recorder.finish(Vec::new())
-        }),
-    )
-}
-
-/// Starts a recorder on the first event (the allocator is fresh then) and feeds it.
-struct TimelineWatcher(
-    std::rc::Rc<std::cell::RefCell<Option<crate::viz::Recorder>>>,
-    String,
-);
-
-impl crate::tensor::observe::MemoryObserver for TimelineWatcher {
-    fn observe(
-        &mut self,
-        event: crate::tensor::observe::MemoryEvent<'_>,
-        context: u32,
-        allocator: &CachingAllocator,
-    ) {
-        let mut slot = self.0.borrow_mut();
-        let recorder = slot.get_or_insert_with(|| {
-            // Built after the first operation: start from an empty allocator's state, which
-            // is what it was before.
-            let mut recorder = crate::viz::Recorder::new(allocator, self.1.clone());
-            recorder.start_empty();
-            recorder
-        });
-        recorder.observe(event, context, allocator);
-    }
+    Ok(report)
 }
 
 /// One pass over the file under `conf`; also returns the settings the file records.
@@ -238,10 +216,10 @@ fn run(
     conf_source: ConfSource,
     progress: Progress<'_>,
 ) -> Result<(ReplayReport, Option<crate::snapshot::AllocatorSettings>), ReplayError> {
-    run_observed(path, device, conf, conf_source, progress, None)
+    run_observed(path, device, conf, conf_source, progress, Vec::new())
 }
 
-/// [`run`] with an observer told about every allocator operation.
+/// [`run`] with `observers` subscribed to the allocator's event stream.
 fn run_observed(
     path: &Path,
     (capacity, capacity_source, placement, device_index): (
@@ -253,7 +231,7 @@ fn run_observed(
     conf: AllocConf,
     conf_source: ConfSource,
     progress: Progress<'_>,
-    observer: Option<Box<dyn crate::tensor::observe::MemoryObserver>>,
+    observers: Vec<Box<dyn MemoryObserver>>,
 ) -> Result<(ReplayReport, Option<crate::snapshot::AllocatorSettings>), ReplayError> {
     let alloc_conf = conf.source.clone();
     let sim = SimDevice::new(capacity);
@@ -267,7 +245,9 @@ fn run_observed(
     let allocator = CachingAllocator::new(device, conf.clone())
         .map_err(|error| ReplayError::Allocator(error.to_string()))?;
     let mut engine = Engine::new(allocator, hints);
-    engine.set_observer(observer);
+    for observer in observers {
+        engine.subscribe(observer);
+    }
     let mut last_index = 0;
     let mut other_devices = 0;
     let remainder = pickle::stream_file(path, |emitted| {

@@ -218,7 +218,7 @@
       if (changed) {
         const [code, address, size] = changed;
         const kind = KINDS[code];
-        if ((kind === "alloc" || kind === "free_completed" || kind === "segment_alloc") &&
+        if ((kind === "alloc" || kind === "free_requested" || kind === "free_completed" || kind === "segment_alloc") &&
             address >= segment.base && address < segment.base + segment.size) {
           const x = LABEL + ((address - segment.base) / segment.size) * width;
           const w = Math.max(2, (size / segment.size) * width);
