@@ -10,6 +10,7 @@ use gpumem::device::sim::SimDevice;
 use gpumem::script::{on_script_stack, Host, Limits, PrintSink, ScriptError};
 use gpumem::snapshot::pickle::{self, ReadLimits, Remainder, Trace};
 use gpumem::snapshot::replay::device::{Hints, ReplayDevice};
+use gpumem::snapshot::replay::engine::LiveLimit;
 use gpumem::snapshot::replay::Engine;
 use gpumem::snapshot::SnapshotError;
 use gpumem::tensor::Runtime;
@@ -208,7 +209,8 @@ fn replay_snapshot(data: &[u8], conf: AllocConf) -> Result<Remainder, SnapshotEr
         // A recorded config gpumem cannot start under (a bad fraction): refused cleanly too.
         return Err(SnapshotError::NotASnapshot("config".into()));
     };
-    let mut engine = Engine::new(allocator, Some(hints));
+    let mut engine = Engine::new(allocator, Some(hints))
+        .with_live_limit(LiveLimit::default(), data.len() as u64);
     let mut last = 0;
     let limits = ReadLimits::default();
     let read = pickle::stream_limited(data, limits, Some(data.len() as u64), |emitted| {

@@ -55,8 +55,9 @@ impl SharedFrame {
 }
 
 /// Bytes a table entry costs beside its own data: the vector slot, the hash map's key and
-/// value, control bytes and spare capacity, twice over.
-const ENTRY_BYTES: u64 = 2 * 64;
+/// value and control byte, with the spare capacity of both and the hash map's two tables while
+/// it grows (3.4 buckets per entry at that moment), and the shared pointer's header.
+const ENTRY_BYTES: u64 = 192;
 
 /// Every distinct frame and stack read so far.
 #[derive(Debug, Clone)]

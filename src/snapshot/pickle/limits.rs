@@ -36,16 +36,19 @@ pub struct ReadLimits {
 }
 
 impl Default for ReadLimits {
-    /// Limits under which the reader stays within 64 MiB + 2 × the file's size (the values it
-    /// holds are charged at twice their size, for the spare capacity of their vectors, which
-    /// covers the one more copy of a long string being read; the process itself and the
-    /// 1 MiB input buffer fit in the rest), and reads in time linear in the file's size.
+    /// Limits under which the reader holds at most 32 MiB + 1 × the file's size (the values it
+    /// holds are charged at what they cost at worst: twice their size for the spare capacity
+    /// of their vectors, hash tables while they grow, a string's header), and reads in time
+    /// linear in the file's size. With the replay's own share ([`crate::snapshot::replay`]'s
+    /// live allocations: 16 MiB + 1 × the file's size) and the process itself (about 12 MiB of
+    /// code, stacks and buffers), `gpumem replay` stays within issue 21's bound of
+    /// 64 MiB + 2 × the file's size on any input.
     fn default() -> Self {
         ReadLimits {
             max_depth: 64,
             max_memo_entries: 1 << 24,
             base_memory: 32 * MIB,
-            memory_per_byte: 2,
+            memory_per_byte: 1,
             base_work: 64 * MIB,
             work_per_byte: 16,
         }

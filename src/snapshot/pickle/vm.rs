@@ -36,8 +36,15 @@ const EVENT_WINDOW: usize = 64 << 10;
 const VALUE_BYTES: u64 = 2 * std::mem::size_of::<Slot>() as u64;
 
 /// Bytes charged for a memo entry, its value included but not what the value points to: the
-/// hash table's key and entry, control bytes and spare capacity.
-const MEMO_ENTRY_BYTES: u64 = 2 * (std::mem::size_of::<MemoEntry>() as u64 + 8);
+/// hash table's bucket (key, entry and control byte) four times over. A hash table grows by
+/// doubling when 7/8 full, and while it moves its entries the old table and the new one, twice
+/// as large, are both allocated: 3.4 buckets per entry at that moment (measured: a flood of
+/// memoized strings took twice what two buckets per entry allowed).
+const MEMO_ENTRY_BYTES: u64 = 4 * (std::mem::size_of::<(u32, MemoEntry)>() as u64 + 1);
+
+/// Bytes a string holds beside its text: the two reference counts of its `Rc<str>`, and the
+/// memory allocator's header and rounding (a short string takes a 32-byte chunk).
+const STRING_HEADER_BYTES: u64 = 32;
 
 /// The memory a memo entry holds: the entry, and what its value holds beyond a slot (an
 /// entry's cost is that of a copy on the stack).
@@ -135,7 +142,7 @@ struct Slot {
 /// Bytes a value holds beside its slot: a string's text, a list's box, an event's box.
 fn payload(value: &Value) -> u64 {
     match value {
-        Value::Str(text) => text.len() as u64,
+        Value::Str(text) => text.len() as u64 + STRING_HEADER_BYTES,
         Value::List(_) => std::mem::size_of::<List>() as u64,
         Value::Event(_) => std::mem::size_of::<Entry>() as u64,
         _ => 0,

@@ -34,6 +34,7 @@ use crate::device::DeviceMemory;
 use crate::snapshot::pickle::{self, Remainder, SnapshotError, Trace};
 use device::{Hints, ReplayDevice};
 pub use engine::Engine;
+use engine::LiveLimit;
 pub use report::{
     CapacitySource, ConfSource, DeviceTrace, Fragmentation, HostMemory, ReplayReport,
 };
@@ -244,7 +245,9 @@ fn run_observed(
     };
     let allocator = CachingAllocator::new(device, conf.clone())
         .map_err(|error| ReplayError::Allocator(error.to_string()))?;
-    let mut engine = Engine::new(allocator, hints);
+    // The file's size bounds what the replay may hold (a missing file is the reader's error).
+    let file_size = std::fs::metadata(path).map_or(0, |meta| meta.len());
+    let mut engine = Engine::new(allocator, hints).with_live_limit(LiveLimit::default(), file_size);
     for observer in observers {
         engine.subscribe(observer);
     }
