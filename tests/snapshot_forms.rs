@@ -90,7 +90,7 @@ fn check_traces(
 #[test]
 fn every_form_reads_as_written() {
     let expected = expectations();
-    assert_eq!(expected.len(), 20, "one per form");
+    assert_eq!(expected.len(), 23, "one per form");
     for form in &expected {
         let file = form["file"].as_str().expect("file");
         let (seen, rest) = read(file);
@@ -347,15 +347,71 @@ fn pinned_host_memory_is_reported_apart() {
 
 #[test]
 fn files_without_a_history_name_the_fix() {
-    let error = replayed("v2.0-bare-list.pickle", None).expect_err("no history");
-    let text = error.to_string();
-    assert!(text.contains("no 'device_traces'"), "{text}");
-    assert!(
-        text.contains("torch.cuda.memory._record_memory_history()"),
-        "{text}"
-    );
+    for (file, why) in [
+        ("v2.0-bare-list.pickle", "no 'device_traces'"),
+        ("v2.11-segments-only.pickle", "no 'device_traces'"),
+        (
+            "v2.11-no-history.pickle",
+            "device 0's trace holds no allocator event",
+        ),
+    ] {
+        let error = replayed(file, None).expect_err("no history");
+        let text = error.to_string();
+        assert!(text.contains(why), "{file}: {text}");
+        assert!(
+            text.contains("torch.cuda.memory._record_memory_history()"),
+            "{file}: {text}"
+        );
+        // The CLI says so too, with exit 2, never "fits".
+        let path = forms_dir().join(file);
+        let output = common::gpumem(&["replay", path.to_str().expect("utf-8")], "");
+        let (stdout, stderr, code) = common::outcome(&output);
+        assert_eq!(code, 2, "{file}: {stdout}");
+        assert!(!stdout.contains("fits"), "{file}: {stdout}");
+        assert!(
+            stderr.contains("_record_memory_history()"),
+            "{file}: {stderr}"
+        );
+    }
     // The wrapped ring reads (above); replaying it from its first event needs the engine to
     // rebuild the state the trace starts in (issue 17, the lead's engine work).
     let (seen, _) = read("v2.11-ring-wrapped.pickle");
     assert_eq!(seen[&Trace::Device(0)].entries, 5);
+}
+
+#[test]
+fn the_cli_replays_the_device_asked_for_and_lists_them_all() {
+    let path = forms_dir().join("v2.11-three-devices.pickle");
+    let path = path.to_str().expect("utf-8");
+    let output = common::gpumem(&["replay", "--device-index", "1", path, "--json"], "");
+    let (stdout, stderr, code) = common::outcome(&output);
+    assert_eq!(code, 0, "{stderr}");
+    let json: Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(json["device_index"], 1);
+    assert_eq!(json["counts"]["other_device_events"], 8);
+    let listed: Vec<(u64, u64)> = json["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .map(|d| {
+            (
+                d["index"].as_u64().expect("i"),
+                d["entries"].as_u64().expect("n"),
+            )
+        })
+        .collect();
+    assert_eq!(listed, [(0, 8), (1, 8), (2, 0)]);
+    let output = common::gpumem(&["replay", path], "");
+    let (stdout, _, code) = common::outcome(&output);
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains(
+            "(device 0; the file holds devices 0: 8 entries, 1: 8 entries, 2: 0 entries)"
+        ),
+        "{stdout}"
+    );
+    let output = common::gpumem(&["replay", "--device-index", "5", path], "");
+    let (_, stderr, code) = common::outcome(&output);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("no trace for device 5"), "{stderr}");
 }
