@@ -266,6 +266,8 @@ fn replay_measured(path: &Path) -> Measured {
 /// and prints `measured EXIT PEAK_RSS_BYTES CPU_SECONDS` from `wait4`.
 #[test]
 #[ignore = "started by the other tests of this file"]
+// The child is reaped by `wait4` below, which std's `Child` does not know of.
+#[allow(clippy::zombie_processes)]
 fn measure_one_replay() {
     let path = std::env::var_os(LAUNCH).expect("GPUMEM_REPLAY_MEMORY_FILE names the file");
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpumem"))
@@ -418,6 +420,10 @@ fn crafted_files_stay_within_the_memory_bound() {
     }
 }
 
+/// A kind of file for the linear-time check: its name, how to make it with N units, the N of
+/// the smaller file, and how its replay ends.
+type LinearCase = (&'static str, fn(u32) -> Vec<u8>, u32, Outcome);
+
 #[test]
 fn time_grows_linearly_with_the_file() {
     let dir = common::scratch("replay-linear");
@@ -425,7 +431,7 @@ fn time_grows_linearly_with_the_file() {
     // the small run takes a good part of a second in a debug build, so the fixed cost of
     // starting the process is small beside it.
     const MOST: f64 = 9.0;
-    let kinds: [(&str, fn(u32) -> Vec<u8>, u32, Outcome); 3] = [
+    let kinds: [LinearCase; 3] = [
         (
             "freed-allocations",
             |n| allocations(n as i32, true),
