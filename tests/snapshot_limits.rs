@@ -343,6 +343,36 @@ fn every_truncation_of_a_pytorch_snapshot_is_refused_cleanly() {
     }
 }
 
+#[test]
+fn every_truncation_of_each_writers_form_is_refused_cleanly() {
+    // The other writers' layouts go other ways through the reader: the C++ TorchScript
+    // pickler (memo after completion, empty MARK batches), 2.0's history blocks (the generic
+    // path), XPU's 9-byte LONG1 addresses, protocol 5's frames, pinned host memory.
+    let forms = common::tests_path("replay/fixtures/forms");
+    for file in [
+        "cpp-torchscript.pickle",
+        "v2.0-history.pickle",
+        "v2.10-xpu.pickle",
+        "v2.11-python3.14-protocol-5.pickle",
+        "v2.13-host-annotate.pickle",
+    ] {
+        let bytes = std::fs::read(forms.join(file)).expect("fixture");
+        assert!(read(&bytes).0.is_ok(), "{file}");
+        for end in 0..bytes.len() {
+            let prefix = &bytes[..end];
+            match read(prefix).0 {
+                Err(
+                    SnapshotError::Corrupt { offset, .. } | SnapshotError::Limit { offset, .. },
+                ) => {
+                    assert!(offset <= end as u64, "{file} cut at {end}: offset {offset}")
+                }
+                other => panic!("{file} cut at {end} of {} bytes: {other:?}", bytes.len()),
+            }
+            targets::snapshot(prefix);
+        }
+    }
+}
+
 fn key(name: &str) -> HashableValue {
     HashableValue::String(name.into())
 }
