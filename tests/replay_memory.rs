@@ -328,6 +328,8 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
 fn check(dir: &Path, name: &str, bytes: &[u8], expected: Outcome) -> Measured {
     let path = write(dir, name, bytes);
     let measured = replay_measured(&path);
+    // Tens of megabytes each: gone as soon as measured.
+    std::fs::remove_file(&path).expect("remove");
     let size = bytes.len() as u64;
     let bound = 64 * MIB + 2 * size;
     println!(
