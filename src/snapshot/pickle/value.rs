@@ -270,7 +270,7 @@ impl Memo {
     }
 
     /// What the memo keeps of `value` (a streaming read interns frames and stacks before):
-    /// flat values whole ([`Value::is_flat`]), everything whole when the memo keeps
+    /// flat values whole (`Value::is_flat`), everything whole when the memo keeps
     /// containers, otherwise nothing (the id then reads back as [`Value::Elided`]).
     pub fn form(&self, value: &Value) -> Option<Value> {
         match value {
