@@ -16,7 +16,7 @@ use gpumem::alloc::{
 };
 use gpumem::device::sim::SimDevice;
 use gpumem::snapshot::model::{int, Frame, TraceEvent};
-use gpumem::snapshot::replay::{replay, Placement, ReplayOptions, ReplayReport};
+use gpumem::snapshot::replay::{replay, Placement, ReplayError, ReplayOptions, ReplayReport};
 use gpumem::snapshot::{capture, pickle, AllocatorSettings, Snapshot};
 
 mod common;
@@ -351,6 +351,7 @@ fn what_if_replays_place_by_the_model_and_never_fail() {
         capacity: Some(TOTAL),
         conf: Some(AllocConf::parse("max_split_size_mb:64").expect("valid")),
         placement: Placement::Recorded,
+        device_index: None,
     };
     let forced = replay(&path, &options, &mut |_, _| {}).expect("never a placement error");
     assert!(forced.fits());
@@ -625,6 +626,23 @@ mod self_replay {
             }
             let name = "self-replay";
             let path = dump(&recording, name, &[]);
+            if recording.trace().entries().is_empty() {
+                // Nothing recorded (every op a no-op): refused as an empty history, never "fits".
+                let options = ReplayOptions {
+                    capacity: Some(TOTAL),
+                    conf: Some(AllocConf::parse(&conf).expect("valid config")),
+                    ..ReplayOptions::default()
+                };
+                let refused = replay(&path, &options, &mut |_, _| {});
+                if let Some(folder) = path.parent() {
+                    let _ = std::fs::remove_dir_all(folder);
+                }
+                prop_assert!(
+                    matches!(refused, Err(ReplayError::NoHistory(_))),
+                    "an empty trace must be refused: {refused:?}"
+                );
+                return Ok(());
+            }
             let report = replayed(&path, Some(&conf));
             // Thousands of cases: leave no snapshot behind.
             if let Some(folder) = path.parent() {

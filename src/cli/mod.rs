@@ -180,6 +180,10 @@ enum Command {
         /// config and the model under any other (auto).
         #[arg(long, value_enum, default_value_t = PlacementArg::Auto)]
         placement: PlacementArg,
+        /// Replay device N's trace (its position in the file's `device_traces`); by default
+        /// the first device with entries. The report lists every device the file holds.
+        #[arg(long, value_name = "N")]
+        device_index: Option<u32>,
         /// Also draw the replay's allocated and reserved memory over its events to FILE (.svg
         /// or .png).
         #[arg(long, value_name = "FILE")]
@@ -315,6 +319,7 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
             compare,
             min_capacity,
             placement,
+            device_index,
             timeline,
             report,
         }) => replay::command(&replay::ReplayArgs {
@@ -334,6 +339,7 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
                 PlacementArg::Recorded => gpumem::snapshot::replay::Placement::Recorded,
                 PlacementArg::Model => gpumem::snapshot::replay::Placement::Model,
             },
+            device_index,
         }),
         Some(Command::Bench(BenchTarget::Replay { events, file, keep })) => {
             replay::bench(events, file.as_deref(), keep)

@@ -94,11 +94,20 @@ impl ReplayDevice {
     }
 }
 
+/// Whether a recorded address can hold a segment of `bytes`: not null, aligned as every
+/// `cudaMalloc` result is (512 bytes at least), and not wrapping past the end of the address
+/// space. A snapshot file is untrusted: anything else is left to the simulator's placement.
+fn plausible(address: u64, bytes: u64) -> bool {
+    address != 0 && address.is_multiple_of(512) && address.checked_add(bytes).is_some()
+}
+
 impl DeviceMemory for ReplayDevice {
     fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         let own = self.inner.malloc(bytes)?;
         let address = match self.hints.take(bytes) {
-            Some(recorded) if !self.overlaps(recorded, bytes) => recorded,
+            Some(recorded) if plausible(recorded, bytes) && !self.overlaps(recorded, bytes) => {
+                recorded
+            }
             _ if !self.overlaps(own.addr(), bytes) => own.addr(),
             // The simulator's own address collides with a segment placed at a recorded
             // address: above the highest live segment, on a 2 MiB boundary, nothing is.
@@ -292,5 +301,17 @@ mod tests {
             device.mem_get_info().map(|(_, total)| total).ok(),
             Some(1 << 30)
         );
+    }
+
+    #[test]
+    fn an_implausible_recorded_address_is_not_used() {
+        let hints = Hints::default();
+        let mut device = ReplayDevice::new(SimDevice::new(1 << 30), hints.clone());
+        for address in [0, 0x7000_0000_0100, u64::MAX - (1 << 20) + 1] {
+            hints.push(address, 2 << 20);
+            let placed = device.malloc(2 << 20).expect("room").addr();
+            assert_ne!(placed, address);
+            assert!(placed.checked_add(2 << 20).is_some());
+        }
     }
 }

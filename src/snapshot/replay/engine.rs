@@ -60,7 +60,7 @@ use crate::alloc::{
     StreamId, Subscription,
 };
 use crate::snapshot::model::Action;
-use crate::snapshot::pickle::{Emitted, RawEvent, SnapshotError};
+use crate::snapshot::pickle::{Emitted, Entry, RawEvent, SnapshotError};
 
 /// A hasher for device addresses: one multiplication, enough for keys that are already
 /// spread out (the standard hasher costs more than the allocator's own work here).
@@ -133,6 +133,48 @@ pub struct Counts {
     pub pooled_allocs: u64,
     /// Events of other devices' traces (not replayed).
     pub other_device_events: u64,
+}
+
+/// Bytes in a mebibyte.
+const MIB: u64 = 1 << 20;
+
+/// How many allocations a replay may keep live at once, in proportion to the file's size: a
+/// snapshot is untrusted input, and a crafted file of 20-byte `alloc` entries that are never
+/// freed would otherwise make the replay hold far more memory than the file's size (issue 21:
+/// 64 MiB + 2 × the file's size for the whole process, the reader's share included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveLimit {
+    /// Bytes of live-allocation state the replay may hold, whatever the file's size.
+    pub base_memory: u64,
+    /// And this many more per byte of the file.
+    pub memory_per_byte: u64,
+}
+
+impl LiveLimit {
+    /// What one live allocation costs the replay, measured: the engine's entry for its
+    /// recorded address and the allocator's block, with the spare capacity of their tables
+    /// (about 150 bytes in `gpumem replay` on 1.2 million live allocations).
+    pub const BYTES_PER_ALLOCATION: u64 = 192;
+
+    /// The most allocations live at once for a file of `file_size` bytes.
+    pub fn allocations(&self, file_size: u64) -> u64 {
+        self.base_memory
+            .saturating_add(file_size.saturating_mul(self.memory_per_byte))
+            / Self::BYTES_PER_ALLOCATION
+    }
+}
+
+impl Default for LiveLimit {
+    /// What `gpumem replay` uses: 16 MiB + 1 byte per byte of the file (87,381 live
+    /// allocations whatever the size; PyTorch's files take about 70 bytes per trace entry, so
+    /// a real job reaches the limit only with hundreds of thousands of allocations live at
+    /// once and almost none freed).
+    fn default() -> Self {
+        LiveLimit {
+            base_memory: 16 * MIB,
+            memory_per_byte: 1,
+        }
+    }
 }
 
 /// A live allocation: gpumem's block for a recorded address.
@@ -239,6 +281,10 @@ pub struct Engine {
     pub first_oom: Option<FirstOom>,
     /// Device events compared.
     pub segments: SegmentComparison,
+    /// The most allocations kept live at once (`None`: no limit).
+    max_live: Option<u64>,
+    /// The limit as the refusal states it.
+    live_limit_text: String,
 }
 
 impl Engine {
@@ -270,7 +316,23 @@ impl Engine {
             counts: Counts::default(),
             first_oom: None,
             segments: SegmentComparison::default(),
+            max_live: None,
+            live_limit_text: String::new(),
         }
+    }
+
+    /// Refuses, at the entry that would go past it, to keep more allocations live at once
+    /// than `limit` allows for a file of `file_size` bytes ([`LiveLimit`]).
+    pub fn with_live_limit(mut self, limit: LiveLimit, file_size: u64) -> Engine {
+        let most = limit.allocations(file_size);
+        self.max_live = Some(most);
+        self.live_limit_text = format!(
+            "more than {most} allocations live at once (limit: {} MiB + {} byte per byte of this {file_size}-byte file, at {} bytes per allocation)",
+            limit.base_memory / MIB,
+            limit.memory_per_byte,
+            LiveLimit::BYTES_PER_ALLOCATION
+        );
+        self
     }
 
     /// Subscribes `observer` to the replay allocator's event stream (a timeline being
@@ -296,6 +358,10 @@ impl Engine {
 
     /// Replays one event from the reader.
     pub fn handle(&mut self, emitted: Emitted) -> Result<(), SnapshotError> {
+        let Entry::Memory(event) = emitted.entry else {
+            // `user_defined` and `annotate` markers change no memory.
+            return Ok(());
+        };
         if *self.trace.get_or_insert(emitted.list) != emitted.list {
             self.counts.other_device_events += 1;
             return Ok(());
@@ -303,8 +369,18 @@ impl Engine {
         self.counts.events += 1;
         let index = emitted.index;
         self.index = index;
-        let event = emitted.event;
         let fail = |message: String| SnapshotError::Event { index, message };
+        if event.action == Action::Alloc
+            && self
+                .max_live
+                .is_some_and(|most| self.live.len() as u64 >= most)
+        {
+            return Err(SnapshotError::Limit {
+                offset: emitted.offset,
+                message: self.live_limit_text.clone(),
+                events: index,
+            });
+        }
         if let Some((held_index, held)) = self.held.take() {
             if event.action == Action::FreeCompleted && event.addr == held.addr {
                 // An immediate free, unless the next event starts a malloc's releases or new
@@ -794,5 +870,22 @@ mod tests {
         );
         assert_eq!(routes.pool_of(0x2000, 9), None, "past its end");
         assert_eq!(routes.pool_of(0x0800, 9), None);
+    }
+
+    #[test]
+    fn the_live_limit_grows_with_the_file() {
+        let limit = LiveLimit::default();
+        assert_eq!(limit.allocations(0), (16 << 20) / 192);
+        assert_eq!(
+            limit.allocations(192 * 1000),
+            (16 << 20) / 192 + 1000,
+            "one more allocation per 192 bytes of the file"
+        );
+        let none = LiveLimit {
+            base_memory: 0,
+            memory_per_byte: 0,
+        };
+        assert_eq!(none.allocations(1 << 30), 0);
+        assert_eq!(limit.allocations(u64::MAX), u64::MAX / 192, "saturates");
     }
 }

@@ -34,10 +34,13 @@ use thiserror::Error;
 use crate::alloc::{AllocConf, CachingAllocator, MemPoolId, MemoryObserver};
 use crate::device::sim::{SimDevice, H200_TOTAL_MEMORY};
 use crate::device::DeviceMemory;
-use crate::snapshot::pickle::{self, SnapshotError};
+use crate::snapshot::pickle::{self, Remainder, SnapshotError, Trace};
 use device::{Hints, ReplayDevice};
+use engine::LiveLimit;
 pub use engine::{Engine, PoolRoutes};
-pub use report::{CapacitySource, ConfSource, Fragmentation, ReplayReport};
+pub use report::{
+    CapacitySource, ConfSource, DeviceTrace, Fragmentation, HostMemory, ReplayReport,
+};
 
 /// Why a replay could not run.
 #[derive(Debug, Error)]
@@ -51,6 +54,12 @@ pub enum ReplayError {
     /// The allocator could not start (e.g. a bad memory fraction in the config).
     #[error("cannot start the allocator: {0}")]
     Allocator(String),
+    /// The file holds no allocator event to replay for the device asked for.
+    #[error("{0}; record the history with torch.cuda.memory._record_memory_history() before the job runs, then save it with torch.cuda.memory._dump_snapshot(path)")]
+    NoHistory(String),
+    /// `--device-index` names a device the file has no trace for.
+    #[error("{0}")]
+    NoSuchDevice(String),
 }
 
 impl ReplayError {
@@ -92,6 +101,9 @@ pub struct ReplayOptions {
     pub conf: Option<AllocConf>,
     /// Segment placement.
     pub placement: Placement,
+    /// The device whose trace is replayed (its position in `device_traces`); `None` = the
+    /// first with entries.
+    pub device_index: Option<u32>,
 }
 
 impl ReplayOptions {
@@ -145,6 +157,7 @@ pub fn replay(
         capacity_source,
         placement: first_placement,
         routes: PoolRoutes::default(),
+        device_index: options.device_index,
     };
     let (report, learned) = run(
         path,
@@ -222,6 +235,7 @@ pub fn replay_observed(
         capacity_source: report.capacity_source,
         placement: report.placement,
         routes: report.routes.clone(),
+        device_index: u32::try_from(report.device_index).ok(),
     };
     let (report, _) = run_observed(
         path,
@@ -243,6 +257,8 @@ struct Plan {
     /// [`Placement::Recorded`] or [`Placement::Model`].
     placement: Placement,
     routes: PoolRoutes,
+    /// The device whose trace is replayed (`--device-index`); `None`: the first with events.
+    device_index: Option<u32>,
 }
 
 /// One pass over the file under `conf`; also returns what it learned of the file.
@@ -273,12 +289,26 @@ fn run_observed(
     ));
     let allocator = CachingAllocator::new(device, conf.clone())
         .map_err(|error| ReplayError::Allocator(error.to_string()))?;
-    let mut engine = Engine::new(allocator, hints, plan.routes.clone());
+    // The file's size bounds what the replay may hold (a missing file is the reader's error).
+    let file_size = std::fs::metadata(path).map_or(0, |meta| meta.len());
+    let mut engine = Engine::new(allocator, hints, plan.routes.clone())
+        .with_live_limit(LiveLimit::default(), file_size);
+    let device_index = plan.device_index;
     for observer in observers {
         engine.subscribe(observer);
     }
     let mut last_index = 0;
+    let mut other_devices = 0;
     let remainder = pickle::stream_file(path, |emitted| {
+        // One device's trace is replayed; pinned host memory never is.
+        match emitted.trace {
+            Trace::Device(index) if device_index.is_none_or(|wanted| wanted == index) => {}
+            Trace::Device(_) => {
+                other_devices += 1;
+                return Ok(());
+            }
+            Trace::Host(_) | Trace::Other => return Ok(()),
+        }
         last_index = emitted.index;
         let offset = emitted.offset;
         engine.handle(emitted)?;
@@ -288,10 +318,33 @@ fn run_observed(
         Ok(())
     })?;
     engine.finish(last_index)?;
-    let device_index = engine
-        .trace()
-        .and_then(|id| remainder.traces.iter().position(|(list, _)| *list == id))
-        .unwrap_or(0);
+    engine.counts.other_device_events += other_devices;
+    let devices = device_traces(&remainder);
+    if let Some(wanted) = device_index {
+        if wanted as usize >= remainder.traces.len() {
+            return Err(ReplayError::NoSuchDevice(format!(
+                "the file has no trace for device {wanted}: {}",
+                describe_devices(&devices)
+            )));
+        }
+    }
+    let device_index = match device_index {
+        Some(wanted) => wanted as usize,
+        None => engine
+            .trace()
+            .and_then(|id| remainder.traces.iter().position(|(list, _)| *list == id))
+            .unwrap_or(0),
+    };
+    if engine.counts.events == 0 {
+        return Err(ReplayError::NoHistory(if remainder.has_device_traces {
+            format!(
+                "device {device_index}'s trace holds no allocator event ({})",
+                describe_devices(&devices)
+            )
+        } else {
+            "the file records no trace (no 'device_traces': a snapshot taken without history, or PyTorch 2.0's bare list of segments)".into()
+        }));
+    }
     if engine.trace().is_some()
         && remainder
             .traces
@@ -305,14 +358,14 @@ fn run_observed(
     }
     let mut routes = PoolRoutes::default();
     for segment in &remainder.segments {
-        let (first, second) = segment.segment_pool_id;
+        let (first, second) = segment.pool;
         let pool = MemPoolId::new(first as u64, second as u64);
         if pool.is_default() || segment.device != device_index as i64 {
             continue;
         }
-        let base = segment.address as u64;
+        let base = segment.address;
         let made = engine.made_at(base).unwrap_or(0);
-        routes.add(base, segment.total_size.max(0) as u64, pool, made);
+        routes.add(base, segment.total_size, pool, made);
     }
     let stats = engine.allocator().stats();
     let report = ReplayReport {
@@ -330,10 +383,37 @@ fn run_observed(
         final_stats: stats.entries(),
         fragmentation: Fragmentation::of(stats),
         segment_events: engine.segments.clone(),
+        devices,
+        host: HostMemory::of(&remainder),
     };
     let learned = Learned {
         settings: remainder.settings,
         routes,
     };
     Ok((report, learned))
+}
+
+/// Each device's trace in the file and its entries.
+fn device_traces(remainder: &Remainder) -> Vec<DeviceTrace> {
+    remainder
+        .traces
+        .iter()
+        .enumerate()
+        .map(|(index, &(_, entries))| DeviceTrace {
+            index: u32::try_from(index).unwrap_or(u32::MAX),
+            entries,
+        })
+        .collect()
+}
+
+/// "devices 0 (120 entries), 1 (0 entries)", for messages.
+fn describe_devices(devices: &[DeviceTrace]) -> String {
+    if devices.is_empty() {
+        return "the file holds no device trace".into();
+    }
+    let list: Vec<String> = devices
+        .iter()
+        .map(|device| format!("{} ({} entries)", device.index, device.entries))
+        .collect();
+    format!("the file holds devices {}", list.join(", "))
 }
