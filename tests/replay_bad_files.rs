@@ -137,11 +137,44 @@ fn a_free_of_an_address_never_allocated_names_its_index() {
             "event 3:",
             "free_requested of address 0x2000",
             "never allocated",
+            "lies in no segment",
+            "starts mid-run",
         ],
     );
-    let bytes = snapshot(vec![event("alloc", 4096, 100), event("alloc", 4096, 100)]);
+    let bytes = snapshot(vec![
+        event("alloc", 4096, 100),
+        event("alloc", 4096, 100),
+        event("free_requested", 4096, 100),
+        event("free_completed", 4096, 100),
+    ]);
     let path = write(&dir, "twice.pickle", &bytes);
     refused(&path, &["event 1:", "already allocated"]);
+}
+
+#[test]
+fn a_trace_without_allocations_or_frees_names_skip_actions() {
+    let dir = common::scratch("bad-skip");
+    let bytes = snapshot(vec![event("alloc", 4096, 100), event("alloc", 4096, 100)]);
+    let path = write(&dir, "no-frees.pickle", &bytes);
+    refused(
+        &path,
+        &[
+            "2 allocations but no free",
+            "skip_actions",
+            "cannot be replayed",
+        ],
+    );
+    let bytes = snapshot(vec![
+        event("free_requested", 4096, 100),
+        event("free_completed", 4096, 100),
+        event("free_requested", 4096, 100),
+        event("free_completed", 4096, 100),
+    ]);
+    let path = write(&dir, "no-allocs.pickle", &bytes);
+    refused(
+        &path,
+        &["no alloc event", "skip_actions leaving out 'alloc'"],
+    );
 }
 
 #[test]

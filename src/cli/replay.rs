@@ -122,6 +122,7 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         capacity,
         conf: conf.clone(),
         placement: args.placement,
+        ..ReplayOptions::default()
     };
     let report = run_one(args, &options)?;
     if args.outputs.wanted() {
@@ -163,6 +164,7 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
             capacity,
             conf: Some(conf.clone()),
             placement: args.placement,
+            ..ReplayOptions::default()
         };
         let row = run_one(args, &options)?;
         let row_search = search(Some(conf))?;

@@ -9,10 +9,12 @@ use std::rc::Rc;
 
 use serde::Serialize;
 
+use super::answer::{self, Causes, LiveAllocation, OomSource, UserFrame, Why};
 use super::compare::{DeviceEvent, SegmentComparison};
 use super::device::Hints;
+use super::seed::Seeded;
 use crate::alloc::{
-    AllocError, Allocation, CachingAllocator, EventLog, MemoryObserver, Subscription,
+    AllocError, Allocation, CachingAllocator, EventLog, MemoryObserver, OutOfMemory, Subscription,
 };
 use crate::snapshot::model::Action;
 use crate::snapshot::pickle::{Emitted, RawEvent, SnapshotError};
@@ -41,11 +43,13 @@ impl Hasher for AddressHasher {
 type AddressMap<V> = HashMap<u64, V, BuildHasherDefault<AddressHasher>>;
 type AddressSet = HashSet<u64, BuildHasherDefault<AddressHasher>>;
 
-/// The state when the replay first ran out of memory.
+/// The state when the replay ran out of memory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FirstOom {
-    /// Index of the `alloc` event that failed.
+    /// Index of the event that failed: an `alloc`, or a recorded `oom` gpumem reproduced.
     pub index: u64,
+    /// Which of the two it was.
+    pub source: OomSource,
     /// Bytes it asked for.
     pub size: u64,
     /// Bytes allocated then.
@@ -56,6 +60,13 @@ pub struct FirstOom {
     pub device_free: u64,
     /// gpumem's (PyTorch's) OOM message.
     pub message: String,
+    /// gpumem's diagnosis: the cause and its figures.
+    pub why: Why,
+    /// The Python frames of the failing request, the user's first (empty until looked up,
+    /// or when the file records none).
+    pub frames: Vec<UserFrame>,
+    /// The largest allocations live then, largest first.
+    pub largest_live: Vec<LiveAllocation>,
 }
 
 /// Counts of what was replayed.
@@ -88,6 +99,10 @@ pub struct Counts {
 struct Live {
     allocation: Allocation,
     free_requested: bool,
+    /// The `alloc` event that made it (`None`: live when the trace starts).
+    index: Option<u64>,
+    /// The bytes it was asked for.
+    requested: u64,
 }
 
 /// The replay of one trace.
@@ -112,6 +127,12 @@ pub struct Engine {
     pub counts: Counts,
     /// The first OOM of the replay.
     pub first_oom: Option<FirstOom>,
+    /// The first [`answer::ANSWERED_OOMS`] OOMs, each with its diagnosis.
+    pub ooms: Vec<FirstOom>,
+    /// Every OOM's cause, counted.
+    pub causes: Causes,
+    /// Whether `free_requested` frees (the trace records no `free_completed`).
+    free_on_request: bool,
     /// Device events compared.
     pub segments: SegmentComparison,
 }
@@ -133,6 +154,9 @@ impl Engine {
             released: false,
             counts: Counts::default(),
             first_oom: None,
+            ooms: Vec::new(),
+            causes: Causes::default(),
+            free_on_request: false,
             segments: SegmentComparison::default(),
         }
     }
@@ -146,6 +170,37 @@ impl Engine {
     /// The allocator replayed into.
     pub fn allocator(&self) -> &CachingAllocator {
         &self.allocator
+    }
+
+    /// The allocator replayed into, to set it up before the first event (a memory fraction,
+    /// the state a trace starts from).
+    pub fn allocator_mut(&mut self) -> &mut CachingAllocator {
+        &mut self.allocator
+    }
+
+    /// Starts from the blocks `seeded` put into the allocator (a trace that starts mid-run):
+    /// they are live under their recorded addresses, those that did not fit are skipped with
+    /// their frees, and the allocator's events so far are not compared with the recording.
+    pub fn start_from(&mut self, seeded: &Seeded) {
+        for block in &seeded.live {
+            self.live.insert(
+                block.addr,
+                Live {
+                    allocation: block.allocation,
+                    free_requested: block.free_requested,
+                    index: None,
+                    requested: block.requested,
+                },
+            );
+        }
+        self.skipped.extend(seeded.failed.iter().copied());
+        self.log.borrow_mut().take();
+    }
+
+    /// Makes `free_requested` free the block: for traces without `free_completed` events
+    /// (recorded with `skip_actions`).
+    pub fn free_on_request(&mut self) {
+        self.free_on_request = true;
     }
 
     /// The trace list replayed, once known.
@@ -282,6 +337,8 @@ impl Engine {
                     Live {
                         allocation,
                         free_requested: false,
+                        index: Some(index),
+                        requested: size,
                     },
                 );
                 Ok(())
@@ -289,22 +346,7 @@ impl Engine {
             Err(AllocError::OutOfMemory(oom)) => {
                 self.counts.ooms += 1;
                 self.skipped.insert(addr);
-                if self.first_oom.is_none() {
-                    let stats = self.allocator.stats();
-                    let device_free = self
-                        .allocator
-                        .device()
-                        .mem_get_info()
-                        .map_or(0, |(free, _)| free);
-                    self.first_oom = Some(FirstOom {
-                        index,
-                        size,
-                        allocated: stats.allocated_bytes.all.current,
-                        reserved: stats.reserved_bytes.all.current,
-                        device_free,
-                        message: oom.message,
-                    });
-                }
+                self.answer(index, size, &oom, OomSource::Alloc);
                 Ok(())
             }
             Err(other) => Err(format!("the allocator failed: {other}")),
@@ -312,6 +354,9 @@ impl Engine {
     }
 
     fn free_requested(&mut self, event: &RawEvent) -> Result<(), String> {
+        if self.free_on_request {
+            return self.free_completed(event);
+        }
         let addr = event.addr as u64;
         if let Some(live) = self.live.get_mut(&addr) {
             live.free_requested = true;
@@ -340,19 +385,59 @@ impl Engine {
 
     /// PyTorch ran out of memory here: try the same request (a failed malloc also flushes
     /// the cache in PyTorch), and give the block back at once if gpumem succeeds.
-    fn recorded_oom(&mut self, _index: u64, event: &RawEvent) -> Result<(), String> {
+    fn recorded_oom(&mut self, index: u64, event: &RawEvent) -> Result<(), String> {
         self.counts.recorded_ooms += 1;
-        match self.malloc(event)?.1 {
+        let (size, result) = self.malloc(event)?;
+        match result {
             Ok(allocation) => self
                 .allocator
                 .free(allocation)
                 .map_err(|error| format!("the allocator failed: {error}")),
-            Err(AllocError::OutOfMemory(_)) => {
+            Err(AllocError::OutOfMemory(oom)) => {
                 self.counts.recorded_ooms_reproduced += 1;
+                self.answer(index, size, &oom, OomSource::RecordedOom);
                 Ok(())
             }
             Err(other) => Err(format!("the allocator failed: {other}")),
         }
+    }
+}
+
+impl Engine {
+    /// Records an OOM at event `index` for a request of `size` bytes: counted by cause, and
+    /// the first ones kept with their diagnosis and the largest allocations live then.
+    fn answer(&mut self, index: u64, size: u64, oom: &OutOfMemory, source: OomSource) {
+        let why = Why::of(oom);
+        self.causes.add(why.cause);
+        if self.ooms.len() >= answer::ANSWERED_OOMS {
+            return;
+        }
+        let stats = self.allocator.stats();
+        let device_free = self
+            .allocator
+            .device()
+            .mem_get_info()
+            .map_or(0, |(free, _)| free);
+        let live = self
+            .live
+            .iter()
+            .map(|(&addr, live)| (addr, live.index, live.allocation.size, live.requested));
+        let record = FirstOom {
+            index,
+            source,
+            size,
+            allocated: stats.allocated_bytes.all.current,
+            reserved: stats.reserved_bytes.all.current,
+            device_free,
+            message: oom.message.clone(),
+            why,
+            frames: Vec::new(),
+            largest_live: answer::largest(live, answer::LARGEST_LIVE),
+        };
+        if self.first_oom.is_none() {
+            self.first_oom = Some(record.clone());
+        }
+        self.ooms.push(record);
     }
 }
 

@@ -1,0 +1,205 @@
+//! The first pass over a snapshot, before anything is replayed: what each action's count
+//! says about how the trace was recorded (an empty history, `skip_actions`), what the trace
+//! shows of the state it starts from, and the reserved bytes and OOMs a limit is inferred
+//! from ([`super::limit`]).
+//!
+//! PyTorch keeps only the last `max_entries` events, so a long job's trace starts mid-run.
+//! What was live at its first event is what the trace touches first by freeing it — a block
+//! freed, a segment released, pages unmapped, none of which it allocated — and what is live
+//! at the end without the trace having made it. This pass records the first kind as it goes
+//! (memory in proportion to the live state); [`super::start`] adds the second from the
+//! file's end-state `segments`. It is the walk backwards from the end state that PyTorch's
+//! memory_viz does, run forwards.
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
+use super::engine::AddressHasher;
+use super::limit::Pressure;
+use super::ranges::Ranges;
+use crate::snapshot::model::Action;
+use crate::snapshot::pickle::Emitted;
+
+type AddressMap<V> = HashMap<u64, V, BuildHasherDefault<AddressHasher>>;
+
+/// A block the trace frees without having allocated it: live when the trace starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FirstFree {
+    /// The event that freed it.
+    pub index: u64,
+    /// Its address.
+    pub addr: u64,
+    /// The bytes it was asked for (the free event's `size`).
+    pub requested: u64,
+    /// Its stream.
+    pub stream: u64,
+    /// Whether its free was already requested when the trace starts (the trace's first event
+    /// about it is `free_completed`).
+    pub free_requested: bool,
+}
+
+/// A segment or pages the trace gives back without having acquired them: held when the trace
+/// starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FirstRelease {
+    /// The event that released it.
+    pub index: u64,
+    /// Its address.
+    pub addr: u64,
+    /// Its bytes.
+    pub size: u64,
+    /// Its stream.
+    pub stream: u64,
+}
+
+/// Where a block the trace named stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Allocated, its free not requested.
+    Allocated,
+    /// Its free requested, not completed.
+    Requested,
+    /// Freed.
+    Freed,
+}
+
+/// What the first pass learned.
+#[derive(Debug, Clone, Default)]
+pub struct Scan {
+    /// The trace list replayed: the first that has events (as the replay picks it).
+    list: Option<u32>,
+    /// Events of that list.
+    pub events: u64,
+    /// Events of other lists (other devices).
+    pub other_device_events: u64,
+    /// Events of each kind, by [`Action::code`].
+    actions: [u64; Action::ALL.len()],
+    /// Every block address the trace has named, and where its block stands.
+    blocks: AddressMap<Held>,
+    /// Blocks freed before the trace allocated them.
+    pub first_frees: Vec<FirstFree>,
+    /// `cudaMalloc` segments the trace made and has not freed.
+    segments: AddressMap<u64>,
+    /// Segments freed before the trace made them.
+    pub first_segment_frees: Vec<FirstRelease>,
+    /// Expandable-segment pages the trace has mapped or unmapped.
+    pub touched_pages: Ranges,
+    /// Pages unmapped before the trace mapped them.
+    pub first_unmaps: Vec<FirstRelease>,
+    /// Frees of blocks the trace already freed and did not allocate again (the trace
+    /// misses allocations: `skip_actions`).
+    pub unmatched_frees: u64,
+    /// Allocations at an address the trace allocated and never freed since (the trace misses
+    /// frees: `skip_actions`).
+    pub double_allocs: u64,
+    /// Reserved bytes and OOMs over the trace.
+    pub pressure: Pressure,
+}
+
+impl Scan {
+    /// Takes in one event.
+    pub fn see(&mut self, emitted: &Emitted) {
+        if *self.list.get_or_insert(emitted.list) != emitted.list {
+            self.other_device_events += 1;
+            return;
+        }
+        self.events += 1;
+        let event = &emitted.event;
+        let kind = usize::from(event.action.code());
+        if let Some(count) = self.actions.get_mut(kind) {
+            *count += 1;
+        }
+        let index = emitted.index;
+        let addr = event.addr as u64;
+        let size = event.size.max(0) as u64;
+        let stream = event.stream as u64;
+        match event.action {
+            Action::Alloc => {
+                if self.blocks.insert(addr, Held::Allocated) == Some(Held::Allocated) {
+                    self.double_allocs += 1;
+                }
+            }
+            Action::FreeRequested | Action::FreeCompleted => {
+                let requested_only = event.action == Action::FreeRequested;
+                let next = if requested_only {
+                    Held::Requested
+                } else {
+                    Held::Freed
+                };
+                match self.blocks.insert(addr, next) {
+                    Some(Held::Allocated | Held::Requested) => {}
+                    Some(Held::Freed) => self.unmatched_frees += 1,
+                    None => self.first_frees.push(FirstFree {
+                        index,
+                        addr,
+                        requested: size,
+                        stream,
+                        free_requested: !requested_only,
+                    }),
+                }
+            }
+            Action::SegmentAlloc => {
+                self.segments.insert(addr, size);
+                self.pressure.acquired(index, size);
+            }
+            Action::SegmentFree => {
+                if self.segments.remove(&addr).is_none() {
+                    self.first_segment_frees.push(FirstRelease {
+                        index,
+                        addr,
+                        size,
+                        stream,
+                    });
+                }
+                self.pressure.released(size);
+            }
+            Action::SegmentMap => {
+                self.touched_pages.insert(addr, addr.saturating_add(size));
+                self.pressure.acquired(index, size);
+            }
+            Action::SegmentUnmap => {
+                let end = addr.saturating_add(size);
+                for (start, end) in self.touched_pages.gaps(addr, end) {
+                    self.first_unmaps.push(FirstRelease {
+                        index,
+                        addr: start,
+                        size: end - start,
+                        stream,
+                    });
+                }
+                self.touched_pages.insert(addr, end);
+                self.pressure.released(size);
+            }
+            Action::Oom => self.pressure.oom(index, size, addr),
+            Action::Snapshot | Action::EmptyCache | Action::RangeReserve | Action::RangeRelease => {
+            }
+        }
+    }
+
+    /// The trace list replayed, once an event was seen.
+    pub fn list(&self) -> Option<u32> {
+        self.list
+    }
+
+    /// Events of `action` in the replayed trace.
+    pub fn count(&self, action: Action) -> u64 {
+        self.actions
+            .get(usize::from(action.code()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Whether the address was allocated by the trace and is live (or awaiting its free's
+    /// completion) at the end.
+    pub fn live_at_end(&self, addr: u64) -> bool {
+        matches!(
+            self.blocks.get(&addr),
+            Some(Held::Allocated | Held::Requested)
+        )
+    }
+
+    /// Whether the trace made the `cudaMalloc` segment at `addr` and did not free it.
+    pub fn made_segment(&self, addr: u64) -> bool {
+        self.segments.contains_key(&addr)
+    }
+}
