@@ -36,7 +36,7 @@ pub mod seed;
 pub mod start;
 pub mod verdict;
 
-pub use search::{min_capacity, CapacitySearch};
+pub use search::{min_capacity, min_capacity_of, CapacitySearch};
 
 use std::path::Path;
 
@@ -257,6 +257,25 @@ fn choose_conf(
     }
 }
 
+/// Whether two configs make the allocator decide alike (their source text aside).
+fn same_behaviour(a: &AllocConf, b: &AllocConf) -> bool {
+    let mut a = a.clone();
+    a.source.clone_from(&b.source);
+    a == *b
+}
+
+/// Whether `conf` makes the allocator decide as the recorded run's config did.
+fn is_recorded_conf(recording: &Recording, conf: &AllocConf) -> bool {
+    let recorded = match &recording.remainder.settings {
+        Some(settings) => match settings.to_conf() {
+            Ok(recorded) => recorded,
+            Err(_) => return false,
+        },
+        None => AllocConf::default(),
+    };
+    same_behaviour(conf, &recorded)
+}
+
 /// Replays the file at `path`, which [`read`] made `recording` of, with `observers`
 /// subscribed to the replay allocator's event stream from its first event (the rebuilt
 /// start state's included).
@@ -304,9 +323,15 @@ pub fn replay_recording(
             failed: seeded.failed.len() as u64,
         });
     }
+    // The limit is the recorded run's, so it is read with the recorded config's segments.
+    let recorded_expandable = recording
+        .remainder
+        .settings
+        .as_ref()
+        .is_some_and(|settings| settings.expandable_segments);
     let limit = scan
         .pressure
-        .infer(start.figures().reserved_bytes, conf.expandable_segments);
+        .infer(start.figures().reserved_bytes, recorded_expandable);
     let applied = apply_limit(
         &mut engine,
         &limit,
@@ -329,6 +354,7 @@ pub fn replay_recording(
         Ok(())
     })?;
     engine.finish(last_index)?;
+    let recorded_conf = is_recorded_conf(recording, &conf);
     let stats = engine.allocator().stats();
     let end_state =
         endstate::EndStateComparison::of(&segments, &engine.allocator().segment_snapshots());
@@ -357,6 +383,7 @@ pub fn replay_recording(
             .collect(),
         free_on_request: scan.count(Action::FreeCompleted) == 0
             && scan.count(Action::FreeRequested) > 0,
+        recorded_conf,
     })
 }
 

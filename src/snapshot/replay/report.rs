@@ -155,6 +155,9 @@ pub struct ReplayReport {
     /// Whether frees were replayed at `free_requested` (the trace records no
     /// `free_completed`: `skip_actions`).
     pub free_on_request: bool,
+    /// Whether the config replayed under decides as the recorded one did (so the replay
+    /// should reproduce the recorded run).
+    pub recorded_conf: bool,
 }
 
 impl ReplayReport {
@@ -216,6 +219,7 @@ impl ReplayReport {
             "fits": verdict.fits,
             "verdict": verdict,
             "counts": self.counts,
+            "peaks_lowered_by_failed_allocations": self.peaks_lowered(),
             "first_oom": self.first_oom,
             "ooms": self.ooms,
             "oom_causes": self.causes,
@@ -458,6 +462,18 @@ impl ReplayReport {
             format_size(figures.allocated_bytes),
             figures.freed_by_trace
         )?;
+        let segment_events: u64 = self
+            .recorded_actions
+            .iter()
+            .filter(|(name, _)| name.starts_with("segment_"))
+            .map(|(_, count)| count)
+            .sum();
+        if segment_events == 0 && figures.segments > 0 {
+            writeln!(
+                f,
+                "                  the trace records no segment events (a steady state, or skip_actions): every end-state segment is taken as held from its start"
+            )?;
+        }
         if start.failed > 0 {
             writeln!(
                 f,

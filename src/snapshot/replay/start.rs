@@ -234,7 +234,7 @@ fn settle_sizes(
             continue;
         }
         let gap = next_start - block_end;
-        if (gap > 0 && gap <= SMALL_SIZE) || (gap > 0 && block.size >= max_split_size) {
+        if gap > 0 && (gap <= SMALL_SIZE || block.size >= max_split_size) {
             block.size += gap;
         }
     }

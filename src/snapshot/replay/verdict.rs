@@ -3,11 +3,11 @@
 //! would have made it fit.
 //!
 //! It never says "fits" wrongly: a replay whose allocations failed, or whose recorded OOMs
-//! recurred, does not fit; and a recording that ran out of memory where gpumem's replay did
-//! not, on a device the caller did not choose, does not fit either (the replay did not
-//! reproduce the run, so it cannot vouch for it). Only on a device the caller named does a
-//! replay without OOMs fit whatever the recording did; it then says why the recorded OOMs did
-//! not recur.
+//! recurred, does not fit; and a recording that ran out of memory where gpumem's replay under
+//! the recorded config did not, on a device the caller did not choose, does not fit either
+//! (the replay did not reproduce the run, so it cannot vouch for it). A replay without OOMs
+//! on a device the caller named, or under another config, fits whatever the recording did,
+//! and says why the recorded OOMs did not recur.
 
 use serde::Serialize;
 
@@ -39,16 +39,23 @@ impl ReplayReport {
         let device = format_size(self.capacity);
         match self.limit_applied {
             Applied::Cap(cap) => format!("{device} under the inferred cap of {}", format_size(cap)),
-            Applied::HeldElsewhere(held) => format!(
-                "{device} with {} held elsewhere (inferred)",
-                format_size(held)
-            ),
+            Applied::HeldElsewhere(held) => {
+                let context = crate::device::sim::SimDevice::new(self.capacity).context_bytes();
+                let usable = self.capacity.saturating_sub(context).saturating_sub(held);
+                format!(
+                    "{device}, of which the job could hold {} as when recorded (the rest held elsewhere, inferred)",
+                    format_size(usable)
+                )
+            }
             Applied::No => device,
         }
     }
 
     /// Why recorded OOMs did not recur, in words.
     fn unreproduced_why(&self) -> String {
+        if !self.recorded_conf {
+            return "this config serves the requests the recorded one could not".into();
+        }
         match (self.limit, self.limit_applied, self.capacity_source) {
             (Limit::Cap(_) | Limit::Device { .. }, Applied::No, CapacitySource::Given) => format!(
                 "the job ran under a limit the file does not record, {}; this replay on the device given has no such limit",
@@ -100,7 +107,7 @@ impl ReplayReport {
                 unreproduced_why,
             };
         }
-        if unreproduced > 0 && self.capacity_source != CapacitySource::Given {
+        if unreproduced > 0 && self.capacity_source != CapacitySource::Given && self.recorded_conf {
             return Verdict {
                 fits: false,
                 text: format!(
@@ -113,7 +120,12 @@ impl ReplayReport {
                 unreproduced_why,
             };
         }
-        let text = if unreproduced > 0 {
+        let text = if unreproduced > 0 && !self.recorded_conf {
+            format!(
+                "fits on {device} under this config (the recorded run, under its own, ran out of memory {unreproduced} time{})",
+                plural(unreproduced)
+            )
+        } else if unreproduced > 0 {
             format!(
                 "fits on {device} (the recorded run ran out of memory {unreproduced} time{} on its own device)",
                 plural(unreproduced)
