@@ -133,8 +133,9 @@ struct Cli {
 /// Where a script, the REPL or a benchmark runs: the device and the allocator config.
 #[derive(Args, Clone, Default)]
 struct SessionArgs {
-    /// Device: `cuda[:N]` or `sim[:SIZE]` (e.g. `sim:80GiB`). Default: cuda:0 when a GPU is
-    /// found, else the simulated H200.
+    /// Devices: `cuda` (every visible GPU; `cuda:N` starts on GPU N), `sim[:SIZE]` (e.g.
+    /// `sim:80GiB`) or `sim:SIZE,SIZE,...` (one simulated device per size). Default: the GPUs
+    /// when one is found, else the simulated H200.
     #[arg(long, value_name = "DEVICE")]
     device: Option<DeviceSpec>,
     /// Allocator config in PyTorch's syntax (e.g. `max_split_size_mb:64`); default: the
@@ -147,7 +148,7 @@ impl SessionArgs {
     /// These, each filled in from `outer` (given before the subcommand) where not given.
     fn or(self, outer: &SessionArgs) -> SessionArgs {
         SessionArgs {
-            device: self.device.or(outer.device),
+            device: self.device.or_else(|| outer.device.clone()),
             alloc_conf: self.alloc_conf.or_else(|| outer.alloc_conf.clone()),
         }
     }
@@ -155,8 +156,9 @@ impl SessionArgs {
     /// The session options: the flag, else the environment's config.
     fn options(&self) -> SessionOptions {
         SessionOptions {
-            device: self.device,
+            device: self.device.clone(),
             config: ConfigSource::flag_or_environment(self.alloc_conf.clone()),
+            devices: None,
         }
     }
 }
@@ -534,7 +536,7 @@ fn open_session(options: &SessionOptions) -> Result<Session, CliError> {
 /// `gpumem` without a subcommand: the REPL (a piped transcript with errors fails).
 fn repl(options: &SessionOptions, limits: Limits) -> Result<(), CliError> {
     let session = open_session(options)?;
-    match repl::run(session.runtime, session.device, limits) {
+    match repl::run(session.devices, session.device, limits) {
         Ok(0) => Ok(()),
         Ok(code) => Err(CliError::ScriptExit(code)),
         Err(error) => Err(CliError::Usage(error.to_string())),
@@ -652,12 +654,14 @@ fn run(
         }
         other => other?,
     };
-    let host = Host::with_limits(session.runtime, PrintSink::Stdout, limits);
+    let host = Host::with_limits(session.devices, PrintSink::Stdout, limits);
     host.set_map_options(paint::stdout_map_options());
     if !outputs.wanted() {
         return Ok(host.run_source(&name, &source)?);
     }
-    let runtime = std::rc::Rc::clone(host.runtime());
+    // The timeline follows the device current at the start (one timeline per device is
+    // future work).
+    let runtime = host.devices().current();
     // While observed, bindings stamp their script line on the allocator's trace context.
     let recorder = Rc::new(RefCell::new(Recorder::new(
         &runtime.allocator(),
@@ -689,15 +693,16 @@ fn run(
 /// flag (or environment variable), saying so on stderr when it overrides one that was given.
 fn pinned_options(options: &SessionOptions, pinned: &Directives, file: &Path) -> SessionOptions {
     let mut resolved = options.clone();
-    if let Some(device) = pinned.device {
-        if let Some(flag) = options.device.filter(|flag| *flag != device) {
+    if let Some(device) = &pinned.device {
+        if let Some(flag) = options.device.as_ref().filter(|flag| *flag != device) {
             eprintln!(
                 "gpumem: {} pins `//! device: {device}`; ignoring --device {flag}",
                 file.display()
             );
         }
-        resolved.device = Some(device);
+        resolved.device = Some(device.clone());
     }
+    resolved.devices = pinned.devices;
     if let Some(text) = &pinned.alloc_conf {
         if options.config != ConfigSource::Default && options.config.text() != text {
             eprintln!(
@@ -719,7 +724,8 @@ fn pinned_options(options: &SessionOptions, pinned: &Directives, file: &Path) ->
 fn bench_alloc(options: &SessionOptions, rounds: u32, json: bool) -> Result<(), CliError> {
     let session = open_session(options)?;
     let timings = session
-        .runtime
+        .devices
+        .current()
         .with_allocator(|allocator| crate::cli::bench::time_patterns(allocator, rounds as usize))
         .map_err(|error| CliError::Failed(error.to_string()))?;
     if json {
@@ -757,7 +763,7 @@ fn bench_soak(options: &SessionOptions, seconds: f64, seed: u64) -> Result<(), C
         DeviceSpec::Sim(_) => 0,
         DeviceSpec::Cuda(_) => 2 << 20,
     };
-    let report = session.runtime.with_allocator(|allocator| {
+    let report = session.devices.current().with_allocator(|allocator| {
         soak::soak(
             allocator,
             std::time::Duration::from_secs_f64(seconds),
@@ -795,9 +801,11 @@ fn bench_randn(options: &SessionOptions, reps: u32, torch_script: &Path) -> Resu
     let session = session::open(&SessionOptions {
         device: Some(DeviceSpec::Cuda(index)),
         config: options.config.clone(),
+        devices: None,
     })?;
-    let report = crate::cli::bench::randn::randn(&session.runtime, index, reps, torch_script)
-        .map_err(|error| CliError::Usage(format!("cannot use cuda:{index}: {error}")))?;
+    let report =
+        crate::cli::bench::randn::randn(&session.devices.current(), index, reps, torch_script)
+            .map_err(|error| CliError::Usage(format!("cannot use cuda:{index}: {error}")))?;
     println!("{report}");
     Ok(())
 }

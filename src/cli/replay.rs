@@ -150,9 +150,16 @@ fn warn_about_environment(args: &ReplayArgs) {
 
 /// `gpumem replay`.
 pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
-    let capacity = match args.device {
+    let capacity = match &args.device {
         None => None,
-        Some(DeviceSpec::Sim(size)) => size,
+        Some(DeviceSpec::Sim(sizes)) => match sizes.as_slice() {
+            [size] => *size,
+            _ => {
+                return Err(CliError::Usage(
+                    "replay runs on one simulated device: use --device sim[:SIZE]".into(),
+                ))
+            }
+        },
         Some(DeviceSpec::Cuda(_)) => {
             return Err(CliError::Usage(
                 "replay runs on a simulated device: use --device sim[:SIZE]".into(),
