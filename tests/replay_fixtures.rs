@@ -2,7 +2,8 @@
 //! (tests/replay/fixtures/) replayed on the simulated H200 under its recorded config gives
 //! every `memory_stats()` value PyTorch had at the end (the .json beside it), and the same
 //! sequence of device-level events (`segment_alloc`/`segment_free`, or `segment_map`/
-//! `segment_unmap` for expandable segments) in action, size and order.
+//! `segment_unmap` for expandable segments) in action, size and order, and an end state equal
+//! to the file's `segments`.
 
 use std::path::PathBuf;
 
@@ -73,6 +74,10 @@ fn check(name: &str, device_actions: &[&str]) {
         "{name}: {:?}",
         segments.first_difference
     );
+    let end = &report.end_state;
+    assert!(end.matches(), "{name}: {:?}", end.first_difference);
+    assert_eq!(end.equal, end.recorded, "{name}");
+    assert!(report.start.is_none(), "{name}: the trace holds the whole run");
     println!(
         "{name}: {} counters equal; {} segment events equal in action, size and order, {} at the same address, {} at the same offset from the first",
         report.final_stats.len(),
