@@ -351,3 +351,158 @@ fn min_capacity_names_the_real_gpu_a_small_job_needs() {
     assert!(stdout.contains("a real GPU needs about"), "{stdout}");
     assert!(stdout.contains("an eighth of the device"), "{stdout}");
 }
+
+/// The frame a user reads first in the recorded `event`: the innermost whose file is
+/// `file_suffix` (the user's script), as (filename, line, name).
+fn recorded_user_frame(event: &serde_pickle::Value, file_suffix: &str) -> (String, i64, String) {
+    use serde_pickle::Value as P;
+    let P::Dict(map) = event else {
+        panic!("an event is a dict")
+    };
+    let Some(P::List(frames)) = map.get(&replay_files::key("frames")) else {
+        panic!("the event has frames")
+    };
+    frames
+        .iter()
+        .find_map(|frame| {
+            let P::Dict(frame) = frame else { return None };
+            let text = |name: &str| match frame.get(&replay_files::key(name)) {
+                Some(P::String(text)) => Some(text.clone()),
+                _ => None,
+            };
+            let filename = text("filename")?;
+            let line = match frame.get(&replay_files::key("line")) {
+                Some(P::I64(line)) => *line,
+                _ => return None,
+            };
+            filename
+                .ends_with(file_suffix)
+                .then(|| (filename, line, text("name").unwrap_or_default()))
+        })
+        .expect("a frame in the user's file")
+}
+
+/// Issue 17, acceptance 3 on real PyTorch recordings (the H200 convnet, whole and cut to its
+/// last 2,000 events as a wrapped ring leaves it) replayed on a device too small for them:
+/// `first_oom.why.cause` says why, `first_oom.frames` names the user's own file and line
+/// first (record_snapshots.py, the script that ran the job, before torch's modules), and the
+/// event number the JSON and the text give is the failing event's position in the file's
+/// trace counted from 1. `--fail-on-oom` exits 3.
+#[test]
+fn an_oom_names_the_users_file_and_line_at_the_files_event_number() {
+    let dir = common::scratch("answers-frames");
+    let name = "convnet.default";
+    for keep in [None, Some(2000)] {
+        let (path, trace) = match keep {
+            None => {
+                let mut top = replay_files::fixture_values(name);
+                let trace = replay_files::trace_of(&mut top).clone();
+                (
+                    common::tests_path(&format!("replay/fixtures/{name}.pickle")),
+                    trace,
+                )
+            }
+            Some(keep) => {
+                let path = replay_files::write(
+                    &dir,
+                    &format!("{name}.last{keep}.pickle"),
+                    &replay_files::truncated(name, keep),
+                );
+                let mut top = replay_files::fixture_values(name);
+                let whole = replay_files::trace_of(&mut top);
+                let cut = whole.len() - keep;
+                (path, whole[cut..].to_vec())
+            }
+        };
+        let label = format!("{name} {keep:?}");
+        let json = replay_json(&[text(&path), "--device", "sim:800MiB"]);
+        assert_eq!(json["fits"], false, "{label}");
+        assert_eq!(json["frames_lookup"], "done", "{label}");
+        if keep.is_some() {
+            assert!(
+                json["start"].is_object(),
+                "{label}: the trace starts mid-run"
+            );
+        }
+        let oom = &json["first_oom"];
+        assert_eq!(oom["why"]["cause"], "device_full", "{label}: {oom:#}");
+        let number = oom["index"].as_u64().expect("an event number");
+        assert_eq!(json["verdict"]["first_oom_event"], number, "{label}");
+        // Event N is the trace's N-th entry: the alloc that failed, of the size the OOM names.
+        let event = &trace[number as usize - 1];
+        assert_eq!(replay_files::action_of(event), "alloc", "{label}");
+        let serde_pickle::Value::Dict(fields) = event else {
+            panic!("an event is a dict")
+        };
+        assert_eq!(
+            fields.get(&replay_files::key("size")),
+            Some(&serde_pickle::Value::I64(
+                oom["size"].as_i64().expect("the size asked for")
+            )),
+            "{label}: event {number} is the request that failed"
+        );
+        let (filename, line, function) = recorded_user_frame(event, "record_snapshots.py");
+        let first = &oom["frames"][0];
+        assert_eq!(first["filename"], filename.as_str(), "{label}: {oom:#}");
+        assert_eq!(first["line"], line, "{label}");
+        assert_eq!(first["name"], function.as_str(), "{label}");
+        assert_eq!(first["user"], true, "{label}");
+        let frames = oom["frames"].as_array().expect("frames");
+        let internal = frames
+            .iter()
+            .position(|frame| frame["user"] == false)
+            .expect("torch's frames after the user's");
+        assert!(
+            frames[internal..]
+                .iter()
+                .all(|frame| frame["user"] == false)
+                && frames[internal]["filename"]
+                    .as_str()
+                    .is_some_and(|f| f.contains("/torch/")),
+            "{label}: {frames:#?}"
+        );
+        let largest = &oom["largest_live"][0];
+        if let Some(made) = largest["index"].as_u64() {
+            assert_eq!(
+                replay_files::action_of(&trace[made as usize - 1]),
+                "alloc",
+                "{label}: the largest live block's alloc event"
+            );
+        }
+        let (stdout, _, code) = replay(&[text(&path), "--device", "sim:800MiB"]);
+        assert_eq!(code, 0, "{label}");
+        for part in [
+            format!("first at event {number}"),
+            format!("first OOM       event {number} (an alloc PyTorch served)"),
+            format!("at: {filename}:{line} in {function}"),
+        ] {
+            assert!(stdout.contains(&part), "{label}: {part:?} in\n{stdout}");
+        }
+        let (_, _, code) = replay(&[text(&path), "--device", "sim:800MiB", "--fail-on-oom"]);
+        assert_eq!(code, 3, "{label}");
+    }
+}
+
+/// A recorded OOM of a gpumem script's job carries the script's own line (gpumem's history
+/// stamps each event with its call site, as PyTorch records Python frames): the failing
+/// request's, and the weights' among the largest live allocations.
+#[test]
+fn a_reproduced_recorded_oom_names_the_scripts_line() {
+    let dir = common::scratch("answers-script-frames");
+    let path = recorded_by_script(&dir, "search.pickle", SEARCH);
+    let json = replay_json(&[text(&path)]);
+    let oom = &json["first_oom"];
+    assert_eq!(oom["source"], "recorded_oom", "{oom:#}");
+    let frame = &oom["frames"][0];
+    assert!(
+        frame["filename"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("job.rhai")),
+        "{oom:#}"
+    );
+    // SEARCH's line 7: `let activations = empty(mib << 20, "uint8");`
+    assert_eq!(frame["line"], 7, "{oom:#}");
+    assert_eq!(frame["user"], true);
+    // Line 4: `let weights = empty(1 << 30, "uint8");`
+    assert_eq!(oom["largest_live"][0]["frames"][0]["line"], 4, "{oom:#}");
+}

@@ -118,7 +118,7 @@ fn an_unknown_event_kind_names_its_index() {
         event("teleport", 4096, 100),
     ]);
     let path = write(&dir, "action.pickle", &bytes);
-    refused(&path, &["event 2:", "unknown action 'teleport'"]);
+    refused(&path, &["event 3:", "unknown action 'teleport'"]);
 }
 
 #[test]
@@ -134,7 +134,7 @@ fn a_free_of_an_address_never_allocated_names_its_index() {
     refused(
         &path,
         &[
-            "event 3:",
+            "event 4:",
             "free_requested of address 0x2000",
             "never allocated",
             "lies in no segment",
@@ -148,7 +148,7 @@ fn a_free_of_an_address_never_allocated_names_its_index() {
         event("free_completed", 4096, 100),
     ]);
     let path = write(&dir, "twice.pickle", &bytes);
-    refused(&path, &["event 1:", "already allocated"]);
+    refused(&path, &["event 2:", "already allocated"]);
 }
 
 #[test]

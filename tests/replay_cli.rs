@@ -37,6 +37,7 @@ fn replay_help_lists_only_its_flags_and_its_real_defaults() {
         "PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF are ignored",
         "3 with --fail-on-oom when the job does not fit",
         "--min-capacity",
+        "Event N is the N-th entry of the file's trace (counted from 1)",
     ] {
         assert!(text.contains(part), "{part:?} in\n{text}");
     }

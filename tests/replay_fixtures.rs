@@ -77,7 +77,10 @@ fn check(name: &str, device_actions: &[&str]) {
     let end = &report.end_state;
     assert!(end.matches(), "{name}: {:?}", end.first_difference);
     assert_eq!(end.equal, end.recorded, "{name}");
-    assert!(report.start.is_none(), "{name}: the trace holds the whole run");
+    assert!(
+        report.start.is_none(),
+        "{name}: the trace holds the whole run"
+    );
     println!(
         "{name}: {} counters equal; {} segment events equal in action, size and order, {} at the same address, {} at the same offset from the first",
         report.final_stats.len(),
@@ -164,5 +167,27 @@ fn model_placement_keeps_the_allocation_counters() {
             report.stat("reserved_bytes.all.peak"),
             json["memory_stats"]["reserved_bytes.all.peak"]
         );
+    }
+}
+
+/// A replay that needs nothing the first pass could not know (the trace holds the whole run)
+/// is read once; its report is the one a replay of the file already read gives.
+#[test]
+fn replaying_as_it_reads_gives_the_same_report() {
+    use gpumem::snapshot::replay::{read, replay_recording};
+    for name in ["convnet.default", "transformer_bf16.expandable"] {
+        let (path, json) = fixture(name);
+        for conf in [None, Some("max_split_size_mb:64")] {
+            let options = ReplayOptions {
+                capacity: json["total_memory"].as_u64(),
+                conf: conf.map(|text| gpumem::alloc::AllocConf::parse(text).expect("valid")),
+                ..ReplayOptions::default()
+            };
+            let once = replay(&path, &options, &mut |_, _| {}).expect("replays");
+            let recording = read(&path, &mut |_, _| {}).expect("reads");
+            let twice = replay_recording(&path, &recording, &options, &mut |_, _| {}, Vec::new())
+                .expect("replays");
+            assert_eq!(once, twice, "{name} {conf:?}");
+        }
     }
 }

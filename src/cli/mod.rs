@@ -209,12 +209,13 @@ enum Command {
     /// Replay a PyTorch memory snapshot through gpumem's allocator: does the job fit?
     ///
     /// The snapshot (torch.cuda.memory._dump_snapshot) is replayed on a simulated device.
-    /// The answer: the verdict, each OOM's cause and figures, peaks, cudaMalloc calls,
-    /// fragmentation, and the replay checked against the file (its segment events and its
-    /// end-state segments). A trace that starts mid-run (PyTorch's history ring wrapped)
-    /// replays from the state rebuilt at its start; a limit the recorded OOMs show (a memory
-    /// fraction, memory held by another process) is inferred and, on the default device,
-    /// applied.
+    /// The answer: the verdict, each OOM's cause and figures with the frames recorded for it
+    /// (your own files first), peaks, cudaMalloc calls, fragmentation, and the replay checked
+    /// against the file (its segment events and its end-state segments). A trace that starts
+    /// mid-run (PyTorch's history ring wrapped) replays from the state rebuilt at its start; a
+    /// limit the recorded OOMs show (a memory fraction, memory held by another process) is
+    /// inferred and, on the default device, applied. Event N is the N-th entry of the file's
+    /// trace (counted from 1).
     #[command(
         after_help = "Exit status: 0 when the replay ran (whether or not the job fits, unless --fail-on-oom); 2 a usage, config or file error (an empty history among them); 3 with --fail-on-oom when the job does not fit."
     )]

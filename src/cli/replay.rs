@@ -15,8 +15,8 @@ use gpumem::alloc::AllocConf;
 use gpumem::device::DeviceSpec;
 use gpumem::snapshot::replay::verdict::with_comparison;
 use gpumem::snapshot::replay::{
-    min_capacity_of, replay, replay_recording, CapacitySearch, Placement, Recording, ReplayError,
-    ReplayOptions, ReplayReport,
+    min_capacity_of, replay, replay_reading, replay_recording, CapacitySearch, Placement,
+    Recording, ReplayError, ReplayOptions, ReplayReport,
 };
 use gpumem::viz::Recorder;
 
@@ -171,16 +171,15 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         Some(text) => Some(parse_conf(text, "--alloc-conf")?),
         None => None,
     };
-    let recording = with_progress(&args.file, "reading", |progress| {
-        gpumem::snapshot::replay::read(&args.file, progress)
-    })?;
     let options = ReplayOptions {
         capacity,
         conf: conf.clone(),
         placement: args.placement,
         ..ReplayOptions::default()
     };
-    let report = run_one(args, &recording, &options)?;
+    let (report, recording) = with_progress(&args.file, "replaying", |progress| {
+        replay_reading(&args.file, &options, progress)
+    })?;
     if args.outputs.wanted() {
         let recorder = Rc::new(RefCell::new(Recorder::empty(
             args.file.display().to_string(),

@@ -54,7 +54,8 @@ pub enum SnapshotError {
     /// One trace event is malformed or cannot be replayed.
     #[error("event {index}: {message}")]
     Event {
-        /// The event's index in the trace (0-based).
+        /// The event's number: its position among the file's trace entries (every device's
+        /// trace, in file order), counted from 1 (`gpumem replay` numbers events alike).
         index: u64,
         /// What is wrong.
         message: String,
@@ -103,7 +104,10 @@ pub fn stream(
             })
         }
         Err(StreamError::Event { index, message }) => {
-            return Err(SnapshotError::Event { index, message })
+            return Err(SnapshotError::Event {
+                index: index + 1,
+                message,
+            })
         }
         Err(StreamError::Handler(error)) => return Err(error),
         Err(StreamError::Io(error)) => {
@@ -139,7 +143,10 @@ pub fn load(path: &Path) -> Result<value::Value, SnapshotError> {
             message,
             events,
         },
-        StreamError::Event { index, message } => SnapshotError::Event { index, message },
+        StreamError::Event { index, message } => SnapshotError::Event {
+            index: index + 1,
+            message,
+        },
         StreamError::Handler(error) => error,
         StreamError::Io(error) => io(error),
     })

@@ -215,7 +215,7 @@ impl Engine {
             return Ok(());
         }
         self.counts.events += 1;
-        let index = emitted.index;
+        let index = super::event_number(&emitted);
         let event = emitted.event;
         let fail = |message: String| SnapshotError::Event { index, message };
         if !is_release(event.action) {

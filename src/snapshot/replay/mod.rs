@@ -2,15 +2,17 @@
 //! allocator on a simulated device, to answer "will my job fit?" and "what would this config
 //! change?".
 //!
-//! The file is streamed twice ([`crate::snapshot::pickle::stream_file`]), in memory that
-//! follows the live blocks, not the trace's length. The first pass ([`read`], [`scan`])
-//! reads what the trace says before anything is replayed: the recorded config (PyTorch writes
-//! `allocator_settings` after the trace), whether the history is empty or was recorded with
-//! `skip_actions`, the state the trace starts from when the ring buffer wrapped
-//! ([`start`], put into the allocator by [`seed`]), and the limit the recorded OOMs show
-//! ([`limit`]). The second ([`replay_recording`]) replays each event ([`engine`]) and
-//! compares the end with the file's `segments` ([`endstate`]). What it found is a
-//! [`ReplayReport`] with its verdict ([`verdict`]).
+//! The file is streamed ([`crate::snapshot::pickle::stream_file`]) in memory that follows the
+//! live blocks, not the trace's length. The first pass ([`replay_reading`]) scans the trace
+//! ([`scan`]) and replays it as it reads (`pass.rs`, [`engine`]). What the scan learns by the
+//! end of the file ([`Recording`]) — the recorded config (PyTorch writes `allocator_settings`
+//! after the trace), whether the history is empty or was recorded with `skip_actions`, the
+//! state the trace starts from when the ring buffer wrapped ([`start`], put into the allocator
+//! by [`seed`]), and the limit the recorded OOMs show ([`limit`]) — decides whether that replay
+//! stands or a second ([`replay_recording`]) replays the file with it. The end is compared with
+//! the file's `segments` ([`endstate`]), and the frames of the events the answer names are
+//! looked up ([`frames`]). What it found is a [`ReplayReport`] with its verdict ([`verdict`]).
+//! Events are numbered from 1 in file order ([`event_number`]).
 //!
 //! ```no_run
 //! use gpumem::snapshot::replay::{replay, ReplayOptions};
@@ -26,9 +28,12 @@ pub mod compare;
 pub mod device;
 pub mod endstate;
 pub mod engine;
+pub mod frames;
 pub mod held;
 pub mod limit;
+mod pass;
 pub mod ranges;
+pub mod recording;
 pub mod report;
 pub mod scan;
 pub mod search;
@@ -42,15 +47,12 @@ use std::path::Path;
 
 use thiserror::Error;
 
-use crate::alloc::format::format_size;
-use crate::alloc::{AllocConf, CachingAllocator, MemoryObserver};
-use crate::device::sim::{SimDevice, H200_TOTAL_MEMORY};
-use crate::device::DeviceMemory;
-use crate::snapshot::model::{Action, Segment};
-use crate::snapshot::pickle::{self, Remainder, SnapshotError};
-use device::{Hints, ReplayDevice};
+use crate::alloc::{AllocConf, MemoryObserver};
+use crate::device::sim::H200_TOTAL_MEMORY;
+use crate::snapshot::pickle::{self, Emitted, SnapshotError};
 pub use engine::Engine;
-use limit::{Applied, Limit};
+use pass::Pass;
+pub use recording::Recording;
 pub use report::{CapacitySource, ConfSource, Fragmentation, ReplayReport, StartReport};
 use scan::Scan;
 
@@ -127,35 +129,21 @@ pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 /// A [`Progress`] that ignores what it is told.
 pub fn no_progress(_bytes: u64, _events: u64) {}
 
+/// The number a replay gives a file's trace event, in its text, JSON, errors and pictures
+/// alike: the event's position among the file's trace entries (every device's trace, in
+/// file order), counted from 1. For a file of one device it is the position in
+/// `device_traces[0]` plus one (Python's `enumerate(trace, 1)`); 0 stands for the state
+/// before the first event.
+pub fn event_number(emitted: &Emitted) -> u64 {
+    emitted.index + 1
+}
+
 /// How often (in events) progress is reported.
 const PROGRESS_EVERY: u64 = 1 << 16;
 
-/// What the first pass over a file found, for any number of replays of it.
-#[derive(Debug, Clone)]
-pub struct Recording {
-    /// The trace as the first pass saw it.
-    pub scan: Scan,
-    /// The file's segments and settings.
-    pub remainder: Remainder,
-    /// Which device's trace is replayed (its position in `device_traces`).
-    pub device_index: usize,
-}
-
-impl Recording {
-    /// The file's end-state segments of the replayed device.
-    pub fn segments(&self) -> Vec<Segment> {
-        self.remainder
-            .segments
-            .iter()
-            .filter(|segment| segment.device == self.device_index as i64)
-            .cloned()
-            .collect()
-    }
-}
-
-/// The first pass: reads the file at `path` without replaying it, and refuses a file there
-/// is nothing to replay in (no history recorded, or one recorded without allocations or
-/// frees).
+/// The first pass alone: reads the file at `path` without replaying it, and refuses a file
+/// there is nothing to replay in (no history recorded, or one recorded without allocations or
+/// frees). For callers that replay one file several times ([`replay_recording`]).
 pub fn read(path: &Path, progress: Progress<'_>) -> Result<Recording, ReplayError> {
     let mut scan = Scan::default();
     let remainder = pickle::stream_file(path, |emitted| {
@@ -165,66 +153,7 @@ pub fn read(path: &Path, progress: Progress<'_>) -> Result<Recording, ReplayErro
         }
         Ok(())
     })?;
-    let device_index = match scan.list() {
-        Some(list) => remainder
-            .traces
-            .iter()
-            .position(|(id, _)| *id == list)
-            .ok_or_else(|| {
-                SnapshotError::NotASnapshot("its trace events are not in 'device_traces'".into())
-            })?,
-        None => 0,
-    };
-    let recording = Recording {
-        scan,
-        remainder,
-        device_index,
-    };
-    check_replayable(path, &recording)?;
-    Ok(recording)
-}
-
-/// Refuses a recording a replay could only get wrong.
-fn check_replayable(path: &Path, recording: &Recording) -> Result<(), ReplayError> {
-    let scan = &recording.scan;
-    if scan.events == 0 {
-        let segments = &recording.remainder.segments;
-        let reserved: i64 = segments.iter().map(|s| s.total_size.max(0)).sum();
-        let end_state = if segments.is_empty() {
-            "and no segments".to_string()
-        } else {
-            format!(
-                "only the end state: {} segments, {} reserved",
-                segments.len(),
-                format_size(reserved as u64)
-            )
-        };
-        return Err(ReplayError::EmptyHistory(format!(
-            "the snapshot holds no trace events, {end_state}: it was taken without recording the memory history, so there is nothing to replay. Record the history before the job allocates, then dump the snapshot: torch.cuda.memory._record_memory_history(max_entries=1000000) at the start, torch.cuda.memory._dump_snapshot(\"{}\") at the end",
-            path.file_name()
-                .map_or_else(|| "snapshot.pickle".into(), |name| name.to_string_lossy())
-        )));
-    }
-    let allocs = scan.count(Action::Alloc);
-    let frees = scan.count(Action::FreeRequested) + scan.count(Action::FreeCompleted);
-    if allocs == 0 && scan.unmatched_frees > 0 {
-        return Err(ReplayError::Unreplayable(format!(
-            "the trace has {frees} frees but no alloc event, and frees {} blocks twice: it was recorded with skip_actions leaving out 'alloc', so the allocations cannot be replayed",
-            scan.unmatched_frees
-        )));
-    }
-    let live_at_end: u64 = recording
-        .segments()
-        .iter()
-        .flat_map(|segment| &segment.blocks)
-        .filter(|block| block.state.starts_with("active"))
-        .count() as u64;
-    if frees == 0 && (allocs > live_at_end || scan.double_allocs > 0) {
-        return Err(ReplayError::Unreplayable(format!(
-            "the trace has {allocs} allocations but no free, while only {live_at_end} blocks are live at the end: it was recorded with skip_actions leaving out 'free_requested' and 'free_completed', so what was freed cannot be replayed"
-        )));
-    }
-    Ok(())
+    Recording::new(path, scan, remainder)
 }
 
 /// Replays the snapshot at `path`.
@@ -233,52 +162,59 @@ pub fn replay(
     options: &ReplayOptions,
     progress: Progress<'_>,
 ) -> Result<ReplayReport, ReplayError> {
-    let recording = read(path, &mut *progress)?;
-    replay_recording(path, &recording, options, progress, Vec::new())
+    replay_reading(path, options, progress).map(|(report, _)| report)
 }
 
-/// The config a replay runs under: the one given, else the one recorded, else PyTorch's
-/// defaults; and where it came from.
-fn choose_conf(
-    recording: &Recording,
+/// Replays the snapshot at `path`, and returns what was read of it too, for more replays of
+/// it ([`replay_recording`]).
+///
+/// The first pass replays as it reads, from an empty allocator under the config given (or
+/// PyTorch's defaults). When the file turns out to need more — a trace that starts mid-run,
+/// another recorded config, a limit to apply, frees recorded only as `free_requested` — a
+/// second pass replays it with what the first learned; a file recorded from the job's start
+/// under the default config, with no limit to apply, is read once.
+pub fn replay_reading(
+    path: &Path,
     options: &ReplayOptions,
-) -> Result<(AllocConf, ConfSource), ReplayError> {
-    if let Some(conf) = &options.conf {
-        return Ok((conf.clone(), ConfSource::Given));
-    }
-    match &recording.remainder.settings {
-        Some(settings) => {
-            let conf = settings
-                .to_conf()
-                .map_err(|error| ReplayError::RecordedConfig(error.to_string()))?;
-            Ok((conf, ConfSource::Recorded))
-        }
-        None => Ok((AllocConf::default(), ConfSource::DefaultNoSettings)),
-    }
-}
-
-/// Whether two configs make the allocator decide alike (their source text aside).
-fn same_behaviour(a: &AllocConf, b: &AllocConf) -> bool {
-    let mut a = a.clone();
-    a.source.clone_from(&b.source);
-    a == *b
-}
-
-/// Whether `conf` makes the allocator decide as the recorded run's config did.
-fn is_recorded_conf(recording: &Recording, conf: &AllocConf) -> bool {
-    let recorded = match &recording.remainder.settings {
-        Some(settings) => match settings.to_conf() {
-            Ok(recorded) => recorded,
-            Err(_) => return false,
-        },
-        None => AllocConf::default(),
+    progress: Progress<'_>,
+) -> Result<(ReplayReport, Recording), ReplayError> {
+    let (conf, conf_source) = match &options.conf {
+        Some(conf) => (conf.clone(), ConfSource::Given),
+        None => (AllocConf::default(), ConfSource::DefaultNoSettings),
     };
-    same_behaviour(conf, &recorded)
+    let mut first = Pass::new(options, conf, conf_source, Vec::new())?;
+    let mut scan = Scan::default();
+    // Set once the first pass's replay cannot stand: the trace starts mid-run, or an event
+    // failed in it (frees recorded only as requests, say): the second pass, which knows the
+    // whole file, replays it or reports the error.
+    let mut abandoned = false;
+    let remainder = pickle::stream_file(path, |emitted| {
+        scan.see(&emitted);
+        let offset = emitted.offset;
+        // A trace that has shown it starts mid-run is not handed on: the allocator never saw
+        // the blocks it frees.
+        if !abandoned && (scan.starts_mid_run() || first.handle(emitted).is_err()) {
+            abandoned = true;
+        }
+        if scan.events.is_multiple_of(PROGRESS_EVERY) {
+            progress(offset, scan.events);
+        }
+        Ok(())
+    })?;
+    let recording = Recording::new(path, scan, remainder)?;
+    let plan = first.plan(&recording, options)?;
+    let mut report = if !abandoned && first.needs_nothing_more(&recording, options, &plan)? {
+        first.finish(path, &recording, plan)?
+    } else {
+        replay_recording(path, &recording, options, progress, Vec::new())?
+    };
+    frames::attach(path, &mut report)?;
+    Ok((report, recording))
 }
 
-/// Replays the file at `path`, which [`read`] made `recording` of, with `observers`
-/// subscribed to the replay allocator's event stream from its first event (the rebuilt
-/// start state's included).
+/// Replays the file at `path`, which [`read`] (or [`replay_reading`]) made `recording` of,
+/// with `observers` subscribed to the replay allocator's event stream from its first event
+/// (the rebuilt start state's included).
 pub fn replay_recording(
     path: &Path,
     recording: &Recording,
@@ -286,150 +222,19 @@ pub fn replay_recording(
     progress: Progress<'_>,
     observers: Vec<Box<dyn MemoryObserver>>,
 ) -> Result<ReplayReport, ReplayError> {
-    let (capacity, capacity_source) = options.capacity();
-    let (conf, conf_source) = choose_conf(recording, options)?;
-    let sim = SimDevice::new(capacity);
-    let context = sim.context_bytes();
-    let held = std::rc::Rc::new(std::cell::Cell::new(0));
-    let (device, hints): (Box<dyn DeviceMemory>, _) = match options.placement {
-        Placement::Recorded => {
-            let hints = Hints::default();
-            (Box::new(ReplayDevice::new(sim, hints.clone())), Some(hints))
-        }
-        Placement::Model => (Box::new(sim), None),
-    };
-    let device = Box::new(held::HeldElsewhere::new(device, std::rc::Rc::clone(&held)));
-    let allocator = CachingAllocator::new(device, conf.clone())
-        .map_err(|error| ReplayError::Allocator(error.to_string()))?;
-    let mut engine = Engine::new(allocator, hints.clone());
-    for observer in observers {
-        engine.subscribe(observer);
-    }
-    let segments = recording.segments();
-    let scan = &recording.scan;
-    let start = start::rebuild(scan, &segments, engine.allocator()).map_err(|error| {
-        ReplayError::Unreplayable(format!(
-            "{error}. The trace starts mid-run (PyTorch keeps only the last max_entries events), and rebuilding the state it starts from failed"
-        ))
-    })?;
-    let mut start_report = None;
-    if !start.is_empty() {
-        let seeded = seed::seed(engine.allocator_mut(), &start, hints.as_ref())
-            .map_err(ReplayError::Allocator)?;
-        engine.start_from(&seeded);
-        start_report = Some(StartReport {
-            figures: start.figures(),
-            layout: seeded.layout(),
-            failed: seeded.failed.len() as u64,
-        });
-    }
-    // The limit is the recorded run's, so it is read with the recorded config's segments.
-    let recorded_expandable = recording
-        .remainder
-        .settings
-        .as_ref()
-        .is_some_and(|settings| settings.expandable_segments);
-    let limit = scan
-        .pressure
-        .infer(start.figures().reserved_bytes, recorded_expandable);
-    let applied = apply_limit(
-        &mut engine,
-        &limit,
-        options,
-        (capacity, context),
-        &held,
-        conf.per_process_memory_fraction.is_some(),
-    );
-    if scan.count(Action::FreeCompleted) == 0 && scan.count(Action::FreeRequested) > 0 {
-        engine.free_on_request();
-    }
-    let mut last_index = 0;
+    let (conf, conf_source) = recording.choose_conf(options)?;
+    let mut pass = Pass::new(options, conf, conf_source, observers)?;
+    let plan = pass.plan(recording, options)?;
+    let plan = pass.apply(plan, recording)?;
     pickle::stream_file(path, |emitted| {
-        last_index = emitted.index;
         let offset = emitted.offset;
-        engine.handle(emitted)?;
-        if engine.counts.events.is_multiple_of(PROGRESS_EVERY) {
-            progress(offset, engine.counts.events);
+        pass.handle(emitted)?;
+        if pass.events().is_multiple_of(PROGRESS_EVERY) {
+            progress(offset, pass.events());
         }
         Ok(())
     })?;
-    engine.finish(last_index)?;
-    let recorded_conf = is_recorded_conf(recording, &conf);
-    let stats = engine.allocator().stats();
-    let end_state =
-        endstate::EndStateComparison::of(&segments, &engine.allocator().segment_snapshots());
-    Ok(ReplayReport {
-        file: path.display().to_string(),
-        device_index: recording.device_index,
-        capacity,
-        capacity_source,
-        alloc_conf: conf.source.clone(),
-        conf,
-        conf_source,
-        counts: engine.counts.clone(),
-        first_oom: engine.first_oom.clone(),
-        ooms: engine.ooms.clone(),
-        causes: engine.causes.clone(),
-        final_stats: stats.entries(),
-        fragmentation: Fragmentation::of(stats),
-        segment_events: engine.segments.clone(),
-        start: start_report,
-        limit,
-        limit_applied: applied,
-        end_state,
-        recorded_actions: Action::PYTORCH
-            .iter()
-            .map(|&action| (action.name(), scan.count(action)))
-            .collect(),
-        free_on_request: scan.count(Action::FreeCompleted) == 0
-            && scan.count(Action::FreeRequested) > 0,
-        recorded_conf,
-    })
-}
-
-/// Puts the inferred `limit` on the replay when the policy allows and the config sets no
-/// fraction of its own: a cap (the lowest the trace allows, so every recorded refusal recurs)
-/// as a memory fraction, or the memory a full device lacked as held by something else.
-fn apply_limit(
-    engine: &mut Engine,
-    limit: &Limit,
-    options: &ReplayOptions,
-    (capacity, context): (u64, u64),
-    held: &held::Held,
-    conf_has_fraction: bool,
-) -> Applied {
-    let allowed = options.limit == LimitPolicy::UnlessCapacityGiven
-        && options.capacity.is_none()
-        && !conf_has_fraction;
-    if !allowed {
-        return Applied::No;
-    }
-    match *limit {
-        Limit::Cap(bounds) => {
-            // The fraction whose cap, truncated as PyTorch truncates it, is the lower bound.
-            let fraction = (bounds.lower as f64 + 0.5) / capacity as f64;
-            let allocator = engine.allocator_mut();
-            if fraction >= 1.0 || allocator.set_memory_fraction(fraction).is_err() {
-                return Applied::No;
-            }
-            match allocator.allowed_memory_maximum() {
-                Some(cap) if cap >= bounds.lower && cap < bounds.upper => Applied::Cap(cap),
-                _ => {
-                    let _ = allocator.set_memory_fraction(1.0);
-                    Applied::No
-                }
-            }
-        }
-        Limit::Device { usable, .. } => {
-            let free = capacity.saturating_sub(context);
-            if usable >= free {
-                return Applied::No;
-            }
-            held.set(free - usable);
-            Applied::HeldElsewhere(free - usable)
-        }
-        Limit::NoRecordedOoms | Limit::Inconsistent(_) => Applied::No,
-    }
+    pass.finish(path, recording, plan)
 }
 
 /// Replays `path` once more under the config, device and limit `report` was made with, with

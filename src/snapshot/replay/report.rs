@@ -9,6 +9,7 @@ use super::answer::{Causes, UserFrame};
 use super::compare::SegmentComparison;
 use super::endstate::EndStateComparison;
 use super::engine::{Counts, FirstOom};
+use super::frames::{self, Lookup};
 use super::limit::{Applied, Limit};
 use super::seed::Layout;
 use super::start::StartFigures;
@@ -158,6 +159,8 @@ pub struct ReplayReport {
     /// Whether the config replayed under decides as the recorded one did (so the replay
     /// should reproduce the recorded run).
     pub recorded_conf: bool,
+    /// Whether the OOM answers carry the frames recorded in the file ([`super::frames`]).
+    pub frames: Lookup,
 }
 
 impl ReplayReport {
@@ -221,6 +224,7 @@ impl ReplayReport {
             "counts": self.counts,
             "peaks_lowered_by_failed_allocations": self.peaks_lowered(),
             "first_oom": self.first_oom,
+            "frames_lookup": self.frames,
             "ooms": self.ooms,
             "oom_causes": self.causes,
             "final_stats": stats,
@@ -346,6 +350,14 @@ impl fmt::Display for ReplayReport {
                     self.causes.summary()
                 )?;
                 write_oom(f, "first OOM", oom)?;
+                if let Lookup::TooLarge(bytes) = self.frames {
+                    writeln!(
+                        f,
+                        "                  frames not looked up: the file ({}) is larger than the {} gpumem reads whole to find them",
+                        format_size(bytes),
+                        format_size(frames::LOOKUP_MAX_BYTES)
+                    )?;
+                }
             }
         }
         if counts.recorded_ooms > 0 {

@@ -11,7 +11,7 @@
 //! file's end-state `segments`. It is the walk backwards from the end state that PyTorch's
 //! memory_viz does, run forwards.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasherDefault;
 
 use super::engine::AddressHasher;
@@ -21,6 +21,7 @@ use crate::snapshot::model::Action;
 use crate::snapshot::pickle::Emitted;
 
 type AddressMap<V> = HashMap<u64, V, BuildHasherDefault<AddressHasher>>;
+type AddressSet = HashSet<u64, BuildHasherDefault<AddressHasher>>;
 
 /// A block the trace frees without having allocated it: live when the trace starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,15 +53,13 @@ pub struct FirstRelease {
     pub stream: u64,
 }
 
-/// Where a block the trace named stands.
+/// Where a live block the trace named stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Held {
     /// Allocated, its free not requested.
     Allocated,
     /// Its free requested, not completed.
     Requested,
-    /// Freed.
-    Freed,
 }
 
 /// What the first pass learned.
@@ -72,10 +71,16 @@ pub struct Scan {
     pub events: u64,
     /// Events of other lists (other devices).
     pub other_device_events: u64,
+    /// The number ([`super::event_number`]) of the replayed trace's last event so far.
+    pub last: u64,
     /// Events of each kind, by [`Action::code`].
     actions: [u64; Action::ALL.len()],
-    /// Every block address the trace has named, and where its block stands.
+    /// The blocks the trace allocated (or freed first) that are live or awaiting their free's
+    /// completion: memory in proportion to the live blocks.
     blocks: AddressMap<Held>,
+    /// Addresses of [`Scan::first_frees`]: a second free of one of them without an allocation
+    /// between is a free the trace cannot explain.
+    first_freed: AddressSet,
     /// Blocks freed before the trace allocated them.
     pub first_frees: Vec<FirstFree>,
     /// `cudaMalloc` segments the trace made and has not freed.
@@ -104,12 +109,13 @@ impl Scan {
             return;
         }
         self.events += 1;
+        self.last = super::event_number(emitted);
         let event = &emitted.event;
         let kind = usize::from(event.action.code());
         if let Some(count) = self.actions.get_mut(kind) {
             *count += 1;
         }
-        let index = emitted.index;
+        let index = super::event_number(emitted);
         let addr = event.addr as u64;
         let size = event.size.max(0) as u64;
         let stream = event.stream as u64;
@@ -121,21 +127,26 @@ impl Scan {
             }
             Action::FreeRequested | Action::FreeCompleted => {
                 let requested_only = event.action == Action::FreeRequested;
-                let next = if requested_only {
-                    Held::Requested
+                let before = if requested_only {
+                    self.blocks.insert(addr, Held::Requested)
                 } else {
-                    Held::Freed
+                    self.blocks.remove(&addr)
                 };
-                match self.blocks.insert(addr, next) {
-                    Some(Held::Allocated | Held::Requested) => {}
-                    Some(Held::Freed) => self.unmatched_frees += 1,
-                    None => self.first_frees.push(FirstFree {
-                        index,
-                        addr,
-                        requested: size,
-                        stream,
-                        free_requested: !requested_only,
-                    }),
+                if before.is_none() {
+                    if self.first_freed.insert(addr) {
+                        self.first_frees.push(FirstFree {
+                            index,
+                            addr,
+                            requested: size,
+                            stream,
+                            free_requested: !requested_only,
+                        });
+                    } else {
+                        self.unmatched_frees += 1;
+                        if requested_only {
+                            self.blocks.remove(&addr);
+                        }
+                    }
                 }
             }
             Action::SegmentAlloc => {
@@ -174,6 +185,14 @@ impl Scan {
             Action::Snapshot | Action::EmptyCache | Action::RangeReserve | Action::RangeRelease => {
             }
         }
+    }
+
+    /// Whether the trace has shown it starts mid-run: it freed a block, a segment or pages it
+    /// had not made.
+    pub fn starts_mid_run(&self) -> bool {
+        !self.first_frees.is_empty()
+            || !self.first_segment_frees.is_empty()
+            || !self.first_unmaps.is_empty()
     }
 
     /// The trace list replayed, once an event was seen.

@@ -402,3 +402,114 @@ fn carve_group(
     }
     Ok(Some(kept))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::{AllocConf, BlockState};
+    use crate::device::sim::SimDevice;
+    use crate::snapshot::replay::start::StartBlock;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A segment's address and its blocks as (offset, size, allocated).
+    type SegmentLayout = (u64, Vec<(u64, u64, bool)>);
+
+    fn block(addr: u64, size: u64, requested: u64) -> StartBlock {
+        StartBlock {
+            addr,
+            size,
+            requested,
+            free_requested: false,
+            freed_at: None,
+        }
+    }
+
+    #[test]
+    fn a_start_state_is_carved_as_recorded() {
+        let base = 0x7f00_0000_0000;
+        let start = StartState {
+            segments: vec![
+                StartSegment {
+                    addr: base,
+                    size: 20 * MIB,
+                    stream: 0,
+                    pool: Pool::Large,
+                    expandable: false,
+                    blocks: vec![
+                        block(base + 2 * MIB, 3 * MIB, 3 * MIB - 100),
+                        block(base + 12 * MIB, 8 * MIB, 8 * MIB),
+                    ],
+                },
+                StartSegment {
+                    addr: base + 64 * MIB,
+                    size: 2 * MIB,
+                    stream: 0,
+                    pool: Pool::Small,
+                    expandable: false,
+                    blocks: vec![block(base + 64 * MIB + 1536, 512, 300)],
+                },
+            ],
+        };
+        let hints = Hints::default();
+        let device =
+            super::super::device::ReplayDevice::new(SimDevice::new(1 << 34), hints.clone());
+        let mut allocator =
+            CachingAllocator::new(Box::new(device), AllocConf::default()).expect("allocator");
+        let seeded = seed(&mut allocator, &start, Some(&hints)).expect("seeds");
+        assert_eq!(seeded.layout(), Layout::Exact);
+        assert_eq!(seeded.live.len(), 3);
+        let layout: Vec<SegmentLayout> = allocator
+            .segment_snapshots()
+            .iter()
+            .map(|segment| {
+                (
+                    segment.address,
+                    segment
+                        .blocks
+                        .iter()
+                        .map(|b| {
+                            (
+                                b.address - segment.address,
+                                b.size,
+                                b.state == BlockState::ActiveAllocated,
+                            )
+                        })
+                        .collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            layout,
+            [
+                (
+                    base,
+                    vec![
+                        (0, 2 * MIB, false),
+                        (2 * MIB, 3 * MIB, true),
+                        (5 * MIB, 7 * MIB, false),
+                        (12 * MIB, 8 * MIB, true)
+                    ]
+                ),
+                (
+                    base + 64 * MIB,
+                    vec![
+                        (0, 1536, false),
+                        (1536, 512, true),
+                        (2048, 2 * MIB - 2048, false)
+                    ]
+                ),
+            ]
+        );
+        let stats = allocator.stats();
+        assert_eq!(
+            stats.requested_bytes.all.current,
+            (3 * MIB - 100 + 8 * MIB + 300) as i64
+        );
+        assert_eq!(
+            stats.num_device_alloc, 0,
+            "counters start at the trace's first event"
+        );
+        assert_eq!(stats.reserved_bytes.all.peak, (22 * MIB) as i64);
+    }
+}

@@ -14,7 +14,7 @@ use std::fmt;
 use serde::Serialize;
 
 use super::ranges::Ranges;
-use super::scan::{FirstFree, Scan};
+use super::scan::Scan;
 use crate::alloc::{CachingAllocator, Pool, SMALL_BUFFER, SMALL_SIZE};
 use crate::snapshot::model::Segment;
 
@@ -186,29 +186,21 @@ pub fn rebuild(
         });
     }
     let oversize = allocator.config().max_split_size;
+    let last_event = scan.last;
     for segment in &mut held {
         segment.blocks.sort_by_key(|block| block.addr);
-        settle_sizes(segment, oversize, first_free_index(&scan.first_frees))?;
+        settle_sizes(segment, oversize, last_event)?;
     }
     Ok(StartState { segments: held })
 }
 
-/// The index reported for a block found overlapping another: the event that freed it.
-fn first_free_index(frees: &[FirstFree]) -> impl Fn(&StartBlock) -> u64 + '_ {
-    move |block| {
-        block
-            .freed_at
-            .or_else(|| frees.first().map(|free| free.index))
-            .unwrap_or(0)
-    }
-}
-
 /// Checks that a segment's blocks do not overlap and gives each block the trace freed the
-/// free space after it that the allocator could not have split off.
+/// free space after it that the allocator could not have split off. An overlap is reported at
+/// the event that frees the block, or at `last_event` for a block live at the end.
 fn settle_sizes(
     segment: &mut StartSegment,
     max_split_size: u64,
-    index_of: impl Fn(&StartBlock) -> u64,
+    last_event: u64,
 ) -> Result<(), StartError> {
     let end = segment.addr + segment.size;
     for i in 0..segment.blocks.len() {
@@ -217,7 +209,7 @@ fn settle_sizes(
         let block_end = block.addr.saturating_add(block.size);
         if block_end > next_start {
             return Err(StartError {
-                index: index_of(block),
+                index: block.freed_at.unwrap_or(last_event),
                 message: format!(
                     "the block at {:#x} ({} bytes) overlaps {} when the trace starts: the file's segments and trace disagree",
                     block.addr,
@@ -324,4 +316,138 @@ fn mapped_ranges(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::AllocConf;
+    use crate::device::sim::SimDevice;
+    use crate::snapshot::model::{Action, Block};
+    use crate::snapshot::pickle::{Emitted, RawEvent};
+
+    const MIB: i64 = 1 << 20;
+    const BASE: i64 = 0x7f00_0000_0000;
+
+    fn scan(events: &[(Action, i64, i64)]) -> Scan {
+        let mut scan = Scan::default();
+        for (index, &(action, addr, size)) in events.iter().enumerate() {
+            scan.see(&Emitted {
+                list: 1,
+                index: index as u64,
+                offset: 0,
+                event: RawEvent {
+                    action,
+                    addr,
+                    size,
+                    stream: 0,
+                    time_us: 0,
+                    empty_cache_frame: false,
+                },
+            });
+        }
+        scan
+    }
+
+    fn segment(address: i64, blocks: &[(i64, i64, &str)]) -> Segment {
+        Segment {
+            device: 0,
+            address,
+            total_size: blocks.iter().map(|b| b.1).sum(),
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: 0,
+            segment_type: "large".into(),
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            frames: Vec::new(),
+            blocks: blocks
+                .iter()
+                .map(|&(address, size, state)| Block {
+                    address,
+                    size,
+                    requested_size: size,
+                    state: state.into(),
+                    frames: Vec::new(),
+                })
+                .collect(),
+        }
+    }
+
+    fn allocator() -> CachingAllocator {
+        CachingAllocator::new(Box::new(SimDevice::new(1 << 34)), AllocConf::default())
+            .expect("allocator")
+    }
+
+    #[test]
+    fn the_end_state_and_the_first_frees_make_the_start() {
+        // At the end: 4 MiB live since before the trace, 16 MiB free. The trace frees a block
+        // of 3,000,000 bytes right after it, and allocates and frees one at its own address.
+        let end = [segment(
+            BASE,
+            &[
+                (BASE, 4 * MIB, "active_allocated"),
+                (BASE + 4 * MIB, 16 * MIB, "inactive"),
+            ],
+        )];
+        let scan = scan(&[
+            (Action::FreeRequested, BASE + 4 * MIB, 3_000_000),
+            (Action::FreeCompleted, BASE + 4 * MIB, 3_000_000),
+            (Action::Alloc, BASE + 4 * MIB, 2 * MIB),
+            (Action::FreeRequested, BASE + 4 * MIB, 2 * MIB),
+            (Action::FreeCompleted, BASE + 4 * MIB, 2 * MIB),
+        ]);
+        let start = rebuild(&scan, &end, &allocator()).expect("one start state");
+        assert_eq!(start.segments.len(), 1);
+        let blocks = &start.segments[0].blocks;
+        let sizes: Vec<(u64, u64, Option<u64>)> = blocks
+            .iter()
+            .map(|b| (b.addr, b.size, b.freed_at))
+            .collect();
+        assert_eq!(
+            sizes,
+            [
+                (BASE as u64, 4 << 20, None),
+                ((BASE + 4 * MIB) as u64, 3_000_320, Some(1)),
+            ]
+        );
+        let figures = start.figures();
+        assert_eq!(
+            (figures.segments, figures.blocks, figures.freed_by_trace),
+            (1, 2, 1)
+        );
+        assert_eq!(figures.reserved_bytes, 20 << 20);
+    }
+
+    #[test]
+    fn an_unsplit_tail_is_kept_and_contradictions_are_errors() {
+        // A block freed by the trace with 0.5 MiB free after it: the allocator would not have
+        // split that off, so the block had it.
+        let end = [segment(BASE, &[(BASE, 20 * MIB, "inactive")])];
+        let scan_tail = scan(&[
+            (Action::FreeCompleted, BASE, 15 * MIB),
+            (Action::FreeCompleted, BASE + 15 * MIB, 4 * MIB + MIB / 2),
+        ]);
+        let start = rebuild(&scan_tail, &end, &allocator()).expect("one start state");
+        let last = start.segments[0].blocks.last().expect("two blocks");
+        assert_eq!(last.size, 5 << 20);
+        // A free outside every held segment.
+        let stray = scan(&[(Action::FreeRequested, BASE + 64 * MIB, MIB)]);
+        let error = rebuild(&stray, &end, &allocator()).expect_err("in no segment");
+        assert_eq!(error.index, 1, "events are numbered from 1");
+        assert!(
+            error
+                .message
+                .contains("lies in no segment held when it starts"),
+            "{error}"
+        );
+        // Two live blocks over each other.
+        let overlap = scan(&[
+            (Action::FreeCompleted, BASE, 8 * MIB),
+            (Action::FreeCompleted, BASE + 4 * MIB, 8 * MIB),
+        ]);
+        let error = rebuild(&overlap, &end, &allocator()).expect_err("overlap");
+        assert!(error.message.contains("overlaps the block at"), "{error}");
+    }
 }
