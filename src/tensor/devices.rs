@@ -91,7 +91,8 @@ impl Devices {
     pub fn current(&self) -> Rc<Runtime> {
         let index = self.current_index();
         let runtimes = self.runtimes.borrow();
-        // The selection only ever holds indices `get` accepted, so this never falls back.
+        // The selection only ever holds indices `get` accepted, so this never falls back; and
+        // the list is never empty (`new` refuses an empty one, `reset` keeps its length).
         Rc::clone(runtimes.get(index).unwrap_or(&runtimes[0]))
     }
 
@@ -154,11 +155,11 @@ impl Devices {
         (kind(current) == label).then(|| self.current_index())
     }
 
-    /// `torch.cuda.set_device(index)`: makes device `index` current, creating its context
-    /// unless the CUDA runtime has that device current already.
+    /// `torch.cuda.set_device(index)`: makes device `index` current and creates its context
+    /// (PyTorch 2.11 always calls `cudaSetDevice` here, which creates it).
     pub fn select(&self, index: usize) -> Result<(), TensorError> {
         self.get(index)?;
-        let activation = self.step(|selection| selection.set(index));
+        let activation = self.step(|selection| selection.force_set(index));
         self.activate(activation)
     }
 
@@ -352,9 +353,16 @@ mod tests {
         let devices = two_gpus();
         devices.with_selected(1, || {}).expect("device 1 exists");
         assert_eq!(contexts(&devices), [false, true]);
-        // Back on 0 without its context; selecting 0 again calls cudaSetDevice(0).
-        devices.select(0).expect("device 0 exists");
+        // Back on 0 without its context; the next allocation there creates it.
+        devices.for_allocation(512).expect("device 0");
         assert_eq!(contexts(&devices), [true, true]);
+    }
+
+    #[test]
+    fn set_device_creates_the_context_even_of_the_current_device() {
+        let devices = two_gpus();
+        devices.select(0).expect("device 0 exists");
+        assert_eq!(contexts(&devices), [true, false]);
     }
 
     #[test]

@@ -37,7 +37,17 @@ impl Selection {
         self.deferred.unwrap_or(self.active)
     }
 
-    /// `c10::cuda::SetDevice(d)` (`torch.cuda.set_device`): forgets any deferred device and
+    /// `c10::cuda::SetDevice(d, force=true)`, which `torch.cuda.set_device` calls since
+    /// PyTorch 2.8 (pytorch/pytorch#155900, so that `set_device(0)` creates device 0's context
+    /// as `set_device(1)` creates device 1's): forgets any deferred device and always calls
+    /// `cudaSetDevice(d)`.
+    pub(crate) fn force_set(&mut self, device: usize) -> Activation {
+        self.deferred = None;
+        self.active = device;
+        Some(device)
+    }
+
+    /// `c10::cuda::SetDevice(d)` (PyTorch's internal callers): forgets any deferred device and
     /// calls `cudaSetDevice(d)` unless `d` is the runtime's current device already.
     pub(crate) fn set(&mut self, device: usize) -> Activation {
         self.deferred = None;
@@ -117,6 +127,16 @@ mod tests {
     }
 
     #[test]
+    fn torch_cuda_set_device_always_sets_the_device() {
+        let mut selection = Selection::starting_on(0);
+        assert_eq!(selection.force_set(0), Some(0));
+        let (previous, _) = selection.exchange(1);
+        selection.maybe_exchange(previous, false);
+        assert_eq!(selection.force_set(1), Some(1));
+        assert_eq!(selection.current(), 1, "the deferred device is forgotten");
+    }
+
+    #[test]
     fn leaving_a_device_block_defers_a_device_without_context() {
         // `with torch.cuda.device(1): ...` in a fresh process, then `set_device(0)`.
         let mut selection = Selection::starting_on(0);
@@ -124,8 +144,8 @@ mod tests {
         assert_eq!((previous, activation), (0, Some(1)));
         assert_eq!(selection.maybe_exchange(previous, false), None);
         assert_eq!(selection.current(), 0, "current_device() reports 0 again");
-        // The runtime still has device 1 current, so selecting 0 calls cudaSetDevice(0):
-        // the stray context on GPU 0.
+        // The runtime still has device 1 current, so even the internal SetDevice(0) calls
+        // cudaSetDevice(0): the stray context on GPU 0.
         assert_eq!(selection.set(0), Some(0));
     }
 

@@ -95,11 +95,13 @@ sys.exit(1 if bad else 0)
 PY
 }
 
-# Issue 8: the golden suite on the GPU compiles the kernels at most once (one process-wide GPU
-# handle, although each script runs on its own thread); GPUMEM_LOG=cuda prints one line per
-# NVRTC compilation.
+# Issue 8: the golden suite on the GPU compiles the kernels at most once per GPU (one
+# process-wide handle per GPU, although each script runs on its own thread; the two-device
+# scripts use a second GPU where one is visible); GPUMEM_LOG=cuda prints one line per NVRTC
+# compilation.
 golden_compiles_once() {
-    local out rc start end compiles
+    local out rc start end compiles gpus
+    gpus=$("$GPUMEM" --device cuda:0 run /dev/stdin <<<'print(device_count())' 2>/dev/null | tail -n 1)
     start=$(date +%s%N)
     out=$(cd "$REPO" && GPUMEM_LOG=cuda "$GPUMEM" --device cuda:0 test tests/golden 2>&1)
     rc=$?
@@ -107,9 +109,18 @@ golden_compiles_once() {
     grep 'gpumem\[cuda\]' <<<"$out"
     tail -n 1 <<<"$out"
     compiles=$(grep -c 'gpumem\[cuda\]: compiled ' <<<"$out")
-    echo "gpumem test tests/golden on cuda:0: exit $rc, $compiles kernel compilation(s), wall time $(( (end - start) / 1000000 )) ms"
-    grep -q ' passed, ' <<<"$out" && [ "$compiles" -le 1 ]
+    echo "gpumem test tests/golden on cuda:0 ($gpus GPU(s) visible): exit $rc, $compiles kernel compilation(s), wall time $(( (end - start) / 1000000 )) ms"
+    grep -q ' passed, ' <<<"$out" && [ "$compiles" -le "${gpus:-1}" ]
 }
+
+# Issue 19: the device golden scripts (tests/golden/devices) on the GPUs. `//! devices: 1`
+# scripts run on GPU 0; the two-device ones run where two GPUs are visible and are skipped,
+# with the reason, where one is.
+device_goldens() { (cd "$REPO" && "$GPUMEM" --device cuda:0 test tests/golden/devices); }
+
+# Issue 19: when each device's CUDA context is created, gpumem against PyTorch 2.11, each case
+# in fresh processes of both (contexts.py; two-device cases where two GPUs are visible).
+device_contexts() { python3 contexts.py "$GPUMEM"; }
 
 oom_keeps_nine() {
     local out
@@ -240,7 +251,31 @@ fragmentation_expandable() {
     [ $rc -eq 0 ] && ! grep -q '^FAIL' <<<"$out"
 }
 
+# Issue 20 item 7: the context model on the H200. The walkthrough prints the one context as NVML
+# splits it (this process, no process) and as cudaMemGetInfo counts it; the model says the two
+# totals agree (sim: 527 MiB both) and the split is about 520 + 7 MiB. Both totals must be
+# within 5% of each other and of 527 MiB.
+context_figures() {
+    local out line
+    out=$("$GPUMEM" --device cuda:0 run "$REPO/scripts/walkthrough.rhai" 2>&1) || { echo "$out"; return 1; }
+    line=$(grep -m1 'the CUDA context: NVML counts' <<<"$out")
+    echo "$line"
+    LINE=$line python3 - <<'PY'
+import os, re, sys
+line = os.environ["LINE"]
+units = {"bytes": 1 / 2**20, "KiB": 1 / 1024, "MiB": 1, "GiB": 1024}
+sizes = [float(n) * units[u] for n, u in re.findall(r"([0-9.]+) (bytes|KiB|MiB|GiB)", line)]
+if len(sizes) != 4:
+    sys.exit(f"expected 4 sizes in: {line}")
+process, none, nvml_total, cuda_total = sizes
+print(f"NVML: {process:.1f} + {none:.1f} = {nvml_total:.1f} MiB; cudaMemGetInfo: {cuda_total:.1f} MiB; model: 520 + 7 = 527 MiB")
+ok = abs(nvml_total - cuda_total) <= 0.05 * cuda_total and abs(cuda_total - 527) <= 0.05 * 527
+sys.exit(0 if ok else 1)
+PY
+}
+
 check walkthrough-cuda walkthrough cuda:0
+check context-figures-cuda context_figures
 check expandable-cycles expandable_cycles
 check walkthrough-cuda-equals-sim walkthrough_same_on_sim
 check values-cuda script_ok cuda:0 values.rhai
@@ -249,6 +284,8 @@ check oom-fraction-0.02 oom_keeps_nine
 check no-panics no_panics
 check golden-cuda-equals-sim golden_cuda
 check golden-compiles-once golden_compiles_once
+check device-goldens device_goldens
+check device-contexts device_contexts
 check scripts-cuda scripts_cuda
 check fragmentation-expandable fragmentation_expandable
 check traces-cuda traces_cuda
