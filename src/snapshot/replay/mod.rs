@@ -217,6 +217,8 @@ pub fn replay_reading(
     let mut report = if !abandoned && first.needs_nothing_more(&recording, options, &plan)? {
         first.finish(path, &recording, plan)?
     } else {
+        // The first replay's allocator and live blocks go before the second's are made.
+        drop(first);
         replay_recording(path, &recording, options, progress, Vec::new())?
     };
     frames::attach(path, &mut report)?;
