@@ -54,6 +54,17 @@ impl ReplayDevice {
         }
     }
 
+    /// The first 2 MiB boundary above every live segment (live segments never overlap, so
+    /// the one that starts last ends last).
+    fn above_live(&self) -> Option<u64> {
+        /// cudaMalloc's segments start on 2 MiB boundaries (the H200 driver's granularity).
+        const SEGMENT_ALIGNMENT: u64 = 2 << 20;
+        let (&start, &(bytes, _)) = self.live.last_key_value()?;
+        start
+            .checked_add(bytes)?
+            .checked_next_multiple_of(SEGMENT_ALIGNMENT)
+    }
+
     fn overlaps(&self, address: u64, size: u64) -> bool {
         let end = address.saturating_add(size);
         let before = self.live.range(..end).next_back();
@@ -66,16 +77,20 @@ impl DeviceMemory for ReplayDevice {
         let own = self.inner.malloc(bytes)?;
         let address = match self.hints.take(bytes) {
             Some(recorded) if !self.overlaps(recorded, bytes) => recorded,
-            _ => own,
+            _ if !self.overlaps(own, bytes) => own,
+            // The simulator's own address collides with a recorded one still live (its model
+            // of the address space is not the recorded process's, e.g. on a smaller device):
+            // the segment goes above every live one instead.
+            _ => match self.above_live() {
+                Some(address) if address.checked_add(bytes).is_some() => address,
+                _ => {
+                    self.inner.free(own)?;
+                    return Err(DeviceError::InvalidArgument(format!(
+                        "replay placement: no address for a segment of {bytes} bytes beside the recorded ones"
+                    )));
+                }
+            },
         };
-        if self.overlaps(address, bytes) {
-            // The simulator's own address collides with a recorded one still live: give up
-            // the segment rather than hand out overlapping memory.
-            self.inner.free(own)?;
-            return Err(DeviceError::InvalidArgument(format!(
-                "replay placement: {address:#x} overlaps a live segment"
-            )));
-        }
         self.live.insert(address, (bytes, own));
         Ok(address)
     }
@@ -157,6 +172,31 @@ mod tests {
         assert_eq!(
             device.mem_get_info().map(|(_, total)| total).ok(),
             Some(1 << 30)
+        );
+    }
+
+    #[test]
+    fn a_simulator_address_taken_by_a_recorded_segment_goes_above_the_live_ones() {
+        // Where the simulator puts two segments, from a device of the same make.
+        let mut probe = ReplayDevice::new(SimDevice::new(1 << 30), Hints::default());
+        let first = probe.malloc(2 << 20).expect("room");
+        let second = probe.malloc(2 << 20).expect("room");
+        // The recording put the first segment where the simulator puts the second.
+        let hints = Hints::default();
+        let mut device = ReplayDevice::new(SimDevice::new(1 << 30), hints.clone());
+        hints.push(second, 2 << 20);
+        assert_eq!(device.malloc(2 << 20).ok(), Some(second));
+        let moved = device.malloc(2 << 20).expect("placed, not refused");
+        assert!(moved != first && moved != second, "{moved:#x}");
+        assert!(moved >= second + (2 << 20) && moved.is_multiple_of(2 << 20));
+        assert!(device.free(moved).is_ok() && device.free(second).is_ok());
+        assert_eq!(
+            device.mem_get_info().map(|(free, _)| free).ok(),
+            probe
+                .inner
+                .mem_get_info()
+                .map(|(free, _)| free + (4 << 20))
+                .ok()
         );
     }
 }
