@@ -506,3 +506,40 @@ fn a_reproduced_recorded_oom_names_the_scripts_line() {
     // Line 4: `let weights = empty(1 << 30, "uint8");`
     assert_eq!(oom["largest_live"][0]["frames"][0]["line"], 4, "{oom:#}");
 }
+
+/// A file too large to read whole for its frames (gpumem's synthetic trace of 110,000 events,
+/// 18 MB) still gets its answer, and says its frames were not looked up and why.
+#[test]
+fn a_file_too_large_for_the_frames_lookup_says_so() {
+    let dir = common::scratch("answers-large");
+    let path = dir.join("large.pickle");
+    let written = common::gpumem(
+        &[
+            "bench",
+            "replay",
+            "--events",
+            "110000",
+            "--file",
+            text(&path),
+            "--keep",
+        ],
+        "",
+    );
+    assert_eq!(
+        common::outcome(&written).2,
+        0,
+        "the synthetic trace is written"
+    );
+    let bytes = std::fs::metadata(&path).expect("written").len();
+    assert!(bytes > gpumem::snapshot::replay::frames::LOOKUP_MAX_BYTES);
+    let json = replay_json(&[text(&path), "--device", "sim:4GiB"]);
+    assert_eq!(json["fits"], false, "{json:#}");
+    assert_eq!(json["frames_lookup"]["too_large"], bytes);
+    assert_eq!(json["first_oom"]["frames"], serde_json::json!([]));
+    let (stdout, _, _) = replay(&[text(&path), "--device", "sim:4GiB"]);
+    let line = format!(
+        "frames not looked up: the file ({}) is larger than the 16.00 MiB",
+        gpumem::alloc::format::format_size(bytes)
+    );
+    assert!(stdout.contains(&line), "{line:?} in\n{stdout}");
+}

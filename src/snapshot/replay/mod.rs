@@ -221,7 +221,7 @@ pub fn replay_reading(
         drop(first);
         replay_recording(path, &recording, options, progress, Vec::new())?
     };
-    frames::attach(path, &mut report)?;
+    frames::attach(path, &mut report);
     Ok((report, recording))
 }
 

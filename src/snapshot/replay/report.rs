@@ -350,13 +350,18 @@ impl fmt::Display for ReplayReport {
                     self.causes.summary()
                 )?;
                 write_oom(f, "first OOM", oom)?;
-                if let Lookup::TooLarge(bytes) = self.frames {
-                    writeln!(
+                match &self.frames {
+                    Lookup::TooLarge(bytes) => writeln!(
                         f,
                         "                  frames not looked up: the file ({}) is larger than the {} gpumem reads whole to find them",
-                        format_size(bytes),
+                        format_size(*bytes),
                         format_size(frames::LOOKUP_MAX_BYTES)
-                    )?;
+                    )?,
+                    Lookup::Unreadable(why) => writeln!(
+                        f,
+                        "                  frames not looked up: the file could not be read whole ({why})"
+                    )?,
+                    Lookup::NotNeeded | Lookup::Done => {}
                 }
             }
         }
