@@ -6,7 +6,7 @@
 use std::cell::Cell;
 use std::rc::Rc;
 
-use crate::device::{DeviceError, DeviceMemory, DriverMemory, ProcessMemory};
+use crate::device::{DeviceError, DeviceMemory, DevicePtr, DriverMemory, ProcessMemory};
 
 /// The bytes held elsewhere, shared with whoever sets them once the limit is known.
 pub type Held = Rc<Cell<u64>>;
@@ -38,13 +38,13 @@ impl HeldElsewhere {
 }
 
 impl DeviceMemory for HeldElsewhere {
-    fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+    fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         self.check(bytes)?;
         self.inner.malloc(bytes)
     }
 
-    fn free(&mut self, address: u64) -> Result<(), DeviceError> {
-        self.inner.free(address)
+    fn free(&mut self, segment: DevicePtr) -> Result<(), DeviceError> {
+        self.inner.free(segment)
     }
 
     fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
@@ -81,20 +81,25 @@ impl DeviceMemory for HeldElsewhere {
         self.inner.allocation_granularity()
     }
 
-    fn reserve_address_range(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+    fn reserve_address_range(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         self.inner.reserve_address_range(bytes)
     }
 
-    fn free_address_range(&mut self, base: u64, bytes: u64) -> Result<(), DeviceError> {
+    fn free_address_range(&mut self, base: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         self.inner.free_address_range(base, bytes)
     }
 
-    fn map_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+    fn map_pages(&mut self, address: DevicePtr, bytes: u64, page: u64) -> Result<(), DeviceError> {
         self.check(bytes)?;
         self.inner.map_pages(address, bytes, page)
     }
 
-    fn unmap_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+    fn unmap_pages(
+        &mut self,
+        address: DevicePtr,
+        bytes: u64,
+        page: u64,
+    ) -> Result<(), DeviceError> {
         self.inner.unmap_pages(address, bytes, page)
     }
 }

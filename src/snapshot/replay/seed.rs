@@ -350,12 +350,12 @@ fn carve_group(
         };
         let made_size = allocator
             .segments()
-            .find(|&(addr, _, _)| addr == made.ptr)
+            .find(|&(addr, _, _)| addr == made.ptr.addr())
             .map(|(_, size, _)| size);
         if made_size != Some(segment.size) {
             seeded.mismatches += 1;
         }
-        base = Some(made.ptr);
+        base = Some(made.ptr.addr());
         allocator.free(made).map_err(alloc_error)?;
     }
     for piece in pieces(group) {
@@ -364,8 +364,9 @@ fn carve_group(
             Err(AllocError::OutOfMemory(_)) => return give_back(allocator, carved),
             Err(other) => return Err(alloc_error(other)),
         };
-        let base = *base.get_or_insert(allocation.ptr.wrapping_sub(piece.offset));
-        if allocation.ptr != base.wrapping_add(piece.offset) || allocation.size != piece.len {
+        let at = allocation.ptr.addr();
+        let base = *base.get_or_insert(at.wrapping_sub(piece.offset));
+        if at != base.wrapping_add(piece.offset) || allocation.size != piece.len {
             seeded.mismatches += 1;
         }
         carved.push((allocation, piece.role));
