@@ -3,12 +3,11 @@
 //! `empty_cache()` is called where the trace shows PyTorch's did.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 
 use serde::Serialize;
 
+use super::addresses::{AddressMap, AddressSet};
 use super::answer::{self, Causes, LiveAllocation, OomSource, UserFrame, Why};
 use super::compare::{DeviceEvent, SegmentComparison};
 use super::device::Hints;
@@ -18,30 +17,6 @@ use crate::alloc::{
 };
 use crate::snapshot::model::Action;
 use crate::snapshot::pickle::{Emitted, RawEvent, SnapshotError};
-
-/// A hasher for device addresses: one multiplication, enough for keys that are already
-/// spread out (the standard hasher costs more than the allocator's own work here).
-#[derive(Default)]
-pub struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        self.0 = (value ^ (value >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-type AddressMap<V> = HashMap<u64, V, BuildHasherDefault<AddressHasher>>;
-type AddressSet = HashSet<u64, BuildHasherDefault<AddressHasher>>;
 
 /// The state when the replay ran out of memory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

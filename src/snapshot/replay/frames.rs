@@ -14,9 +14,9 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::answer::user_frames_first;
+use super::engine::FirstOom;
 use crate::snapshot::model::Frame;
 use crate::snapshot::pickle::{self, value::Value};
-use crate::snapshot::replay::ReplayReport;
 
 /// The largest file whose frames are looked up. Reading a snapshot whole, its shared frame
 /// objects resolved into every event, takes about a hundred times the file's size in memory
@@ -40,32 +40,24 @@ pub enum Lookup {
     Unreadable(String),
 }
 
-/// Puts the recorded frames on `report`'s OOM answers and their largest live allocations,
-/// looked up in the file at `path` the report replayed. The replay's answer stands whatever
-/// happens here: what kept the frames out is in [`ReplayReport::frames`].
-pub fn attach(path: &Path, report: &mut ReplayReport) {
-    let wanted = named_events(report);
+/// Puts the recorded frames on the OOM answers (`first_oom` and `ooms`) and on their largest
+/// live allocations, looked up in the file at `path` they were replayed from, and says how
+/// that went. The answers stand whatever happens here.
+pub fn attach(path: &Path, first_oom: &mut Option<FirstOom>, ooms: &mut [FirstOom]) -> Lookup {
+    let wanted = named_events(first_oom.iter().chain(ooms.iter()));
     if wanted.is_empty() {
-        report.frames = Lookup::NotNeeded;
-        return;
+        return Lookup::NotNeeded;
     }
     let bytes = match std::fs::metadata(path) {
         Ok(metadata) => metadata.len(),
-        Err(error) => {
-            report.frames = Lookup::Unreadable(error.to_string());
-            return;
-        }
+        Err(error) => return Lookup::Unreadable(error.to_string()),
     };
     if bytes > LOOKUP_MAX_BYTES {
-        report.frames = Lookup::TooLarge(bytes);
-        return;
+        return Lookup::TooLarge(bytes);
     }
     let top = match pickle::load(path) {
         Ok(top) => top,
-        Err(error) => {
-            report.frames = Lookup::Unreadable(error.to_string());
-            return;
-        }
+        Err(error) => return Lookup::Unreadable(error.to_string()),
     };
     let found = look_up(&top, &wanted);
     let frames_of = |number: u64| {
@@ -73,32 +65,24 @@ pub fn attach(path: &Path, report: &mut ReplayReport) {
             .get(&number)
             .map_or_else(Vec::new, |frames| user_frames_first(frames))
     };
-    let fill = |oom: &mut super::engine::FirstOom| {
+    for oom in first_oom.iter_mut().chain(ooms.iter_mut()) {
         oom.frames = frames_of(oom.index);
         for live in &mut oom.largest_live {
             if let Some(index) = live.index {
                 live.frames = frames_of(index);
             }
         }
-    };
-    if let Some(oom) = &mut report.first_oom {
-        fill(oom);
     }
-    report.ooms.iter_mut().for_each(fill);
-    report.frames = Lookup::Done;
+    Lookup::Done
 }
 
-/// The numbers of the events `report`'s answers name: each OOM's, and the `alloc` of each
-/// largest live allocation.
-fn named_events(report: &ReplayReport) -> BTreeSet<u64> {
-    report
-        .first_oom
-        .iter()
-        .chain(&report.ooms)
-        .flat_map(|oom| {
-            std::iter::once(oom.index).chain(oom.largest_live.iter().filter_map(|live| live.index))
-        })
-        .collect()
+/// The numbers of the events `ooms` name: each OOM's, and the `alloc` of each largest live
+/// allocation.
+fn named_events<'a>(ooms: impl Iterator<Item = &'a FirstOom>) -> BTreeSet<u64> {
+    ooms.flat_map(|oom| {
+        std::iter::once(oom.index).chain(oom.largest_live.iter().filter_map(|live| live.index))
+    })
+    .collect()
 }
 
 /// The frames of the trace events numbered `wanted` ([`super::event_number`]: position among

@@ -23,6 +23,7 @@
 //! # Ok::<(), gpumem::snapshot::replay::ReplayError>(())
 //! ```
 
+pub mod addresses;
 pub mod answer;
 pub mod compare;
 pub mod device;
@@ -221,7 +222,7 @@ pub fn replay_reading(
         drop(first);
         replay_recording(path, &recording, options, progress, Vec::new())?
     };
-    frames::attach(path, &mut report);
+    report.frames = frames::attach(path, &mut report.first_oom, &mut report.ooms);
     Ok((report, recording))
 }
 

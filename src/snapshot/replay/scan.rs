@@ -11,17 +11,11 @@
 //! file's end-state `segments`. It is the walk backwards from the end state that PyTorch's
 //! memory_viz does, run forwards.
 
-use std::collections::{HashMap, HashSet};
-use std::hash::BuildHasherDefault;
-
-use super::engine::AddressHasher;
+use super::addresses::{AddressMap, AddressSet};
 use super::limit::Pressure;
 use super::ranges::Ranges;
 use crate::snapshot::model::Action;
 use crate::snapshot::pickle::Emitted;
-
-type AddressMap<V> = HashMap<u64, V, BuildHasherDefault<AddressHasher>>;
-type AddressSet = HashSet<u64, BuildHasherDefault<AddressHasher>>;
 
 /// A block the trace frees without having allocated it: live when the trace starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
