@@ -4,7 +4,7 @@
 //! The search starts from the peak: a device whose memory beside its CUDA context cannot hold
 //! the job's peak allocated bytes cannot run it, so the largest such capacity is the lower
 //! bound, and the device asked for (or the simulated H200) the upper. A capacity fits when its
-//! replay fits ([`ReplayReport::fits`]): no allocation failed and no OOM PyTorch recorded
+//! replay fits ([`super::ReplayReport::fits`]): no allocation failed and no OOM PyTorch recorded
 //! recurred there, so the search never returns a capacity on which a recorded OOM recurs.
 //!
 //! The simulated device's CUDA context is modelled as the H200's (527 MiB) but never more than
