@@ -115,7 +115,7 @@ fn an_unknown_event_kind_names_its_index() {
         event("teleport", 4096, 100),
     ]);
     let path = write(&dir, "action.pickle", &bytes);
-    refused(&path, &["event 2:", "unknown action 'teleport'"]);
+    refused(&path, &["event 3:", "unknown action 'teleport'"]);
 }
 
 #[test]
@@ -131,14 +131,47 @@ fn a_free_of_an_address_never_allocated_names_its_index() {
     refused(
         &path,
         &[
-            "event 3:",
+            "event 4:",
             "free_requested of address 0x2000",
             "never allocated",
+            "lies in no segment",
+            "starts mid-run",
         ],
     );
-    let bytes = snapshot(vec![event("alloc", 4096, 100), event("alloc", 4096, 100)]);
+    let bytes = snapshot(vec![
+        event("alloc", 4096, 100),
+        event("alloc", 4096, 100),
+        event("free_requested", 4096, 100),
+        event("free_completed", 4096, 100),
+    ]);
     let path = write(&dir, "twice.pickle", &bytes);
-    refused(&path, &["event 1:", "already allocated"]);
+    refused(&path, &["event 2:", "already allocated"]);
+}
+
+#[test]
+fn a_trace_without_allocations_or_frees_names_skip_actions() {
+    let dir = common::scratch("bad-skip");
+    let bytes = snapshot(vec![event("alloc", 4096, 100), event("alloc", 4096, 100)]);
+    let path = write(&dir, "no-frees.pickle", &bytes);
+    refused(
+        &path,
+        &[
+            "2 allocations but no free",
+            "skip_actions",
+            "cannot be replayed",
+        ],
+    );
+    let bytes = snapshot(vec![
+        event("free_requested", 4096, 100),
+        event("free_completed", 4096, 100),
+        event("free_requested", 4096, 100),
+        event("free_completed", 4096, 100),
+    ]);
+    let path = write(&dir, "no-allocs.pickle", &bytes);
+    refused(
+        &path,
+        &["no alloc event", "skip_actions leaving out 'alloc'"],
+    );
 }
 
 #[test]

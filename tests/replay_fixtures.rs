@@ -2,7 +2,8 @@
 //! (tests/replay/fixtures/) replayed on the simulated H200 under its recorded config gives
 //! every `memory_stats()` value PyTorch had at the end (the .json beside it), and the same
 //! sequence of device-level events (`segment_alloc`/`segment_free`, or `segment_map`/
-//! `segment_unmap` for expandable segments) in action, size and order.
+//! `segment_unmap` for expandable segments) in action, size and order, and an end state equal
+//! to the file's `segments`.
 
 use std::path::PathBuf;
 
@@ -72,6 +73,13 @@ fn check(name: &str, device_actions: &[&str]) {
         segments.differing, 0,
         "{name}: {:?}",
         segments.first_difference
+    );
+    let end = &report.end_state;
+    assert!(end.matches(), "{name}: {:?}", end.first_difference);
+    assert_eq!(end.equal, end.recorded, "{name}");
+    assert!(
+        report.start.is_none(),
+        "{name}: the trace holds the whole run"
     );
     println!(
         "{name}: {} counters equal; {} segment events equal in action, size and order, {} at the same address, {} at the same offset from the first",
@@ -159,5 +167,27 @@ fn model_placement_keeps_the_allocation_counters() {
             report.stat("reserved_bytes.all.peak"),
             json["memory_stats"]["reserved_bytes.all.peak"]
         );
+    }
+}
+
+/// A replay that needs nothing the first pass could not know (the trace holds the whole run)
+/// is read once; its report is the one a replay of the file already read gives.
+#[test]
+fn replaying_as_it_reads_gives_the_same_report() {
+    use gpumem::snapshot::replay::{read, replay_recording};
+    for name in ["convnet.default", "transformer_bf16.expandable"] {
+        let (path, json) = fixture(name);
+        for conf in [None, Some("max_split_size_mb:64")] {
+            let options = ReplayOptions {
+                capacity: json["total_memory"].as_u64(),
+                conf: conf.map(|text| gpumem::alloc::AllocConf::parse(text).expect("valid")),
+                ..ReplayOptions::default()
+            };
+            let once = replay(&path, &options, &mut |_, _| {}).expect("replays");
+            let recording = read(&path, None, &mut |_, _| {}).expect("reads");
+            let twice = replay_recording(&path, &recording, &options, &mut |_, _| {}, Vec::new())
+                .expect("replays");
+            assert_eq!(once, twice, "{name} {conf:?}");
+        }
     }
 }

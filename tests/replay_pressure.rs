@@ -352,6 +352,7 @@ fn what_if_replays_place_by_the_model_and_never_fail() {
         conf: Some(AllocConf::parse("max_split_size_mb:64").expect("valid")),
         placement: Placement::Recorded,
         device_index: None,
+        ..ReplayOptions::default()
     };
     let forced = replay(&path, &options, &mut |_, _| {}).expect("never a placement error");
     assert!(forced.fits());

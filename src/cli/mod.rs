@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::rc::Rc;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
 use gpumem::device::DeviceSpec;
@@ -39,6 +40,8 @@ pub enum Exit {
     Failure = 1,
     /// A usage error: bad flags, an unusable device or config, an unreadable file.
     Usage = 2,
+    /// `gpumem replay --fail-on-oom`: the replayed job does not fit.
+    DoesNotFit = 3,
 }
 
 impl From<Exit> for ExitCode {
@@ -106,18 +109,21 @@ impl From<ScriptError> for CliError {
 }
 
 /// See and script how GPU memory behaves: PyTorch's caching allocator, re-implemented.
+///
+/// Without a subcommand: the REPL. The options below are the REPL's; given before a
+/// subcommand they apply to it when it takes them (its own --help lists which), and are an
+/// error when it does not.
 #[derive(Parser)]
-#[command(name = "gpumem", version, about)]
+#[command(
+    name = "gpumem",
+    version,
+    about,
+    after_help = "Exit status: 0 ok; 1 a script error, a failed golden test; 2 a usage, config or file error; 3 `replay --fail-on-oom` when the replayed job does not fit."
+)]
 struct Cli {
-    /// Devices: `cuda` (every visible GPU; `cuda:N` starts on GPU N), `sim[:SIZE]` (e.g.
-    /// `sim:80GiB`) or `sim:SIZE,SIZE,...` (one simulated device per size). Default: the GPUs
-    /// when one is found, else the simulated H200.
-    #[arg(long, global = true, value_name = "DEVICE")]
-    device: Option<DeviceSpec>,
-    /// Allocator config in PyTorch's syntax (e.g. `max_split_size_mb:64`); default: the
-    /// PYTORCH_CUDA_ALLOC_CONF (then PYTORCH_ALLOC_CONF) environment variable.
-    #[arg(long, global = true, value_name = "CONF")]
-    alloc_conf: Option<String>,
+    /// The device and allocator config of the REPL.
+    #[command(flatten)]
+    session: SessionArgs,
     /// Sandbox limits of the script engine.
     #[command(flatten)]
     limits: Limits,
@@ -127,6 +133,39 @@ struct Cli {
     allow_path: Vec<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
+}
+
+/// Where a script, the REPL or a benchmark runs: the device and the allocator config.
+#[derive(Args, Clone, Default)]
+struct SessionArgs {
+    /// Devices: `cuda` (every visible GPU; `cuda:N` starts on GPU N), `sim[:SIZE]` (e.g.
+    /// `sim:80GiB`) or `sim:SIZE,SIZE,...` (one simulated device per size). Default: the GPUs
+    /// when one is found, else the simulated H200.
+    #[arg(long, value_name = "DEVICE")]
+    device: Option<DeviceSpec>,
+    /// Allocator config in PyTorch's syntax (e.g. `max_split_size_mb:64`); default: the
+    /// PYTORCH_CUDA_ALLOC_CONF (then PYTORCH_ALLOC_CONF) environment variable.
+    #[arg(long, value_name = "CONF")]
+    alloc_conf: Option<String>,
+}
+
+impl SessionArgs {
+    /// These, each filled in from `outer` (given before the subcommand) where not given.
+    fn or(self, outer: &SessionArgs) -> SessionArgs {
+        SessionArgs {
+            device: self.device.or_else(|| outer.device.clone()),
+            alloc_conf: self.alloc_conf.or_else(|| outer.alloc_conf.clone()),
+        }
+    }
+
+    /// The session options: the flag, else the environment's config.
+    fn options(&self) -> SessionOptions {
+        SessionOptions {
+            device: self.device.clone(),
+            config: ConfigSource::flag_or_environment(self.alloc_conf.clone()),
+            devices: None,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -143,6 +182,12 @@ enum Command {
         /// the segment map after any event, the counters and memory_summary().
         #[arg(long, value_name = "FILE")]
         report: Option<PathBuf>,
+        /// The device and allocator config (a script's `//!` directives win over both).
+        #[command(flatten)]
+        session: SessionArgs,
+        /// Sandbox limits of the script engine.
+        #[command(flatten)]
+        limits: Limits,
     },
     /// Run golden tests: every X.rhai under the paths must print exactly X.out.
     Test {
@@ -157,22 +202,57 @@ enum Command {
         /// (an expected OOM, a rejected config), pinning the error.
         #[arg(long)]
         bless_errors: bool,
+        /// Device: `cuda[:N]` or `sim[:SIZE]`, for scripts that pin none. Default: cuda:0
+        /// when a GPU is found, else the simulated H200.
+        #[arg(long, value_name = "DEVICE")]
+        device: Option<DeviceSpec>,
+        /// Allocator config in PyTorch's syntax, for scripts that pin none. Default:
+        /// PyTorch's defaults (PYTORCH_CUDA_ALLOC_CONF is not read: golden results must not
+        /// depend on the environment).
+        #[arg(long, value_name = "CONF")]
+        alloc_conf: Option<String>,
+        /// Sandbox limits of the script engine (without --max-operations: 100 million per
+        /// script).
+        #[command(flatten)]
+        limits: Limits,
     },
-    /// Replay a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) through gpumem's
-    /// allocator on a simulated device: peaks, cudaMalloc calls, OOMs, fragmentation, and
-    /// whether gpumem's segment events equal the recorded ones. Default device: the simulated
-    /// H200 (the file does not record the capacity); default config: the one recorded.
+    /// Replay a PyTorch memory snapshot through gpumem's allocator: does the job fit?
+    ///
+    /// The snapshot (torch.cuda.memory._dump_snapshot) is replayed on a simulated device.
+    /// The answer: the verdict, each OOM's cause and figures with the frames recorded for it
+    /// (your own files first), peaks, cudaMalloc calls, fragmentation, and the replay checked
+    /// against the file (its segment events and its end-state segments). A trace that starts
+    /// mid-run (PyTorch's history ring wrapped) replays from the state rebuilt at its start; a
+    /// limit the recorded OOMs show (a memory fraction, memory held by another process) is
+    /// inferred and, on the default device, applied. Event N is the N-th entry of the file's
+    /// trace (counted from 1).
+    #[command(
+        after_help = "Exit status: 0 when the replay ran (whether or not the job fits, unless --fail-on-oom); 2 a usage, config or file error (an empty history among them); 3 with --fail-on-oom when the job does not fit."
+    )]
     Replay {
         /// The snapshot (a .pickle written by PyTorch or by gpumem's dump_snapshot).
         file: PathBuf,
+        /// The simulated device: `sim` or `sim:SIZE` (e.g. `sim:24GiB`; replay never runs on
+        /// a GPU). Default: the simulated H200 (139.80 GiB), since the file does not record
+        /// the device's size.
+        #[arg(long, value_name = "DEVICE")]
+        device: Option<DeviceSpec>,
+        /// Replay under this allocator config (PyTorch's syntax) instead of the one the file
+        /// records. Default: the recorded config (PyTorch's defaults for a file that records
+        /// none); PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF are ignored.
+        #[arg(long, value_name = "CONF")]
+        alloc_conf: Option<String>,
+        /// Exit with status 3 when the job does not fit (for CI gates).
+        #[arg(long)]
+        fail_on_oom: bool,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
         /// Also replay under each of these configs and compare them side by side.
         #[arg(long, value_name = "CONF", num_args = 1..)]
         compare: Vec<String>,
-        /// Find the smallest simulated device on which the job runs without OOM (binary
-        /// search in 2 MiB steps), for each config.
+        /// Find the smallest simulated device on which the job fits (binary search in 2 MiB
+        /// steps from its peak), for each config, and the total memory a real GPU needs.
         #[arg(long)]
         min_capacity: bool,
         /// Where segments are placed: where PyTorch's driver put them (recorded), the
@@ -220,6 +300,9 @@ enum BenchTarget {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// The device and allocator config.
+        #[command(flatten)]
+        session: SessionArgs,
     },
     /// Replay speed: writes a synthetic snapshot of N events, replays it, prints events per
     /// second and the peak resident memory.
@@ -242,6 +325,9 @@ enum BenchTarget {
         /// The PyTorch comparison script.
         #[arg(long, default_value = "benches/compare/randn_torch.py")]
         torch_script: PathBuf,
+        /// The device (a CUDA device) and allocator config.
+        #[command(flatten)]
+        session: SessionArgs,
     },
     /// A random workload (1 B to 4 GiB requests, frees, empty_cache, caught OOMs) with the
     /// allocator's invariants checked as it goes; everything freed at the end must leave the
@@ -253,14 +339,22 @@ enum BenchTarget {
         /// The random seed (a seed reproduces a run).
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// The device and allocator config.
+        #[command(flatten)]
+        session: SessionArgs,
     },
 }
 
 /// Parses the command line, runs the command and turns its outcome into the exit status,
 /// printing the error (if any) on stderr.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match try_main(cli) {
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
+    let outer = Outer::of(&matches);
+    match try_main(cli, &outer) {
         Ok(()) => Exit::Success.into(),
         Err(error) => {
             let text = error.to_string();
@@ -272,37 +366,101 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// Which options were given on the command line before the subcommand (`gpumem --device sim
+/// run x.rhai`), and whether the subcommand's own limits were.
+struct Outer {
+    /// `--device`/`--alloc-conf` given before the subcommand, as written.
+    session_flags: Vec<String>,
+    /// Script-engine limits given before the subcommand, as written.
+    limit_flags: Vec<String>,
+    /// Whether limits were given after the subcommand (`run`, `test`).
+    own_limits: bool,
+}
+
+impl Outer {
+    fn of(matches: &ArgMatches) -> Outer {
+        let given = |matches: &ArgMatches, ids: &[String]| -> Vec<String> {
+            ids.iter()
+                .filter(|id| {
+                    matches.try_get_raw(id).is_ok_and(|value| value.is_some())
+                        && matches.value_source(id) == Some(ValueSource::CommandLine)
+                })
+                .map(|id| format!("--{}", id.replace('_', "-")))
+                .collect()
+        };
+        let ids = |command: clap::Command| -> Vec<String> {
+            command
+                .get_arguments()
+                .map(|arg| arg.get_id().to_string())
+                .collect()
+        };
+        let session_ids = ids(SessionArgs::augment_args(clap::Command::new("session")));
+        let limit_ids = ids(Limits::augment_args(clap::Command::new("limits")));
+        Outer {
+            session_flags: given(matches, &session_ids),
+            limit_flags: given(matches, &limit_ids),
+            own_limits: matches
+                .subcommand()
+                .is_some_and(|(_, sub)| !given(sub, &limit_ids).is_empty()),
+        }
+    }
+
+    /// Refuses options given before `command` that it does not take.
+    fn refuse(flags: &[String], command: &str, why: &str) -> Result<(), CliError> {
+        match flags {
+            [] => Ok(()),
+            flags => Err(CliError::Usage(format!(
+                "{} does not apply to `gpumem {command}`: {why}",
+                flags.join(", ")
+            ))),
+        }
+    }
+
+    /// The limits in force: the subcommand's own when given there, else those given before
+    /// it.
+    fn limits(&self, own: Limits, outer: Limits) -> Limits {
+        if self.own_limits || self.limit_flags.is_empty() {
+            own
+        } else {
+            outer
+        }
+    }
+}
+
 /// Runs the command the arguments name.
-fn try_main(cli: Cli) -> Result<(), CliError> {
-    let options = SessionOptions {
-        device: cli.device.clone(),
-        config: ConfigSource::flag_or_environment(cli.alloc_conf.clone()),
-        devices: None,
-    };
+fn try_main(cli: Cli, outer: &Outer) -> Result<(), CliError> {
+    const NO_SCRIPT: &str = "it runs no script, so the script engine's limits do not apply";
     match cli.command {
         Some(Command::Run {
             file,
             timeline,
             report,
+            session,
+            limits,
         }) => {
             let outputs = Outputs { timeline, report };
             outputs.check()?;
-            on_stack(|| run(&options, cli.limits, &cli.allow_path, &file, &outputs))
+            let options = session.or(&cli.session).options();
+            let limits = outer.limits(limits, cli.limits);
+            on_stack(|| run(&options, limits, &cli.allow_path, &file, &outputs))
         }
         Some(Command::Test {
             paths,
             bless,
             bless_errors,
+            device,
+            alloc_conf,
+            limits,
         }) => {
             let golden_options = golden::Options {
-                device: cli.device.clone(),
+                device: device.or(cli.session.device),
                 // Golden results must not depend on the caller's environment: only the flag.
-                config: cli
-                    .alloc_conf
+                config: alloc_conf
+                    .or(cli.session.alloc_conf)
                     .map_or(ConfigSource::Default, ConfigSource::Flag),
                 bless,
                 bless_errors,
-                limits: cli.limits,
+                limits: outer.limits(limits, cli.limits),
                 allow_paths: cli.allow_path.clone(),
             };
             match golden::command(&paths, &golden_options) {
@@ -310,11 +468,19 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
                 exit => Err(CliError::Reported(exit)),
             }
         }
-        Some(Command::Bench(BenchTarget::Alloc { rounds, json })) => {
-            bench_alloc(&options, rounds, json)
+        Some(Command::Bench(BenchTarget::Alloc {
+            rounds,
+            json,
+            session,
+        })) => {
+            Outer::refuse(&outer.limit_flags, "bench alloc", NO_SCRIPT)?;
+            bench_alloc(&session.or(&cli.session).options(), rounds, json)
         }
         Some(Command::Replay {
             file,
+            device,
+            alloc_conf,
+            fail_on_oom,
             json,
             compare,
             min_capacity,
@@ -322,35 +488,58 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
             device_index,
             timeline,
             report,
-        }) => replay::command(&replay::ReplayArgs {
-            outputs: {
-                let outputs = Outputs { timeline, report };
-                outputs.check()?;
-                outputs
-            },
-            file,
-            device: cli.device,
-            alloc_conf: cli.alloc_conf,
-            compare,
-            min_capacity,
-            json,
-            placement: match placement {
-                PlacementArg::Auto => gpumem::snapshot::replay::Placement::Auto,
-                PlacementArg::Recorded => gpumem::snapshot::replay::Placement::Recorded,
-                PlacementArg::Model => gpumem::snapshot::replay::Placement::Model,
-            },
-            device_index,
-        }),
+        }) => {
+            Outer::refuse(&outer.limit_flags, "replay", NO_SCRIPT)?;
+            replay::command(&replay::ReplayArgs {
+                outputs: {
+                    let outputs = Outputs { timeline, report };
+                    outputs.check()?;
+                    outputs
+                },
+                file,
+                device: device.or(cli.session.device),
+                alloc_conf: alloc_conf.or(cli.session.alloc_conf),
+                compare,
+                min_capacity,
+                json,
+                fail_on_oom,
+                placement: match placement {
+                    PlacementArg::Auto => gpumem::snapshot::replay::Placement::Auto,
+                    PlacementArg::Recorded => gpumem::snapshot::replay::Placement::Recorded,
+                    PlacementArg::Model => gpumem::snapshot::replay::Placement::Model,
+                },
+                device_index,
+            })
+        }
         Some(Command::Bench(BenchTarget::Replay { events, file, keep })) => {
+            Outer::refuse(&outer.limit_flags, "bench replay", NO_SCRIPT)?;
+            Outer::refuse(
+                &outer.session_flags,
+                "bench replay",
+                "it replays on the simulated H200 under the file's recorded config",
+            )?;
             replay::bench(events, file.as_deref(), keep)
         }
-        Some(Command::Bench(BenchTarget::Randn { reps, torch_script })) => {
-            bench_randn(&options, reps, &torch_script)
+        Some(Command::Bench(BenchTarget::Randn {
+            reps,
+            torch_script,
+            session,
+        })) => {
+            Outer::refuse(&outer.limit_flags, "bench randn", NO_SCRIPT)?;
+            bench_randn(&session.or(&cli.session).options(), reps, &torch_script)
         }
-        Some(Command::Bench(BenchTarget::Soak { seconds, seed })) => {
-            bench_soak(&options, seconds, seed)
+        Some(Command::Bench(BenchTarget::Soak {
+            seconds,
+            seed,
+            session,
+        })) => {
+            Outer::refuse(&outer.limit_flags, "bench soak", NO_SCRIPT)?;
+            bench_soak(&session.or(&cli.session).options(), seconds, seed)
         }
-        None => on_stack(|| repl(&options, cli.limits, &cli.allow_path)),
+        None => {
+            let options = cli.session.options();
+            on_stack(|| repl(&options, cli.limits, &cli.allow_path))
+        }
     }
 }
 

@@ -13,8 +13,10 @@ use serde_json::json;
 use gpumem::alloc::format::format_size;
 use gpumem::alloc::AllocConf;
 use gpumem::device::DeviceSpec;
+use gpumem::snapshot::replay::verdict::with_comparison;
 use gpumem::snapshot::replay::{
-    min_capacity, replay, CapacitySearch, Placement, ReplayError, ReplayOptions, ReplayReport,
+    min_capacity_of, replay, replay_reading, replay_recording, CapacitySearch, Placement,
+    Recording, ReplayError, ReplayOptions, ReplayReport,
 };
 use gpumem::viz::Recorder;
 
@@ -47,8 +49,8 @@ pub struct ReplayArgs {
     pub file: PathBuf,
     /// `--device`.
     pub device: Option<DeviceSpec>,
-    /// `--alloc-conf` (the flag only: the file's recorded config is the default, not the
-    /// environment's).
+    /// `--alloc-conf` (the flag only: the file's recorded config is the default; the
+    /// environment's variables are ignored, with a warning).
     pub alloc_conf: Option<String>,
     /// `--compare CONF...`.
     pub compare: Vec<String>,
@@ -56,6 +58,8 @@ pub struct ReplayArgs {
     pub min_capacity: bool,
     /// `--json`.
     pub json: bool,
+    /// `--fail-on-oom`: exit 3 when the job does not fit.
+    pub fail_on_oom: bool,
     /// `--placement`.
     pub placement: Placement,
     /// `--device-index N`.
@@ -84,25 +88,66 @@ fn progress_bar(file: &Path) -> Option<ProgressBar> {
     }
     let bar = ProgressBar::new(bytes);
     let style =
-        ProgressStyle::with_template("replaying {bar:40} {bytes}/{total_bytes} {msg} ({eta} left)")
+        ProgressStyle::with_template("{prefix} {bar:40} {bytes}/{total_bytes} {msg} ({eta} left)")
             .ok()?;
     bar.set_style(style);
     Some(bar)
 }
 
-fn run_one(args: &ReplayArgs, options: &ReplayOptions) -> Result<ReplayReport, CliError> {
-    let bar = progress_bar(&args.file);
+/// Runs `work` with a progress bar (for large files on a terminal) named `what`.
+fn with_progress<T>(
+    file: &Path,
+    what: &'static str,
+    work: impl FnOnce(&mut dyn FnMut(u64, u64)) -> Result<T, ReplayError>,
+) -> Result<T, CliError> {
+    let bar = progress_bar(file);
+    if let Some(bar) = &bar {
+        bar.set_prefix(what);
+    }
     let mut progress = |bytes: u64, events: u64| {
         if let Some(bar) = &bar {
             bar.set_position(bytes);
             bar.set_message(format!("{events} events"));
         }
     };
-    let report = replay(&args.file, options, &mut progress);
+    let result = work(&mut progress);
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    report.map_err(|error| replay_error(&args.file, error))
+    result.map_err(|error| replay_error(file, error))
+}
+
+fn run_one(
+    args: &ReplayArgs,
+    recording: &Recording,
+    options: &ReplayOptions,
+) -> Result<ReplayReport, CliError> {
+    with_progress(&args.file, "replaying", |progress| {
+        replay_recording(&args.file, recording, options, progress, Vec::new())
+    })
+}
+
+/// One `--compare` config's replay and its capacity search.
+struct Row {
+    conf: String,
+    report: ReplayReport,
+    search: Option<CapacitySearch>,
+}
+
+/// Warns when the allocator config variables are set: replay reads its config from the file
+/// (or `--alloc-conf`), never from the environment, whose variables describe this shell, not
+/// the recorded job.
+fn warn_about_environment(args: &ReplayArgs) {
+    if args.alloc_conf.is_some() {
+        return;
+    }
+    for name in ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"] {
+        if let Ok(value) = std::env::var(name) {
+            eprintln!(
+                "gpumem: replay ignores {name}={value}: the file records the job's config; give --alloc-conf to replay under another"
+            );
+        }
+    }
 }
 
 /// `gpumem replay`.
@@ -123,6 +168,7 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
             ))
         }
     };
+    warn_about_environment(args);
     let conf = match &args.alloc_conf {
         Some(text) => Some(parse_conf(text, "--alloc-conf")?),
         None => None,
@@ -132,16 +178,21 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         conf: conf.clone(),
         placement: args.placement,
         device_index: args.device_index,
+        ..ReplayOptions::default()
     };
-    let report = run_one(args, &options)?;
+    let (report, recording) = with_progress(&args.file, "replaying", |progress| {
+        replay_reading(&args.file, &options, progress)
+    })?;
     if args.outputs.wanted() {
         let recorder = Rc::new(RefCell::new(Recorder::empty(
             args.file.display().to_string(),
             report.capacity,
         )));
-        gpumem::snapshot::replay::replay_observed(
+        replay_recording(
             &args.file,
-            &report,
+            &recording,
+            &report.options(),
+            &mut gpumem::snapshot::replay::no_progress,
             vec![Box::new(Rc::clone(&recorder))],
         )
         .map_err(|error| replay_error(&args.file, error))?;
@@ -160,9 +211,10 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         if !args.min_capacity {
             return Ok(None);
         }
-        min_capacity(&args.file, capacity, conf, args.device_index)
-            .map(Some)
-            .map_err(|error| replay_error(&args.file, error))
+        with_progress(&args.file, "searching", |_| {
+            min_capacity_of(&args.file, &recording, capacity, conf)
+        })
+        .map(Some)
     };
     let own_search = search(Some(report.conf.clone()))?;
     let mut rows = Vec::new();
@@ -173,47 +225,87 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
             conf: Some(conf.clone()),
             placement: args.placement,
             device_index: args.device_index,
+            ..ReplayOptions::default()
         };
-        let row = run_one(args, &options)?;
+        let row = run_one(args, &recording, &options)?;
         let row_search = search(Some(conf))?;
-        rows.push((text.clone(), row, row_search));
+        rows.push(Row {
+            conf: text.clone(),
+            report: row,
+            search: row_search,
+        });
     }
+    let compared: Vec<(String, &ReplayReport)> = rows
+        .iter()
+        .map(|row| (row.conf.clone(), &row.report))
+        .collect();
+    let verdict = with_comparison(&report, &compared);
     if args.json {
-        let mut object = report.to_json();
+        say!(
+            "{}",
+            json_answer(&report, &verdict, own_search.as_ref(), &rows)
+        );
+    } else {
+        say_part!("{report}");
         if let Some(found) = &own_search {
-            object["min_capacity"] = search_json(found);
+            say!("  {}", describe_search(found));
         }
         if !rows.is_empty() {
-            object["compare"] = rows
-                .iter()
-                .map(|(conf, row, found)| {
-                    let mut entry = json!({
-                        "alloc_conf": conf,
-                        "fits": row.fits(),
-                        "ooms": row.counts.ooms,
-                        "allocated_bytes.all.peak": row.stat("allocated_bytes.all.peak"),
-                        "reserved_bytes.all.peak": row.stat("reserved_bytes.all.peak"),
-                        "num_device_alloc": row.stat("num_device_alloc"),
-                        "num_alloc_retries": row.stat("num_alloc_retries"),
-                    });
-                    if let Some(found) = found {
-                        entry["min_capacity"] = search_json(found);
-                    }
-                    entry
-                })
-                .collect();
+            print_comparison(&report, own_search.as_ref(), &rows);
+            say!();
+            say!("verdict: {verdict}");
         }
-        say!("{object}");
-        return Ok(());
     }
-    say_part!("{report}");
-    if let Some(found) = &own_search {
-        say!("  {}", describe_search(found));
-    }
-    if !rows.is_empty() {
-        print_comparison(&report, own_search.as_ref(), &rows);
+    if args.fail_on_oom && !report.fits() {
+        return Err(CliError::Reported(super::Exit::DoesNotFit));
     }
     Ok(())
+}
+
+/// The report's JSON with the searches, the compared configs and the verdict over them.
+fn json_answer(
+    report: &ReplayReport,
+    verdict: &str,
+    own_search: Option<&CapacitySearch>,
+    rows: &[Row],
+) -> serde_json::Value {
+    let mut object = report.to_json();
+    if let Some(found) = own_search {
+        object["min_capacity"] = search_json(found);
+    }
+    if !rows.is_empty() {
+        object["verdict"]["with_compare"] = json!(verdict);
+        object["verdict"]["fits_under"] = rows
+            .iter()
+            .filter(|row| row.report.fits())
+            .map(|row| json!(row.conf))
+            .collect();
+        object["compare"] = rows
+            .iter()
+            .map(|row| {
+                let report = &row.report;
+                let verdict = report.verdict();
+                let mut entry = json!({
+                    "alloc_conf": row.conf,
+                    "fits": verdict.fits,
+                    "verdict": verdict.text,
+                    "ooms": report.counts.ooms,
+                    "recorded_ooms_reproduced": report.counts.recorded_ooms_reproduced,
+                    "first_oom_event": verdict.first_oom_event,
+                    "peaks_lowered_by_failed_allocations": report.peaks_lowered(),
+                    "allocated_bytes.all.peak": report.stat("allocated_bytes.all.peak"),
+                    "reserved_bytes.all.peak": report.stat("reserved_bytes.all.peak"),
+                    "num_device_alloc": report.stat("num_device_alloc"),
+                    "num_alloc_retries": report.stat("num_alloc_retries"),
+                });
+                if let Some(found) = &row.search {
+                    entry["min_capacity"] = search_json(found);
+                }
+                entry
+            })
+            .collect();
+    }
+    object
 }
 
 fn search_json(found: &CapacitySearch) -> serde_json::Value {
@@ -221,6 +313,10 @@ fn search_json(found: &CapacitySearch) -> serde_json::Value {
         "capacity": found.capacity,
         "lower_bound": found.lower,
         "upper_bound": found.upper,
+        "peak_allocated": found.peak,
+        "simulated_context": found.context,
+        "real_gpu_total": found.real_gpu,
+        "real_gpu_context": found.real_context,
         "step": gpumem::snapshot::replay::search::STEP,
         "probes": found.probes,
     })
@@ -228,38 +324,39 @@ fn search_json(found: &CapacitySearch) -> serde_json::Value {
 
 fn describe_search(found: &CapacitySearch) -> String {
     let bounds = format!(
-        "searched in 2 MiB steps between {} (the peak allocated bytes, below which nothing fits) and {}; {} replays",
+        "searched in 2 MiB steps between {} (below it the peak of {} allocated does not fit beside the CUDA context) and {}; {} replays",
         format_size(found.lower),
+        format_size(found.peak),
         format_size(found.upper),
         found.probes
     );
-    match found.capacity {
-        Some(bytes) => format!(
-            "min capacity    {} ({bytes} bytes, --device sim:{bytes}); {bounds}",
-            format_size(bytes)
+    match (found.capacity, found.real_gpu) {
+        (Some(bytes), Some(real)) => format!(
+            "min capacity    {} ({bytes} bytes, --device sim:{bytes}) of simulated device, whose CUDA context is modelled as {} (the H200's 527 MiB, at most an eighth of the device); a real GPU needs about {} of total memory (cudaMemGetInfo's total), assuming the {} context measured on the H200; {bounds}",
+            format_size(bytes),
+            format_size(found.context),
+            format_size(real),
+            format_size(found.real_context)
         ),
-        None => format!(
+        _ => format!(
             "min capacity    does not fit even on {}; {bounds}",
             format_size(found.upper)
         ),
     }
 }
 
-fn print_comparison(
-    report: &ReplayReport,
-    own_search: Option<&CapacitySearch>,
-    rows: &[(String, ReplayReport, Option<CapacitySearch>)],
-) {
+fn print_comparison(report: &ReplayReport, own_search: Option<&CapacitySearch>, rows: &[Row]) {
     say!();
     let with_search = own_search.is_some();
     say_part!(
-        "{:<44} {:>12} {:>12} {:>10} {:>8} {:>6}",
+        "{:<44} {:>13} {:>13} {:>10} {:>8} {:>6} {:>13}",
         "config",
         "peak alloc",
         "peak reserv",
         "cudaMalloc",
         "retries",
-        "OOMs"
+        "OOMs",
+        "verdict"
     );
     if with_search {
         say_part!(" {:>14}", "min capacity");
@@ -271,14 +368,24 @@ fn print_comparison(
         format!("(recorded) {}", report.alloc_conf)
     };
     let line = |name: &str, row: &ReplayReport, found: Option<&CapacitySearch>| {
+        // A peak lowered by skipped allocations is marked: the job needs more than it shows.
+        let mark = if row.peaks_lowered() { "*" } else { "" };
+        let verdict = row.verdict();
         say_part!(
-            "{:<44} {:>12} {:>12} {:>10} {:>8} {:>6}",
+            "{:<44} {:>13} {:>13} {:>10} {:>8} {:>6} {:>13}",
             name,
-            format_size(row.stat("allocated_bytes.all.peak").max(0) as u64),
-            format_size(row.stat("reserved_bytes.all.peak").max(0) as u64),
+            format!(
+                "{}{mark}",
+                format_size(row.stat("allocated_bytes.all.peak").max(0) as u64)
+            ),
+            format!(
+                "{}{mark}",
+                format_size(row.stat("reserved_bytes.all.peak").max(0) as u64)
+            ),
             row.stat("num_device_alloc"),
             row.stat("num_alloc_retries"),
-            row.counts.ooms
+            verdict.ooms,
+            if verdict.fits { "fits" } else { "does not fit" }
         );
         if let Some(found) = found {
             let text = found
@@ -289,8 +396,14 @@ fn print_comparison(
         say!();
     };
     line(&conf_name, report, own_search);
-    for (conf, row, found) in rows {
-        line(conf, row, found.as_ref());
+    for row in rows {
+        line(&row.conf, &row.report, row.search.as_ref());
+    }
+    let lowered = std::iter::once(report)
+        .chain(rows.iter().map(|row| &row.report))
+        .any(ReplayReport::peaks_lowered);
+    if lowered {
+        say!("* lowered by failed allocations, which were skipped: the job needs more than this");
     }
 }
 

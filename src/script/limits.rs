@@ -25,35 +25,35 @@ pub struct Limits {
     /// Maximum operations a script may run (0 = unlimited). Default: unlimited for `run` and
     /// the REPL (scripts are your own experiments; in the REPL Ctrl-C stops a runaway loop),
     /// 100 million for `gpumem test`, so a runaway golden script fails instead of hanging the run.
-    #[arg(long, global = true, value_name = "N")]
+    #[arg(long, value_name = "N")]
     pub max_operations: Option<u64>,
     /// Maximum depth of nested function calls (0 = unlimited). Whatever the value, recursion
     /// stops with a "Stack overflow" error before the 256 MiB script stack runs out: about
     /// 28,000 levels of a simple recursive function in a release build, 4,000 in a debug build.
-    #[arg(long, global = true, value_name = "N", default_value_t = Limits::DEFAULT.max_call_depth)]
+    #[arg(long, value_name = "N", default_value_t = Limits::DEFAULT.max_call_depth)]
     pub max_call_depth: usize,
     /// Maximum nesting depth of an expression, also inside functions (0 = unlimited). A flat
     /// sum of N terms nests N deep. Capped at 1000 whatever the value: deeper expressions
     /// could overflow the parser's stack.
-    #[arg(long, global = true, value_name = "N", default_value_t = Limits::DEFAULT.max_expr_depth)]
+    #[arg(long, value_name = "N", default_value_t = Limits::DEFAULT.max_expr_depth)]
     pub max_expr_depth: usize,
     /// Maximum length of a string, in bytes (0 = unlimited).
-    #[arg(long, global = true, value_name = "BYTES", default_value_t = Limits::DEFAULT.max_string_size)]
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::DEFAULT.max_string_size)]
     pub max_string_size: usize,
     /// Maximum number of elements of an array (0 = unlimited).
-    #[arg(long, global = true, value_name = "N", default_value_t = Limits::DEFAULT.max_array_size)]
+    #[arg(long, value_name = "N", default_value_t = Limits::DEFAULT.max_array_size)]
     pub max_array_size: usize,
     /// Maximum number of entries of an object map (0 = unlimited).
-    #[arg(long, global = true, value_name = "N", default_value_t = Limits::DEFAULT.max_map_size)]
+    #[arg(long, value_name = "N", default_value_t = Limits::DEFAULT.max_map_size)]
     pub max_map_size: usize,
     /// Maximum number of variables alive at once (0 = unlimited).
-    #[arg(long, global = true, value_name = "N", default_value_t = Limits::DEFAULT.max_variables)]
+    #[arg(long, value_name = "N", default_value_t = Limits::DEFAULT.max_variables)]
     pub max_variables: usize,
     /// Maximum number of functions a script may define (0 = unlimited).
-    #[arg(long, global = true, value_name = "N", default_value_t = Limits::DEFAULT.max_functions)]
+    #[arg(long, value_name = "N", default_value_t = Limits::DEFAULT.max_functions)]
     pub max_functions: usize,
     /// Maximum number of modules a script may import (0 = unlimited).
-    #[arg(long, global = true, value_name = "N", default_value_t = Limits::DEFAULT.max_modules)]
+    #[arg(long, value_name = "N", default_value_t = Limits::DEFAULT.max_modules)]
     pub max_modules: usize,
 }
 

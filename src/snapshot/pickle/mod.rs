@@ -77,7 +77,8 @@ pub enum SnapshotError {
     /// One trace event is malformed or cannot be replayed.
     #[error("event {index}: {message}")]
     Event {
-        /// The event's index in the trace (0-based).
+        /// The event's number: its position among the file's trace entries (every device's
+        /// trace, in file order), counted from 1 (`gpumem replay` numbers events alike).
         index: u64,
         /// What is wrong.
         message: String,
@@ -150,7 +151,11 @@ fn from_stream(error: StreamError<SnapshotError>) -> SnapshotError {
             events,
         },
         StreamError::Shape(message) => SnapshotError::NotASnapshot(message),
-        StreamError::Event { index, message } => SnapshotError::Event { index, message },
+        StreamError::Event { index, message } => SnapshotError::Event {
+            // Events are numbered from 1 (`replay::event_number`).
+            index: index + 1,
+            message,
+        },
         StreamError::Handler(error) => error,
         StreamError::Io(error) => SnapshotError::Io {
             path: "snapshot".into(),

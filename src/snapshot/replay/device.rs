@@ -75,16 +75,15 @@ impl ReplayDevice {
         }
     }
 
-    /// The first 2 MiB boundary above every live segment.
-    fn above_everything(&self) -> u64 {
-        const ALIGN: u64 = 2 << 20;
-        let top = self
-            .live
-            .iter()
-            .map(|(&start, &(bytes, _))| start.saturating_add(bytes))
-            .max()
-            .unwrap_or(0);
-        top.div_ceil(ALIGN).saturating_mul(ALIGN)
+    /// The first 2 MiB boundary above every live segment (live segments never overlap, so
+    /// the one that starts last ends last).
+    fn above_live(&self) -> Option<u64> {
+        /// cudaMalloc's segments start on 2 MiB boundaries (the H200 driver's granularity).
+        const SEGMENT_ALIGNMENT: u64 = 2 << 20;
+        let (&start, &(bytes, _)) = self.live.last_key_value()?;
+        start
+            .checked_add(bytes)?
+            .checked_next_multiple_of(SEGMENT_ALIGNMENT)
     }
 
     fn overlaps(&self, address: u64, size: u64) -> bool {
@@ -109,9 +108,18 @@ impl DeviceMemory for ReplayDevice {
                 recorded
             }
             _ if !self.overlaps(own.addr(), bytes) => own.addr(),
-            // The simulator's own address collides with a segment placed at a recorded
-            // address: above the highest live segment, on a 2 MiB boundary, nothing is.
-            _ => self.above_everything(),
+            // The simulator's own address collides with a recorded one still live (its model
+            // of the address space is not the recorded process's, e.g. on a smaller device):
+            // the segment goes above every live one instead.
+            _ => match self.above_live() {
+                Some(address) if address.checked_add(bytes).is_some() => address,
+                _ => {
+                    self.inner.free(own)?;
+                    return Err(DeviceError::InvalidArgument(format!(
+                        "replay placement: no address for a segment of {bytes} bytes beside the recorded ones"
+                    )));
+                }
+            },
         };
         self.live.insert(address, (bytes, own));
         Ok(DevicePtr::simulated(address))
@@ -313,5 +321,32 @@ mod tests {
             assert_ne!(placed, address);
             assert!(placed.checked_add(2 << 20).is_some());
         }
+    }
+
+    #[test]
+    fn a_simulator_address_taken_by_a_recorded_segment_goes_above_the_live_ones() {
+        // Where the simulator puts two segments, from a device of the same make.
+        let mut probe = ReplayDevice::new(SimDevice::new(1 << 30), Hints::default());
+        let first = probe.malloc(2 << 20).expect("room").addr();
+        let second = probe.malloc(2 << 20).expect("room").addr();
+        // The recording put the first segment where the simulator puts the second.
+        let hints = Hints::default();
+        let mut device = ReplayDevice::new(SimDevice::new(1 << 30), hints.clone());
+        hints.push(second, 2 << 20);
+        let recorded = device.malloc(2 << 20).expect("room");
+        assert_eq!(recorded.addr(), second);
+        let moved = device.malloc(2 << 20).expect("placed, not refused");
+        let at = moved.addr();
+        assert!(at != first && at != second, "{at:#x}");
+        assert!(at >= second + (2 << 20) && at.is_multiple_of(2 << 20));
+        assert!(device.free(moved).is_ok() && device.free(recorded).is_ok());
+        assert_eq!(
+            device.mem_get_info().map(|(free, _)| free).ok(),
+            probe
+                .inner
+                .mem_get_info()
+                .map(|(free, _)| free + (4 << 20))
+                .ok()
+        );
     }
 }

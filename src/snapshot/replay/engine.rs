@@ -46,51 +46,32 @@
 //! them, after it was made, to that pool, as a capture or `use_mem_pool` did.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::{BTreeMap, HashSet};
 use std::rc::Rc;
 
 use serde::Serialize;
 
+use super::addresses::{AddressMap, AddressSet};
+use super::answer::{self, Causes, LiveAllocation, OomSource, UserFrame, Why};
 use super::compare::{DeviceEvent, SegmentComparison};
 use super::device::{Hints, DEFERRED_STREAMS};
+use super::seed::Seeded;
 use crate::alloc::outlook::MallocOutlook;
 use crate::alloc::{
-    AllocError, Allocation, CachingAllocator, EventLog, MemPoolId, MemoryObserver, PoolFilter,
-    StreamId, Subscription,
+    AllocError, Allocation, CachingAllocator, EventLog, MemPoolId, MemoryObserver, OutOfMemory,
+    PoolFilter, StreamId, Subscription,
 };
 use crate::snapshot::model::Action;
 use crate::snapshot::pickle::{Emitted, Entry, RawEvent, SnapshotError};
 
-/// A hasher for device addresses: one multiplication, enough for keys that are already
-/// spread out (the standard hasher costs more than the allocator's own work here).
-#[derive(Default)]
-pub struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        self.0 = (value ^ (value >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-type AddressMap<V> = HashMap<u64, V, BuildHasherDefault<AddressHasher>>;
-type AddressSet = HashSet<u64, BuildHasherDefault<AddressHasher>>;
-
-/// The state when the replay first ran out of memory.
+/// The state when the replay ran out of memory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FirstOom {
-    /// Index of the `alloc` event that failed.
+    /// Number ([`super::event_number`]) of the event that failed: an `alloc`, or a recorded
+    /// `oom` gpumem reproduced.
     pub index: u64,
+    /// Which of the two it was.
+    pub source: OomSource,
     /// Bytes it asked for.
     pub size: u64,
     /// Bytes allocated then.
@@ -101,6 +82,13 @@ pub struct FirstOom {
     pub device_free: u64,
     /// gpumem's (PyTorch's) OOM message.
     pub message: String,
+    /// gpumem's diagnosis: the cause and its figures.
+    pub why: Why,
+    /// The Python frames of the failing request, the user's first (empty until looked up,
+    /// or when the file records none).
+    pub frames: Vec<UserFrame>,
+    /// The largest allocations live then, largest first.
+    pub largest_live: Vec<LiveAllocation>,
 }
 
 /// Counts of what was replayed.
@@ -183,6 +171,10 @@ struct Live {
     allocation: Allocation,
     /// The stream made up for its deferred free, once freed that way.
     deferred: Option<StreamId>,
+    /// The `alloc` event that made it (`None`: live when the trace starts).
+    index: Option<u64>,
+    /// The bytes it was asked for.
+    requested: u64,
 }
 
 /// Where the allocations of private pools lie: the segments of the file's end state that a
@@ -265,6 +257,9 @@ pub struct Engine {
     pair: Option<(u64, RawEvent, RawEvent)>,
     /// The current run of releases and deferred completions.
     run: Run,
+    /// Blocks whose free was requested before the trace starts (a trace that starts mid-run):
+    /// their completion is no sign of an `empty_cache()`, whatever comes between.
+    pending_at_start: AddressSet,
     /// The next made-up stream for a deferred free.
     next_stream: StreamId,
     /// The private pools' segments, when the file has any.
@@ -279,6 +274,12 @@ pub struct Engine {
     pub counts: Counts,
     /// The first OOM of the replay.
     pub first_oom: Option<FirstOom>,
+    /// The first [`answer::ANSWERED_OOMS`] OOMs, each with its diagnosis.
+    pub ooms: Vec<FirstOom>,
+    /// Every OOM's cause, counted.
+    pub causes: Causes,
+    /// Whether `free_requested` frees (the trace records no `free_completed`).
+    free_on_request: bool,
     /// Device events compared.
     pub segments: SegmentComparison,
     /// The most allocations kept live at once (`None`: no limit).
@@ -308,6 +309,7 @@ impl Engine {
             held: None,
             pair: None,
             run: Run::default(),
+            pending_at_start: AddressSet::default(),
             next_stream: DEFERRED_STREAMS,
             routes,
             pools: HashSet::new(),
@@ -315,6 +317,9 @@ impl Engine {
             index: 0,
             counts: Counts::default(),
             first_oom: None,
+            ooms: Vec::new(),
+            causes: Causes::default(),
+            free_on_request: false,
             segments: SegmentComparison::default(),
             max_live: None,
             live_limit_text: String::new(),
@@ -346,6 +351,47 @@ impl Engine {
         &self.allocator
     }
 
+    /// The allocator replayed into, to set it up before the first event (a memory fraction,
+    /// the state a trace starts from).
+    pub fn allocator_mut(&mut self) -> &mut CachingAllocator {
+        &mut self.allocator
+    }
+
+    /// Starts from the blocks `seeded` put into the allocator (a trace that starts mid-run):
+    /// they are live under their recorded addresses (a block whose free was already requested
+    /// is freed on a busy made-up stream of its own, as a deferred free), those that did not
+    /// fit are skipped with their frees, and the allocator's events so far are not compared
+    /// with the recording.
+    pub fn start_from(&mut self, seeded: &Seeded) -> Result<(), String> {
+        for block in &seeded.live {
+            self.live.insert(
+                block.addr,
+                Live {
+                    allocation: block.allocation,
+                    deferred: None,
+                    index: None,
+                    requested: block.requested,
+                },
+            );
+            if block.free_requested {
+                let mut event = RawEvent::new(Action::FreeRequested);
+                event.addr = block.addr as i64;
+                self.defer_free(&event)?;
+                self.counts.deferred_frees -= 1;
+                self.pending_at_start.insert(block.addr);
+            }
+        }
+        self.skipped.extend(seeded.failed.iter().copied());
+        self.log.borrow_mut().take();
+        Ok(())
+    }
+
+    /// Makes `free_requested` free the block: for traces without `free_completed` events
+    /// (recorded with `skip_actions`).
+    pub fn free_on_request(&mut self) {
+        self.free_on_request = true;
+    }
+
     /// The trace list replayed, once known.
     pub fn trace(&self) -> Option<u32> {
         self.trace
@@ -367,7 +413,7 @@ impl Engine {
             return Ok(());
         }
         self.counts.events += 1;
-        let index = emitted.index;
+        let index = super::event_number(&emitted);
         self.index = index;
         let fail = |message: String| SnapshotError::Event { index, message };
         if event.action == Action::Alloc
@@ -443,7 +489,7 @@ impl Engine {
             }
             Action::Oom => {
                 self.end_run(Some(&event)).map_err(fail)?;
-                self.recorded_oom(&event).map_err(fail)?;
+                self.recorded_oom(index, &event).map_err(fail)?;
             }
             Action::FreeRequested => {
                 self.end_run(None).map_err(fail)?;
@@ -719,6 +765,8 @@ impl Engine {
                     Live {
                         allocation,
                         deferred: None,
+                        index: Some(index),
+                        requested: size,
                     },
                 );
                 Ok(())
@@ -726,22 +774,7 @@ impl Engine {
             Err(AllocError::OutOfMemory(oom)) => {
                 self.counts.ooms += 1;
                 self.skipped.insert(addr);
-                if self.first_oom.is_none() {
-                    let stats = self.allocator.stats();
-                    let device_free = self
-                        .allocator
-                        .device()
-                        .mem_get_info()
-                        .map_or(0, |(free, _)| free);
-                    self.first_oom = Some(FirstOom {
-                        index,
-                        size,
-                        allocated: stats.allocated_bytes.all.current,
-                        reserved: stats.reserved_bytes.all.current,
-                        device_free,
-                        message: oom.message,
-                    });
-                }
+                self.answer(index, size, &oom, OomSource::Alloc);
                 Ok(())
             }
             Err(other) => Err(format!("the allocator failed: {other}")),
@@ -750,6 +783,9 @@ impl Engine {
 
     /// Holds a `free_requested` until the next event says whether the free was immediate.
     fn free_requested(&mut self, index: u64, event: &RawEvent) -> Result<(), String> {
+        if self.free_on_request {
+            return self.free_now(event);
+        }
         let addr = event.addr as u64;
         match self.live.get(&addr) {
             Some(live) if live.deferred.is_some() => Err(format!(
@@ -807,6 +843,10 @@ impl Engine {
         self.counts.frees += 1;
         self.run.completions += 1;
         let addr = event.addr as u64;
+        if self.pending_at_start.remove(&addr) {
+            // Its request came before the trace: it reads as a free made at once.
+            self.run.adjacent += 1;
+        }
         let Some(live) = self.live.remove(&addr) else {
             return Ok(());
         };
@@ -823,19 +863,59 @@ impl Engine {
 
     /// PyTorch ran out of memory here: try the same request (a failed malloc also flushes
     /// the cache in PyTorch), and give the block back at once if gpumem succeeds.
-    fn recorded_oom(&mut self, event: &RawEvent) -> Result<(), String> {
+    fn recorded_oom(&mut self, index: u64, event: &RawEvent) -> Result<(), String> {
         self.counts.recorded_ooms += 1;
-        match self.malloc(event)?.1 {
+        let (size, result) = self.malloc(event)?;
+        match result {
             Ok(allocation) => self
                 .allocator
                 .free(allocation)
                 .map_err(|error| format!("the allocator failed: {error}")),
-            Err(AllocError::OutOfMemory(_)) => {
+            Err(AllocError::OutOfMemory(oom)) => {
                 self.counts.recorded_ooms_reproduced += 1;
+                self.answer(index, size, &oom, OomSource::RecordedOom);
                 Ok(())
             }
             Err(other) => Err(format!("the allocator failed: {other}")),
         }
+    }
+}
+
+impl Engine {
+    /// Records an OOM at event `index` for a request of `size` bytes: counted by cause, and
+    /// the first ones kept with their diagnosis and the largest allocations live then.
+    fn answer(&mut self, index: u64, size: u64, oom: &OutOfMemory, source: OomSource) {
+        let why = Why::of(oom);
+        self.causes.add(why.cause);
+        if self.ooms.len() >= answer::ANSWERED_OOMS {
+            return;
+        }
+        let stats = self.allocator.stats();
+        let device_free = self
+            .allocator
+            .device()
+            .mem_get_info()
+            .map_or(0, |(free, _)| free);
+        let live = self
+            .live
+            .iter()
+            .map(|(&addr, live)| (addr, live.index, live.allocation.size, live.requested));
+        let record = FirstOom {
+            index,
+            source,
+            size,
+            allocated: stats.allocated_bytes.all.current,
+            reserved: stats.reserved_bytes.all.current,
+            device_free,
+            message: oom.message.clone(),
+            why,
+            frames: Vec::new(),
+            largest_live: answer::largest(live, answer::LARGEST_LIVE),
+        };
+        if self.first_oom.is_none() {
+            self.first_oom = Some(record.clone());
+        }
+        self.ooms.push(record);
     }
 }
 

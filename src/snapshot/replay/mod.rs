@@ -2,13 +2,20 @@
 //! allocator on a simulated device, to answer "will my job fit?" and "what would this config
 //! change?".
 //!
-//! The file is streamed ([`crate::snapshot::pickle::stream_file`]): memory follows the live
-//! blocks, not the trace's length. PyTorch writes `allocator_settings` after the trace, so a
-//! replay under the recorded config starts with PyTorch's defaults and, in the rare case the
-//! file then shows another config, runs once more under it. It also runs once more when the
-//! first pass placed segments the other way than the config calls for ([`Placement::Auto`]),
+//! The file is streamed ([`crate::snapshot::pickle::stream_file`]) in memory that follows the
+//! live blocks, not the trace's length. The first pass ([`replay_reading`]) scans the trace
+//! ([`scan`]) and replays it as it reads (`pass.rs`, [`engine`]). What the scan learns by the
+//! end of the file ([`Recording`]) — the recorded config (PyTorch writes `allocator_settings`
+//! after the trace), whether the history is empty or was recorded with `skip_actions`, the
+//! state the trace starts from when the ring buffer wrapped ([`start`], put into the allocator
+//! by [`seed`]), and the limit the recorded OOMs show ([`limit`]) — decides whether that replay
+//! stands or a second ([`replay_recording`]) replays the file with it. A second pass also runs
+//! when the first placed segments the other way than the config calls for ([`Placement::Auto`]),
 //! and when the file's segments show private pools (their allocations are routed to them,
-//! [`engine::PoolRoutes`]).
+//! [`engine::PoolRoutes`]). The end is compared with
+//! the file's `segments` ([`endstate`]), and the frames of the events the answer names are
+//! looked up ([`frames`]). What it found is a [`ReplayReport`] with its verdict ([`verdict`]).
+//! Events are numbered from 1 in file order ([`event_number`]).
 //!
 //! ```no_run
 //! use gpumem::snapshot::replay::{replay, ReplayOptions};
@@ -19,28 +26,41 @@
 //! # Ok::<(), gpumem::snapshot::replay::ReplayError>(())
 //! ```
 
+pub mod addresses;
+pub mod answer;
 pub mod compare;
 pub mod device;
+pub mod endstate;
 pub mod engine;
+pub mod frames;
+pub mod held;
+pub mod limit;
+mod pass;
+pub mod ranges;
+pub mod recording;
 pub mod report;
+pub mod scan;
 pub mod search;
+pub mod seed;
+pub mod start;
+pub mod verdict;
 
-pub use search::{min_capacity, CapacitySearch};
+pub use search::{min_capacity, min_capacity_of, CapacitySearch};
 
 use std::path::Path;
 
 use thiserror::Error;
 
-use crate::alloc::{AllocConf, CachingAllocator, MemPoolId, MemoryObserver};
-use crate::device::sim::{SimDevice, H200_TOTAL_MEMORY};
-use crate::device::DeviceMemory;
-use crate::snapshot::pickle::{self, Remainder, SnapshotError, Trace};
-use device::{Hints, ReplayDevice};
-use engine::LiveLimit;
+use crate::alloc::{AllocConf, MemoryObserver};
+use crate::device::sim::H200_TOTAL_MEMORY;
+use crate::snapshot::pickle::{self, Emitted, SnapshotError};
 pub use engine::{Engine, PoolRoutes};
+use pass::Pass;
+pub use recording::Recording;
 pub use report::{
-    CapacitySource, ConfSource, DeviceTrace, Fragmentation, HostMemory, ReplayReport,
+    CapacitySource, ConfSource, DeviceTrace, Fragmentation, HostMemory, ReplayReport, StartReport,
 };
+use scan::Scan;
 
 /// Why a replay could not run.
 #[derive(Debug, Error)]
@@ -54,12 +74,17 @@ pub enum ReplayError {
     /// The allocator could not start (e.g. a bad memory fraction in the config).
     #[error("cannot start the allocator: {0}")]
     Allocator(String),
-    /// The file holds no allocator event to replay for the device asked for.
-    #[error("{0}; record the history with torch.cuda.memory._record_memory_history() before the job runs, then save it with torch.cuda.memory._dump_snapshot(path)")]
+    /// The file holds no allocator event to replay for the device asked for: the history was
+    /// not recorded. The message names the fix (`_record_memory_history()`).
+    #[error("{0}")]
     NoHistory(String),
     /// `--device-index` names a device the file has no trace for.
     #[error("{0}")]
     NoSuchDevice(String),
+    /// The trace leaves out what a replay needs (`skip_actions`), or contradicts the file's
+    /// segments.
+    #[error("{0}")]
+    Unreplayable(String),
 }
 
 impl ReplayError {
@@ -92,6 +117,17 @@ pub enum Placement {
     Model,
 }
 
+/// Whether a limit inferred from the recorded OOMs ([`limit`]) is put on the replay.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LimitPolicy {
+    /// When the device is not given: the replay then reproduces the recorded run. A replay
+    /// on a given device answers for that device, unlimited.
+    #[default]
+    UnlessCapacityGiven,
+    /// Never.
+    Never,
+}
+
 /// How to replay.
 #[derive(Debug, Clone, Default)]
 pub struct ReplayOptions {
@@ -104,6 +140,8 @@ pub struct ReplayOptions {
     /// The device whose trace is replayed (its position in `device_traces`); `None` = the
     /// first with entries.
     pub device_index: Option<u32>,
+    /// Whether an inferred limit is applied.
+    pub limit: LimitPolicy,
 }
 
 impl ReplayOptions {
@@ -122,14 +160,35 @@ pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 /// A [`Progress`] that ignores what it is told.
 pub fn no_progress(_bytes: u64, _events: u64) {}
 
+/// The number a replay gives a file's trace event, in its text, JSON, errors and pictures
+/// alike: the event's position among the file's trace entries (every device's trace, in
+/// file order), counted from 1. For a file of one device it is the position in
+/// `device_traces[0]` plus one (Python's `enumerate(trace, 1)`); 0 stands for the state
+/// before the first event.
+pub fn event_number(emitted: &Emitted) -> u64 {
+    emitted.index + 1
+}
+
 /// How often (in events) progress is reported.
 const PROGRESS_EVERY: u64 = 1 << 16;
 
-/// What a pass learned from the file beyond its trace: the recorded settings and where the
-/// private pools' segments lie.
-struct Learned {
-    settings: Option<crate::snapshot::AllocatorSettings>,
-    routes: PoolRoutes,
+/// The first pass alone: reads the file at `path` without replaying it, and refuses a file
+/// there is nothing to replay in (no history recorded, or one recorded without allocations or
+/// frees, or a device the file has no trace for). For callers that replay one file several times ([`replay_recording`]).
+pub fn read(
+    path: &Path,
+    device_index: Option<u32>,
+    progress: Progress<'_>,
+) -> Result<Recording, ReplayError> {
+    let mut scan = Scan::new(device_index);
+    let remainder = pickle::stream_file(path, |emitted| {
+        scan.see(&emitted);
+        if scan.events.is_multiple_of(PROGRESS_EVERY) {
+            progress(emitted.offset, scan.events);
+        }
+        Ok(())
+    })?;
+    Recording::new(path, scan, remainder, device_index)
 }
 
 /// Replays the snapshot at `path`.
@@ -138,282 +197,124 @@ pub fn replay(
     options: &ReplayOptions,
     progress: Progress<'_>,
 ) -> Result<ReplayReport, ReplayError> {
-    let (capacity, capacity_source) = options.capacity();
-    let given = options.conf.is_some();
-    let first_conf = options.conf.clone().unwrap_or_default();
-    let first_source = if given {
-        ConfSource::Given
-    } else {
-        ConfSource::DefaultNoSettings
+    replay_reading(path, options, progress).map(|(report, _)| report)
+}
+
+/// Replays the snapshot at `path`, and returns what was read of it too, for more replays of
+/// it ([`replay_recording`]).
+///
+/// The first pass replays as it reads, from an empty allocator under the config given (or
+/// PyTorch's defaults). When the file turns out to need more — a trace that starts mid-run,
+/// another recorded config or placement, private pools' segments, a limit to apply, frees
+/// recorded only as `free_requested` — a
+/// second pass replays it with what the first learned; a file recorded from the job's start
+/// under the default config, with no limit to apply, is read once.
+pub fn replay_reading(
+    path: &Path,
+    options: &ReplayOptions,
+    progress: Progress<'_>,
+) -> Result<(ReplayReport, Recording), ReplayError> {
+    let (conf, conf_source) = match &options.conf {
+        Some(conf) => (conf.clone(), ConfSource::Given),
+        None => (AllocConf::default(), ConfSource::DefaultNoSettings),
     };
     // A given config is more often a what-if; without one the recorded config is followed.
-    let first_placement = match options.placement {
-        Placement::Auto if given => Placement::Model,
+    let placement = match options.placement {
+        Placement::Auto if options.conf.is_some() => Placement::Model,
         Placement::Auto => Placement::Recorded,
         placement => placement,
     };
-    let plan = Plan {
-        capacity,
-        capacity_source,
-        placement: first_placement,
-        routes: PoolRoutes::default(),
-        device_index: options.device_index,
-    };
-    let (report, learned) = run(
+    let mut first = Pass::new(
         path,
-        &plan,
-        first_conf.clone(),
-        first_source,
-        &mut *progress,
-    )?;
-    let recorded = match &learned.settings {
-        Some(settings) => match settings.to_conf() {
-            Ok(conf) => Some(conf),
-            Err(error) if !given => return Err(ReplayError::RecordedConfig(error.to_string())),
-            // A given config does not need the recorded one; it just cannot be followed.
-            Err(_) => None,
-        },
-        None => Some(AllocConf::default()),
-    };
-    let (conf, conf_source) = match (&options.conf, &recorded, &learned.settings) {
-        (Some(conf), _, _) => (conf.clone(), ConfSource::Given),
-        (None, Some(conf), Some(_)) => (conf.clone(), ConfSource::Recorded),
-        (None, _, _) => (AllocConf::default(), ConfSource::DefaultNoSettings),
-    };
-    let follows = recorded
-        .as_ref()
-        .is_some_and(|recorded| follows_recorded(&conf, recorded));
-    let placement = match options.placement {
-        Placement::Auto if follows => Placement::Recorded,
-        Placement::Auto => Placement::Model,
-        placement => placement,
-    };
-    if same_behaviour(&conf, &first_conf)
-        && placement == first_placement
-        && learned.routes.is_empty()
-    {
-        let mut report = report;
-        report.conf_source = conf_source;
-        report.alloc_conf.clone_from(&conf.source);
-        report.conf = conf;
-        return Ok(report);
-    }
-    let plan = Plan {
+        options,
+        (conf, conf_source),
         placement,
-        routes: learned.routes,
-        ..plan
+        PoolRoutes::default(),
+        Vec::new(),
+    )?;
+    let mut scan = Scan::new(options.device_index);
+    // Set once the first pass's replay cannot stand: the trace starts mid-run, or an event
+    // failed in it (frees recorded only as requests, say): the second pass, which knows the
+    // whole file, replays it or reports the error.
+    let mut abandoned = false;
+    let remainder = pickle::stream_file(path, |emitted| {
+        scan.see(&emitted);
+        let offset = emitted.offset;
+        // A trace that has shown it starts mid-run is not handed on: the allocator never saw
+        // the blocks it frees.
+        if !abandoned {
+            if scan.starts_mid_run() {
+                abandoned = true;
+            } else {
+                match first.handle(emitted) {
+                    Ok(()) => {}
+                    // More allocations live at once than the file's size allows: a second
+                    // pass would hold as many, so the read stops here.
+                    Err(limit @ SnapshotError::Limit { .. }) => return Err(limit),
+                    Err(_) => abandoned = true,
+                }
+            }
+        }
+        if scan.events.is_multiple_of(PROGRESS_EVERY) {
+            progress(offset, scan.events);
+        }
+        Ok(())
+    })?;
+    let recording = Recording::new(path, scan, remainder, options.device_index)?;
+    let plan = first.plan(&recording, options)?;
+    let mut report = if !abandoned && first.needs_nothing_more(&recording, options, &plan)? {
+        first.finish(path, &recording, plan)?
+    } else {
+        // The first replay's allocator and live blocks go before the second's are made.
+        drop(first);
+        replay_recording(path, &recording, options, progress, Vec::new())?
     };
-    let (report, _) = run(path, &plan, conf, conf_source, progress)?;
-    Ok(report)
+    report.frames = frames::attach(path, &mut report.first_oom, &mut report.ooms);
+    Ok((report, recording))
 }
 
-/// Whether two configs make the allocator decide alike (their source text aside).
-fn same_behaviour(a: &AllocConf, b: &AllocConf) -> bool {
-    let mut a = a.clone();
-    a.source.clone_from(&b.source);
-    a == *b
+/// Replays the file at `path`, which [`read`] (or [`replay_reading`]) made `recording` of,
+/// with `observers` subscribed to the replay allocator's event stream from its first event
+/// (the rebuilt start state's included).
+pub fn replay_recording(
+    path: &Path,
+    recording: &Recording,
+    options: &ReplayOptions,
+    progress: Progress<'_>,
+    observers: Vec<Box<dyn MemoryObserver>>,
+) -> Result<ReplayReport, ReplayError> {
+    let (conf, conf_source) = recording.choose_conf(options)?;
+    let placement = recording.placement_for(options, &conf);
+    let mut pass = Pass::new(
+        path,
+        options,
+        (conf, conf_source),
+        placement,
+        recording.routes(),
+        observers,
+    )?;
+    let plan = pass.plan(recording, options)?;
+    let plan = pass.apply(plan, recording)?;
+    pickle::stream_file(path, |emitted| {
+        let offset = emitted.offset;
+        pass.handle(emitted)?;
+        if pass.events().is_multiple_of(PROGRESS_EVERY) {
+            progress(offset, pass.events());
+        }
+        Ok(())
+    })?;
+    pass.finish(path, recording, plan)
 }
 
-/// Whether replaying under `conf` follows the `recorded` config: equal in everything but the
-/// memory fraction, which PyTorch does not record in `allocator_settings`.
-fn follows_recorded(conf: &AllocConf, recorded: &AllocConf) -> bool {
-    let mut conf = conf.clone();
-    conf.per_process_memory_fraction = recorded.per_process_memory_fraction;
-    same_behaviour(&conf, recorded)
-}
-
-/// Replays `path` once more under the config, device, placement and pool routes `report` was
-/// made with, with `observers` subscribed to the replay allocator's event stream from its
+/// Replays `path` once more under the config, device, placement, pool routes and limit `report`
+/// was made with, with `observers` subscribed to the replay allocator's event stream from its
 /// first event (a timeline recorder, say: `gpumem replay --report/--timeline`).
 pub fn replay_observed(
     path: &Path,
     report: &ReplayReport,
     observers: Vec<Box<dyn MemoryObserver>>,
 ) -> Result<ReplayReport, ReplayError> {
-    let plan = Plan {
-        capacity: report.capacity,
-        capacity_source: report.capacity_source,
-        placement: report.placement,
-        routes: report.routes.clone(),
-        device_index: u32::try_from(report.device_index).ok(),
-    };
-    let (report, _) = run_observed(
-        path,
-        &plan,
-        report.conf.clone(),
-        report.conf_source,
-        &mut no_progress,
-        observers,
-    )?;
-    Ok(report)
-}
-
-/// How one pass runs: the device, where it places segments, which allocations go to private
-/// pools.
-#[derive(Debug, Clone)]
-struct Plan {
-    capacity: u64,
-    capacity_source: CapacitySource,
-    /// [`Placement::Recorded`] or [`Placement::Model`].
-    placement: Placement,
-    routes: PoolRoutes,
-    /// The device whose trace is replayed (`--device-index`); `None`: the first with events.
-    device_index: Option<u32>,
-}
-
-/// One pass over the file under `conf`; also returns what it learned of the file.
-fn run(
-    path: &Path,
-    plan: &Plan,
-    conf: AllocConf,
-    conf_source: ConfSource,
-    progress: Progress<'_>,
-) -> Result<(ReplayReport, Learned), ReplayError> {
-    run_observed(path, plan, conf, conf_source, progress, Vec::new())
-}
-
-/// [`run`] with `observers` subscribed to the allocator's event stream.
-fn run_observed(
-    path: &Path,
-    plan: &Plan,
-    conf: AllocConf,
-    conf_source: ConfSource,
-    progress: Progress<'_>,
-    observers: Vec<Box<dyn MemoryObserver>>,
-) -> Result<(ReplayReport, Learned), ReplayError> {
-    let alloc_conf = conf.source.clone();
-    let hints = (plan.placement == Placement::Recorded).then(Hints::default);
-    let device: Box<dyn DeviceMemory> = Box::new(ReplayDevice::new(
-        SimDevice::new(plan.capacity),
-        hints.clone().unwrap_or_default(),
-    ));
-    let allocator = CachingAllocator::new(device, conf.clone())
-        .map_err(|error| ReplayError::Allocator(error.to_string()))?;
-    // The file's size bounds what the replay may hold (a missing file is the reader's error).
-    let file_size = std::fs::metadata(path).map_or(0, |meta| meta.len());
-    let mut engine = Engine::new(allocator, hints, plan.routes.clone())
-        .with_live_limit(LiveLimit::default(), file_size);
-    let device_index = plan.device_index;
-    for observer in observers {
-        engine.subscribe(observer);
-    }
-    let mut last_index = 0;
-    let mut other_devices = 0;
-    let remainder = pickle::stream_file(path, |emitted| {
-        // One device's trace is replayed; pinned host memory never is.
-        match emitted.trace {
-            Trace::Device(index) if device_index.is_none_or(|wanted| wanted == index) => {}
-            Trace::Device(_) => {
-                other_devices += 1;
-                return Ok(());
-            }
-            Trace::Host(_) | Trace::Other => return Ok(()),
-        }
-        last_index = emitted.index;
-        let offset = emitted.offset;
-        engine.handle(emitted)?;
-        if engine.counts.events.is_multiple_of(PROGRESS_EVERY) {
-            progress(offset, engine.counts.events);
-        }
-        Ok(())
-    })?;
-    engine.finish(last_index)?;
-    engine.counts.other_device_events += other_devices;
-    let devices = device_traces(&remainder);
-    if let Some(wanted) = device_index {
-        if wanted as usize >= remainder.traces.len() {
-            return Err(ReplayError::NoSuchDevice(format!(
-                "the file has no trace for device {wanted}: {}",
-                describe_devices(&devices)
-            )));
-        }
-    }
-    let device_index = match device_index {
-        Some(wanted) => wanted as usize,
-        None => engine
-            .trace()
-            .and_then(|id| remainder.traces.iter().position(|(list, _)| *list == id))
-            .unwrap_or(0),
-    };
-    if engine.counts.events == 0 {
-        return Err(ReplayError::NoHistory(if remainder.has_device_traces {
-            format!(
-                "device {device_index}'s trace holds no allocator event ({})",
-                describe_devices(&devices)
-            )
-        } else {
-            "the file records no trace (no 'device_traces': a snapshot taken without history, or PyTorch 2.0's bare list of segments)".into()
-        }));
-    }
-    if engine.trace().is_some()
-        && remainder
-            .traces
-            .iter()
-            .all(|(list, _)| Some(*list) != engine.trace())
-    {
-        return Err(SnapshotError::NotASnapshot(
-            "its trace events are not in 'device_traces'".into(),
-        )
-        .into());
-    }
-    let mut routes = PoolRoutes::default();
-    for segment in &remainder.segments {
-        let (first, second) = segment.pool;
-        let pool = MemPoolId::new(first as u64, second as u64);
-        if pool.is_default() || segment.device != device_index as i64 {
-            continue;
-        }
-        let base = segment.address;
-        let made = engine.made_at(base).unwrap_or(0);
-        routes.add(base, segment.total_size, pool, made);
-    }
-    let stats = engine.allocator().stats();
-    let report = ReplayReport {
-        file: path.display().to_string(),
-        device_index,
-        capacity: plan.capacity,
-        capacity_source: plan.capacity_source,
-        alloc_conf,
-        conf,
-        conf_source,
-        placement: plan.placement,
-        routes: plan.routes.clone(),
-        counts: engine.counts.clone(),
-        first_oom: engine.first_oom.clone(),
-        final_stats: stats.entries(),
-        fragmentation: Fragmentation::of(stats),
-        segment_events: engine.segments.clone(),
-        devices,
-        host: HostMemory::of(&remainder),
-    };
-    let learned = Learned {
-        settings: remainder.settings,
-        routes,
-    };
-    Ok((report, learned))
-}
-
-/// Each device's trace in the file and its entries.
-fn device_traces(remainder: &Remainder) -> Vec<DeviceTrace> {
-    remainder
-        .traces
-        .iter()
-        .enumerate()
-        .map(|(index, &(_, entries))| DeviceTrace {
-            index: u32::try_from(index).unwrap_or(u32::MAX),
-            entries,
-        })
-        .collect()
-}
-
-/// "devices 0 (120 entries), 1 (0 entries)", for messages.
-fn describe_devices(devices: &[DeviceTrace]) -> String {
-    if devices.is_empty() {
-        return "the file holds no device trace".into();
-    }
-    let list: Vec<String> = devices
-        .iter()
-        .map(|device| format!("{} ({} entries)", device.index, device.entries))
-        .collect();
-    format!("the file holds devices {}", list.join(", "))
+    let options = report.options();
+    let recording = read(path, options.device_index, &mut no_progress)?;
+    replay_recording(path, &recording, &options, &mut no_progress, observers)
 }

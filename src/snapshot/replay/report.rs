@@ -5,9 +5,15 @@ use std::fmt;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
+use super::answer::{Causes, UserFrame};
 use super::compare::SegmentComparison;
+use super::endstate::EndStateComparison;
 use super::engine::{Counts, FirstOom, PoolRoutes};
-use super::Placement;
+use super::frames::{self, Lookup};
+use super::limit::{Applied, Limit};
+use super::seed::Layout;
+use super::start::StartFigures;
+use super::{LimitPolicy, Placement, ReplayOptions};
 use crate::alloc::format::format_size;
 use crate::alloc::{AllocConf, DeviceStats};
 use crate::snapshot::pickle::Remainder;
@@ -112,6 +118,50 @@ impl Fragmentation {
     }
 }
 
+/// The state a trace that starts mid-run was replayed from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct StartReport {
+    /// What it held.
+    #[serde(flatten)]
+    pub figures: StartFigures,
+    /// How it was laid out in gpumem's allocator.
+    pub layout: Layout,
+    /// Live blocks that did not fit on the replay's device.
+    pub failed: u64,
+}
+
+/// What a counter of a replay that starts mid-run can say about PyTorch's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StatScope {
+    /// Known exactly (a current value, or the config's `max_split_size`).
+    Exact,
+    /// A peak over the trace's window: at most PyTorch's, whose peak may lie before it.
+    WindowPeak,
+    /// A peak over the window of the bytes in free pieces of split segments
+    /// (`inactive_split_bytes`), which depend on the sizes of the blocks the trace frees
+    /// before allocating them: those are known by their requests only, and each may have
+    /// carried an unsplit tail of up to 1 MiB, so this peak may exceed PyTorch's by as much.
+    EstimatedWindowPeak,
+    /// A total over the trace's window only (allocations, frees, `num_*` counts).
+    WindowTotal,
+}
+
+impl StatScope {
+    /// The scope of the `memory_stats()` key `key` for a replay that starts mid-run.
+    pub fn of(key: &str) -> StatScope {
+        if key == "max_split_size" || key.ends_with(".current") {
+            StatScope::Exact
+        } else if key.starts_with("inactive_split_bytes.") && key.ends_with(".peak") {
+            StatScope::EstimatedWindowPeak
+        } else if key.ends_with(".peak") {
+            StatScope::WindowPeak
+        } else {
+            StatScope::WindowTotal
+        }
+    }
+}
+
 /// Everything a replay reports.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReplayReport {
@@ -147,6 +197,29 @@ pub struct ReplayReport {
     pub devices: Vec<DeviceTrace>,
     /// Pinned host memory in the file (not replayed).
     pub host: HostMemory,
+    /// The first OOMs with their answers (the first of them is `first_oom`).
+    pub ooms: Vec<FirstOom>,
+    /// Every OOM's cause, counted.
+    pub causes: Causes,
+    /// The state replayed from when the trace starts mid-run; `None` when it holds the job
+    /// from its first allocation.
+    pub start: Option<StartReport>,
+    /// The limit the recorded OOMs show.
+    pub limit: Limit,
+    /// How that limit was put on the replay.
+    pub limit_applied: Applied,
+    /// gpumem's end state against the file's `segments`.
+    pub end_state: EndStateComparison,
+    /// Events of each PyTorch action in the replayed trace.
+    pub recorded_actions: Vec<(&'static str, u64)>,
+    /// Whether frees were replayed at `free_requested` (the trace records no
+    /// `free_completed`: `skip_actions`).
+    pub free_on_request: bool,
+    /// Whether the config replayed under decides as the recorded one did (so the replay
+    /// should reproduce the recorded run).
+    pub recorded_conf: bool,
+    /// Whether the OOM answers carry the frames recorded in the file ([`super::frames`]).
+    pub frames: Lookup,
 }
 
 impl ReplayReport {
@@ -158,9 +231,37 @@ impl ReplayReport {
             .map_or(0, |(_, value)| *value)
     }
 
-    /// Whether the whole trace ran without an allocation failing.
+    /// Whether the job fits: no allocation failed in the replay, no recorded OOM recurred,
+    /// and, when the replay's device is not one the caller chose, none was left unexplained
+    /// (see [`ReplayReport::verdict`]).
     pub fn fits(&self) -> bool {
-        self.counts.ooms == 0
+        self.verdict().fits
+    }
+
+    /// The options that replay the file as this report did (for a second replay with
+    /// observers).
+    pub fn options(&self) -> ReplayOptions {
+        ReplayOptions {
+            capacity: match self.capacity_source {
+                CapacitySource::Given => Some(self.capacity),
+                CapacitySource::DefaultH200 => None,
+            },
+            conf: match self.conf_source {
+                ConfSource::Given => Some(self.conf.clone()),
+                ConfSource::Recorded | ConfSource::DefaultNoSettings => None,
+            },
+            placement: self.placement,
+            device_index: u32::try_from(self.device_index).ok(),
+            limit: match self.limit_applied {
+                Applied::No => LimitPolicy::Never,
+                Applied::Cap(_) | Applied::HeldElsewhere(_) => LimitPolicy::UnlessCapacityGiven,
+            },
+        }
+    }
+
+    /// Whether the replay's peaks are lowered by allocations that failed and were skipped.
+    pub fn peaks_lowered(&self) -> bool {
+        self.counts.ooms > 0
     }
 
     /// The report as one JSON object.
@@ -170,7 +271,8 @@ impl ReplayReport {
             .iter()
             .map(|(key, value)| (key.clone(), json!(value)))
             .collect();
-        json!({
+        let verdict = self.verdict();
+        let mut object = json!({
             "file": self.file,
             "device_index": self.device_index,
             "capacity": self.capacity,
@@ -178,15 +280,56 @@ impl ReplayReport {
             "alloc_conf": self.alloc_conf,
             "conf_source": self.conf_source,
             "placement": self.placement,
-            "fits": self.fits(),
+            "fits": verdict.fits,
+            "verdict": verdict,
             "counts": self.counts,
+            "peaks_lowered_by_failed_allocations": self.peaks_lowered(),
             "first_oom": self.first_oom,
+            "frames_lookup": self.frames,
+            "ooms": self.ooms,
+            "oom_causes": self.causes,
             "final_stats": stats,
             "fragmentation": self.fragmentation,
             "segment_events": self.segment_events,
+            "end_state": self.end_state,
+            "limit": self.limit_json(),
+            "recorded_actions": self.recorded_actions.iter().map(|(name, count)| (name.to_string(), json!(count))).collect::<Map<String, Value>>(),
+            "free_on_request": self.free_on_request,
+            "start": self.start,
             "devices": self.devices,
             "host": self.host,
-        })
+        });
+        if self.start.is_some() {
+            let scopes = |scope: StatScope| -> Vec<&str> {
+                self.final_stats
+                    .iter()
+                    .filter(|(key, _)| StatScope::of(key) == scope)
+                    .map(|(key, _)| key.as_str())
+                    .collect()
+            };
+            object["final_stats_scope"] = json!({
+                "exact": scopes(StatScope::Exact),
+                "window_peak": scopes(StatScope::WindowPeak),
+                "estimated_window_peak": scopes(StatScope::EstimatedWindowPeak),
+                "window_total": scopes(StatScope::WindowTotal),
+            });
+        }
+        object
+    }
+
+    fn limit_json(&self) -> Value {
+        let mut limit = json!({
+            "kind": self.limit.kind(),
+            "text": self.limit.describe(),
+            "applied": self.limit_applied,
+        });
+        if let Some(bounds) = self.limit.bounds() {
+            limit["bounds"] = json!(bounds);
+        }
+        if let super::limit::Limit::Device { usable, .. } = self.limit {
+            limit["usable"] = json!(usable);
+        }
+        limit
     }
 }
 
@@ -221,6 +364,8 @@ impl fmt::Display for ReplayReport {
             write!(f, "; the file holds devices {}", devices.join(", "))?;
         }
         writeln!(f, ")")?;
+        let verdict = self.verdict();
+        writeln!(f, "  verdict         {}", verdict.text)?;
         writeln!(
             f,
             "  device          {}{capacity_note}",
@@ -232,6 +377,8 @@ impl fmt::Display for ReplayReport {
             _ => "the simulator's model (a config other than the recorded one)",
         };
         writeln!(f, "  placement       {placement}")?;
+        self.write_limit(f)?;
+        self.write_start(f)?;
         writeln!(
             f,
             "  events          {} ({} alloc, {} free_completed, {} still pending at the end)",
@@ -282,19 +429,31 @@ impl fmt::Display for ReplayReport {
             self.stat("num_device_free"),
             self.stat("num_alloc_retries")
         )?;
+        let total = counts.ooms + counts.recorded_ooms_reproduced;
         match &self.first_oom {
-            None => writeln!(f, "  OOMs            0: the job fits")?,
+            None => writeln!(f, "  OOMs            0")?,
             Some(oom) => {
                 writeln!(
                     f,
-                    "  OOMs            {} (each alloc skipped with its free); the first at event {}: {} requested with {} allocated, {} reserved, {} free on the device",
+                    "  OOMs            {total} ({} allocs gpumem could not serve, each skipped with its free; {} recorded OOMs reproduced): {}",
                     counts.ooms,
-                    oom.index,
-                    format_size(oom.size),
-                    size(oom.allocated),
-                    size(oom.reserved),
-                    format_size(oom.device_free)
+                    counts.recorded_ooms_reproduced,
+                    self.causes.summary()
                 )?;
+                write_oom(f, "first OOM", oom)?;
+                match &self.frames {
+                    Lookup::TooLarge(bytes) => writeln!(
+                        f,
+                        "                  frames not looked up: the file ({}) is larger than the {} gpumem reads whole to find them",
+                        format_size(*bytes),
+                        format_size(frames::LOOKUP_MAX_BYTES)
+                    )?,
+                    Lookup::Unreadable(why) => writeln!(
+                        f,
+                        "                  frames not looked up: the file could not be read whole ({why})"
+                    )?,
+                    Lookup::NotNeeded | Lookup::Done => {}
+                }
             }
         }
         if counts.recorded_ooms > 0 {
@@ -303,6 +462,9 @@ impl fmt::Display for ReplayReport {
                 "  recorded OOMs   {} in the file, {} also refused by gpumem",
                 counts.recorded_ooms, counts.recorded_ooms_reproduced
             )?;
+        }
+        if let Some(why) = &verdict.unreproduced_why {
+            writeln!(f, "                  not reproduced: {why}")?;
         }
         if !self.host.is_empty() {
             writeln!(
@@ -337,6 +499,12 @@ impl fmt::Display for ReplayReport {
             )?;
         }
         writeln!(f)?;
+        if self.free_on_request {
+            writeln!(
+                f,
+                "                  the trace records no free_completed (skip_actions): blocks were freed at free_requested"
+            )?;
+        }
         if let Some(first) = &segments.first_difference {
             let side = |seen: &Option<super::compare::Seen>| match seen {
                 Some(seen) => format!(
@@ -356,6 +524,159 @@ impl fmt::Display for ReplayReport {
                 side(&first.replayed)
             )?;
         }
+        self.write_end_state(f)
+    }
+}
+
+impl ReplayReport {
+    /// The line on the limit inferred from the recorded OOMs, if there were any.
+    fn write_limit(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.limit == Limit::NoRecordedOoms {
+            return Ok(());
+        }
+        let applied = match self.limit_applied {
+            Applied::Cap(cap) => format!(
+                "; replayed under a cap of {} (fraction {:.4} of {})",
+                format_size(cap),
+                cap as f64 / self.capacity as f64,
+                format_size(self.capacity)
+            ),
+            Applied::HeldElsewhere(held) => format!(
+                "; replayed with {} of the simulated device held elsewhere",
+                format_size(held)
+            ),
+            Applied::No => match (self.limit, self.capacity_source) {
+                (Limit::Inconsistent(_), _) => "; not applied".into(),
+                (_, CapacitySource::Given) => {
+                    "; not applied: this replay answers for the device given".into()
+                }
+                _ => "; not applied".into(),
+            },
+        };
+        writeln!(f, "  inferred limit  {}{applied}", self.limit.describe())
+    }
+
+    /// The lines on the state a mid-run trace starts from.
+    fn write_start(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some(start) = &self.start else {
+            return Ok(());
+        };
+        let figures = &start.figures;
+        let layout = match start.layout {
+            Layout::Exact => "laid out exactly as recorded".to_string(),
+            Layout::Approximate { pieces } => {
+                format!("laid out as recorded but for {pieces} pieces")
+            }
+            Layout::Compact => {
+                "its live blocks allocated in address order under this config".to_string()
+            }
+        };
+        writeln!(
+            f,
+            "  trace start     mid-run (PyTorch keeps only the last max_entries events): rebuilt from the file's end-state segments walked back over the trace: {} segments ({} reserved), {} live blocks ({}, {} of them freed by the trace), {layout}",
+            figures.segments,
+            format_size(figures.reserved_bytes),
+            figures.blocks,
+            format_size(figures.allocated_bytes),
+            figures.freed_by_trace
+        )?;
+        let segment_events: u64 = self
+            .recorded_actions
+            .iter()
+            .filter(|(name, _)| name.starts_with("segment_"))
+            .map(|(_, count)| count)
+            .sum();
+        if segment_events == 0 && figures.segments > 0 {
+            writeln!(
+                f,
+                "                  the trace records no segment events (a steady state, or skip_actions): every end-state segment is taken as held from its start"
+            )?;
+        }
+        if start.failed > 0 {
+            writeln!(
+                f,
+                "                  {} of those blocks did not fit on this device (skipped with their frees)",
+                start.failed
+            )?;
+        }
+        writeln!(
+            f,
+            "                  counters: current values exact; peaks and totals (allocated, freed, num_*) are the trace's window only (inactive_split_bytes peaks within 1 MiB per block the trace frees before allocating)"
+        )
+    }
+
+    /// The line comparing the end state with the file's segments.
+    fn write_end_state(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let end = &self.end_state;
+        write!(
+            f,
+            "  end state       {} segments recorded ({} blocks), {} replayed ({} blocks); {} equal in size, pool and blocks, {} of them at the same address",
+            end.recorded,
+            end.recorded_blocks,
+            end.replayed,
+            end.replayed_blocks,
+            end.equal,
+            end.same_address
+        )?;
+        writeln!(f)?;
+        if let Some(first) = &end.first_difference {
+            writeln!(
+                f,
+                "                  first difference at segment {}: {}",
+                first.position, first.what
+            )?;
+        }
         Ok(())
     }
+}
+
+/// One OOM's lines: the event, the why, the frames and the largest live allocations.
+fn write_oom(f: &mut fmt::Formatter<'_>, label: &str, oom: &FirstOom) -> fmt::Result {
+    let source = match oom.source {
+        super::answer::OomSource::Alloc => "an alloc PyTorch served",
+        super::answer::OomSource::RecordedOom => "an OOM PyTorch recorded, reproduced",
+    };
+    writeln!(
+        f,
+        "  {label:<15} event {} ({source}): {} requested with {} allocated, {} reserved, {} free on the device",
+        oom.index,
+        format_size(oom.size),
+        format_size(oom.allocated.max(0) as u64),
+        format_size(oom.reserved.max(0) as u64),
+        format_size(oom.device_free)
+    )?;
+    writeln!(f, "                  why: {}", oom.why.text)?;
+    if !oom.frames.is_empty() {
+        writeln!(f, "                  at: {}", frames_text(&oom.frames, 4))?;
+    }
+    if !oom.largest_live.is_empty() {
+        let live: Vec<String> = oom
+            .largest_live
+            .iter()
+            .map(|live| {
+                let made = match live.index {
+                    Some(index) => format!("event {index}"),
+                    None => "live at the trace's start".into(),
+                };
+                let place = if live.frames.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {}", frames_text(&live.frames, 1))
+                };
+                format!("{} ({made}{place})", format_size(live.size))
+            })
+            .collect();
+        writeln!(f, "                  largest live: {}", live.join("; "))?;
+    }
+    Ok(())
+}
+
+/// Up to `count` frames as `file:line in name`, the user's own first.
+fn frames_text(frames: &[UserFrame], count: usize) -> String {
+    frames
+        .iter()
+        .take(count)
+        .map(|frame| format!("{}:{} in {}", frame.filename, frame.line, frame.name))
+        .collect::<Vec<_>>()
+        .join(" < ")
 }

@@ -1,12 +1,24 @@
 //! What-if questions answered by replaying more than once: the smallest simulated device a
 //! job fits on, by binary search over capacities in 2 MiB steps.
+//!
+//! The search starts from the peak: a device whose memory beside its CUDA context cannot hold
+//! the job's peak allocated bytes cannot run it, so the largest such capacity is the lower
+//! bound, and the device asked for (or the simulated H200) the upper. A capacity fits when its
+//! replay fits ([`super::ReplayReport::fits`]): no allocation failed and no OOM PyTorch recorded
+//! recurred there, so the search never returns a capacity on which a recorded OOM recurs.
+//!
+//! The simulated device's CUDA context is modelled as the H200's (527 MiB) but never more than
+//! an eighth of the device ([`SimDevice::new`]); a real GPU's context does not shrink, so the
+//! answer also names the total memory a real GPU needs: the memory the job used beside the
+//! simulated context, plus the H200's context.
 
 use std::path::Path;
 
 use serde::Serialize;
 
-use super::{replay, ReplayError, ReplayOptions};
+use super::{read, replay_recording, LimitPolicy, Recording, ReplayError, ReplayOptions};
 use crate::alloc::AllocConf;
+use crate::device::sim::{SimDevice, H200_CONTEXT_BYTES};
 
 /// The search's step: `cudaMalloc`'s 2 MiB granularity.
 pub const STEP: u64 = 2 << 20;
@@ -14,72 +26,155 @@ pub const STEP: u64 = 2 << 20;
 /// The smallest device found, and the bounds searched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct CapacitySearch {
-    /// The smallest capacity (a multiple of 2 MiB, or `upper` itself) on which the replay has
-    /// no OOM; `None` when it does not fit even on `upper`.
+    /// The smallest capacity (a multiple of 2 MiB, or `upper` itself) on which the replay
+    /// fits; `None` when it does not fit even on `upper`.
     pub capacity: Option<u64>,
-    /// The largest capacity known not to fit: the peak allocated bytes rounded down to 2 MiB
-    /// (a device must hold at least those, plus its context).
+    /// The largest capacity known not to fit: its memory beside the simulated context is
+    /// below `peak`.
     pub lower: u64,
     /// The capacity the search started from (the device asked for, or the simulated H200).
     pub upper: u64,
+    /// The peak allocated bytes of the replay on `upper` (when it fits, every allocation was
+    /// served, so this is the job's own peak).
+    pub peak: u64,
+    /// The simulated CUDA context on `capacity` (on `upper` when nothing fits).
+    pub context: u64,
+    /// The total memory a real GPU needs: `capacity` less its simulated context, plus
+    /// [`H200_CONTEXT_BYTES`], the context measured on the H200 (a real context does not
+    /// shrink with the device).
+    pub real_gpu: Option<u64>,
+    /// The CUDA context assumed for a real GPU.
+    pub real_context: u64,
     /// Replays run.
     pub probes: u32,
 }
 
-/// Finds the smallest simulated device on which the snapshot at `path` replays without an
-/// OOM under `conf` (`None`: the recorded config), replaying device `device_index` (`None`: the
-/// first with entries). Assumes that fitting is monotone in the
-/// capacity, which holds unless a smaller device's extra cache flushes happen to lower the
-/// fragmentation later on.
+/// The smallest capacity, in steps, whose memory beside the simulated context holds `peak`.
+fn first_holding(peak: u64) -> u64 {
+    let usable = |steps: u64| {
+        let capacity = steps * STEP;
+        capacity - SimDevice::new(capacity).context_bytes()
+    };
+    // The usable memory grows with the capacity: bisect for the first step holding the peak.
+    let (mut low, mut high) = (0_u64, peak / STEP + H200_CONTEXT_BYTES / STEP + 2);
+    while high - low > 1 {
+        let middle = low + (high - low) / 2;
+        if usable(middle) >= peak {
+            high = middle;
+        } else {
+            low = middle;
+        }
+    }
+    high
+}
+
+/// Finds the smallest simulated device on which the snapshot at `path` replays and fits under
+/// `conf` (`None`: the recorded config), replaying device `device_index` (`None`: the first
+/// with entries). Assumes that fitting is monotone in the capacity,
+/// which holds unless a smaller device's extra cache flushes happen to lower the fragmentation
+/// later on.
 pub fn min_capacity(
     path: &Path,
     upper: Option<u64>,
     conf: Option<AllocConf>,
     device_index: Option<u32>,
 ) -> Result<CapacitySearch, ReplayError> {
+    let recording = read(path, device_index, &mut super::no_progress)?;
+    min_capacity_of(path, &recording, upper, conf)
+}
+
+/// [`min_capacity`] of a file already read.
+pub fn min_capacity_of(
+    path: &Path,
+    recording: &Recording,
+    upper: Option<u64>,
+    conf: Option<AllocConf>,
+) -> Result<CapacitySearch, ReplayError> {
     let mut options = ReplayOptions {
         capacity: upper,
         conf,
-        device_index,
+        device_index: u32::try_from(recording.device_index).ok(),
+        limit: LimitPolicy::Never,
         ..ReplayOptions::default()
     };
     let (upper, _) = options.capacity();
-    let first = replay(path, &options, &mut super::no_progress)?;
-    // Later probes replay under the config the first one settled on.
-    if options.conf.is_none() {
-        options.conf = Some(first.conf.clone());
-    }
-    let peak = first.stat("allocated_bytes.all.peak").max(0) as u64;
-    let lower = peak / STEP * STEP;
+    // Every probe names its capacity, so no inferred limit applies: the question is the
+    // device's size alone.
+    options.capacity = Some(upper);
     let mut search = CapacitySearch {
         capacity: None,
-        lower,
+        lower: 0,
         upper,
-        probes: 1,
+        peak: 0,
+        context: SimDevice::new(upper).context_bytes(),
+        real_gpu: None,
+        real_context: H200_CONTEXT_BYTES,
+        probes: 0,
     };
+    search.probes += 1;
+    let first = replay_recording(
+        path,
+        recording,
+        &options,
+        &mut super::no_progress,
+        Vec::new(),
+    )?;
+    search.peak = first.stat("allocated_bytes.all.peak").max(0) as u64;
+    let mut low = first_holding(search.peak).saturating_sub(1);
+    search.lower = low * STEP;
     if !first.fits() {
         return Ok(search);
     }
-    let mut fits = |capacity: u64, search: &mut CapacitySearch| -> Result<bool, ReplayError> {
+    let mut replay_on = |capacity: u64, search: &mut CapacitySearch| {
         search.probes += 1;
         options.capacity = Some(capacity);
-        Ok(replay(path, &options, &mut super::no_progress)?.fits())
+        replay_recording(
+            path,
+            recording,
+            &options,
+            &mut super::no_progress,
+            Vec::new(),
+        )
+        .map(|report| report.fits())
     };
-    // Steps of 2 MiB: `low` never fits, `high` fits.
-    let mut low = lower / STEP;
     let mut high = upper / STEP;
-    if high <= low || !fits(high * STEP, &mut search)? {
-        search.capacity = Some(upper);
-        return Ok(search);
+    if high <= low || !replay_on(high * STEP, &mut search)? {
+        search.lower = search.lower.min(upper);
+        return Ok(search.found(upper));
     }
     while high - low > 1 {
         let middle = low + (high - low) / 2;
-        if fits(middle * STEP, &mut search)? {
+        if replay_on(middle * STEP, &mut search)? {
             high = middle;
         } else {
             low = middle;
         }
     }
-    search.capacity = Some(high * STEP);
-    Ok(search)
+    Ok(search.found(high * STEP))
+}
+
+impl CapacitySearch {
+    /// The search with `capacity` as its answer.
+    fn found(mut self, capacity: u64) -> CapacitySearch {
+        self.capacity = Some(capacity);
+        self.context = SimDevice::new(capacity).context_bytes();
+        self.real_gpu = Some(capacity - self.context + self.real_context);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lower_bound_holds_the_peak_beside_the_context() {
+        for peak in [1, 100 << 20, 3 << 30, 100 << 30] {
+            let steps = first_holding(peak);
+            let capacity = steps * STEP;
+            let below = (steps - 1) * STEP;
+            assert!(capacity - SimDevice::new(capacity).context_bytes() >= peak);
+            assert!(below - SimDevice::new(below).context_bytes() < peak);
+        }
+    }
 }

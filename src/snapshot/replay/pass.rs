@@ -1,0 +1,311 @@
+//! One replay of a file: the replay's device and allocator under one config, the plan for it
+//! (the state the trace starts from, the limit the recorded OOMs show), the events handed to
+//! the engine, and the report at the end.
+
+use std::path::Path;
+use std::rc::Rc;
+
+use super::device::{Hints, ReplayDevice};
+use super::endstate::EndStateComparison;
+use super::engine::{LiveLimit, PoolRoutes};
+use super::frames::Lookup;
+use super::held::{Held, HeldElsewhere};
+use super::limit::{Applied, Limit};
+use super::recording::{same_behaviour, Recording};
+use super::start::{self, StartState};
+use super::{
+    seed, CapacitySource, ConfSource, Engine, Fragmentation, HostMemory, LimitPolicy, Placement,
+    ReplayError, ReplayOptions, ReplayReport, StartReport,
+};
+use crate::alloc::{AllocConf, CachingAllocator, MemoryObserver};
+use crate::device::sim::SimDevice;
+use crate::device::DeviceMemory;
+use crate::snapshot::model::Action;
+use crate::snapshot::pickle::{Emitted, SnapshotError, Trace};
+
+/// What a replay of a recording puts on its allocator before the first event.
+pub(super) struct Plan {
+    /// The state the trace starts from (empty for a trace that holds the whole job).
+    start: StartState,
+    /// The limit the recorded OOMs show.
+    limit: Limit,
+    /// How it is to be applied.
+    applied: Applied,
+    /// The start state as the report shows it, once seeded.
+    start_report: Option<StartReport>,
+}
+
+/// A replay in progress.
+pub(super) struct Pass {
+    engine: Engine,
+    hints: Option<Hints>,
+    held: Held,
+    capacity: u64,
+    capacity_source: CapacitySource,
+    context: u64,
+    conf: AllocConf,
+    conf_source: ConfSource,
+    /// [`Placement::Recorded`] or [`Placement::Model`].
+    placement: Placement,
+    /// The private pools' segments the engine routes allocations to.
+    routes: PoolRoutes,
+    /// The device whose trace is replayed; `None`: the first with events.
+    wanted: Option<u32>,
+    last_index: u64,
+}
+
+impl Pass {
+    /// A replay of the file at `path` on the device `options` names, under `conf`, placing
+    /// segments by `placement` ([`Placement::Recorded`] or [`Placement::Model`]), routing
+    /// allocations to private pools by `routes`, with `observers` subscribed.
+    pub(super) fn new(
+        path: &Path,
+        options: &ReplayOptions,
+        (conf, conf_source): (AllocConf, ConfSource),
+        placement: Placement,
+        routes: PoolRoutes,
+        observers: Vec<Box<dyn MemoryObserver>>,
+    ) -> Result<Pass, ReplayError> {
+        let (capacity, capacity_source) = options.capacity();
+        let sim = SimDevice::new(capacity);
+        let context = sim.context_bytes();
+        let held = Held::default();
+        let (device, hints): (Box<dyn DeviceMemory>, _) = match placement {
+            Placement::Recorded => {
+                let hints = Hints::default();
+                (Box::new(ReplayDevice::new(sim, hints.clone())), Some(hints))
+            }
+            // Placed by the model, yet able to put a segment above the live ones when the
+            // model's address is taken.
+            Placement::Model | Placement::Auto => (
+                Box::new(ReplayDevice::new(sim, Hints::default())) as Box<dyn DeviceMemory>,
+                None,
+            ),
+        };
+        let device = Box::new(HeldElsewhere::new(device, Rc::clone(&held)));
+        let allocator = CachingAllocator::new(device, conf.clone())
+            .map_err(|error| ReplayError::Allocator(error.to_string()))?;
+        // The file's size bounds what the replay may hold (a missing file is the reader's error).
+        let file_size = std::fs::metadata(path).map_or(0, |meta| meta.len());
+        let mut engine = Engine::new(allocator, hints.clone(), routes.clone())
+            .with_live_limit(LiveLimit::default(), file_size);
+        for observer in observers {
+            engine.subscribe(observer);
+        }
+        Ok(Pass {
+            engine,
+            hints,
+            held,
+            capacity,
+            capacity_source,
+            context,
+            conf,
+            conf_source,
+            placement,
+            routes,
+            wanted: options.device_index,
+            last_index: 0,
+        })
+    }
+
+    /// What this replay of `recording` must put on its allocator: the start state, and the
+    /// inferred limit when `options` allow it and the config sets no fraction of its own.
+    pub(super) fn plan(
+        &self,
+        recording: &Recording,
+        options: &ReplayOptions,
+    ) -> Result<Plan, ReplayError> {
+        let start = start::rebuild(&recording.scan, &recording.segments(), self.engine.allocator())
+            .map_err(|error| {
+                ReplayError::Unreplayable(format!(
+                    "{error}. The trace starts mid-run (PyTorch keeps only the last max_entries events), and rebuilding the state it starts from failed"
+                ))
+            })?;
+        // The limit is the recorded run's, so it is read with the recorded config's segments.
+        let limit = recording.scan.pressure.infer(
+            start.figures().reserved_bytes,
+            recording.recorded_expandable(),
+            recording.recorded_large_segment_size(),
+        );
+        let allowed = options.limit == LimitPolicy::UnlessCapacityGiven
+            && options.capacity.is_none()
+            && self.conf.per_process_memory_fraction.is_none();
+        let applied = if allowed {
+            self.limit_for(&limit)
+        } else {
+            Applied::No
+        };
+        Ok(Plan {
+            start,
+            limit,
+            applied,
+            start_report: None,
+        })
+    }
+
+    /// How `limit` goes on this device: a cap (the lowest the trace allows, so every recorded
+    /// refusal recurs), or the memory a full device lacked held elsewhere.
+    fn limit_for(&self, limit: &Limit) -> Applied {
+        match *limit {
+            Limit::Cap(bounds) if bounds.lower < self.capacity => Applied::Cap(bounds.lower),
+            Limit::Device { usable, .. } => {
+                let free = self.capacity.saturating_sub(self.context);
+                if usable < free {
+                    Applied::HeldElsewhere(free - usable)
+                } else {
+                    Applied::No
+                }
+            }
+            Limit::Cap(_) | Limit::NoRecordedOoms | Limit::Inconsistent(_) => Applied::No,
+        }
+    }
+
+    /// Whether this replay, run from an empty allocator as it read, is the replay of
+    /// `recording` under `options`: no start state, no limit to apply, the recorded config's
+    /// behaviour when none was given, frees recorded as `free_completed`.
+    pub(super) fn needs_nothing_more(
+        &self,
+        recording: &Recording,
+        options: &ReplayOptions,
+        plan: &Plan,
+    ) -> Result<bool, ReplayError> {
+        let (conf, _) = recording.choose_conf(options)?;
+        Ok(plan.start.is_empty()
+            && plan.applied == Applied::No
+            && self.placement == recording.placement_for(options, &conf)
+            && recording.routes().is_empty()
+            && !recording.frees_on_request()
+            && same_behaviour(&self.conf, &conf))
+    }
+
+    /// Puts `plan` on the allocator: seeds the start state, then applies the limit.
+    pub(super) fn apply(
+        &mut self,
+        mut plan: Plan,
+        recording: &Recording,
+    ) -> Result<Plan, ReplayError> {
+        if !plan.start.is_empty() {
+            let seeded = seed::seed(
+                self.engine.allocator_mut(),
+                &plan.start,
+                self.hints.as_ref(),
+            )
+            .map_err(ReplayError::Allocator)?;
+            self.engine
+                .start_from(&seeded)
+                .map_err(ReplayError::Allocator)?;
+            plan.start_report = Some(StartReport {
+                figures: plan.start.figures(),
+                layout: seeded.layout(),
+                failed: seeded.failed.len() as u64,
+            });
+        }
+        plan.applied = match plan.applied {
+            Applied::Cap(cap) => self.set_cap(cap, &plan.limit),
+            Applied::HeldElsewhere(held) => {
+                self.held.set(held);
+                Applied::HeldElsewhere(held)
+            }
+            Applied::No => Applied::No,
+        };
+        if recording.frees_on_request() {
+            self.engine.free_on_request();
+        }
+        Ok(plan)
+    }
+
+    /// Sets the memory fraction whose cap, truncated as PyTorch truncates it, is `cap`.
+    fn set_cap(&mut self, cap: u64, limit: &Limit) -> Applied {
+        let Some(bounds) = limit.bounds() else {
+            return Applied::No;
+        };
+        let fraction = (cap as f64 + 0.5) / self.capacity as f64;
+        let allocator = self.engine.allocator_mut();
+        if fraction >= 1.0 || allocator.set_memory_fraction(fraction).is_err() {
+            return Applied::No;
+        }
+        match allocator.allowed_memory_maximum() {
+            Some(set) if set >= bounds.lower && set < bounds.upper => Applied::Cap(set),
+            _ => {
+                let _ = allocator.set_memory_fraction(1.0);
+                Applied::No
+            }
+        }
+    }
+
+    /// Replays one event of the device replayed (another device's is counted; pinned host
+    /// memory's is never replayed).
+    pub(super) fn handle(&mut self, emitted: Emitted) -> Result<(), SnapshotError> {
+        match emitted.trace {
+            Trace::Device(device) if self.wanted.is_none_or(|wanted| wanted == device) => {}
+            Trace::Device(_) => {
+                self.engine.counts.other_device_events += 1;
+                return Ok(());
+            }
+            Trace::Host(_) | Trace::Other => return Ok(()),
+        }
+        self.last_index = super::event_number(&emitted);
+        self.engine.handle(emitted)
+    }
+
+    /// Events of the replayed trace so far.
+    pub(super) fn events(&self) -> u64 {
+        self.engine.counts.events
+    }
+
+    /// Ends the replay of the file at `path` and makes its report.
+    pub(super) fn finish(
+        mut self,
+        path: &Path,
+        recording: &Recording,
+        plan: Plan,
+    ) -> Result<ReplayReport, ReplayError> {
+        self.engine.finish(self.last_index)?;
+        // A replay that ran as it read started under PyTorch's defaults: when the file
+        // records a config that behaves alike, the report names the recorded one.
+        if self.conf_source == ConfSource::DefaultNoSettings {
+            let (conf, source) = recording.choose_conf(&ReplayOptions::default())?;
+            self.conf = conf;
+            self.conf_source = source;
+        }
+        let recorded_conf = recording.is_recorded_conf(&self.conf);
+        let scan = &recording.scan;
+        let engine = &self.engine;
+        let stats = engine.allocator().stats();
+        let end_state = EndStateComparison::of(
+            &recording.segments(),
+            &engine.allocator().segment_snapshots(),
+        );
+        Ok(ReplayReport {
+            file: path.display().to_string(),
+            device_index: recording.device_index,
+            capacity: self.capacity,
+            capacity_source: self.capacity_source,
+            alloc_conf: self.conf.source.clone(),
+            conf: self.conf.clone(),
+            conf_source: self.conf_source,
+            placement: self.placement,
+            routes: self.routes.clone(),
+            counts: engine.counts.clone(),
+            first_oom: engine.first_oom.clone(),
+            ooms: engine.ooms.clone(),
+            causes: engine.causes.clone(),
+            final_stats: stats.entries(),
+            fragmentation: Fragmentation::of(stats),
+            segment_events: engine.segments.clone(),
+            start: plan.start_report,
+            limit: plan.limit,
+            limit_applied: plan.applied,
+            end_state,
+            recorded_actions: Action::PYTORCH
+                .iter()
+                .map(|&action| (action.name(), scan.count(action)))
+                .collect(),
+            free_on_request: recording.frees_on_request(),
+            recorded_conf,
+            frames: Lookup::NotNeeded,
+            devices: recording.devices(),
+            host: HostMemory::of(&recording.remainder),
+        })
+    }
+}

@@ -1,0 +1,270 @@
+//! The first pass over a snapshot, before anything is replayed: what each action's count
+//! says about how the trace was recorded (an empty history, `skip_actions`), what the trace
+//! shows of the state it starts from, and the reserved bytes and OOMs a limit is inferred
+//! from ([`super::limit`]).
+//!
+//! PyTorch keeps only the last `max_entries` events, so a long job's trace starts mid-run.
+//! What was live at its first event is what the trace touches first by freeing it — a block
+//! freed, a segment released, pages unmapped, none of which it allocated — and what is live
+//! at the end without the trace having made it. This pass records the first kind as it goes
+//! (memory in proportion to the live state); [`super::start`] adds the second from the
+//! file's end-state `segments`. It is the walk backwards from the end state that PyTorch's
+//! memory_viz does, run forwards.
+
+use super::addresses::{AddressMap, AddressSet};
+use super::limit::Pressure;
+use super::ranges::Ranges;
+use crate::snapshot::model::Action;
+use crate::snapshot::pickle::{Emitted, Entry, Trace};
+
+/// A block the trace frees without having allocated it: live when the trace starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FirstFree {
+    /// The event that freed it.
+    pub index: u64,
+    /// Its address.
+    pub addr: u64,
+    /// The bytes it was asked for (the free event's `size`).
+    pub requested: u64,
+    /// Its stream.
+    pub stream: u64,
+    /// Whether its free was already requested when the trace starts (the trace's first event
+    /// about it is `free_completed`).
+    pub free_requested: bool,
+}
+
+/// A segment or pages the trace gives back without having acquired them: held when the trace
+/// starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FirstRelease {
+    /// The event that released it.
+    pub index: u64,
+    /// Its address.
+    pub addr: u64,
+    /// Its bytes.
+    pub size: u64,
+    /// Its stream.
+    pub stream: u64,
+}
+
+/// Where a live block the trace named stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Allocated, its free not requested.
+    Allocated,
+    /// Its free requested, not completed.
+    Requested,
+}
+
+/// What the first pass learned.
+#[derive(Debug, Clone, Default)]
+pub struct Scan {
+    /// The device whose trace is replayed (`--device-index`); `None`: the first with events.
+    wanted: Option<u32>,
+    /// The device of the trace replayed, once an event of it was seen.
+    device: Option<u32>,
+    /// The trace list replayed: the first that has events (as the replay picks it).
+    list: Option<u32>,
+    /// Events of that list.
+    pub events: u64,
+    /// Events of other lists (other devices).
+    pub other_device_events: u64,
+    /// The number ([`super::event_number`]) of the replayed trace's last event so far.
+    pub last: u64,
+    /// Events of each kind, by [`Action::code`].
+    actions: [u64; Action::ALL.len()],
+    /// The blocks the trace allocated (or freed first) that are live or awaiting their free's
+    /// completion: memory in proportion to the live blocks.
+    blocks: AddressMap<Held>,
+    /// Addresses of [`Scan::first_frees`]: a second free of one of them without an allocation
+    /// between is a free the trace cannot explain.
+    first_freed: AddressSet,
+    /// Blocks freed before the trace allocated them.
+    pub first_frees: Vec<FirstFree>,
+    /// `cudaMalloc` segments the trace made and has not freed.
+    segments: AddressMap<u64>,
+    /// The number of the last `segment_alloc` at each address (for the private pools' routes,
+    /// [`super::engine::PoolRoutes`]).
+    made_at: AddressMap<u64>,
+    /// Segments freed before the trace made them.
+    pub first_segment_frees: Vec<FirstRelease>,
+    /// Expandable-segment pages the trace has mapped or unmapped.
+    pub touched_pages: Ranges,
+    /// Pages unmapped before the trace mapped them.
+    pub first_unmaps: Vec<FirstRelease>,
+    /// Frees of blocks the trace already freed and did not allocate again (the trace
+    /// misses allocations: `skip_actions`).
+    pub unmatched_frees: u64,
+    /// Allocations at an address the trace allocated and never freed since (the trace misses
+    /// frees: `skip_actions`).
+    pub double_allocs: u64,
+    /// Allocations at an address whose free was requested and never recorded as completed:
+    /// the trace misses `free_completed` events (`skip_actions`), rather than frees deferred
+    /// by `record_stream` still pending.
+    pub allocs_after_request: u64,
+    /// Reserved bytes and OOMs over the trace.
+    pub pressure: Pressure,
+}
+
+impl Scan {
+    /// A scan of the trace of device `wanted` (`None`: the first device with events).
+    pub fn new(wanted: Option<u32>) -> Scan {
+        Scan {
+            wanted,
+            ..Scan::default()
+        }
+    }
+
+    /// Whether `emitted` belongs to the trace replayed (pinned host memory's never does);
+    /// counts another device's events.
+    pub fn replays(&mut self, emitted: &Emitted) -> bool {
+        let Trace::Device(device) = emitted.trace else {
+            return false;
+        };
+        if self.wanted.is_some_and(|wanted| wanted != device) {
+            self.other_device_events += 1;
+            return false;
+        }
+        if !matches!(emitted.entry, Entry::Memory(_)) {
+            return false;
+        }
+        if *self.list.get_or_insert(emitted.list) != emitted.list {
+            self.other_device_events += 1;
+            return false;
+        }
+        self.device.get_or_insert(device);
+        true
+    }
+
+    /// Takes in one event.
+    pub fn see(&mut self, emitted: &Emitted) {
+        if !self.replays(emitted) {
+            return;
+        }
+        let Entry::Memory(event) = &emitted.entry else {
+            return;
+        };
+        self.events += 1;
+        self.last = super::event_number(emitted);
+        let kind = usize::from(event.action.code());
+        if let Some(count) = self.actions.get_mut(kind) {
+            *count += 1;
+        }
+        let index = super::event_number(emitted);
+        let addr = event.addr as u64;
+        let size = event.size.max(0) as u64;
+        let stream = event.stream as u64;
+        match event.action {
+            Action::Alloc => match self.blocks.insert(addr, Held::Allocated) {
+                Some(Held::Allocated) => self.double_allocs += 1,
+                Some(Held::Requested) => self.allocs_after_request += 1,
+                None => {}
+            },
+            Action::FreeRequested | Action::FreeCompleted => {
+                let requested_only = event.action == Action::FreeRequested;
+                let before = if requested_only {
+                    self.blocks.insert(addr, Held::Requested)
+                } else {
+                    self.blocks.remove(&addr)
+                };
+                if before.is_none() {
+                    if self.first_freed.insert(addr) {
+                        self.first_frees.push(FirstFree {
+                            index,
+                            addr,
+                            requested: size,
+                            stream,
+                            free_requested: !requested_only,
+                        });
+                    } else {
+                        self.unmatched_frees += 1;
+                        if requested_only {
+                            self.blocks.remove(&addr);
+                        }
+                    }
+                }
+            }
+            Action::SegmentAlloc => {
+                self.segments.insert(addr, size);
+                self.made_at.insert(addr, index);
+                self.pressure.acquired(index, size);
+            }
+            Action::SegmentFree => {
+                if self.segments.remove(&addr).is_none() {
+                    self.first_segment_frees.push(FirstRelease {
+                        index,
+                        addr,
+                        size,
+                        stream,
+                    });
+                }
+                self.pressure.released(size);
+            }
+            Action::SegmentMap => {
+                self.touched_pages.insert(addr, addr.saturating_add(size));
+                self.pressure.acquired(index, size);
+            }
+            Action::SegmentUnmap => {
+                let end = addr.saturating_add(size);
+                for (start, end) in self.touched_pages.gaps(addr, end) {
+                    self.first_unmaps.push(FirstRelease {
+                        index,
+                        addr: start,
+                        size: end - start,
+                        stream,
+                    });
+                }
+                self.touched_pages.insert(addr, end);
+                self.pressure.released(size);
+            }
+            Action::Oom => self.pressure.oom(index, size, addr),
+            Action::Snapshot | Action::EmptyCache | Action::RangeReserve | Action::RangeRelease => {
+            }
+        }
+    }
+
+    /// Whether the trace has shown it starts mid-run: it freed a block, a segment or pages it
+    /// had not made.
+    pub fn starts_mid_run(&self) -> bool {
+        !self.first_frees.is_empty()
+            || !self.first_segment_frees.is_empty()
+            || !self.first_unmaps.is_empty()
+    }
+
+    /// The device of the trace replayed, once an event of it was seen.
+    pub fn device(&self) -> Option<u32> {
+        self.device
+    }
+
+    /// The number of the last `segment_alloc` recorded at `addr`, if any.
+    pub fn made_at(&self, addr: u64) -> Option<u64> {
+        self.made_at.get(&addr).copied()
+    }
+
+    /// The trace list replayed, once an event was seen.
+    pub fn list(&self) -> Option<u32> {
+        self.list
+    }
+
+    /// Events of `action` in the replayed trace.
+    pub fn count(&self, action: Action) -> u64 {
+        self.actions
+            .get(usize::from(action.code()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Whether the address was allocated by the trace and is live (or awaiting its free's
+    /// completion) at the end.
+    pub fn live_at_end(&self, addr: u64) -> bool {
+        matches!(
+            self.blocks.get(&addr),
+            Some(Held::Allocated | Held::Requested)
+        )
+    }
+
+    /// Whether the trace made the `cudaMalloc` segment at `addr` and did not free it.
+    pub fn made_segment(&self, addr: u64) -> bool {
+        self.segments.contains_key(&addr)
+    }
+}

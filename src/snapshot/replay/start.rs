@@ -1,0 +1,452 @@
+//! The allocator state at a trace's first event, rebuilt from the file's end-state `segments`
+//! and what the first pass ([`super::scan`]) saw the trace free before allocating.
+//!
+//! Held at the start: every segment (or mapped range of an expandable segment) the trace
+//! releases before acquiring it, and every end-state one the trace did not acquire. Live at
+//! the start: every block the trace frees before allocating it, and every end-state active
+//! block the trace did not allocate. End-state blocks keep their recorded sizes; a block the
+//! trace frees is known only by its request, so its size is the allocator's rounding of it,
+//! plus the free space after it when the allocator could not have split that off (1 MiB or
+//! less in the large pool, or any remainder of an oversize block).
+
+use std::fmt;
+
+use serde::Serialize;
+
+use super::ranges::Ranges;
+use super::scan::Scan;
+use crate::alloc::{CachingAllocator, Pool, SMALL_BUFFER, SMALL_SIZE};
+use crate::snapshot::model::Segment;
+
+/// A block live at the trace's first event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StartBlock {
+    /// Its address in the recording.
+    pub addr: u64,
+    /// Its bytes (rounded).
+    pub size: u64,
+    /// The bytes asked for.
+    pub requested: u64,
+    /// Whether its free was requested but not completed (a `record_stream` block).
+    pub free_requested: bool,
+    /// The event that frees it first, or `None` for a block still live at the end.
+    pub freed_at: Option<u64>,
+}
+
+/// A segment (or a mapped range of an expandable segment) held at the trace's first event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartSegment {
+    /// Its address in the recording.
+    pub addr: u64,
+    /// Its bytes.
+    pub size: u64,
+    /// Its stream.
+    pub stream: u64,
+    /// Its pool.
+    pub pool: Pool,
+    /// Whether it is a mapped range of an expandable segment.
+    pub expandable: bool,
+    /// Its live blocks, lowest address first; the rest of it is free.
+    pub blocks: Vec<StartBlock>,
+}
+
+/// The state a trace starts from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StartState {
+    /// Segments held, lowest address first.
+    pub segments: Vec<StartSegment>,
+}
+
+/// Figures of a [`StartState`], as reports give them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct StartFigures {
+    /// Segments (or mapped ranges) held.
+    pub segments: u64,
+    /// Bytes they hold.
+    pub reserved_bytes: u64,
+    /// Live blocks in them.
+    pub blocks: u64,
+    /// Bytes of those blocks.
+    pub allocated_bytes: u64,
+    /// Of those blocks, the ones the trace frees (the rest are still live at the end).
+    pub freed_by_trace: u64,
+}
+
+impl StartState {
+    /// Whether the trace starts from an empty allocator (it holds every event of the job).
+    pub fn is_empty(&self) -> bool {
+        self.segments.is_empty()
+    }
+
+    /// Its figures.
+    pub fn figures(&self) -> StartFigures {
+        let mut figures = StartFigures {
+            segments: self.segments.len() as u64,
+            ..StartFigures::default()
+        };
+        for segment in &self.segments {
+            figures.reserved_bytes += segment.size;
+            for block in &segment.blocks {
+                figures.blocks += 1;
+                figures.allocated_bytes += block.size;
+                figures.freed_by_trace += u64::from(block.freed_at.is_some());
+            }
+        }
+        figures
+    }
+}
+
+/// Why the file's end state and its trace do not describe one start state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartError {
+    /// The event concerned.
+    pub index: u64,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "event {}: {}", self.index, self.message)
+    }
+}
+
+/// Whether a segment's blocks are named active by its `state`.
+fn is_active(state: &str) -> bool {
+    state.starts_with("active")
+}
+
+fn pool_of(segment_type: &str) -> Pool {
+    if segment_type == "small" {
+        Pool::Small
+    } else {
+        Pool::Large
+    }
+}
+
+/// Rebuilds the state at the first event of the trace `scan` read, from the file's end-state
+/// `segments` of the replayed device; block sizes are rounded as `allocator` rounds.
+pub fn rebuild(
+    scan: &Scan,
+    segments: &[Segment],
+    allocator: &CachingAllocator,
+) -> Result<StartState, StartError> {
+    let mut held = held_segments(scan, segments);
+    // End-state blocks the trace never allocated were live all along.
+    for segment in segments {
+        for block in &segment.blocks {
+            let addr = block.address as u64;
+            if !is_active(&block.state) || scan.live_at_end(addr) {
+                continue;
+            }
+            let size = block.size.max(0) as u64;
+            let start_block = StartBlock {
+                addr,
+                size,
+                requested: match block.requested_size {
+                    requested if requested > 0 => requested as u64,
+                    _ => size,
+                },
+                free_requested: block.state != "active_allocated",
+                freed_at: None,
+            };
+            match held.iter_mut().find(|s| s.addr <= addr && addr < s.addr + s.size) {
+                Some(start) => start.blocks.push(start_block),
+                None => {
+                    return Err(StartError {
+                        index: scan.events.saturating_sub(1),
+                        message: format!(
+                            "the end-state block at {addr:#x} was never allocated by the trace, yet the segment holding it was made by the trace: the file's segments and trace disagree"
+                        ),
+                    })
+                }
+            }
+        }
+    }
+    for free in &scan.first_frees {
+        let Some(segment) = held
+            .iter_mut()
+            .find(|s| s.addr <= free.addr && free.addr < s.addr + s.size)
+        else {
+            return Err(StartError {
+                index: free.index,
+                message: format!(
+                    "{} of address {:#x}, which was never allocated in this trace and lies in no segment held when it starts (neither in the file's end-state segments nor released by the trace)",
+                    if free.free_requested { "free_completed" } else { "free_requested" },
+                    free.addr
+                ),
+            });
+        };
+        segment.blocks.push(StartBlock {
+            addr: free.addr,
+            size: allocator.round_size(free.requested.max(1)),
+            requested: free.requested,
+            free_requested: free.free_requested,
+            freed_at: Some(free.index),
+        });
+    }
+    let oversize = allocator.config().max_split_size;
+    let last_event = scan.last;
+    for segment in &mut held {
+        segment.blocks.sort_by_key(|block| block.addr);
+        settle_sizes(segment, oversize, last_event)?;
+    }
+    Ok(StartState { segments: held })
+}
+
+/// Checks that a segment's blocks do not overlap and gives each block the trace freed the
+/// free space after it that the allocator could not have split off. An overlap is reported at
+/// the event that frees the block, or at `last_event` for a block live at the end.
+fn settle_sizes(
+    segment: &mut StartSegment,
+    max_split_size: u64,
+    last_event: u64,
+) -> Result<(), StartError> {
+    let end = segment.addr + segment.size;
+    for i in 0..segment.blocks.len() {
+        let next_start = segment.blocks.get(i + 1).map_or(end, |next| next.addr);
+        let block = &mut segment.blocks[i];
+        let block_end = block.addr.saturating_add(block.size);
+        if block_end > next_start {
+            return Err(StartError {
+                index: block.freed_at.unwrap_or(last_event),
+                message: format!(
+                    "the block at {:#x} ({} bytes) overlaps {} when the trace starts: the file's segments and trace disagree",
+                    block.addr,
+                    block.size,
+                    if next_start == end {
+                        "the end of its segment".to_string()
+                    } else {
+                        format!("the block at {next_start:#x}")
+                    }
+                ),
+            });
+        }
+        if block.freed_at.is_none() || segment.expandable || segment.pool == Pool::Small {
+            continue;
+        }
+        let gap = next_start - block_end;
+        if gap > 0 && (gap <= SMALL_SIZE || block.size >= max_split_size) {
+            block.size += gap;
+        }
+    }
+    Ok(())
+}
+
+/// The segments and mapped ranges held when the trace starts, without their blocks.
+fn held_segments(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
+    let mut held = Vec::new();
+    for segment in segments.iter().filter(|s| !s.is_expandable) {
+        let addr = segment.address as u64;
+        if !scan.made_segment(addr) {
+            held.push(StartSegment {
+                addr,
+                size: segment.total_size.max(0) as u64,
+                stream: segment.stream as u64,
+                pool: pool_of(&segment.segment_type),
+                expandable: false,
+                blocks: Vec::new(),
+            });
+        }
+    }
+    for free in &scan.first_segment_frees {
+        held.push(StartSegment {
+            addr: free.addr,
+            size: free.size,
+            stream: free.stream,
+            pool: if free.size == SMALL_BUFFER {
+                Pool::Small
+            } else {
+                Pool::Large
+            },
+            expandable: false,
+            blocks: Vec::new(),
+        });
+    }
+    held.extend(mapped_ranges(scan, segments));
+    held.sort_by_key(|segment| segment.addr);
+    held
+}
+
+/// Expandable segments' pages mapped when the trace starts, as contiguous runs: the pages it
+/// unmaps before mapping them, and the end state's mapped pages it never touched.
+fn mapped_ranges(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
+    // (start, end, stream, pool) of each piece; the pool of a piece the trace unmaps is
+    // not recorded: a range of whole 20 MiB pages is taken as the large pool's.
+    let mut pieces: Vec<(u64, u64, u64, Option<Pool>)> = Vec::new();
+    for segment in segments.iter().filter(|s| s.is_expandable) {
+        let start = segment.address as u64;
+        let end = start.saturating_add(segment.total_size.max(0) as u64);
+        for (gap_start, gap_end) in scan.touched_pages.gaps(start, end) {
+            pieces.push((
+                gap_start,
+                gap_end,
+                segment.stream as u64,
+                Some(pool_of(&segment.segment_type)),
+            ));
+        }
+    }
+    for unmap in &scan.first_unmaps {
+        pieces.push((unmap.addr, unmap.addr + unmap.size, unmap.stream, None));
+    }
+    let mut runs = Ranges::default();
+    for &(start, end, _, _) in &pieces {
+        runs.insert(start, end);
+    }
+    runs.iter()
+        .map(|(start, end)| {
+            let inside = pieces.iter().filter(|p| p.0 >= start && p.1 <= end);
+            let known = inside.clone().find_map(|p| p.3.map(|pool| (p.2, pool)));
+            let (stream, pool) = known.unwrap_or_else(|| {
+                let stream = inside.clone().next().map_or(0, |p| p.2);
+                let pool = if (end - start) % crate::alloc::LARGE_BUFFER == 0 {
+                    Pool::Large
+                } else {
+                    Pool::Small
+                };
+                (stream, pool)
+            });
+            StartSegment {
+                addr: start,
+                size: end - start,
+                stream,
+                pool,
+                expandable: true,
+                blocks: Vec::new(),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::AllocConf;
+    use crate::device::sim::SimDevice;
+    use crate::snapshot::model::{Action, Block};
+    use crate::snapshot::pickle::{Emitted, Entry, RawEvent, Stacks, Trace};
+
+    const MIB: i64 = 1 << 20;
+    const BASE: i64 = 0x7f00_0000_0000;
+
+    fn scan(events: &[(Action, i64, i64)]) -> Scan {
+        let mut scan = Scan::default();
+        let stacks = Stacks::default();
+        for (index, &(action, addr, size)) in events.iter().enumerate() {
+            let mut event = RawEvent::new(action);
+            event.addr = addr;
+            event.size = size;
+            scan.see(&Emitted {
+                list: 1,
+                trace: Trace::Device(0),
+                index: index as u64,
+                offset: 0,
+                entry: Entry::Memory(event),
+                stacks: &stacks,
+            });
+        }
+        scan
+    }
+
+    fn segment(address: i64, blocks: &[(i64, i64, &str)]) -> Segment {
+        Segment {
+            device: 0,
+            address,
+            total_size: blocks.iter().map(|b| b.1).sum(),
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: 0,
+            segment_type: "large".into(),
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            frames: Vec::new(),
+            blocks: blocks
+                .iter()
+                .map(|&(address, size, state)| Block {
+                    address,
+                    size,
+                    requested_size: size,
+                    state: state.into(),
+                    frames: Vec::new(),
+                })
+                .collect(),
+        }
+    }
+
+    fn allocator() -> CachingAllocator {
+        CachingAllocator::new(Box::new(SimDevice::new(1 << 34)), AllocConf::default())
+            .expect("allocator")
+    }
+
+    #[test]
+    fn the_end_state_and_the_first_frees_make_the_start() {
+        // At the end: 4 MiB live since before the trace, 16 MiB free. The trace frees a block
+        // of 3,000,000 bytes right after it, and allocates and frees one at its own address.
+        let end = [segment(
+            BASE,
+            &[
+                (BASE, 4 * MIB, "active_allocated"),
+                (BASE + 4 * MIB, 16 * MIB, "inactive"),
+            ],
+        )];
+        let scan = scan(&[
+            (Action::FreeRequested, BASE + 4 * MIB, 3_000_000),
+            (Action::FreeCompleted, BASE + 4 * MIB, 3_000_000),
+            (Action::Alloc, BASE + 4 * MIB, 2 * MIB),
+            (Action::FreeRequested, BASE + 4 * MIB, 2 * MIB),
+            (Action::FreeCompleted, BASE + 4 * MIB, 2 * MIB),
+        ]);
+        let start = rebuild(&scan, &end, &allocator()).expect("one start state");
+        assert_eq!(start.segments.len(), 1);
+        let blocks = &start.segments[0].blocks;
+        let sizes: Vec<(u64, u64, Option<u64>)> = blocks
+            .iter()
+            .map(|b| (b.addr, b.size, b.freed_at))
+            .collect();
+        assert_eq!(
+            sizes,
+            [
+                (BASE as u64, 4 << 20, None),
+                ((BASE + 4 * MIB) as u64, 3_000_320, Some(1)),
+            ]
+        );
+        let figures = start.figures();
+        assert_eq!(
+            (figures.segments, figures.blocks, figures.freed_by_trace),
+            (1, 2, 1)
+        );
+        assert_eq!(figures.reserved_bytes, 20 << 20);
+    }
+
+    #[test]
+    fn an_unsplit_tail_is_kept_and_contradictions_are_errors() {
+        // A block freed by the trace with 0.5 MiB free after it: the allocator would not have
+        // split that off, so the block had it.
+        let end = [segment(BASE, &[(BASE, 20 * MIB, "inactive")])];
+        let scan_tail = scan(&[
+            (Action::FreeCompleted, BASE, 15 * MIB),
+            (Action::FreeCompleted, BASE + 15 * MIB, 4 * MIB + MIB / 2),
+        ]);
+        let start = rebuild(&scan_tail, &end, &allocator()).expect("one start state");
+        let last = start.segments[0].blocks.last().expect("two blocks");
+        assert_eq!(last.size, 5 << 20);
+        // A free outside every held segment.
+        let stray = scan(&[(Action::FreeRequested, BASE + 64 * MIB, MIB)]);
+        let error = rebuild(&stray, &end, &allocator()).expect_err("in no segment");
+        assert_eq!(error.index, 1, "events are numbered from 1");
+        assert!(
+            error
+                .message
+                .contains("lies in no segment held when it starts"),
+            "{error}"
+        );
+        // Two live blocks over each other.
+        let overlap = scan(&[
+            (Action::FreeCompleted, BASE, 8 * MIB),
+            (Action::FreeCompleted, BASE + 4 * MIB, 8 * MIB),
+        ]);
+        let error = rebuild(&overlap, &end, &allocator()).expect_err("overlap");
+        assert!(error.message.contains("overlaps the block at"), "{error}");
+    }
+}

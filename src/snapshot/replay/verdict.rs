@@ -1,0 +1,182 @@
+//! The answer to "will my job fit?" in one line: whether any allocation failed in the
+//! replay, whether the OOMs PyTorch recorded recurred, and, with `--compare`, which configs
+//! would have made it fit.
+//!
+//! It never says "fits" wrongly: a replay whose allocations failed, or whose recorded OOMs
+//! recurred, does not fit; and a recording that ran out of memory where gpumem's replay under
+//! the recorded config did not, on a device the caller did not choose, does not fit either
+//! (the replay did not reproduce the run, so it cannot vouch for it). A replay without OOMs
+//! on a device the caller named, or under another config, fits whatever the recording did,
+//! and says why the recorded OOMs did not recur.
+
+use serde::Serialize;
+
+use super::limit::{Applied, Limit};
+use super::report::{CapacitySource, ReplayReport};
+use crate::alloc::format::format_size;
+
+/// The verdict of one replay.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    /// Whether the job fits.
+    pub fits: bool,
+    /// The line saying so.
+    pub text: String,
+    /// OOMs of the replay: allocations gpumem could not serve, recorded OOMs that recurred,
+    /// and live blocks of the start state that did not fit.
+    pub ooms: u64,
+    /// The event of the first of them.
+    pub first_oom_event: Option<u64>,
+    /// Recorded OOMs gpumem did not reproduce.
+    pub unreproduced: u64,
+    /// Why they were not reproduced, when there are any.
+    pub unreproduced_why: Option<String>,
+}
+
+impl ReplayReport {
+    /// Where the replay ran: "139.80 GiB", or "139.80 GiB under a cap of 3.00 GiB".
+    fn device_words(&self) -> String {
+        let device = format_size(self.capacity);
+        match self.limit_applied {
+            Applied::Cap(cap) => format!("{device} under the inferred cap of {}", format_size(cap)),
+            Applied::HeldElsewhere(held) => {
+                let context = crate::device::sim::SimDevice::new(self.capacity).context_bytes();
+                let usable = self.capacity.saturating_sub(context).saturating_sub(held);
+                format!(
+                    "{device}, of which the job could hold {} as when recorded (the rest held elsewhere, inferred)",
+                    format_size(usable)
+                )
+            }
+            Applied::No => device,
+        }
+    }
+
+    /// Why recorded OOMs did not recur, in words.
+    fn unreproduced_why(&self) -> String {
+        if !self.recorded_conf {
+            return "this config serves the requests the recorded one could not".into();
+        }
+        match (self.limit, self.limit_applied, self.capacity_source) {
+            (Limit::Cap(_) | Limit::Device { .. }, Applied::No, CapacitySource::Given) => format!(
+                "the job ran under a limit the file does not record, {}; this replay on the device given has no such limit",
+                self.limit.describe()
+            ),
+            (Limit::Inconsistent(_), _, _) => format!(
+                "the job ran under a limit that changed over time: {}",
+                self.limit.describe()
+            ),
+            (_, Applied::Cap(_) | Applied::HeldElsewhere(_), _) => {
+                "gpumem found room under the inferred limit where PyTorch did not: its allocator state differed there (see the segment events and the end state)".into()
+            }
+            _ => "the job ran under a limit the file does not record (a memory fraction, or memory held by another process), and the trace does not show it".into(),
+        }
+    }
+
+    /// The verdict.
+    pub fn verdict(&self) -> Verdict {
+        let counts = &self.counts;
+        let start_failed = self.start.map_or(0, |start| start.failed);
+        let ooms = counts.ooms + counts.recorded_ooms_reproduced + start_failed;
+        let unreproduced = counts
+            .recorded_ooms
+            .saturating_sub(counts.recorded_ooms_reproduced);
+        let unreproduced_why = (unreproduced > 0).then(|| self.unreproduced_why());
+        let first_oom_event = self.first_oom.as_ref().map(|oom| oom.index);
+        let device = self.device_words();
+        if ooms > 0 {
+            let first = match first_oom_event {
+                Some(index) => format!(", first at event {index}"),
+                None => ", the first in the state the trace starts from".into(),
+            };
+            let mut text = format!(
+                "does not fit on {device}: {ooms} OOM{}{first}",
+                plural(ooms)
+            );
+            if counts.recorded_ooms_reproduced > 0 {
+                text.push_str(&format!(
+                    " ({} of {} recorded OOMs reproduced)",
+                    counts.recorded_ooms_reproduced, counts.recorded_ooms
+                ));
+            }
+            return Verdict {
+                fits: false,
+                text,
+                ooms,
+                first_oom_event,
+                unreproduced,
+                unreproduced_why,
+            };
+        }
+        if unreproduced > 0 && self.capacity_source != CapacitySource::Given && self.recorded_conf {
+            return Verdict {
+                fits: false,
+                text: format!(
+                    "does not fit: the recorded run ran out of memory {unreproduced} time{}, which gpumem's replay on {device} did not reproduce",
+                    plural(unreproduced)
+                ),
+                ooms,
+                first_oom_event,
+                unreproduced,
+                unreproduced_why,
+            };
+        }
+        let text = if unreproduced > 0 && !self.recorded_conf {
+            format!(
+                "fits on {device} under this config (the recorded run, under its own, ran out of memory {unreproduced} time{})",
+                plural(unreproduced)
+            )
+        } else if unreproduced > 0 {
+            format!(
+                "fits on {device} (the recorded run ran out of memory {unreproduced} time{} on its own device)",
+                plural(unreproduced)
+            )
+        } else {
+            format!("fits on {device}: no allocation failed")
+        };
+        Verdict {
+            fits: true,
+            text,
+            ooms,
+            first_oom_event,
+            unreproduced,
+            unreproduced_why,
+        }
+    }
+}
+
+fn plural(count: u64) -> &'static str {
+    if count == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// The verdict line with the configs `--compare` tried: which of them fit when the recorded
+/// config does not ("fits under expandable_segments:True only"), or that none does.
+pub fn with_comparison(report: &ReplayReport, rows: &[(String, &ReplayReport)]) -> String {
+    let verdict = report.verdict();
+    if rows.is_empty() {
+        return verdict.text;
+    }
+    let fitting: Vec<&str> = rows
+        .iter()
+        .filter(|(_, row)| row.fits())
+        .map(|(conf, _)| conf.as_str())
+        .collect();
+    match (verdict.fits, fitting.is_empty()) {
+        (false, false) => format!("{}; fits under {} only", verdict.text, fitting.join(" or ")),
+        (false, true) => format!("{}; none of the compared configs fits either", verdict.text),
+        (true, _) if fitting.len() == rows.len() => {
+            format!("{}; so does every compared config", verdict.text)
+        }
+        (true, _) => {
+            let failing: Vec<&str> = rows
+                .iter()
+                .filter(|(_, row)| !row.fits())
+                .map(|(conf, _)| conf.as_str())
+                .collect();
+            format!("{}; not under {}", verdict.text, failing.join(" or "))
+        }
+    }
+}
