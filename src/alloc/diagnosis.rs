@@ -215,7 +215,7 @@ impl CachingAllocator {
     /// `rounded`, that needed a `segment`-byte segment, with the cause they point to.
     pub(super) fn diagnose(&self, requested: u64, rounded: u64, segment: u64) -> OomDiagnosis {
         let pool = Self::pool_for(rounded);
-        let page = super::expandable::page_size(pool);
+        let page = self.page_size(pool);
         let (mut largest_free, mut cached_free, mut cached_free_all, mut free_pages) = (0, 0, 0, 0);
         // Free blocks with memory behind them (unmapped ranges of expandable segments are
         // blocks too, but hold nothing).

@@ -180,6 +180,19 @@ mod tests {
         );
     }
 
+    /// PyTorch records no value for `large_segment_size_mb`: it comes back from the recorded
+    /// config text.
+    #[test]
+    fn large_segment_size_comes_back_from_the_recorded_text() {
+        let settings = AllocatorSettings {
+            alloc_conf: "large_segment_size_mb:40".into(),
+            ..AllocatorSettings::default()
+        };
+        let conf = settings.to_conf().expect("a 2.11 key");
+        assert_eq!(conf.large_segment_size, 40 << 20);
+        assert_eq!(conf.max_non_split_rounding_size, 40 << 20);
+    }
+
     #[test]
     fn interval_keys() {
         assert_eq!(interval_key(0), "1");

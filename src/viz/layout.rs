@@ -137,7 +137,8 @@ impl MemoryLayout {
                         (
                             block.address,
                             block.size,
-                            block.state == BlockState::ActiveAllocated,
+                            // A block waiting for its streams is in use too.
+                            block.state != BlockState::Inactive,
                         )
                     }),
                 )
@@ -167,7 +168,7 @@ impl MemoryLayout {
                     base,
                     size,
                     pool,
-                    blocks_in(base, base + size).map(|b| (b.ptr, b.size, b.allocated)),
+                    blocks_in(base, base + size).map(|b| (b.ptr, b.size, b.is_active())),
                 )
             })
             .collect();
@@ -183,7 +184,7 @@ impl MemoryLayout {
             };
             let mut spans = Vec::new();
             for block in inside.iter().filter(|block| block.ptr < end) {
-                if block.allocated {
+                if block.is_active() {
                     spans.push(Span {
                         address: block.ptr,
                         size: block.size,

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 
 use crate::device::sim::SimDevice;
-use crate::device::{DeviceError, DeviceMemory, DriverMemory, ProcessMemory};
+use crate::device::{DeviceError, DeviceMemory, DriverMemory, ProcessMemory, StreamEvent};
 
 /// Recorded `segment_alloc`s (address, size) waiting for the malloc that follows them.
 #[derive(Debug, Clone, Default)]
@@ -134,6 +134,36 @@ impl DeviceMemory for ReplayDevice {
 
     fn unmap_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
         self.inner.unmap_pages(address, bytes, page)
+    }
+
+    // Streams and events: the simulator's.
+
+    fn record_event(&mut self, stream: u64) -> Result<StreamEvent, DeviceError> {
+        self.inner.record_event(stream)
+    }
+
+    fn query_event(&self, event: StreamEvent) -> Result<bool, DeviceError> {
+        self.inner.query_event(event)
+    }
+
+    fn synchronize_event(&mut self, event: StreamEvent) -> Result<(), DeviceError> {
+        self.inner.synchronize_event(event)
+    }
+
+    fn synchronize_stream(&mut self, stream: u64) -> Result<(), DeviceError> {
+        self.inner.synchronize_stream(stream)
+    }
+
+    fn synchronize_device(&mut self) -> Result<(), DeviceError> {
+        self.inner.synchronize_device()
+    }
+
+    fn wait_stream(&mut self, stream: u64, other: u64) -> Result<(), DeviceError> {
+        self.inner.wait_stream(stream, other)
+    }
+
+    fn sleep(&mut self, stream: u64, millis: u64) -> Result<(), DeviceError> {
+        self.inner.sleep(stream, millis)
     }
 }
 
