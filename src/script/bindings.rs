@@ -8,7 +8,8 @@ use std::rc::Rc;
 use rhai::Engine;
 
 use super::{
-    device_api, memory_api, oom_error, progress_api, snapshot_api, tensor_api, values_api, viz_api,
+    device_api, memory_api, oom_error, progress_api, snapshot_api, stream_api, tensor_api,
+    values_api, viz_api,
 };
 use crate::tensor::Devices;
 
@@ -17,6 +18,7 @@ use crate::tensor::Devices;
 pub fn register(engine: &mut Engine, devices: &Rc<Devices>, map_settings: &viz_api::MapSettings) {
     tensor_api::register(engine, devices);
     device_api::register(engine, devices);
+    stream_api::register(engine, devices);
     memory_api::register(engine, devices);
     snapshot_api::register(engine, devices);
     values_api::register(engine);

@@ -18,6 +18,7 @@ pub mod sandbox;
 pub mod snapshot_api;
 pub mod stack;
 pub mod stdlib;
+pub mod stream_api;
 pub mod tensor_api;
 pub mod values_api;
 pub mod viz_api;

@@ -13,6 +13,7 @@ pub mod ops;
 pub mod philox;
 mod selection;
 pub mod shape;
+pub mod streams;
 
 use std::cell::{Cell, Ref, RefCell};
 use std::fmt;
@@ -32,6 +33,7 @@ use backend::{Backend, SimBackend, Span};
 use cuda_backend::CudaBackend;
 pub use devices::{Devices, NoSuchDevice};
 pub use dtype::DType;
+pub use streams::Stream;
 
 /// Seed of the random generator until `manual_seed` is called (PyTorch's default seed).
 pub const DEFAULT_SEED: u64 = 67_280_421_310_721;
@@ -89,6 +91,9 @@ pub struct Runtime {
     /// The stream this device's allocations go to (PyTorch's current stream of the device;
     /// 0 is the default stream).
     stream: Cell<StreamId>,
+    /// How many streams [`Runtime::new_stream`] has handed out (PyTorch's round-robin counter
+    /// over the device's stream pool).
+    streams_handed_out: Cell<u64>,
     seed: Cell<u64>,
     philox_offset: Cell<u64>,
 }
@@ -180,6 +185,7 @@ impl Runtime {
             label,
             index,
             stream: Cell::new(0),
+            streams_handed_out: Cell::new(0),
             seed: Cell::new(DEFAULT_SEED),
             philox_offset: Cell::new(0),
         })

@@ -36,6 +36,7 @@ impl Tensor {
         if self.numel() == 0 || self.storage.contents() == Contents::Uninitialized {
             return None;
         }
+        self.runtime().finish_current_stream().ok()?;
         self.runtime()
             .backend()
             .read(&self.span(), count.min(self.numel()))
@@ -51,6 +52,7 @@ impl Tensor {
                 self.numel()
             )));
         }
+        self.runtime().finish_current_stream()?;
         self.runtime().backend().read(&self.span(), self.numel())
     }
 
@@ -62,6 +64,7 @@ impl Tensor {
                 self.numel()
             )));
         }
+        self.runtime().finish_current_stream()?;
         let values = self.runtime().backend().read(&self.span(), 1)?;
         values
             .first()
@@ -160,6 +163,7 @@ impl Tensor {
                 self.dtype
             )));
         }
+        self.runtime().finish_current_stream()?;
         self.runtime().backend().reduce(op, &self.span())
     }
 }

@@ -82,6 +82,7 @@ pub fn help() -> String {
             "Out-of-memory errors (`catch (e)`; print(e) shows PyTorch's text and the why line)",
             Kind::Error,
         ),
+        ("Streams (`let s = stream();`)", Kind::Stream),
     ] {
         let _ = writeln!(text, "{title}:");
         for doc in BINDINGS.iter().filter(|doc| doc.kind == kind) {
@@ -105,11 +106,18 @@ pub fn help() -> String {
 /// `:help NAME`: one binding or command.
 pub fn help_for(name: &str) -> Result<String, String> {
     let bare = name.trim_start_matches('.');
-    if let Some(doc) = BINDINGS.iter().find(|doc| doc.name == bare) {
-        return Ok(format!(
-            "{}\n  {}\n  example: {}",
-            doc.signature, doc.summary, doc.example
-        ));
+    let entries: Vec<String> = BINDINGS
+        .iter()
+        .filter(|doc| doc.name == bare)
+        .map(|doc| {
+            format!(
+                "{}\n  {}\n  example: {}",
+                doc.signature, doc.summary, doc.example
+            )
+        })
+        .collect();
+    if !entries.is_empty() {
+        return Ok(entries.join("\n"));
     }
     let command = format!(":{}", name.trim_start_matches(':'));
     if let Some(found) = COMMANDS.iter().find(|c| c.name == command) {
@@ -355,6 +363,11 @@ mod tests {
         }
         assert!(help_for("randn").is_ok_and(|t| t.contains("randn(shape[, dtype])")));
         assert!(help_for("vars").is_ok_and(|t| t.contains(":vars")));
+        assert!(
+            help_for("synchronize").is_ok_and(|t| t.contains("synchronize([device])")
+                && t.contains("s.synchronize()")),
+            "a name documented for functions and streams shows both"
+        );
         assert!(help_for("nope").is_err_and(|t| t.contains("'nope'")));
     }
 }
