@@ -8,8 +8,8 @@ use std::rc::Rc;
 use rhai::Engine;
 
 use super::{
-    device_api, memory_api, oom_error, progress_api, sandbox, snapshot_api, stream_api,
-    tensor_api, values_api, viz_api,
+    device_api, memory_api, oom_error, progress_api, sandbox, snapshot_api, stream_api, tensor_api,
+    values_api, viz_api,
 };
 use crate::tensor::Devices;
 

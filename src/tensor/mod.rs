@@ -306,9 +306,10 @@ impl Runtime {
 
     /// Makes `stream` this device's current stream: allocations from now on are served from
     /// its pools (the allocator keeps one set per stream), as PyTorch's
-    /// `torch.cuda.set_stream`.
+    /// `torch.cuda.set_stream`. Kernels from now on go to it too.
     pub fn set_current_stream(&self, stream: StreamId) {
         self.stream.set(stream);
+        self.backend.set_stream(stream);
     }
 
     /// Whether this device's CUDA context exists: on a GPU, whether this process created its
@@ -336,12 +337,14 @@ impl Runtime {
     }
 
     /// Copies `src`, a span of `source`'s device, into `dst` on this runtime's device: a
-    /// device-to-device copy between two GPUs, or on simulated devices nothing to do (the
+    /// device-to-device copy between two GPUs, after the source device's current stream (which
+    /// may still be writing `src`) has finished; or on simulated devices nothing to do (the
     /// caller carries the recorded contents over).
     pub fn copy_from(&self, dst: &Span, source: &Runtime, src: &Span) -> Result<(), TensorError> {
         match (&self.origin, &source.origin) {
             (DeviceOrigin::Sim(_), DeviceOrigin::Sim(_)) => Ok(()),
             (DeviceOrigin::Cuda(to), DeviceOrigin::Cuda(from)) => {
+                source.finish_current_stream()?;
                 cuda_backend::copy_between_gpus(to, dst, from, src)
             }
             _ => Err(TensorError::Unsupported(format!(
