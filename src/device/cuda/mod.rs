@@ -543,6 +543,10 @@ impl DeviceMemory for CudaDevice {
     }
 
     fn synchronize_stream(&mut self, stream: u64) -> Result<(), DeviceError> {
+        // Without a context nothing was ever queued; waiting must not create one.
+        if !self.gpu.has_context() {
+            return Ok(());
+        }
         let on = self.gpu.stream(stream)?;
         self.gpu.activate()?.synchronize_stream(on)
     }
