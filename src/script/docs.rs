@@ -155,7 +155,7 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("stream_id", Stream, "s.stream_id", "0 for the default stream, 1 to 32 for the pool's streams", "default_stream().stream_id"),
     doc("synchronize", Stream, "s.synchronize()", "wait until the work queued on s has finished (frees waiting for it complete at the next allocation)", "stream().synchronize()"),
     doc("wait_stream", Stream, "s.wait_stream(other)", "work queued on s from now on waits for the work queued on other (a stream of the same device) so far", "stream().wait_stream(default_stream())"),
-    doc("==", Stream, "s == other, s != other", "whether two values name the same stream of the same device", "stream() == default_stream()"),
+    doc("==", Stream, "s == other", "whether two values name the same stream of the same device", "stream() == default_stream()"),
     doc("!=", Stream, "s != other", "whether they name different streams", "stream() != default_stream()"),
     doc("exit", Function, "exit([code])", "end the script (and gpumem run, or the REPL) with exit status code, 0 to 255 (default 0)", "if false { exit(3) }"),
 ];
