@@ -186,7 +186,7 @@ impl CachingAllocator {
                 ));
             }
             regions.push(Region {
-                base: segment.base,
+                base: segment.base.addr(),
                 size: segment.size(),
                 pool: segment.pool,
                 owner: segment.owner,

@@ -53,7 +53,7 @@ impl CachingAllocator {
             return Ok(());
         }
         let own = match self.blocks.get(allocation.id) {
-            Some(block) if block.allocated && block.ptr == allocation.ptr => block.stream,
+            Some(block) if block.allocated && block.ptr == allocation.ptr.addr() => block.stream,
             _ => {
                 return Err(AllocError::UnknownAllocation(format!(
                     "record_stream: no live allocation at {:#x}",
@@ -96,6 +96,14 @@ impl CachingAllocator {
     /// [`CachingAllocator::synchronize_stream`] it completes no pending free by itself.
     pub fn synchronize_device(&mut self) -> Result<(), AllocError> {
         Ok(self.device.synchronize_device()?)
+    }
+
+    /// Queues work that keeps `stream` busy for about `millis` milliseconds (`gpu_sleep`,
+    /// PyTorch's `torch.cuda._sleep`; on the simulator, until the next synchronisation point).
+    /// The allocator keeps no state for it: an event recorded on `stream` afterwards completes
+    /// only after this work.
+    pub fn sleep(&mut self, stream: StreamId, millis: u64) -> Result<(), AllocError> {
+        Ok(self.device.sleep(stream, millis)?)
     }
 
     /// Makes `stream`'s later work wait for the work queued on `other` so far
@@ -328,12 +336,10 @@ mod tests {
         let x = a.malloc(MIB + 512).expect("alloc");
         a.record_stream(x, SIDE).expect("record");
         assert_eq!(a.stream_uses(x), [SIDE]);
-        a.device_mut()
-            .sleep(SIDE, 10)
-            .expect("work on the side stream");
+        a.sleep(SIDE, 10).expect("work on the side stream");
         let mark = a.trace().len();
         a.free(x).expect("free");
-        assert_eq!(history(&a, mark), [("free_requested", x.ptr)]);
+        assert_eq!(history(&a, mark), [("free_requested", x.ptr.addr())]);
         assert_eq!(get(&a, "allocated_bytes.all.current"), 0);
         assert_eq!(get(&a, "allocation.all.current"), 0);
         assert_eq!(get(&a, "active_bytes.all.current"), x.size as i64);
@@ -344,7 +350,10 @@ mod tests {
             1,
             "the 20 MiB segment's rest"
         );
-        assert_eq!(state_of(&a, x.ptr), Some(BlockState::ActivePendingFree));
+        assert_eq!(
+            state_of(&a, x.ptr.addr()),
+            Some(BlockState::ActivePendingFree)
+        );
         assert_eq!(
             a.pending_frees(),
             PendingFrees {
@@ -365,7 +374,7 @@ mod tests {
         let z = a.malloc(MIB + 512).expect("alloc");
         assert_eq!(
             history(&a, mark),
-            [("free_completed", x.ptr), ("alloc", x.ptr)],
+            [("free_completed", x.ptr.addr()), ("alloc", x.ptr.addr())],
             "process_events at the start of malloc, then the freed block is the best fit"
         );
         assert_eq!(z.ptr, x.ptr);
@@ -389,7 +398,7 @@ mod tests {
         assert_eq!(get(&a, "requested_bytes.all.current"), 4096);
         let mark = a.trace().len();
         let _ = a.malloc(8192).expect("alloc");
-        assert_eq!(history(&a, mark)[0], ("free_completed", x.ptr));
+        assert_eq!(history(&a, mark)[0], ("free_completed", x.ptr.addr()));
         assert_eq!(get(&a, "active.all.current"), 1);
         a.check_invariants().expect("consistent");
     }
@@ -422,14 +431,17 @@ mod tests {
         let x = a.malloc(4096).expect("alloc");
         a.record_stream(x, 5).expect("record");
         a.record_stream(x, 6).expect("record");
-        a.device_mut().sleep(5, 1).expect("sleep");
-        a.device_mut().sleep(6, 1).expect("sleep");
+        a.sleep(5, 1).expect("sleep");
+        a.sleep(6, 1).expect("sleep");
         a.free(x).expect("free");
         assert_eq!(a.pending_frees().events, 2);
         a.synchronize_stream(5).expect("sync");
         let _ = a.malloc(512).expect("alloc");
         assert_eq!(a.pending_frees().events, 1, "stream 6 still works");
-        assert_eq!(state_of(&a, x.ptr), Some(BlockState::ActivePendingFree));
+        assert_eq!(
+            state_of(&a, x.ptr.addr()),
+            Some(BlockState::ActivePendingFree)
+        );
         a.synchronize_device().expect("sync");
         let _ = a.malloc(512).expect("alloc");
         assert_eq!(a.pending_frees(), PendingFrees::default());
@@ -443,7 +455,7 @@ mod tests {
         let mut a = allocator("");
         let x = a.malloc(4096).expect("alloc");
         a.record_stream(x, 5).expect("record");
-        a.device_mut().sleep(6, 1).expect("sleep");
+        a.sleep(6, 1).expect("sleep");
         a.wait_stream(5, 6).expect("wait");
         a.free(x).expect("free");
         let _ = a.malloc(512).expect("alloc");
@@ -468,7 +480,7 @@ mod tests {
         let x = a.malloc(4 * MIB).expect("alloc");
         let y = a.malloc(4 * MIB).expect("alloc");
         a.record_stream(x, SIDE).expect("record");
-        a.device_mut().sleep(SIDE, 1).expect("sleep");
+        a.sleep(SIDE, 1).expect("sleep");
         a.free(x).expect("free");
         a.free(y).expect("free");
         // y merged with the free rest only: x's piece stays apart.
@@ -493,13 +505,16 @@ mod tests {
         let mut a = allocator("");
         let x = a.malloc(30 * MIB).expect("alloc");
         a.record_stream(x, SIDE).expect("record");
-        a.device_mut().sleep(SIDE, 1).expect("sleep");
+        a.sleep(SIDE, 1).expect("sleep");
         a.free(x).expect("free");
         let mark = a.trace().len();
         a.empty_cache().expect("empty");
         assert_eq!(
             history(&a, mark),
-            [("free_completed", x.ptr), ("segment_free", x.ptr)]
+            [
+                ("free_completed", x.ptr.addr()),
+                ("segment_free", x.ptr.addr())
+            ]
         );
         assert_eq!(get(&a, "num_sync_all_streams"), 1);
         assert_eq!(get(&a, "reserved_bytes.all.current"), 0);
@@ -516,7 +531,7 @@ mod tests {
             .expect("fraction");
         let x = a.malloc(40 * MIB).expect("alloc");
         a.record_stream(x, SIDE).expect("record");
-        a.device_mut().sleep(SIDE, 1).expect("sleep");
+        a.sleep(SIDE, 1).expect("sleep");
         a.free(x).expect("free");
         let mark = a.trace().len();
         let y = a
@@ -525,10 +540,10 @@ mod tests {
         assert_eq!(
             history(&a, mark),
             [
-                ("free_completed", x.ptr),
-                ("segment_free", x.ptr),
-                ("segment_alloc", y.ptr),
-                ("alloc", y.ptr)
+                ("free_completed", x.ptr.addr()),
+                ("segment_free", x.ptr.addr()),
+                ("segment_alloc", y.ptr.addr()),
+                ("alloc", y.ptr.addr())
             ]
         );
         assert_eq!(get(&a, "num_alloc_retries"), 1);
@@ -544,10 +559,14 @@ mod tests {
         let mut a = allocator("expandable_segments:True");
         let x = a.malloc(20 * MIB).expect("alloc");
         a.record_stream(x, SIDE).expect("record");
-        a.device_mut().sleep(SIDE, 1).expect("sleep");
+        a.sleep(SIDE, 1).expect("sleep");
         a.free(x).expect("free");
         let y = a.malloc(20 * MIB).expect("alloc");
-        assert_eq!(y.ptr, x.ptr + 20 * MIB, "mapped after the pending block");
+        assert_eq!(
+            y.ptr.addr(),
+            x.ptr.addr() + 20 * MIB,
+            "mapped after the pending block"
+        );
         assert_eq!(get(&a, "reserved_bytes.all.current"), 40 * MIB as i64);
         a.check_invariants().expect("consistent");
         a.empty_cache().expect("empty");

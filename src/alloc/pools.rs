@@ -524,8 +524,8 @@ mod tests {
         a.end_allocate_to_pool(id).expect("leave");
         a.release_pool(id).expect("leave");
         assert_eq!(a.pool_use_count(id), Some(1));
-        assert_eq!(pool_of(&a, x.ptr), Some(id));
-        assert_eq!(pool_of(&a, y.ptr), Some(id));
+        assert_eq!(pool_of(&a, x.ptr.addr()), Some(id));
+        assert_eq!(pool_of(&a, y.ptr.addr()), Some(id));
         let segment_allocs: Vec<MemPoolId> = log
             .borrow()
             .events()
@@ -536,7 +536,7 @@ mod tests {
         assert_eq!(segment_allocs, [id, id], "events carry the pool");
         // Outside the pool, a request does not see the pool's free 15 MiB.
         let z = a.malloc(5 * MIB).expect("default pool");
-        assert_eq!(pool_of(&a, z.ptr), Some(MemPoolId::DEFAULT));
+        assert_eq!(pool_of(&a, z.ptr.addr()), Some(MemPoolId::DEFAULT));
         assert_eq!(get(&a, "segment.large_pool.current"), 2);
         assert_eq!(get(&a, "reserved_bytes.all.current"), 42 * MIB as i64);
         a.free(x).expect("free");
@@ -579,9 +579,9 @@ mod tests {
         a.begin_allocate_to_pool(user, PoolFilter::AllStreams)
             .expect("nested");
         let nested = a.malloc_on(7, 4096).expect("alloc");
-        assert_eq!(pool_of(&a, on_default.ptr), Some(MemPoolId::DEFAULT));
-        assert_eq!(pool_of(&a, on_seven.ptr), Some(graph));
-        assert_eq!(pool_of(&a, nested.ptr), Some(user));
+        assert_eq!(pool_of(&a, on_default.ptr.addr()), Some(MemPoolId::DEFAULT));
+        assert_eq!(pool_of(&a, on_seven.ptr.addr()), Some(graph));
+        assert_eq!(pool_of(&a, nested.ptr.addr()), Some(user));
         assert_eq!(
             a.active_pools(),
             [
@@ -670,7 +670,7 @@ mod tests {
         a.set_memory_fraction(30.0 * MIB as f64 / total)
             .expect("fraction");
         let y = a.malloc(6 * MIB).expect("from the pool");
-        assert_eq!(pool_of(&a, y.ptr), Some(id));
+        assert_eq!(pool_of(&a, y.ptr.addr()), Some(id));
         assert_eq!(y.ptr, x.ptr);
         assert_eq!(get(&a, "num_alloc_retries"), 0);
         assert_eq!(get(&a, "num_device_alloc"), 1);
@@ -705,7 +705,7 @@ mod tests {
         let before = a.malloc(4096).expect("alloc");
         let during = a.malloc(8192).expect("alloc");
         a.record_stream(before, 5).expect("record");
-        a.device_mut().sleep(5, 1).expect("busy");
+        a.sleep(5, 1).expect("busy");
         let id = a.new_graph_pool_id();
         a.begin_allocate_to_pool(id, PoolFilter::Stream(9))
             .expect("capture");
@@ -726,7 +726,7 @@ mod tests {
             .filter(|entry| entry.action == EventKind::FreeCompleted)
             .map(|entry| entry.addr)
             .collect();
-        assert_eq!(completed, [during.ptr], "stream 5 still works");
+        assert_eq!(completed, [during.ptr.addr()], "stream 5 still works");
         assert_eq!(a.pending_frees().events, 1);
         a.check_invariants().expect("consistent");
         a.empty_cache().expect("empty");
@@ -749,7 +749,7 @@ mod tests {
         let default = a.malloc(5 * MIB).expect("alloc");
         a.record_stream(pooled, 5).expect("record");
         a.record_stream(default, 5).expect("record");
-        a.device_mut().sleep(5, 1).expect("busy");
+        a.sleep(5, 1).expect("busy");
         a.free(pooled).expect("free");
         a.free(default).expect("free");
         a.empty_cache_pool(id).expect("in use: nothing");
@@ -779,8 +779,8 @@ mod tests {
         let y = a.malloc(5 * MIB).expect("alloc");
         a.end_allocate_to_pool(id).expect("end");
         assert_eq!(a.expandable_segments().len(), 2);
-        assert_eq!(pool_of(&a, y.ptr), Some(id));
-        assert_ne!(pool_of(&a, x.ptr), pool_of(&a, y.ptr));
+        assert_eq!(pool_of(&a, y.ptr.addr()), Some(id));
+        assert_ne!(pool_of(&a, x.ptr.addr()), pool_of(&a, y.ptr.addr()));
         assert_eq!(get(&a, "reserved_bytes.all.current"), 40 * MIB as i64);
         a.free(y).expect("free");
         a.release_pool(id).expect("freeable");

@@ -142,9 +142,15 @@ impl CachingAllocator {
         let block = self.blocks.at(id);
         let (ptr, size, pool, stream, owner) =
             (block.ptr, block.size, block.pool, block.stream, block.owner);
+        let Some(segment) = self.segments.get(&ptr) else {
+            return Err(AllocError::Internal(format!(
+                "the cached block at {ptr:#x} is not a whole segment"
+            )));
+        };
+        let base = segment.base;
         self.stats.num_device_free += 1;
         self.emit(EventKind::SegmentFree, ptr, size, size, stream, pool, owner);
-        self.device.free(ptr)?;
+        self.device.free(base)?;
         self.uncount_private_malloc(owner);
         self.total_allocated_memory -= size;
         self.stats.segment.decrease(pool, 1);
