@@ -242,7 +242,7 @@ proptest! {
                         allocator.record_stream(allocation, stream).expect("record_stream");
                     }
                 }
-                Op::Work { stream } => allocator.sleep(stream, 1).expect("sleep"),
+                Op::Work { stream } => allocator.device_mut().sleep(stream, 1).expect("sleep"),
                 Op::SyncStream { stream } => allocator.synchronize_stream(stream).expect("sync"),
                 Op::SyncAll => allocator.synchronize_device().expect("sync"),
                 Op::WaitStream { stream, other } => {

@@ -19,6 +19,7 @@ pub mod format;
 mod invariants;
 pub mod measure;
 mod oom;
+pub mod outlook;
 pub mod pending;
 pub mod pools;
 mod release;
@@ -298,6 +299,12 @@ impl CachingAllocator {
     /// The device segments come from.
     pub fn device(&self) -> &dyn DeviceMemory {
         self.device.as_ref()
+    }
+
+    /// Mutable access to the device: queueing work on its streams (`sleep`), as a job keeps a
+    /// stream busy while a freed block waits for it.
+    pub fn device_mut(&mut self) -> &mut dyn DeviceMemory {
+        self.device.as_mut()
     }
 
     /// The counters (`torch.cuda.memory_stats()`).
@@ -600,24 +607,32 @@ impl CachingAllocator {
     /// that keep oversize blocks for oversize requests.
     fn get_free_block(&mut self, request: Request) -> Option<BlockId> {
         let gc = self.garbage_collection_enabled();
-        let max_split_size = self.config.max_split_size;
-        let expandable = request.expandable;
-        // Without expandable segments in the config no block can be expandable.
-        let plain = !self.config.expandable_segments;
         let pool = self.pool_mut(request.owner, request.pool);
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
-        if max_split_size == u64::MAX && plain {
-            // No split limit and no expandable block, so no rule applies: take the best fit
-            // in one traversal.
-            return pool.take_best_fit(request.stream, request.size);
+        if self.config.max_split_size == u64::MAX && !self.config.expandable_segments {
+            // No split limit and (without expandable segments in the config) no expandable
+            // block, so no rule applies: take the best fit in one traversal.
+            return self
+                .pool_mut(request.owner, request.pool)
+                .take_best_fit(request.stream, request.size);
         }
+        let (_, block_size, ptr, id) = self.find_free_block(request)?;
+        self.pool_mut(request.owner, request.pool)
+            .remove(request.stream, block_size, ptr, id);
+        Some(id)
+    }
+
+    /// The block [`CachingAllocator::get_free_block`] would take, without taking it.
+    fn find_free_block(&self, request: Request) -> Option<block::FreeKey> {
+        let max_split_size = self.config.max_split_size;
+        let pool = self.pool_ref(request.owner, request.pool);
         let mut key = pool.best_fit(request.stream, request.size)?;
         if self.blocks.at(key.3).is_expandable() {
-            key = self.expandable_best_fit(request, key, expandable)?;
+            key = self.expandable_best_fit(request, key, request.expandable)?;
         }
-        let (_, block_size, ptr, id) = key;
+        let block_size = key.1;
         // Do not return an oversized block for a small request.
         if request.size < max_split_size && block_size >= max_split_size {
             return None;
@@ -632,9 +647,7 @@ impl CachingAllocator {
         {
             return None;
         }
-        self.pool_mut(request.owner, request.pool)
-            .remove(request.stream, block_size, ptr, id);
-        Some(id)
+        Some(key)
     }
 
     /// The expandable part of `get_free_block`, starting from the best fit `first`, which lies

@@ -98,14 +98,6 @@ impl CachingAllocator {
         Ok(self.device.synchronize_device()?)
     }
 
-    /// Queues work that keeps `stream` busy for about `millis` milliseconds (`gpu_sleep`,
-    /// PyTorch's `torch.cuda._sleep`; on the simulator, until the next synchronisation point).
-    /// The allocator keeps no state for it: an event recorded on `stream` afterwards completes
-    /// only after this work.
-    pub fn sleep(&mut self, stream: StreamId, millis: u64) -> Result<(), AllocError> {
-        Ok(self.device.sleep(stream, millis)?)
-    }
-
     /// Makes `stream`'s later work wait for the work queued on `other` so far
     /// (`torch.cuda.Stream.wait_stream`); the allocator keeps no state for it, but an event
     /// recorded on `stream` afterwards completes only after `other`'s work.
@@ -336,7 +328,9 @@ mod tests {
         let x = a.malloc(MIB + 512).expect("alloc");
         a.record_stream(x, SIDE).expect("record");
         assert_eq!(a.stream_uses(x), [SIDE]);
-        a.sleep(SIDE, 10).expect("work on the side stream");
+        a.device_mut()
+            .sleep(SIDE, 10)
+            .expect("work on the side stream");
         let mark = a.trace().len();
         a.free(x).expect("free");
         assert_eq!(history(&a, mark), [("free_requested", x.ptr.addr())]);
@@ -365,7 +359,7 @@ mod tests {
         a.check_invariants().expect("consistent");
         // Not reusable while the side stream works: the same request takes the free rest.
         let y = a.malloc(MIB + 512).expect("alloc");
-        assert_ne!(y.ptr, x.ptr);
+        assert_ne!(y.ptr.addr(), x.ptr.addr());
         assert_eq!(a.pending_frees().blocks, 1);
         // Synchronising completes the stream's work, not the free: the next malloc does.
         a.synchronize_stream(SIDE).expect("sync");
@@ -377,7 +371,7 @@ mod tests {
             [("free_completed", x.ptr.addr()), ("alloc", x.ptr.addr())],
             "process_events at the start of malloc, then the freed block is the best fit"
         );
-        assert_eq!(z.ptr, x.ptr);
+        assert_eq!(z.ptr.addr(), x.ptr.addr());
         assert_eq!(a.pending_frees(), PendingFrees::default());
         assert_eq!(
             get(&a, "active_bytes.all.current"),
@@ -431,8 +425,8 @@ mod tests {
         let x = a.malloc(4096).expect("alloc");
         a.record_stream(x, 5).expect("record");
         a.record_stream(x, 6).expect("record");
-        a.sleep(5, 1).expect("sleep");
-        a.sleep(6, 1).expect("sleep");
+        a.device_mut().sleep(5, 1).expect("sleep");
+        a.device_mut().sleep(6, 1).expect("sleep");
         a.free(x).expect("free");
         assert_eq!(a.pending_frees().events, 2);
         a.synchronize_stream(5).expect("sync");
@@ -455,7 +449,7 @@ mod tests {
         let mut a = allocator("");
         let x = a.malloc(4096).expect("alloc");
         a.record_stream(x, 5).expect("record");
-        a.sleep(6, 1).expect("sleep");
+        a.device_mut().sleep(6, 1).expect("sleep");
         a.wait_stream(5, 6).expect("wait");
         a.free(x).expect("free");
         let _ = a.malloc(512).expect("alloc");
@@ -480,7 +474,7 @@ mod tests {
         let x = a.malloc(4 * MIB).expect("alloc");
         let y = a.malloc(4 * MIB).expect("alloc");
         a.record_stream(x, SIDE).expect("record");
-        a.sleep(SIDE, 1).expect("sleep");
+        a.device_mut().sleep(SIDE, 1).expect("sleep");
         a.free(x).expect("free");
         a.free(y).expect("free");
         // y merged with the free rest only: x's piece stays apart.
@@ -505,7 +499,7 @@ mod tests {
         let mut a = allocator("");
         let x = a.malloc(30 * MIB).expect("alloc");
         a.record_stream(x, SIDE).expect("record");
-        a.sleep(SIDE, 1).expect("sleep");
+        a.device_mut().sleep(SIDE, 1).expect("sleep");
         a.free(x).expect("free");
         let mark = a.trace().len();
         a.empty_cache().expect("empty");
@@ -531,7 +525,7 @@ mod tests {
             .expect("fraction");
         let x = a.malloc(40 * MIB).expect("alloc");
         a.record_stream(x, SIDE).expect("record");
-        a.sleep(SIDE, 1).expect("sleep");
+        a.device_mut().sleep(SIDE, 1).expect("sleep");
         a.free(x).expect("free");
         let mark = a.trace().len();
         let y = a
@@ -559,7 +553,7 @@ mod tests {
         let mut a = allocator("expandable_segments:True");
         let x = a.malloc(20 * MIB).expect("alloc");
         a.record_stream(x, SIDE).expect("record");
-        a.sleep(SIDE, 1).expect("sleep");
+        a.device_mut().sleep(SIDE, 1).expect("sleep");
         a.free(x).expect("free");
         let y = a.malloc(20 * MIB).expect("alloc");
         assert_eq!(

@@ -671,7 +671,7 @@ mod tests {
             .expect("fraction");
         let y = a.malloc(6 * MIB).expect("from the pool");
         assert_eq!(pool_of(&a, y.ptr.addr()), Some(id));
-        assert_eq!(y.ptr, x.ptr);
+        assert_eq!(y.ptr.addr(), x.ptr.addr());
         assert_eq!(get(&a, "num_alloc_retries"), 0);
         assert_eq!(get(&a, "num_device_alloc"), 1);
         assert_eq!(a.pool_use_count(id), Some(1));
@@ -705,7 +705,7 @@ mod tests {
         let before = a.malloc(4096).expect("alloc");
         let during = a.malloc(8192).expect("alloc");
         a.record_stream(before, 5).expect("record");
-        a.sleep(5, 1).expect("busy");
+        a.device_mut().sleep(5, 1).expect("busy");
         let id = a.new_graph_pool_id();
         a.begin_allocate_to_pool(id, PoolFilter::Stream(9))
             .expect("capture");
@@ -749,7 +749,7 @@ mod tests {
         let default = a.malloc(5 * MIB).expect("alloc");
         a.record_stream(pooled, 5).expect("record");
         a.record_stream(default, 5).expect("record");
-        a.sleep(5, 1).expect("busy");
+        a.device_mut().sleep(5, 1).expect("busy");
         a.free(pooled).expect("free");
         a.free(default).expect("free");
         a.empty_cache_pool(id).expect("in use: nothing");

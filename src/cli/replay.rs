@@ -56,8 +56,10 @@ pub struct ReplayArgs {
     pub min_capacity: bool,
     /// `--json`.
     pub json: bool,
-    /// `--placement model`.
+    /// `--placement`.
     pub placement: Placement,
+    /// `--device-index N`.
+    pub device_index: Option<u32>,
     /// `--timeline` and `--report`.
     pub outputs: super::Outputs,
 }
@@ -129,6 +131,7 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         capacity,
         conf: conf.clone(),
         placement: args.placement,
+        device_index: args.device_index,
     };
     let report = run_one(args, &options)?;
     if args.outputs.wanted() {
@@ -139,7 +142,6 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         gpumem::snapshot::replay::replay_observed(
             &args.file,
             &report,
-            args.placement,
             vec![Box::new(Rc::clone(&recorder))],
         )
         .map_err(|error| replay_error(&args.file, error))?;
@@ -158,7 +160,7 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         if !args.min_capacity {
             return Ok(None);
         }
-        min_capacity(&args.file, capacity, conf)
+        min_capacity(&args.file, capacity, conf, args.device_index)
             .map(Some)
             .map_err(|error| replay_error(&args.file, error))
     };
@@ -170,6 +172,7 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
             capacity,
             conf: Some(conf.clone()),
             placement: args.placement,
+            device_index: args.device_index,
         };
         let row = run_one(args, &options)?;
         let row_search = search(Some(conf))?;

@@ -49,7 +49,8 @@ impl AllocatorSettings {
     pub fn from_conf(conf: &AllocConf) -> AllocatorSettings {
         let mut divisions = [0_i64; ROUNDUP_POWER2_INTERVALS];
         for (slot, value) in divisions.iter_mut().zip(conf.roundup_power2_divisions) {
-            *slot = super::model::int(value);
+            // Saturating, as the model's integers do (no division count comes near it).
+            *slot = i64::try_from(value).unwrap_or(i64::MAX);
         }
         AllocatorSettings {
             alloc_conf: conf.source.clone(),

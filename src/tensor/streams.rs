@@ -158,7 +158,7 @@ impl Runtime {
             )));
         }
         let mut allocator = self.allocator.borrow_mut();
-        Ok(allocator.sleep(stream, millis.ceil() as u64)?)
+        Ok(allocator.device_mut().sleep(stream, millis.ceil() as u64)?)
     }
 
     /// Waits for the current stream before the host reads a tensor's values, as a read does in
