@@ -161,6 +161,9 @@ impl Engine {
         }
         self.counts.events += 1;
         let index = emitted.index;
+        // Every allocator event this file event causes carries its index (low 32 bits; the
+        // timeline restores the rest), so pictures number events as the text does.
+        self.allocator.set_trace_context(index as u32);
         let event = emitted.event;
         let fail = |message: String| SnapshotError::Event { index, message };
         if !is_release(event.action) {
@@ -188,7 +191,10 @@ impl Engine {
             Action::Snapshot => self.counts.snapshots += 1,
             // gpumem's own kinds: a file's reader accepts only PyTorch's names (a recorded
             // `empty_cache()` shows in its segment_free events, which the arm above replays).
-            Action::EmptyCache | Action::RangeReserve | Action::RangeRelease => {}
+            Action::EmptyCache
+            | Action::RangeReserve
+            | Action::RangeRelease
+            | Action::SetMemoryFraction => {}
         }
         if matches!(event.action, Action::Alloc | Action::Oom) {
             if let Some(hints) = &self.hints {
@@ -202,6 +208,7 @@ impl Engine {
     /// Ends the replay: a release run at the very end was `empty_cache()`.
     pub fn finish(&mut self, last_index: u64) -> Result<(), SnapshotError> {
         if self.release_pending {
+            self.allocator.set_trace_context(last_index as u32);
             self.empty_cache(last_index)
                 .map_err(|message| SnapshotError::Event {
                     index: last_index,
