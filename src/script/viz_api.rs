@@ -59,21 +59,16 @@ fn measure_map(report: &ScopeReport, result: Dynamic) -> Map {
     map
 }
 
-/// `file:line` for each context id the timeline's events carry (entry `i` is id `i + 1`), from
-/// the call sites bindings stamped ([`super::history::stamp`]).
-pub fn timeline_labels(timeline: &crate::viz::Timeline) -> Vec<String> {
-    let last = timeline
-        .events
-        .iter()
-        .map(|event| event.context)
-        .max()
-        .unwrap_or(0);
-    (1..=last)
+/// The script location of each context id the timeline's events carry (entry `i` is id
+/// `i + 1`), from the call sites bindings stamped ([`super::history::stamp`]).
+pub fn timeline_labels(timeline: &crate::viz::Timeline) -> Vec<crate::viz::Site> {
+    (1..=timeline.counts.last_context)
         .map(|id| {
             super::history::frames(id)
                 .first()
-                .map_or_else(String::new, |frame| {
-                    format!("{}:{}", frame.filename, frame.line)
+                .map_or_else(crate::viz::Site::default, |frame| crate::viz::Site {
+                    label: format!("{}:{}", frame.filename, frame.line),
+                    helper: None,
                 })
         })
         .collect()
