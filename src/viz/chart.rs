@@ -90,6 +90,9 @@ fn register_font() {
     });
 }
 
+/// How a phase marker's label begins.
+const PHASE_KIND: &str = "▸";
+
 /// Up to this many OOMs, each is drawn with the request it could not meet.
 const FEW_OOMS: u64 = 20;
 
@@ -307,6 +310,16 @@ fn place_labels(
             let mut texts = Vec::new();
             if !marker.label.is_empty() {
                 texts.push(format!("{} {}", marker.kind, marker.label));
+                // A phase's name is worth keeping in part where the whole does not fit.
+                if marker.kind == PHASE_KIND {
+                    let chars: Vec<char> = marker.label.chars().collect();
+                    for keep in [24, 16, 10, 6, 3] {
+                        if chars.len() > keep {
+                            let short: String = chars[..keep].iter().collect();
+                            texts.push(format!("{} {}…", marker.kind, short.trim_end()));
+                        }
+                    }
+                }
             }
             texts.push(marker.kind.to_string());
             texts
@@ -571,7 +584,7 @@ fn draw<DB: DrawingBackend>(
                 (OOM, "OOM", timeline.label(mark.context), false)
             }
             MarkKind::EmptyCache => (CACHE, "empty_cache()", timeline.label(mark.context), false),
-            MarkKind::Phase(text) => (PHASE, "▸", text.clone(), true),
+            MarkKind::Phase(text) => (PHASE, PHASE_KIND, text.clone(), true),
         };
         if dashed {
             dashed_line(&mut chart, (x, 0.0), (x, y_max), color)?;
@@ -974,6 +987,90 @@ mod tests {
         let texts: Vec<&str> = placed.iter().map(|p| p.2.as_str()).collect();
         assert!(texts.contains(&"2 × OOM"), "{texts:?}");
         assert!(texts.contains(&"OOM a.rhai:4"), "{texts:?}");
+    }
+
+    /// The texts of an SVG with their y coordinates.
+    fn texts(svg: &str) -> Vec<(i32, String)> {
+        svg.split("</text>")
+            .filter_map(|part| {
+                let (tag, text) = part.rsplit_once('>')?;
+                let tag = tag.rsplit_once("<text")?.1;
+                let y = tag.split(" y=\"").nth(1)?.split('"').next()?.parse().ok()?;
+                Some((y, text.trim().to_string()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_legend_sits_above_the_plot_never_over_data() {
+        let mut states = vec![(900_u64 << 20, 1000_u64 << 20); 50];
+        states[0] = (1000 << 20, 1000 << 20);
+        let timeline = timeline(&states);
+        let (picture, geometry) = svg(&timeline, ChartSize::default()).expect("drawn");
+        let legend: Vec<i32> = texts(&picture)
+            .into_iter()
+            .filter(|(_, text)| text.starts_with("reserved (") || text.starts_with("allocated ("))
+            .map(|(y, _)| y)
+            .collect();
+        assert_eq!(legend.len(), 2, "{picture}");
+        for y in legend {
+            assert!(
+                y + 14 <= geometry.top,
+                "legend text at {y}, plot from {}",
+                geometry.top
+            );
+        }
+    }
+
+    #[test]
+    fn the_limits_that_explain_an_oom_are_drawn() {
+        use crate::viz::timeline::{Mark, OomLimits};
+        let mut timeline = timeline(&[(200 << 20, 200 << 20), (200 << 20, 200 << 20)]);
+        timeline.device_total = 1 << 30;
+        timeline.caps = vec![(0, None), (1, Some(256 << 20))];
+        timeline.marks.push(Mark {
+            position: 2,
+            kind: MarkKind::Oom(OomLimits {
+                reserved: 200 << 20,
+                segment: 100 << 20,
+                device_free: 800 << 20,
+                cap: Some(256 << 20),
+            }),
+            context: 0,
+        });
+        timeline.counts.ooms = 1;
+        let (picture, _) = svg(&timeline, ChartSize::default()).expect("drawn");
+        let all: Vec<String> = texts(&picture).into_iter().map(|(_, text)| text).collect();
+        assert!(
+            all.iter()
+                .any(|t| t.starts_with("fraction cap") && t.contains("256 MiB")),
+            "{all:?}"
+        );
+        assert!(
+            all.iter()
+                .any(|t| t == "device total 1 GiB (off the scale)"),
+            "{all:?}"
+        );
+        // The cap is drawn as dashes in its colour.
+        assert!(picture.contains("stroke=\"#E67800\""), "the cap's line");
+
+        // Refused by the device, not the cap: the device total and what the allocator could
+        // reach (what it held plus what was free) are drawn.
+        timeline.caps = vec![(0, None)];
+        timeline.marks[0].kind = MarkKind::Oom(OomLimits {
+            reserved: 900 << 20,
+            segment: 200 << 20,
+            device_free: 100 << 20,
+            cap: None,
+        });
+        let (picture, _) = svg(&timeline, ChartSize::default()).expect("drawn");
+        let all: Vec<String> = texts(&picture).into_iter().map(|(_, text)| text).collect();
+        assert!(all.iter().any(|t| t == "device total 1 GiB"), "{all:?}");
+        assert!(
+            all.iter()
+                .any(|t| t.starts_with("what the allocator could reach at the OOM: 1000 MiB")),
+            "{all:?}"
+        );
     }
 
     #[test]
