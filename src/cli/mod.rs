@@ -7,15 +7,14 @@
 pub mod bench;
 pub mod golden;
 pub mod paint;
+pub mod record;
 pub mod repl;
 pub mod replay;
 pub mod soak;
 pub mod splitmix;
 
-use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::rc::Rc;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use thiserror::Error;
@@ -26,7 +25,7 @@ use gpumem::script::{on_script_stack, Host, Limits, PrintSink, ScriptError};
 use gpumem::session::{self, ConfigSource, Session, SessionError, SessionOptions};
 use gpumem::viz::chart::{self, ChartSize};
 use gpumem::viz::report::{self, ReportInput};
-use gpumem::viz::{Recorder, Timeline};
+use gpumem::viz::Timeline;
 
 /// The process exit statuses `gpumem` uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -525,40 +524,21 @@ fn run(
         }
         other => other?,
     };
-    let host = Host::with_limits(session.runtime, PrintSink::Stdout, limits);
+    let mut host = Host::with_limits(session.runtime, PrintSink::Stdout, limits);
     host.set_map_options(paint::stdout_map_options());
     if !outputs.wanted() {
         return Ok(host.run_source(&name, &source)?);
     }
+    // Pictures name the script's own line for events inside stdlib helpers.
+    host.track_call_sites();
     let runtime = std::rc::Rc::clone(host.runtime());
-    // While observed, bindings stamp their script line on the allocator's trace context.
-    let recorder = Rc::new(RefCell::new(Recorder::new(
-        &runtime.allocator(),
-        name.clone(),
-    )));
-    let subscription = runtime.subscribe(Box::new(Rc::clone(&recorder)));
+    let recording = record::Recording::start(&runtime, &name);
     let result = host.run_source(&name, &source);
-    runtime.unsubscribe(subscription);
-    let mut timeline = recorder.borrow().timeline(Vec::new());
-    timeline.labels = gpumem::script::viz_api::timeline_labels(&timeline);
-    let end = {
-        let allocator = runtime.allocator();
-        EndState {
-            title: name.clone(),
-            device: runtime.device_label().to_string(),
-            timelines: vec![Drawn {
-                label: format!("session allocator ({})", runtime.device_label()),
-                timeline,
-                config: options.config.text().to_string(),
-                counters: allocator.stats().entries(),
-                summary: gpumem::alloc::summary::memory_summary(
-                    allocator.stats(),
-                    allocator.device().index(),
-                    false,
-                ),
-            }],
-            comparison: None,
-        }
+    let end = EndState {
+        title: name.clone(),
+        device: runtime.device_label().to_string(),
+        timelines: recording.finish(options.config.text()),
+        comparison: None,
     };
     outputs.write(&end)?;
     Ok(result?)

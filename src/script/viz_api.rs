@@ -1,5 +1,6 @@
-//! Seeing memory from scripts: `memory_map([width])`, `fragmentation()` and
-//! `measure(|| { ... })`. Thin glue over [`crate::viz`] and the allocator's measurement scopes.
+//! Seeing memory from scripts: `memory_map([width])`, `fragmentation()`,
+//! `measure(|| { ... })` and `mark(text)`. Thin glue over [`crate::viz`], the allocator's
+//! measurement scopes and the runtime's watcher.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -60,22 +61,37 @@ fn measure_map(report: &ScopeReport, result: Dynamic) -> Map {
 }
 
 /// The script location of each context id the timeline's events carry (entry `i` is id
-/// `i + 1`), from the call sites bindings stamped ([`super::history::stamp`]).
+/// `i + 1`), from the call sites bindings stamped ([`super::history::stamp`]): the script's own
+/// line, with the stdlib helper an event happened in (walked out of when the run tracked call
+/// sites).
 pub fn timeline_labels(timeline: &crate::viz::Timeline) -> Vec<crate::viz::Site> {
     (1..=timeline.counts.last_context)
         .map(|id| {
-            super::history::frames(id)
-                .first()
+            let stack = super::history::frames(id);
+            let helper = super::history::helper(&stack);
+            stack
+                .last()
                 .map_or_else(crate::viz::Site::default, |frame| crate::viz::Site {
                     label: format!("{}:{}", frame.filename, frame.line),
-                    helper: None,
+                    helper,
                 })
         })
         .collect()
 }
 
-/// Registers `memory_map`, `fragmentation` and `measure`.
+/// Registers `memory_map`, `fragmentation`, `measure` and `mark`.
 pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>, settings: &MapSettings) {
+    // `mark(text)`: a phase boundary a timeline draws (nothing happens unless one is
+    // recorded: `gpumem run --timeline/--report`).
+    let rt = Rc::clone(runtime);
+    engine.register_fn("mark", move |context: NativeCallContext, text: Dynamic| {
+        super::history::stamp(&context, &rt);
+        let text = match text.read_lock::<rhai::ImmutableString>() {
+            Some(text) => text.to_string(),
+            None => text.to_string(),
+        };
+        rt.mark(&text);
+    });
     let rt = Rc::clone(runtime);
     let options = Rc::clone(settings);
     engine.register_fn("memory_map", move || -> String {

@@ -279,7 +279,7 @@ mod tests {
             spans,
             [
                 (15_000 - RADIUS, 15_600 + RADIUS + 1, true),
-                (19_990 - SMALL_RADIUS, 20_000, false)
+                (19_990 - SMALL_RADIUS, 19_990 + SMALL_RADIUS + 1, false)
             ]
         );
         for window in &windows {
