@@ -39,14 +39,14 @@ fn allocation_loop(c: &mut Criterion) {
     group.bench_function("empty_1MiB_uint8_loop_100k_recording", |b| {
         b.iter_batched(
             || {
-                let runtime = recording.runtime();
+                let runtime = recording.devices().current();
                 let recorder = Rc::new(RefCell::new(Recorder::new(&runtime.allocator(), "bench")));
                 let subscription = runtime.subscribe(Box::new(Rc::clone(&recorder)));
                 (recorder, subscription)
             },
             |(recorder, subscription)| {
                 recording.engine().run_ast(&ast).expect("runs");
-                recording.runtime().unsubscribe(subscription);
+                recording.devices().current().unsubscribe(subscription);
                 recorder
             },
             BatchSize::PerIteration,

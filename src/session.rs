@@ -1,32 +1,37 @@
-//! Opening a session decides two things only: the device (`--device`, else a CUDA GPU when one
-//! is found, else the simulated H200) and the allocator config (from a [`ConfigSource`]). The
-//! runtime that pairs the device with its value backend is built by
-//! [`Runtime::sim`]/[`Runtime::cuda`].
+//! Opening a session decides two things only: the devices (`--device`, else the CUDA GPUs
+//! when one is found, else the simulated H200) and the allocator config (from a
+//! [`ConfigSource`]). Each device's runtime, pairing it with its value backend, is built by
+//! [`Runtime::sim`]/[`Runtime::cuda`]; [`Devices`] holds them and which one is current.
+//!
+//! `--device cuda` and `--device cuda:N` make the same GPUs available: every one the process
+//! sees (`CUDA_VISIBLE_DEVICES` chooses which), with GPU N current at the start. No context is
+//! created until a script needs one.
 //!
 //! ```
 //! use gpumem::session::{self, ConfigSource, SessionOptions};
 //! use gpumem::device::DeviceSpec;
 //!
 //! let options = SessionOptions {
-//!     device: Some(DeviceSpec::Sim(Some(8 << 30))),
+//!     device: Some(DeviceSpec::Sim(vec![Some(8 << 30), Some(8 << 30)])),
 //!     config: ConfigSource::Flag("max_split_size_mb:64".into()),
+//!     devices: None,
 //! };
 //! let session = session::open(&options)?;
-//! assert_eq!(session.runtime.device_label(), "sim");
+//! assert_eq!(session.devices.count(), 2);
+//! assert_eq!(session.devices.current().device_label(), "sim:0");
 //! # Ok::<(), gpumem::session::SessionError>(())
 //! ```
 
 use std::fmt;
 use std::path::PathBuf;
-use std::rc::Rc;
 
 use thiserror::Error;
 
 use crate::alloc::{AllocConf, AllocError, ConfigError};
 use crate::device::cuda::CudaGpu;
 use crate::device::sim::SimDevice;
-use crate::device::DeviceSpec;
-use crate::tensor::Runtime;
+use crate::device::{DeviceError, DeviceSpec};
+use crate::tensor::{Devices, NoSuchDevice, Runtime};
 
 /// Environment variables PyTorch reads the allocator config from, first present wins.
 pub const ALLOC_CONF_VARIABLES: [&str; 2] = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"];
@@ -130,6 +135,19 @@ pub enum SessionError {
     /// The allocator could not start (e.g. a bad fraction in the config).
     #[error("{0}")]
     Alloc(#[from] AllocError),
+    /// A session without devices (an empty list).
+    #[error("{0}")]
+    NoDevices(#[from] NoSuchDevice),
+    /// A script asks for more devices (`//! devices: N`) than the machine has.
+    #[error("{device} has {available} device{}; the script needs {needed} (`//! devices: {needed}`)", if *.available == 1 { "" } else { "s" })]
+    TooFewDevices {
+        /// The devices asked for.
+        device: DeviceSpec,
+        /// How many it has.
+        available: usize,
+        /// How many the script needs.
+        needed: usize,
+    },
 }
 
 /// How to open a session.
@@ -139,14 +157,17 @@ pub struct SessionOptions {
     pub device: Option<DeviceSpec>,
     /// The allocator config and where it came from.
     pub config: ConfigSource,
+    /// Exactly this many devices, as a script's `//! devices: N` asks (`None`: as many as
+    /// `device` gives). The simulator makes as many as asked; CUDA uses the first N GPUs.
+    pub devices: Option<usize>,
 }
 
-/// An open session: the runtime and, when the device was chosen automatically, a line saying
+/// An open session: its devices and, when the device was chosen automatically, a line saying
 /// which and why.
 pub struct Session {
-    /// Allocator, value backend and generator state shared by every tensor.
-    pub runtime: Rc<Runtime>,
-    /// The device actually used.
+    /// The devices (each an allocator, value backend and generator) and which is current.
+    pub devices: Devices,
+    /// The devices actually used.
     pub device: DeviceSpec,
     /// Explanation printed once when the default device fell back to the simulator.
     pub notice: Option<String>,
@@ -155,33 +176,102 @@ pub struct Session {
 /// Opens a session as the options say.
 pub fn open(options: &SessionOptions) -> Result<Session, SessionError> {
     let conf = options.config.parse()?;
-    let (runtime, device, notice) = match options.device {
-        Some(spec @ DeviceSpec::Sim(size)) => (Runtime::sim(sim_device(size), conf)?, spec, None),
-        Some(spec @ DeviceSpec::Cuda(index)) => match CudaGpu::open(index) {
-            Ok(gpu) => (Runtime::cuda(gpu, conf)?, spec, None),
+    let wanted = options.devices;
+    let device = options
+        .device
+        .as_ref()
+        .map(|spec| wanted.map_or_else(|| spec.clone(), |count| spec.with_count(count)));
+    let (devices, device, notice) = match device {
+        Some(DeviceSpec::Sim(sizes)) => (open_sim(&sizes, &conf)?, DeviceSpec::Sim(sizes), None),
+        Some(spec @ DeviceSpec::Cuda(start)) => match open_cuda(start, wanted, &conf, &spec)? {
+            Ok(devices) => (devices, spec, None),
             Err(reason) => {
                 return Err(SessionError::Cuda {
                     device: spec,
-                    reason: reason.to_string(),
+                    reason,
                 })
             }
         },
-        None => match CudaGpu::open(0) {
-            Ok(gpu) => (Runtime::cuda(gpu, conf)?, DeviceSpec::Cuda(0), None),
-            Err(reason) => (
-                Runtime::sim(SimDevice::h200(), conf)?,
-                DeviceSpec::Sim(None),
-                Some(format!(
-                    "gpumem: no usable CUDA device ({reason}); using the simulated H200 (sim)"
-                )),
-            ),
-        },
+        None => {
+            let spec = DeviceSpec::Cuda(0);
+            match open_cuda(0, wanted, &conf, &spec)? {
+                Ok(devices) => (devices, spec, None),
+                Err(reason) => {
+                    let sizes = vec![None; wanted.unwrap_or(1).max(1)];
+                    let sim = DeviceSpec::Sim(sizes.clone());
+                    let notice = format!(
+                        "gpumem: no usable CUDA device ({reason}); using the simulated H200 ({sim})"
+                    );
+                    (open_sim(&sizes, &conf)?, sim, Some(notice))
+                }
+            }
+        }
     };
     Ok(Session {
-        runtime,
+        devices,
         device,
         notice,
     })
+}
+
+/// Simulated devices of the given capacities (the H200 where `None`): one device keeps the
+/// label `sim`, several are `sim:0`, `sim:1`, ...
+fn open_sim(sizes: &[Option<u64>], conf: &AllocConf) -> Result<Devices, SessionError> {
+    let numbered = sizes.len() > 1;
+    let runtimes = sizes
+        .iter()
+        .enumerate()
+        .map(|(index, &size)| {
+            let device = sim_device(size);
+            let device = if numbered {
+                device.numbered(index)
+            } else {
+                device
+            };
+            Runtime::sim(device, conf.clone())
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Devices::new(runtimes, 0)?)
+}
+
+/// Every visible GPU (or the first `wanted`), with GPU `start` current; the inner error says
+/// why CUDA cannot be used (no driver, no such GPU), for the caller to word.
+fn open_cuda(
+    start: usize,
+    wanted: Option<usize>,
+    conf: &AllocConf,
+    spec: &DeviceSpec,
+) -> Result<Result<Devices, String>, SessionError> {
+    let visible = match CudaGpu::count() {
+        Ok(count) => count,
+        Err(reason) => return Ok(Err(reason.to_string())),
+    };
+    let count = match wanted {
+        Some(needed) if needed > visible => {
+            return Err(SessionError::TooFewDevices {
+                device: spec.clone(),
+                available: visible,
+                needed,
+            })
+        }
+        Some(needed) => needed,
+        None => visible,
+    };
+    if start >= count {
+        let missing = DeviceError::NoSuchDevice {
+            ordinal: start,
+            count,
+        };
+        return Ok(Err(missing.to_string()));
+    }
+    let mut runtimes = Vec::with_capacity(count);
+    for ordinal in 0..count {
+        match CudaGpu::open(ordinal) {
+            Ok(gpu) => runtimes.push(Runtime::cuda(gpu, conf.clone())?),
+            Err(reason) => return Ok(Err(reason.to_string())),
+        }
+    }
+    Ok(Ok(Devices::new(runtimes, start)?))
 }
 
 /// The simulated device of `size` bytes, or the H200 when no size is given.

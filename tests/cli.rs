@@ -168,9 +168,10 @@ fn colon_commands_work_when_piped() {
     assert!(stdout.contains("allocated 4.00 MiB, reserved 22.00 MiB, cudaMemGetInfo used"));
     assert!(stdout.contains("PyTorch CUDA memory summary, device ID 0"));
     assert!(stdout.contains("\n4096\n"), "{stdout}");
-    assert!(stdout.contains(
-        "reset: every variable dropped, cache emptied (allocated 0 bytes, reserved 0 bytes"
-    ));
+    assert!(
+        stdout.contains("reset: every variable and function dropped; every device as a new process finds it: no segments, counters and peaks at zero, generator at its default seed, no CUDA context until a call needs one\nallocated 0 bytes, reserved 0 bytes, no CUDA context yet\n"),
+        "{stdout}"
+    );
     assert!(stdout.contains("no live tensors\n0\n"), "{stdout}");
     assert!(stderr.contains("unknown command ':bogus'"), "{stderr}");
     assert!(!stdout.contains("not reached"));
@@ -217,7 +218,10 @@ fn every_error_class_names_the_function_and_argument() {
         ("set_per_process_memory_fraction(1.5)", "set_per_process_memory_fraction:"),
         ("manual_seed(-1)", "manual_seed: seed must be non-negative, got -1"),
         ("empty(200 * 1073741824, \"uint8\")", "CUDA out of memory. Tried to allocate 200.00 GiB. GPU 0 has a total capacity of 139.80 GiB"),
-        ("memory_allocated(1)", "Function not found: memory_allocated (i64)"),
+        ("memory_allocated(1)", "memory_allocated: device 1 does not exist: this session has 1 device (index 0)"),
+        ("memory_allocated(1, 2)", "Function not found: memory_allocated (i64, i64)"),
+        ("set_device(\"cuda:7\")", "set_device: no device named 'cuda:7': this session's devices are sim"),
+        ("with_device(0, 1)", "with_device: the second argument must be a function, as in || { ... }, got i64"),
         ("import \"os\" as os;", "import: no module named 'os'; gpumem's modules are: mem, check"),
         ("mem::format_size(-1)", "mem::format_size: bytes must be non-negative, got -1"),
     ];

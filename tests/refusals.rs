@@ -100,6 +100,15 @@ const ROWS: &[Row] = &[
     row(Repl("let y = 1 2;"), "input1:1:11: error: syntax error: Expecting ';' to terminate this statement", 1),
     row(Repl("fn g() {"), "the input ended inside an unfinished block", 1),
     row(Repl("let t = empty(16, \"uint8\");\n:load scripts/walkthrough.rhai"), "needs a session without live tensors", 1),
+    // Devices (issue 19).
+    row(Args(&["--device", "sim:80GiB,12 parsecs"]), "device 1 of 'sim:80GiB,12 parsecs' (entry 2): invalid size '12 parsecs'", 2),
+    row(Args(&["--device", "sim:80GiB,"]), "device 1 of 'sim:80GiB,' (entry 2): invalid size ''", 2),
+    row(Args(&["--device", "cuda:0,1"]), "invalid CUDA device index '0,1': expected a non-negative integer, as in 'cuda:0' ('cuda' alone makes every visible GPU available", 2),
+    row(Run(&[], "set_device(5)"), "set_device: device 5 does not exist: this session has 1 device (index 0)", 1),
+    row(Run(&[], "randn(4).to(\"cuda:1\")"), "to: no device named 'cuda:1': this session's devices are sim", 1),
+    row(Run(&[], "memory_map(60)"), "memory_map: device 60 does not exist: this session has 1 device (index 0); the width is the second argument: memory_map(current_device(), 60)", 1),
+    row(Run(&[], "//! devices: 0"), "directive on line 1: 'devices' must be a number of devices from 1 to 64, got '0'", 1),
+    row(Repl(":load tests/golden/devices/counters.rhai"), "pins `//! devices: 2` but this session has 1 device", 1),
 ];
 
 /// The input as README shows it.

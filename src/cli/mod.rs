@@ -107,8 +107,9 @@ impl From<ScriptError> for CliError {
 #[derive(Parser)]
 #[command(name = "gpumem", version, about)]
 struct Cli {
-    /// Device: `cuda[:N]` or `sim[:SIZE]` (e.g. `sim:80GiB`). Default: cuda:0 when a GPU is
-    /// found, else the simulated H200.
+    /// Devices: `cuda` (every visible GPU; `cuda:N` starts on GPU N), `sim[:SIZE]` (e.g.
+    /// `sim:80GiB`) or `sim:SIZE,SIZE,...` (one simulated device per size). Default: the GPUs
+    /// when one is found, else the simulated H200.
     #[arg(long, global = true, value_name = "DEVICE")]
     device: Option<DeviceSpec>,
     /// Allocator config in PyTorch's syntax (e.g. `max_split_size_mb:64`); default: the
@@ -264,8 +265,9 @@ pub fn main() -> ExitCode {
 /// Runs the command the arguments name.
 fn try_main(cli: Cli) -> Result<(), CliError> {
     let options = SessionOptions {
-        device: cli.device,
+        device: cli.device.clone(),
         config: ConfigSource::flag_or_environment(cli.alloc_conf.clone()),
+        devices: None,
     };
     match cli.command {
         Some(Command::Run {
@@ -279,7 +281,7 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
         }
         Some(Command::Test { paths, bless }) => {
             let golden_options = golden::Options {
-                device: cli.device,
+                device: cli.device.clone(),
                 // Golden results must not depend on the caller's environment: only the flag.
                 config: cli
                     .alloc_conf
@@ -326,12 +328,13 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
             keep,
             report,
         })) => {
-            let capacity = match cli.device {
+            let capacity = match cli.device.as_ref() {
                 None => None,
-                Some(DeviceSpec::Sim(size)) => size,
-                Some(DeviceSpec::Cuda(_)) => {
+                Some(DeviceSpec::Sim(sizes)) if sizes.len() == 1 => sizes[0],
+                Some(_) => {
                     return Err(CliError::Usage(
-                        "bench replay runs on a simulated device: use --device sim[:SIZE]".into(),
+                        "bench replay runs on one simulated device: use --device sim[:SIZE]"
+                            .into(),
                     ))
                 }
             };
@@ -366,7 +369,7 @@ fn open_session(options: &SessionOptions) -> Result<Session, CliError> {
 /// `gpumem` without a subcommand: the REPL (a piped transcript with errors fails).
 fn repl(options: &SessionOptions, limits: Limits) -> Result<(), CliError> {
     let session = open_session(options)?;
-    match repl::run(session.runtime, session.device, limits) {
+    match repl::run(session.devices, session.device, limits) {
         Ok(0) => Ok(()),
         Ok(code) => Err(CliError::ScriptExit(code)),
         Err(error) => Err(CliError::Usage(error.to_string())),
@@ -524,19 +527,18 @@ fn run(
         }
         other => other?,
     };
-    let mut host = Host::with_limits(session.runtime, PrintSink::Stdout, limits);
+    let mut host = Host::with_limits(session.devices, PrintSink::Stdout, limits);
     host.set_map_options(paint::stdout_map_options());
     if !outputs.wanted() {
         return Ok(host.run_source(&name, &source)?);
     }
     // Pictures name the script's own line for events inside stdlib helpers.
     host.track_call_sites();
-    let runtime = std::rc::Rc::clone(host.runtime());
-    let recording = record::Recording::start(&runtime, &name);
+    let recording = record::Recording::start(host.devices(), &name);
     let result = host.run_source(&name, &source);
     let end = EndState {
         title: name.clone(),
-        device: runtime.device_label().to_string(),
+        device: recording.devices_label(),
         timelines: recording.finish(options.config.text()),
         comparison: None,
     };
@@ -548,15 +550,16 @@ fn run(
 /// flag (or environment variable), saying so on stderr when it overrides one that was given.
 fn pinned_options(options: &SessionOptions, pinned: &Directives, file: &Path) -> SessionOptions {
     let mut resolved = options.clone();
-    if let Some(device) = pinned.device {
-        if let Some(flag) = options.device.filter(|flag| *flag != device) {
+    if let Some(device) = &pinned.device {
+        if let Some(flag) = options.device.as_ref().filter(|flag| *flag != device) {
             eprintln!(
                 "gpumem: {} pins `//! device: {device}`; ignoring --device {flag}",
                 file.display()
             );
         }
-        resolved.device = Some(device);
+        resolved.device = Some(device.clone());
     }
+    resolved.devices = pinned.devices;
     if let Some(text) = &pinned.alloc_conf {
         if options.config != ConfigSource::Default && options.config.text() != text {
             eprintln!(
@@ -578,7 +581,8 @@ fn pinned_options(options: &SessionOptions, pinned: &Directives, file: &Path) ->
 fn bench_alloc(options: &SessionOptions, rounds: u32, json: bool) -> Result<(), CliError> {
     let session = open_session(options)?;
     let timings = session
-        .runtime
+        .devices
+        .current()
         .with_allocator(|allocator| crate::cli::bench::time_patterns(allocator, rounds as usize))
         .map_err(|error| CliError::Failed(error.to_string()))?;
     if json {
@@ -616,7 +620,7 @@ fn bench_soak(options: &SessionOptions, seconds: f64, seed: u64) -> Result<(), C
         DeviceSpec::Sim(_) => 0,
         DeviceSpec::Cuda(_) => 2 << 20,
     };
-    let report = session.runtime.with_allocator(|allocator| {
+    let report = session.devices.current().with_allocator(|allocator| {
         soak::soak(
             allocator,
             std::time::Duration::from_secs_f64(seconds),
@@ -654,9 +658,11 @@ fn bench_randn(options: &SessionOptions, reps: u32, torch_script: &Path) -> Resu
     let session = session::open(&SessionOptions {
         device: Some(DeviceSpec::Cuda(index)),
         config: options.config.clone(),
+        devices: None,
     })?;
-    let report = crate::cli::bench::randn::randn(&session.runtime, index, reps, torch_script)
-        .map_err(|error| CliError::Usage(format!("cannot use cuda:{index}: {error}")))?;
+    let report =
+        crate::cli::bench::randn::randn(&session.devices.current(), index, reps, torch_script)
+            .map_err(|error| CliError::Usage(format!("cannot use cuda:{index}: {error}")))?;
     println!("{report}");
     Ok(())
 }

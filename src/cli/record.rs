@@ -1,7 +1,7 @@
-//! Recording a script's timelines for `gpumem run --timeline/--report`: one recorder on the
-//! session's allocator, and one on every allocator the script makes current with
-//! `with_allocator_conf` (subscribed through the runtime's [`SessionWatcher`] before that
-//! allocator's first event), each drawn as its own labelled timeline with its own counters.
+//! Recording a script's timelines for `gpumem run --timeline/--report`: one recorder on each
+//! device's allocator, and one on every allocator the script makes current with
+//! `with_allocator_conf` (subscribed through that device runtime's [`SessionWatcher`] before
+//! the allocator's first event), each drawn as its own labelled timeline with its own counters.
 //! The script's `mark(text)` phases go to every timeline being recorded at that moment.
 
 use std::cell::RefCell;
@@ -10,7 +10,7 @@ use std::rc::Rc;
 use gpumem::alloc::summary::memory_summary;
 use gpumem::alloc::{CachingAllocator, Subscription};
 use gpumem::script::{history, viz_api};
-use gpumem::tensor::{Runtime, SessionWatcher};
+use gpumem::tensor::{Devices, Runtime, SessionWatcher};
 use gpumem::viz::{Recorder, Timeline};
 
 use super::Drawn;
@@ -77,37 +77,78 @@ impl SessionWatcher for Watcher {
     }
 }
 
-/// A script being recorded.
-pub(crate) struct Recording {
+/// One device being recorded.
+struct DeviceRecording {
     runtime: Rc<Runtime>,
     subscription: Subscription,
     shared: Rc<RefCell<Shared>>,
 }
 
+/// A script being recorded, device by device.
+pub(crate) struct Recording {
+    devices: Vec<DeviceRecording>,
+}
+
 impl Recording {
-    /// Starts recording `runtime`'s allocator, and every allocator it makes current, for a
-    /// script titled `title`. While recorded, bindings stamp their script line on the
+    /// Starts recording every device's allocator, and every allocator each makes current, for
+    /// a script titled `title`. While recorded, bindings stamp their script line on the
     /// allocator's trace context.
-    pub(crate) fn start(runtime: &Rc<Runtime>, title: &str) -> Recording {
-        let main = Rc::new(RefCell::new(Recorder::new(&runtime.allocator(), title)));
-        let subscription = runtime.subscribe(Box::new(Rc::clone(&main)));
-        let shared = Rc::new(RefCell::new(Shared {
-            title: title.to_string(),
-            main,
-            sides: Vec::new(),
-            active: Vec::new(),
-        }));
-        runtime.watch(Some(Box::new(Watcher(Rc::clone(&shared)))));
-        Recording {
-            runtime: Rc::clone(runtime),
-            subscription,
-            shared,
-        }
+    pub(crate) fn start(devices: &Devices, title: &str) -> Recording {
+        let devices = devices
+            .all()
+            .into_iter()
+            .map(|runtime| {
+                let main = Rc::new(RefCell::new(Recorder::new(&runtime.allocator(), title)));
+                let subscription = runtime.subscribe(Box::new(Rc::clone(&main)));
+                let shared = Rc::new(RefCell::new(Shared {
+                    title: title.to_string(),
+                    main,
+                    sides: Vec::new(),
+                    active: Vec::new(),
+                }));
+                runtime.watch(Some(Box::new(Watcher(Rc::clone(&shared)))));
+                DeviceRecording {
+                    runtime,
+                    subscription,
+                    shared,
+                }
+            })
+            .collect();
+        Recording { devices }
     }
 
-    /// Stops recording; the timelines, the session's allocator first (under `config`), each
-    /// with its labels and end state.
+    /// The devices recorded, as a report's subtitle names them (`sim`, `sim:0, sim:1`).
+    pub(crate) fn devices_label(&self) -> String {
+        let labels: Vec<&str> = self
+            .devices
+            .iter()
+            .map(|device| device.runtime.device_label())
+            .collect();
+        labels.join(", ")
+    }
+
+    /// Stops recording; the timelines, device by device (each device's allocator under
+    /// `config`, then the allocators its script made current), each with its labels and end
+    /// state.
     pub(crate) fn finish(self, config: &str) -> Vec<Drawn> {
+        let several = self.devices.len() > 1;
+        let mut drawn = Vec::new();
+        for (index, device) in self.devices.into_iter().enumerate() {
+            let label = if several {
+                format!("device {index} ({})", device.runtime.device_label())
+            } else {
+                format!("session allocator ({})", device.runtime.device_label())
+            };
+            drawn.extend(device.finish(label, config));
+        }
+        drawn
+    }
+}
+
+impl DeviceRecording {
+    /// Stops recording this device: its allocator's timeline labelled `label`, then its side
+    /// allocators'.
+    fn finish(self, label: String, config: &str) -> Vec<Drawn> {
         self.runtime.unsubscribe(self.subscription);
         self.runtime.watch(None);
         let shared = self.shared.borrow();
@@ -118,7 +159,7 @@ impl Recording {
         };
         let allocator = self.runtime.allocator();
         let mut drawn = vec![Drawn {
-            label: format!("session allocator ({})", self.runtime.device_label()),
+            label: label.clone(),
             timeline: labelled(&shared.main),
             config: config.to_string(),
             counters: allocator.stats().entries(),
@@ -130,9 +171,14 @@ impl Recording {
                 .map(|frame| format!(" at {}:{}", frame.filename, frame.line))
                 .unwrap_or_default();
             let (counters, summary) = side.end.clone().unwrap_or_default();
+            let prefix = if label.starts_with("device ") {
+                format!("{label}: ")
+            } else {
+                String::new()
+            };
             drawn.push(Drawn {
                 label: format!(
-                    "with_allocator_conf(\"{}\") #{}{site}",
+                    "{prefix}with_allocator_conf(\"{}\") #{}{site}",
                     side.config,
                     number + 1
                 ),

@@ -105,9 +105,16 @@ fn run_one(args: &ReplayArgs, options: &ReplayOptions) -> Result<ReplayReport, C
 
 /// `gpumem replay`.
 pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
-    let capacity = match args.device {
+    let capacity = match &args.device {
         None => None,
-        Some(DeviceSpec::Sim(size)) => size,
+        Some(DeviceSpec::Sim(sizes)) => match sizes.as_slice() {
+            [size] => *size,
+            _ => {
+                return Err(CliError::Usage(
+                    "replay runs on one simulated device: use --device sim[:SIZE]".into(),
+                ))
+            }
+        },
         Some(DeviceSpec::Cuda(_)) => {
             return Err(CliError::Usage(
                 "replay runs on a simulated device: use --device sim[:SIZE]".into(),
@@ -297,7 +304,7 @@ fn recorded_name(report: &ReplayReport) -> String {
 fn bench_report(snapshot: &Path, wanted: &BenchReport) -> Result<(), CliError> {
     let args = ReplayArgs {
         file: snapshot.to_path_buf(),
-        device: wanted.capacity.map(|bytes| DeviceSpec::Sim(Some(bytes))),
+        device: wanted.capacity.map(|bytes| DeviceSpec::Sim(vec![Some(bytes)])),
         alloc_conf: None,
         compare: Vec::new(),
         min_capacity: false,

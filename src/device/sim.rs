@@ -264,6 +264,10 @@ impl AddressSpace {
 #[derive(Debug, Clone)]
 pub struct SimDevice {
     total: u64,
+    /// The device's ordinal among the simulated machine's devices.
+    index: usize,
+    /// Whether the machine has several devices, so the label names the ordinal (`sim:1`).
+    numbered: bool,
     context_bytes: u64,
     /// The part of `context_bytes` NVML attributes to this process.
     process_context_bytes: u64,
@@ -288,6 +292,8 @@ impl SimDevice {
             / u128::from(H200_CONTEXT_BYTES)) as u64;
         SimDevice {
             total,
+            index: 0,
+            numbered: false,
             context_bytes,
             process_context_bytes,
             context_created: Cell::new(false),
@@ -301,6 +307,28 @@ impl SimDevice {
     /// The H200 we measure on.
     pub fn h200() -> SimDevice {
         SimDevice::new(H200_TOTAL_MEMORY)
+    }
+
+    /// This device as device `index` of a simulated machine with several devices: its index
+    /// is `index` (as in PyTorch's OOM message, "GPU 1 has ...") and its label `sim:INDEX`.
+    /// A machine of one device keeps [`SimDevice::new`]'s index 0 and label `sim`.
+    pub fn numbered(self, index: usize) -> SimDevice {
+        SimDevice {
+            index,
+            numbered: true,
+            ..self
+        }
+    }
+
+    /// A device like this one (capacity, index, label) as a process that never used it sees
+    /// it: nothing allocated, no context. What a fresh session on the same machine gets.
+    pub fn fresh(&self) -> SimDevice {
+        let device = SimDevice::new(self.total);
+        SimDevice {
+            index: self.index,
+            numbered: self.numbered,
+            ..device
+        }
     }
 
     /// What the simulated CUDA context costs in the driver's view.
@@ -418,7 +446,7 @@ impl DeviceMemory for SimDevice {
     }
 
     fn index(&self) -> usize {
-        0
+        self.index
     }
 
     /// This process, once it has a context (NVML lists only processes with one).
@@ -434,7 +462,11 @@ impl DeviceMemory for SimDevice {
     }
 
     fn label(&self) -> String {
-        "sim".into()
+        if self.numbered {
+            format!("sim:{}", self.index)
+        } else {
+            "sim".into()
+        }
     }
 
     fn allocation_granularity(&self) -> Result<u64, DeviceError> {
@@ -652,6 +684,20 @@ mod tests {
         ));
         assert!(device.reserve_address_range(0).is_err());
         assert!(device.reserve_address_range(MIB).is_err());
+    }
+
+    #[test]
+    fn a_numbered_device_names_its_index_and_a_fresh_copy_has_no_context() {
+        let mut device = SimDevice::new(1 << 30).numbered(1);
+        assert_eq!((device.index(), device.label()), (1, "sim:1".to_string()));
+        assert_eq!(SimDevice::new(1 << 30).label(), "sim");
+        device.malloc(2 * MIB).expect("fits");
+        assert!(device.has_context());
+        let fresh = device.fresh();
+        assert!(!fresh.has_context());
+        assert_eq!(fresh.driver_memory().map(|m| m.process_bytes), Ok(0));
+        assert_eq!((fresh.index(), fresh.label()), (1, "sim:1".to_string()));
+        assert_eq!(fresh.total_memory(), 1 << 30);
     }
 
     #[test]

@@ -2,10 +2,12 @@
 //! arguments through these helpers, so a wrong type or value gets one message shape naming
 //! the function and the argument (`randn: shape element 0 must be an integer, got f64`).
 
-use rhai::{Array, Dynamic, EvalAltResult};
+use std::rc::Rc;
+
+use rhai::{Array, Dynamic, EvalAltResult, ImmutableString};
 
 use crate::alloc::AllocError;
-use crate::tensor::{shape, DType, TensorError};
+use crate::tensor::{shape, DType, Devices, Runtime, TensorError};
 
 /// A binding's error: the function's name and what was wrong.
 pub type BindingResult<T> = Result<T, Box<EvalAltResult>>;
@@ -117,4 +119,59 @@ pub fn shape_arg(function: &str, value: &Dynamic) -> BindingResult<Vec<usize>> {
 /// Converts a dtype argument.
 pub fn dtype_arg(function: &str, name: &str) -> BindingResult<DType> {
     name.parse().or_else(|error| fail(function, error))
+}
+
+/// Reads a device argument: an index (`1`), or a name as `t.device` prints it (`"cuda:1"`,
+/// `"sim:1"`; a bare `"cuda"` or `"sim"` is the current device, as in PyTorch). An index the
+/// session does not have is an error naming how many devices it has.
+pub fn device_arg(function: &str, devices: &Devices, value: &Dynamic) -> BindingResult<usize> {
+    if let Ok(index) = value.as_int() {
+        return devices
+            .index_of(index)
+            .or_else(|error| fail(function, error));
+    }
+    if let Some(name) = value
+        .read_lock::<ImmutableString>()
+        .map(|name| name.to_string())
+    {
+        return match devices.find(&name) {
+            Some(index) => Ok(index),
+            None => {
+                let names: Vec<String> = devices
+                    .all()
+                    .iter()
+                    .map(|runtime| runtime.device_label().to_string())
+                    .collect();
+                fail(
+                    function,
+                    format!(
+                        "no device named '{name}': this session's devices are {}",
+                        names.join(", ")
+                    ),
+                )
+            }
+        };
+    }
+    wrong_type(
+        function,
+        "device",
+        "a device index or a name such as \"cuda:0\"",
+        value,
+    )
+}
+
+/// The device an optional device argument names, or the current device without one (as
+/// torch.cuda's memory functions read `device=None`).
+pub fn device_or_current(
+    function: &str,
+    devices: &Devices,
+    value: Option<&Dynamic>,
+) -> BindingResult<Rc<Runtime>> {
+    match value {
+        None => Ok(devices.current()),
+        Some(value) => {
+            let index = device_arg(function, devices, value)?;
+            devices.get(index).or_else(|error| fail(function, error))
+        }
+    }
 }

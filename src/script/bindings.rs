@@ -1,20 +1,26 @@
-//! Registers every binding scripts see, grouped by topic.
+//! Registers every binding scripts see, grouped by topic. Each binding that touches a device
+//! receives the session's [`Devices`] and asks it for the current device (or the one named);
+//! none holds on to one device's runtime, so a new device or stream is a change in
+//! [`Devices`]/[`crate::tensor::Runtime`], not in every binding.
 
 use std::rc::Rc;
 
 use rhai::Engine;
 
-use super::{memory_api, oom_error, progress_api, snapshot_api, tensor_api, values_api, viz_api};
-use crate::tensor::Runtime;
+use super::{
+    device_api, memory_api, oom_error, progress_api, snapshot_api, tensor_api, values_api, viz_api,
+};
+use crate::tensor::Devices;
 
-/// Registers the tensor, memory, snapshot and visualisation bindings; `map_settings` is how
-/// `memory_map()` draws by default.
-pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>, map_settings: &viz_api::MapSettings) {
-    tensor_api::register(engine, runtime);
-    memory_api::register(engine, runtime);
-    snapshot_api::register(engine, runtime);
+/// Registers the tensor, device, memory, snapshot and visualisation bindings; `map_settings` is
+/// how `memory_map()` draws by default.
+pub fn register(engine: &mut Engine, devices: &Rc<Devices>, map_settings: &viz_api::MapSettings) {
+    tensor_api::register(engine, devices);
+    device_api::register(engine, devices);
+    memory_api::register(engine, devices);
+    snapshot_api::register(engine, devices);
     values_api::register(engine);
-    viz_api::register(engine, runtime, map_settings);
+    viz_api::register(engine, devices, map_settings);
     oom_error::register(engine);
     progress_api::register(engine);
 }

@@ -1,5 +1,7 @@
 //! Directives: the lines at the top of a script that pin what it must run under —
-//! `//! device: sim:1GiB`, `//! alloc-conf: max_split_size_mb:64`. One rule for every way a
+//! `//! device: sim:1GiB`, `//! alloc-conf: max_split_size_mb:64`, `//! devices: 2` (the
+//! script runs on exactly two devices: two simulated ones on the simulator, the first two GPUs
+//! on CUDA, refused or skipped where there are fewer). One rule for every way a
 //! script runs (`gpumem run`, `gpumem test`, the REPL's `:load`):
 //!
 //! - The *header* is the leading run of comment lines (`//`, `//!`) and blank lines; the first
@@ -18,10 +20,11 @@
 
 use thiserror::Error;
 
+use crate::device::spec::MAX_SIM_DEVICES;
 use crate::device::DeviceSpec;
 
 /// The keys a directive line may use.
-pub const KEYS: [&str; 2] = ["device", "alloc-conf"];
+pub const KEYS: [&str; 3] = ["device", "alloc-conf", "devices"];
 
 /// What a script's header asks for; `None` leaves the caller's choice in force.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -30,12 +33,14 @@ pub struct Directives {
     pub device: Option<DeviceSpec>,
     /// `//! alloc-conf: CONF`: the allocator config, replacing `--alloc-conf` entirely.
     pub alloc_conf: Option<String>,
+    /// `//! devices: N`: the script runs on exactly N devices, of the kind the session has.
+    pub devices: Option<usize>,
 }
 
 impl Directives {
     /// Whether the script pins nothing.
     pub fn is_empty(&self) -> bool {
-        self.device.is_none() && self.alloc_conf.is_none()
+        self.device.is_none() && self.alloc_conf.is_none() && self.devices.is_none()
     }
 }
 
@@ -103,6 +108,21 @@ pub fn parse(source: &str) -> Result<Directives, DirectiveError> {
                 }
                 directives.alloc_conf = Some(value.to_string());
             }
+            "devices" => {
+                if directives.devices.is_some() {
+                    return Err(fail("'devices' is given twice".into()));
+                }
+                let count = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|count| (1..=MAX_SIM_DEVICES).contains(count))
+                    .ok_or_else(|| {
+                        fail(format!(
+                            "'devices' must be a number of devices from 1 to {MAX_SIM_DEVICES}, got '{value}'"
+                        ))
+                    })?;
+                directives.devices = Some(count);
+            }
             other => {
                 return Err(fail(format!(
                     "unknown key '{other}'; expected one of {} (a `//!` prose line must not \
@@ -138,7 +158,27 @@ mod tests {
     fn directives_after_ordinary_comments_and_prose_count() {
         let source = "\u{feff}// first\n//! Fragmentation: what it shows.\n//! Run: gpumem run x.rhai\n\n//! device: sim:8GiB\nprint(1);\n";
         let parsed = parse(source).expect("parses");
-        assert_eq!(parsed.device, Some(DeviceSpec::Sim(Some(8 << 30))));
+        assert_eq!(parsed.device, Some(DeviceSpec::sim_of(8 << 30)));
+    }
+
+    #[test]
+    fn a_device_count_is_read_and_checked() {
+        let parsed = parse("//! devices: 2\nprint(1);\n").expect("parses");
+        assert_eq!(parsed.devices, Some(2));
+        assert!(!parsed.is_empty());
+        for bad in ["0", "two", "-1", "65"] {
+            let error = parse(&format!("//! devices: {bad}\n")).expect_err("rejected");
+            assert!(
+                error
+                    .to_string()
+                    .contains("'devices' must be a number of devices from 1 to 64"),
+                "{error}"
+            );
+        }
+        assert!(parse("//! devices: 1\n//! devices: 2\n")
+            .expect_err("twice")
+            .to_string()
+            .contains("twice"));
     }
 
     #[test]

@@ -1,17 +1,19 @@
-//! Memory functions named as in `torch.cuda`: `memory_stats()`, `memory_summary()`,
-//! `empty_cache()`, `set_per_process_memory_fraction(f)`, ..., `device_memory()` (the
-//! driver's view of the device through NVML or the simulator), and gpumem's
-//! `with_allocator_conf(conf, closure)`, which runs a closure against a second allocator.
+//! Memory functions named as in `torch.cuda`: `memory_stats([device])`,
+//! `memory_summary([device])`, `empty_cache()`, `set_per_process_memory_fraction(f[, device])`,
+//! ..., `device_memory([device])` (the driver's view of a device through NVML or the
+//! simulator), and gpumem's `with_allocator_conf(conf, closure)`, which runs a closure against
+//! a second allocator. Without a device they act on the current one, as PyTorch's do;
+//! `empty_cache()` and `manual_seed()` act on every device, as PyTorch's do.
 
 use std::rc::Rc;
 
 use rhai::{Array, Dynamic, Engine, FnPtr, Map, NativeCallContext, INT};
 
-use super::args::{fail, flag, integer, non_negative, BindingResult};
+use super::args::{device_or_current, fail, flag, integer, non_negative, BindingResult};
 use crate::alloc::summary::memory_summary;
 use crate::alloc::{AllocConf, DeviceStats};
 use crate::device::DriverMemory;
-use crate::tensor::Runtime;
+use crate::tensor::{Devices, Runtime};
 
 /// `with_allocator_conf(conf, closure)`: calls `closure` with a second allocator under the
 /// config `conf` current, and returns its value.
@@ -89,124 +91,222 @@ fn device_memory_map(device: &str, memory: &DriverMemory, allocator_reserved: u6
 /// Reads one figure from the counters.
 type Figure = fn(&DeviceStats) -> INT;
 
+/// Registers `name()` and `name(device)`, both calling `body` with the device (the current
+/// one when none is given).
+fn register_on_device(
+    engine: &mut Engine,
+    devices: &Rc<Devices>,
+    name: &'static str,
+    body: fn(&Runtime) -> BindingResult<Dynamic>,
+) {
+    let on = Rc::clone(devices);
+    engine.register_fn(name, move || body(&on.current()));
+    let on = Rc::clone(devices);
+    engine.register_fn(name, move |device: Dynamic| {
+        let runtime = device_or_current(name, &on, Some(&device))?;
+        body(&runtime)
+    });
+}
+
+/// `memory_summary(device, abbreviated)`.
+fn summary(runtime: &Runtime, abbreviated: bool) -> String {
+    let allocator = runtime.allocator();
+    memory_summary(allocator.stats(), allocator.device().index(), abbreviated)
+}
+
+/// `synchronize([device])`: `with torch.cuda.device(device): cudaDeviceSynchronize()`, which
+/// creates the device's context if it has none.
+fn synchronize(devices: &Devices, device: Option<&Dynamic>) -> BindingResult<()> {
+    const NAME: &str = "synchronize";
+    let index = match device {
+        Some(device) => super::args::device_arg(NAME, devices, device)?,
+        None => devices.current_index(),
+    };
+    let runtime = devices.get(index).or_else(|error| fail(NAME, error))?;
+    let outcome = devices.with_selected(index, || {
+        runtime.ensure_context()?;
+        runtime.backend().synchronize()
+    });
+    match outcome {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) | Err(error) => fail(NAME, error),
+    }
+}
+
+/// `mem_get_info([device])`: `cudaMemGetInfo` under a guard of the device, which creates its
+/// context if it has none.
+fn mem_get_info(devices: &Devices, device: Option<&Dynamic>) -> BindingResult<Array> {
+    const NAME: &str = "mem_get_info";
+    let index = match device {
+        Some(device) => super::args::device_arg(NAME, devices, device)?,
+        None => devices.current_index(),
+    };
+    let info = devices.guarded(index, |runtime| Ok(runtime.mem_get_info()?));
+    match info {
+        Ok((free, total)) => Ok(vec![
+            Dynamic::from(free as INT),
+            Dynamic::from(total as INT),
+        ]),
+        Err(error) => fail(NAME, error),
+    }
+}
+
+/// `device_memory([device])`: NVML's view (or the simulator's), which creates no context.
+fn device_memory(runtime: &Runtime) -> BindingResult<Map> {
+    let allocator = runtime.allocator();
+    let reserved = allocator.stats().reserved_bytes.all.current.max(0) as u64;
+    match allocator.device().driver_memory() {
+        Ok(memory) => Ok(device_memory_map(runtime.device_label(), &memory, reserved)),
+        Err(error) => fail("device_memory", error),
+    }
+}
+
+/// `set_per_process_memory_fraction(fraction[, device])`.
+fn set_fraction(runtime: &Runtime, fraction: &Dynamic) -> BindingResult<()> {
+    // PyTorch raises a TypeError for anything but a Python float, integers included.
+    let Ok(fraction) = fraction.as_float() else {
+        return fail(
+            "set_per_process_memory_fraction",
+            format!(
+                "fraction must be a float, got {} ({fraction}); write 1.0, not 1 (PyTorch: \"Invalid type for fraction argument, must be `float`\")",
+                fraction.type_name()
+            ),
+        );
+    };
+    // The allocator's message already names the function.
+    runtime
+        .with_allocator(|a| a.set_memory_fraction(fraction))
+        .map_err(|error| error.to_string().into())
+}
+
 /// Registers the memory functions.
-pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
+pub fn register(engine: &mut Engine, devices: &Rc<Devices>) {
     // The typed counters, read as torch.cuda's functions read them (`memory_allocated()` is
     // `memory_stats()["allocated_bytes.all.current"]`, ...).
-    let figures: [(&str, Figure); 4] = [
+    let figures: [(&'static str, Figure); 4] = [
         ("memory_allocated", |s| s.allocated_bytes.all.current),
         ("memory_reserved", |s| s.reserved_bytes.all.current),
         ("max_memory_allocated", |s| s.allocated_bytes.all.peak),
         ("max_memory_reserved", |s| s.reserved_bytes.all.peak),
     ];
     for (name, figure) in figures {
-        let rt = Rc::clone(runtime);
-        engine.register_fn(name, move || -> INT { figure(rt.allocator().stats()) });
+        let on = Rc::clone(devices);
+        engine.register_fn(name, move || -> INT {
+            figure(on.current().allocator().stats())
+        });
+        let on = Rc::clone(devices);
+        engine.register_fn(name, move |device: Dynamic| -> BindingResult<INT> {
+            let runtime = device_or_current(name, &on, Some(&device))?;
+            let value = figure(runtime.allocator().stats());
+            Ok(value)
+        });
     }
-
-    let rt = Rc::clone(runtime);
-    engine.register_fn("memory_stats", move || -> Map {
-        rt.allocator()
+    register_on_device(engine, devices, "memory_stats", |runtime| {
+        let stats: Map = runtime
+            .allocator()
             .stats()
             .entries()
             .into_iter()
             .map(|(key, value)| (key.into(), Dynamic::from(value)))
-            .collect()
+            .collect();
+        Ok(Dynamic::from_map(stats))
     });
-    let rt = Rc::clone(runtime);
-    engine.register_fn("memory_summary", move || -> String {
-        let allocator = rt.allocator();
-        memory_summary(allocator.stats(), allocator.device().index(), false)
-    });
-    let rt = Rc::clone(runtime);
+    let on = Rc::clone(devices);
+    engine.register_fn("memory_summary", move || summary(&on.current(), false));
+    // `memory_summary(true)` abbreviates (gpumem's shorthand); any other argument names the
+    // device, as PyTorch's first parameter does.
+    let on = Rc::clone(devices);
     engine.register_fn(
         "memory_summary",
-        move |abbreviated: Dynamic| -> BindingResult<String> {
-            let abbreviated = flag("memory_summary", "abbreviated", &abbreviated)?;
-            let allocator = rt.allocator();
-            Ok(memory_summary(
-                allocator.stats(),
-                allocator.device().index(),
-                abbreviated,
-            ))
+        move |argument: Dynamic| -> BindingResult<String> {
+            if let Ok(abbreviated) = argument.as_bool() {
+                return Ok(summary(&on.current(), abbreviated));
+            }
+            let runtime = device_or_current("memory_summary", &on, Some(&argument))?;
+            Ok(summary(&runtime, false))
         },
     );
-    let rt = Rc::clone(runtime);
+    let on = Rc::clone(devices);
+    engine.register_fn(
+        "memory_summary",
+        move |device: Dynamic, abbreviated: Dynamic| -> BindingResult<String> {
+            let runtime = device_or_current("memory_summary", &on, Some(&device))?;
+            let abbreviated = flag("memory_summary", "abbreviated", &abbreviated)?;
+            Ok(summary(&runtime, abbreviated))
+        },
+    );
+    // PyTorch's emptyCache releases the cached segments of every device's allocator.
+    let on = Rc::clone(devices);
     engine.register_fn(
         "empty_cache",
         move |context: NativeCallContext| -> BindingResult<()> {
-            super::history::stamp(&context, &rt);
-            rt.empty_cache().or_else(|error| fail("empty_cache", error))
+            for runtime in on.all() {
+                super::history::stamp(&context, &runtime);
+                runtime
+                    .empty_cache()
+                    .or_else(|error| fail("empty_cache", error))?;
+            }
+            Ok(())
         },
     );
-    let rt = Rc::clone(runtime);
-    engine.register_fn("reset_peak_memory_stats", move || {
-        rt.with_allocator(|a| a.reset_peak_stats())
+    register_on_device(engine, devices, "reset_peak_memory_stats", |runtime| {
+        runtime.with_allocator(|a| a.reset_peak_stats());
+        Ok(Dynamic::UNIT)
     });
-    let rt = Rc::clone(runtime);
-    engine.register_fn("reset_accumulated_memory_stats", move || {
-        rt.with_allocator(|a| a.reset_accumulated_stats())
-    });
-    let rt = Rc::clone(runtime);
+    register_on_device(
+        engine,
+        devices,
+        "reset_accumulated_memory_stats",
+        |runtime| {
+            runtime.with_allocator(|a| a.reset_accumulated_stats());
+            Ok(Dynamic::UNIT)
+        },
+    );
+    let on = Rc::clone(devices);
     engine.register_fn(
         "set_per_process_memory_fraction",
-        move |fraction: Dynamic| -> BindingResult<()> {
-            // PyTorch raises a TypeError for anything but a Python float, integers included.
-            let Ok(fraction) = fraction.as_float() else {
-                return fail(
-                    "set_per_process_memory_fraction",
-                    format!(
-                        "fraction must be a float, got {} ({fraction}); write 1.0, not 1 (PyTorch: \"Invalid type for fraction argument, must be `float`\")",
-                        fraction.type_name()
-                    ),
-                );
-            };
-            // The allocator's message already names the function.
-            rt.with_allocator(|a| a.set_memory_fraction(fraction))
-                .map_err(|error| error.to_string().into())
+        move |fraction: Dynamic| -> BindingResult<()> { set_fraction(&on.current(), &fraction) },
+    );
+    let on = Rc::clone(devices);
+    engine.register_fn(
+        "set_per_process_memory_fraction",
+        move |fraction: Dynamic, device: Dynamic| -> BindingResult<()> {
+            let runtime = device_or_current("set_per_process_memory_fraction", &on, Some(&device))?;
+            set_fraction(&runtime, &fraction)
         },
     );
-    let rt = Rc::clone(runtime);
-    engine.register_fn("get_per_process_memory_fraction", move || -> f64 {
-        rt.allocator().memory_fraction()
+    register_on_device(
+        engine,
+        devices,
+        "get_per_process_memory_fraction",
+        |runtime| Ok(Dynamic::from(runtime.allocator().memory_fraction())),
+    );
+    let on = Rc::clone(devices);
+    engine.register_fn("mem_get_info", move || mem_get_info(&on, None));
+    let on = Rc::clone(devices);
+    engine.register_fn("mem_get_info", move |device: Dynamic| {
+        mem_get_info(&on, Some(&device))
     });
-    let rt = Rc::clone(runtime);
-    engine.register_fn("mem_get_info", move || -> BindingResult<Array> {
-        let info = rt.allocator().device().mem_get_info();
-        match info {
-            Ok((free, total)) => Ok(vec![
-                Dynamic::from(free as INT),
-                Dynamic::from(total as INT),
-            ]),
-            Err(error) => fail("mem_get_info", error),
-        }
-    });
-    let rt = Rc::clone(runtime);
+    let on = Rc::clone(devices);
     engine.register_fn(
         "with_allocator_conf",
         move |context: NativeCallContext, conf: Dynamic, closure: Dynamic| {
-            with_allocator_conf(&rt, &context, &conf, &closure)
+            with_allocator_conf(&on.current(), &context, &conf, &closure)
         },
     );
-    let rt = Rc::clone(runtime);
+    let on = Rc::clone(devices);
     engine.register_fn("manual_seed", move |seed: Dynamic| -> BindingResult<()> {
         let seed = integer("manual_seed", "seed", &seed)?;
-        rt.manual_seed(non_negative("manual_seed", "seed", seed)?);
+        on.manual_seed(non_negative("manual_seed", "seed", seed)?);
         Ok(())
     });
-    let rt = Rc::clone(runtime);
-    engine.register_fn("synchronize", move || -> BindingResult<()> {
-        rt.backend()
-            .synchronize()
-            .or_else(|error| fail("synchronize", error))
+    let on = Rc::clone(devices);
+    engine.register_fn("synchronize", move || synchronize(&on, None));
+    let on = Rc::clone(devices);
+    engine.register_fn("synchronize", move |device: Dynamic| {
+        synchronize(&on, Some(&device))
     });
-    let rt = Rc::clone(runtime);
-    engine.register_fn("device_memory", move || -> BindingResult<Map> {
-        let allocator = rt.allocator();
-        let reserved = allocator.stats().reserved_bytes.all.current.max(0) as u64;
-        match allocator.device().driver_memory() {
-            Ok(memory) => Ok(device_memory_map(rt.device_label(), &memory, reserved)),
-            Err(error) => fail("device_memory", error),
-        }
+    register_on_device(engine, devices, "device_memory", |runtime| {
+        device_memory(runtime).map(Dynamic::from_map)
     });
 }

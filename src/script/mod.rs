@@ -1,10 +1,11 @@
-//! The script layer: a Rhai engine with gpumem's bindings registered, run over one
-//! [`Runtime`]. Thin glue — every binding converts its arguments and calls into
-//! [`crate::tensor`] or [`crate::alloc`].
+//! The script layer: a Rhai engine with gpumem's bindings registered, run over a session's
+//! [`Devices`] (one or more devices and which is current). Thin glue — every binding converts
+//! its arguments and calls into [`crate::tensor`] or [`crate::alloc`].
 
 pub mod args;
 pub mod bindings;
 pub mod control;
+pub mod device_api;
 pub mod directives;
 pub mod docs;
 pub mod errors;
@@ -13,6 +14,7 @@ pub mod limits;
 pub mod memory_api;
 pub mod oom_error;
 pub mod progress_api;
+pub mod sandbox;
 pub mod snapshot_api;
 pub mod stack;
 pub mod stdlib;
@@ -30,7 +32,7 @@ use std::sync::Arc;
 
 use rhai::{Dynamic, Engine, Scope, AST};
 
-use crate::tensor::{interrupt, Runtime};
+use crate::tensor::{interrupt, Devices};
 use control::Stop;
 pub use errors::{Origins, ScriptError};
 pub use limits::Limits;
@@ -78,15 +80,17 @@ pub fn strip_bom(source: &str) -> &str {
     source.strip_prefix('\u{feff}').unwrap_or(source)
 }
 
-/// A Rhai engine bound to a runtime, ready to run scripts.
+/// A Rhai engine bound to a session's devices, ready to run scripts. One device is a
+/// [`Runtime`](crate::tensor::Runtime); several are [`Devices`].
 ///
 /// ```
 /// use std::{cell::RefCell, rc::Rc};
 /// use gpumem::alloc::AllocConf;
 /// use gpumem::device::sim::SimDevice;
 /// use gpumem::script::{Host, PrintSink};
-/// use gpumem::tensor::Runtime;
+/// use gpumem::tensor::{Devices, Runtime};
 ///
+/// // One simulated device.
 /// let runtime = Runtime::sim(SimDevice::new(8 << 30), AllocConf::default())?;
 /// let printed = Rc::new(RefCell::new(String::new()));
 /// let host = Host::new(runtime, PrintSink::Buffer(Rc::clone(&printed)));
@@ -97,26 +101,37 @@ pub fn strip_bom(source: &str) -> &str {
 ///     print(memory_reserved());
 /// "#)?;
 /// assert_eq!(*printed.borrow(), "1024\n2097152\n");
+///
+/// // Two simulated devices, device 0 current.
+/// let gpu = |index| Runtime::sim(SimDevice::new(8 << 30).numbered(index), AllocConf::default());
+/// let printed = Rc::new(RefCell::new(String::new()));
+/// let host = Host::new(Devices::new(vec![gpu(0)?, gpu(1)?], 0)?, PrintSink::Buffer(Rc::clone(&printed)));
+/// host.run_source("two", r#"
+///     let x = with_device(1, || empty(1000, "uint8"));
+///     print(`${device_count()} ${x.device} ${memory_allocated(0)} ${memory_allocated(1)}`);
+/// "#)?;
+/// assert_eq!(*printed.borrow(), "2 sim:1 0 1024\n");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Host {
     engine: Engine,
-    runtime: Rc<Runtime>,
+    devices: Rc<Devices>,
     map_settings: viz_api::MapSettings,
     /// The Ctrl-C flag the engine polls, once [`Host::set_interrupt`] gave one.
     interrupt: Rc<RefCell<Option<Arc<AtomicBool>>>>,
 }
 
 impl Host {
-    /// An engine with every binding registered, printing to `sink`, under the default
-    /// [`Limits`].
-    pub fn new(runtime: Rc<Runtime>, sink: PrintSink) -> Host {
-        Host::with_limits(runtime, sink, Limits::DEFAULT)
+    /// An engine with every binding registered over `devices` (a [`Devices`], or one device's
+    /// `Rc<Runtime>`), printing to `sink`, under the default [`Limits`].
+    pub fn new(devices: impl Into<Devices>, sink: PrintSink) -> Host {
+        Host::with_limits(devices, sink, Limits::DEFAULT)
     }
 
-    /// An engine with every binding registered, printing to `sink`, under `limits`. Imports
-    /// resolve only to the embedded standard library ([`stdlib`]).
-    pub fn with_limits(runtime: Rc<Runtime>, sink: PrintSink, limits: Limits) -> Host {
+    /// An engine with every binding registered over `devices`, printing to `sink`, under
+    /// `limits`. Imports resolve only to the embedded standard library ([`stdlib`]).
+    pub fn with_limits(devices: impl Into<Devices>, sink: PrintSink, limits: Limits) -> Host {
+        let devices = Rc::new(devices.into());
         let mut engine = Engine::new();
         limits.apply(&mut engine);
         engine.set_module_resolver(stdlib::EmbeddedResolver::default());
@@ -126,7 +141,7 @@ impl Host {
             sink.line(&format!("[debug {position}] {text}"))
         });
         let map_settings = viz_api::MapSettings::default();
-        bindings::register(&mut engine, &runtime, &map_settings);
+        bindings::register(&mut engine, &devices, &map_settings);
         control::register(&mut engine);
         // Polled before every operation: the stack guard first, then Ctrl-C.
         let interrupt: Rc<RefCell<Option<Arc<AtomicBool>>>> = Rc::default();
@@ -143,7 +158,7 @@ impl Host {
         });
         Host {
             engine,
-            runtime,
+            devices,
             map_settings,
             interrupt,
         }
@@ -167,9 +182,9 @@ impl Host {
         history::track_call_sites(&mut self.engine);
     }
 
-    /// The runtime scripts run against.
-    pub fn runtime(&self) -> &Rc<Runtime> {
-        &self.runtime
+    /// The devices scripts run against.
+    pub fn devices(&self) -> &Rc<Devices> {
+        &self.devices
     }
 
     /// The engine, for callers that compile or evaluate themselves (the REPL).

@@ -1,7 +1,8 @@
 //! Snapshots from scripts, named as in `torch.cuda.memory`: `record_memory_history(on)`,
 //! `memory_history()` (the recorded events, PyTorch's keys), `memory_snapshot()` with every
 //! key PyTorch writes, `dump_snapshot(path)` (a pickle PyTorch's tools read), and
-//! `replay(path, conf)` (the `gpumem replay` report as a map).
+//! `replay(path, conf)` (the `gpumem replay` report as a map). As in PyTorch, history is
+//! recorded on every device and a snapshot holds every device's segments and trace.
 
 use std::path::Path;
 use std::rc::Rc;
@@ -11,14 +12,33 @@ use rhai::{Dynamic, Engine, ImmutableString};
 use super::args::{fail, flag, integer, non_negative, BindingResult};
 use super::history;
 use crate::alloc::AllocConf;
+use crate::snapshot::model::{Segment, TraceEvent};
 use crate::snapshot::replay::{replay, ReplayOptions};
 use crate::snapshot::{capture, pickle, AllocatorSettings, Snapshot};
-use crate::tensor::Runtime;
+use crate::tensor::{Devices, Runtime};
 
-/// The runtime's state as a PyTorch snapshot: segments (with the frames of each live block's
-/// allocation), the recorded history, the settings. Like PyTorch's `_snapshot()` it then
-/// records a `snapshot` event.
-fn snapshot(runtime: &Runtime) -> Snapshot {
+/// Every device's state as a PyTorch snapshot: segments (with the frames of each live block's
+/// allocation) of all devices in device order, one recorded trace per device, the settings.
+fn snapshot(devices: &Devices) -> Snapshot {
+    let mut segments = Vec::new();
+    let mut device_traces = Vec::new();
+    for runtime in devices.all() {
+        let (device_segments, trace) = device_snapshot(&runtime);
+        segments.extend(device_segments);
+        device_traces.push(trace);
+    }
+    let allocator_settings = AllocatorSettings::from_conf(devices.current().allocator().config());
+    Snapshot {
+        segments,
+        device_traces,
+        allocator_settings,
+        external_annotations: Vec::new(),
+    }
+}
+
+/// One device's segments and recorded trace. Like PyTorch's per-device snapshot it then
+/// records a `snapshot` event (after the trace was taken, so it shows in the next one).
+fn device_snapshot(runtime: &Runtime) -> (Vec<Segment>, Vec<TraceEvent>) {
     let entries = runtime.allocator().trace().entries();
     let contexts = history::allocation_contexts(&entries);
     let frames_of = |address: u64| {
@@ -32,18 +52,12 @@ fn snapshot(runtime: &Runtime) -> Snapshot {
     };
     let active: i64 = segments.iter().map(|segment| segment.active_size).sum();
     runtime.with_allocator(|allocator| allocator.record_snapshot_event(active.max(0) as u64));
-    let allocator = runtime.allocator();
-    Snapshot {
-        segments,
-        device_traces: vec![history::events(&entries)],
-        allocator_settings: AllocatorSettings::from_conf(allocator.config()),
-        external_annotations: Vec::new(),
-    }
+    (segments, history::events(&entries))
 }
 
-/// `record_memory_history(enabled[, max_entries])`.
+/// `record_memory_history(enabled[, max_entries])`, on every device as in PyTorch.
 fn record_history(
-    runtime: &Runtime,
+    devices: &Devices,
     enabled: &Dynamic,
     max_entries: Option<&Dynamic>,
 ) -> BindingResult<()> {
@@ -55,7 +69,9 @@ fn record_history(
         }
         None => history::DEFAULT_MAX_ENTRIES,
     };
-    runtime.with_allocator(|allocator| allocator.record_history(enabled, max_entries));
+    for runtime in devices.all() {
+        runtime.with_allocator(|allocator| allocator.record_history(enabled, max_entries));
+    }
     Ok(())
 }
 
@@ -85,36 +101,36 @@ fn replay_map(path: &str, conf: &str) -> BindingResult<Dynamic> {
 }
 
 /// Registers the snapshot functions.
-pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
-    let rt = Rc::clone(runtime);
+pub fn register(engine: &mut Engine, devices: &Rc<Devices>) {
+    let on = Rc::clone(devices);
     // The snapshot types derive Serialize with PyTorch's key names, so Rhai's serde support
     // turns them into maps directly.
     engine.register_fn("memory_snapshot", move || -> BindingResult<Dynamic> {
-        rhai::serde::to_dynamic(snapshot(&rt).segments)
+        rhai::serde::to_dynamic(snapshot(&on).segments)
     });
-    let rt = Rc::clone(runtime);
+    let on = Rc::clone(devices);
     engine.register_fn(
         "dump_snapshot",
         move |path: ImmutableString| -> BindingResult<()> {
-            pickle::dump(Path::new(path.as_str()), &snapshot(&rt))
+            pickle::dump(Path::new(path.as_str()), &snapshot(&on))
                 .or_else(|error| fail("dump_snapshot", error))
         },
     );
-    let rt = Rc::clone(runtime);
+    let on = Rc::clone(devices);
     engine.register_fn(
         "record_memory_history",
-        move |enabled: Dynamic| -> BindingResult<()> { record_history(&rt, &enabled, None) },
+        move |enabled: Dynamic| -> BindingResult<()> { record_history(&on, &enabled, None) },
     );
-    let rt = Rc::clone(runtime);
+    let on = Rc::clone(devices);
     engine.register_fn(
         "record_memory_history",
         move |enabled: Dynamic, max_entries: Dynamic| -> BindingResult<()> {
-            record_history(&rt, &enabled, Some(&max_entries))
+            record_history(&on, &enabled, Some(&max_entries))
         },
     );
-    let rt = Rc::clone(runtime);
+    let on = Rc::clone(devices);
     engine.register_fn("memory_history", move || -> BindingResult<Dynamic> {
-        let entries = rt.allocator().trace().entries();
+        let entries = on.current().allocator().trace().entries();
         rhai::serde::to_dynamic(history::events(&entries))
     });
     engine.register_fn(

@@ -1,4 +1,5 @@
 //! Tensor creation and properties: `randn`, `empty`, `zeros`, `ones`, `full`, `t.shape`, ...
+//! New tensors go to the current device, as `device="cuda"` does in PyTorch.
 
 use std::rc::Rc;
 
@@ -6,25 +7,45 @@ use rhai::{Array, Dynamic, Engine, ImmutableString, NativeCallContext, INT};
 
 use super::args::{dtype_arg, fail, number, shape_arg, tensor_fail, BindingResult};
 use super::history::stamp;
-use crate::tensor::{DType, Runtime, Tensor};
+use crate::tensor::{shape, DType, Devices, Runtime, Tensor};
 
 /// A tensor constructor taking a shape and a dtype.
 type Maker = fn(&Rc<Runtime>, &[usize], DType) -> Result<Tensor, crate::tensor::TensorError>;
 
+/// The current device, made ready for a tensor of `shape` and `dtype` as PyTorch's allocator
+/// readies it ([`Devices::for_allocation`]), with the call's script line stamped on it.
+fn device_for(
+    function: &str,
+    context: &NativeCallContext,
+    devices: &Devices,
+    shape: &[usize],
+    dtype: DType,
+) -> BindingResult<Rc<Runtime>> {
+    // A shape too large to count fails in the constructor, with its own message.
+    let nbytes = shape::nbytes(shape, dtype.size()).unwrap_or(0);
+    let runtime = devices
+        .for_allocation(nbytes)
+        .or_else(|error| tensor_fail(function, error))?;
+    stamp(context, &runtime);
+    Ok(runtime)
+}
+
 fn create(
     function: &'static str,
-    runtime: &Rc<Runtime>,
+    context: &NativeCallContext,
+    devices: &Devices,
     shape: &Dynamic,
     dtype: &str,
     make: Maker,
 ) -> BindingResult<Tensor> {
     let shape = shape_arg(function, shape)?;
     let dtype = dtype_arg(function, dtype)?;
-    make(runtime, &shape, dtype).or_else(|error| tensor_fail(function, error))
+    let runtime = device_for(function, context, devices, &shape, dtype)?;
+    make(&runtime, &shape, dtype).or_else(|error| tensor_fail(function, error))
 }
 
 /// Registers creation functions and tensor properties.
-pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
+pub fn register(engine: &mut Engine, devices: &Rc<Devices>) {
     engine
         .register_type_with_name::<Tensor>("Tensor")
         .register_fn("to_string", |t: &mut Tensor| t.to_string())
@@ -49,17 +70,15 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
         }),
     ];
     for (name, make) in makers {
-        let rt = Rc::clone(runtime);
+        let on = Rc::clone(devices);
         engine.register_fn(name, move |context: NativeCallContext, shape: Dynamic| {
-            stamp(&context, &rt);
-            create(name, &rt, &shape, "float32", make)
+            create(name, &context, &on, &shape, "float32", make)
         });
-        let rt = Rc::clone(runtime);
+        let on = Rc::clone(devices);
         engine.register_fn(
             name,
             move |context: NativeCallContext, shape: Dynamic, dtype: ImmutableString| {
-                stamp(&context, &rt);
-                create(name, &rt, &shape, &dtype, make)
+                create(name, &context, &on, &shape, &dtype, make)
             },
         );
         // Rhai tries the string overload first; any other dtype argument lands here.
@@ -70,24 +89,20 @@ pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>) {
             },
         );
     }
-    let rt = Rc::clone(runtime);
+    let on = Rc::clone(devices);
     engine.register_fn(
         "full",
         move |context: NativeCallContext, shape: Dynamic, value: Dynamic| {
-            stamp(&context, &rt);
-            full(&rt, &shape, &value, "float32")
+            full(&context, &on, &shape, &value, "float32")
         },
     );
-    let rt = Rc::clone(runtime);
+    let on = Rc::clone(devices);
     engine.register_fn(
         "full",
         move |context: NativeCallContext,
               shape: Dynamic,
               value: Dynamic,
-              dtype: ImmutableString| {
-            stamp(&context, &rt);
-            full(&rt, &shape, &value, &dtype)
-        },
+              dtype: ImmutableString| { full(&context, &on, &shape, &value, &dtype) },
     );
     engine.register_fn(
         "full",
@@ -109,7 +124,8 @@ fn not_a_dtype(function: &str, dtype: &Dynamic) -> BindingResult<Tensor> {
 }
 
 fn full(
-    runtime: &Rc<Runtime>,
+    context: &NativeCallContext,
+    devices: &Devices,
     shape: &Dynamic,
     value: &Dynamic,
     dtype: &str,
@@ -121,5 +137,6 @@ fn full(
         Err(_) => number("full", "fill value", value)?,
     };
     let dtype = dtype_arg("full", dtype)?;
-    Tensor::full(runtime, &shape, value, dtype).or_else(|error| tensor_fail("full", error))
+    let runtime = device_for("full", context, devices, &shape, dtype)?;
+    Tensor::full(&runtime, &shape, value, dtype).or_else(|error| tensor_fail("full", error))
 }

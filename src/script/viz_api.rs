@@ -1,15 +1,16 @@
-//! Seeing memory from scripts: `memory_map([width])`, `fragmentation()`,
-//! `measure(|| { ... })` and `mark(text)`. Thin glue over [`crate::viz`], the allocator's
-//! measurement scopes and the runtime's watcher.
+//! Seeing memory from scripts: `memory_map([device[, width]])`, `fragmentation()` and
+//! `measure(|| { ... })` (both on the current device), and `mark(text)` (on every device's
+//! timeline). Thin glue over [`crate::viz`], the allocator's measurement scopes and the
+//! runtimes' watchers.
 
 use std::cell::Cell;
 use std::rc::Rc;
 
 use rhai::{Dynamic, Engine, FnPtr, Map, NativeCallContext, FLOAT, INT};
 
-use super::args::{integer, non_negative, BindingResult};
+use super::args::{device_arg, fail, integer, non_negative, BindingResult};
 use crate::alloc::{DeviceStats, ScopeReport};
-use crate::tensor::Runtime;
+use crate::tensor::{Devices, Runtime};
 use crate::viz::{map, Fragmentation, FreeSpace, MapOptions, MemoryLayout};
 
 /// How `memory_map()` draws when the script gives no width: the host's terminal width and
@@ -79,56 +80,100 @@ pub fn timeline_labels(timeline: &crate::viz::Timeline) -> Vec<crate::viz::Site>
         .collect()
 }
 
+/// `memory_map(device, width)`'s device: as [`device_arg`], with a hint for the old
+/// `memory_map(width)` form when a number is not a device.
+fn map_device(devices: &Devices, device: &Dynamic) -> BindingResult<Rc<Runtime>> {
+    let index = device_arg("memory_map", devices, device).map_err(|error| {
+        if device.is_int() {
+            format!(
+                "{error}; the width is the second argument: memory_map(current_device(), {device})"
+            )
+            .into()
+        } else {
+            error
+        }
+    })?;
+    devices
+        .get(index)
+        .or_else(|error| fail("memory_map", error))
+}
+
+/// Draws `runtime`'s segments `width` columns wide (the host's width when `None`).
+fn draw(
+    runtime: &Runtime,
+    width: Option<&Dynamic>,
+    settings: &MapSettings,
+) -> BindingResult<String> {
+    let mut options = settings.get();
+    if let Some(width) = width {
+        let width = integer("memory_map", "width", width)?;
+        let width = non_negative("memory_map", "width", width)?;
+        options.width = usize::try_from(width).unwrap_or(usize::MAX);
+    }
+    Ok(map::render(
+        &MemoryLayout::of(&runtime.allocator()),
+        &options,
+    ))
+}
+
 /// Registers `memory_map`, `fragmentation`, `measure` and `mark`.
-pub fn register(engine: &mut Engine, runtime: &Rc<Runtime>, settings: &MapSettings) {
-    // `mark(text)`: a phase boundary a timeline draws (nothing happens unless one is
-    // recorded: `gpumem run --timeline/--report`).
-    let rt = Rc::clone(runtime);
+pub fn register(engine: &mut Engine, devices: &Rc<Devices>, settings: &MapSettings) {
+    // `mark(text)`: a phase boundary every device's timeline draws (nothing happens unless
+    // one is recorded: `gpumem run --timeline/--report`).
+    let on = Rc::clone(devices);
     engine.register_fn("mark", move |context: NativeCallContext, text: Dynamic| {
-        super::history::stamp(&context, &rt);
+        let current = on.current();
+        super::history::stamp(&context, &current);
+        let site = current.allocator().trace_context();
         let text = match text.read_lock::<rhai::ImmutableString>() {
             Some(text) => text.to_string(),
             None => text.to_string(),
         };
-        rt.mark(&text);
+        for runtime in on.all() {
+            runtime.mark(&text, site);
+        }
     });
-    let rt = Rc::clone(runtime);
+    let on = Rc::clone(devices);
     let options = Rc::clone(settings);
-    engine.register_fn("memory_map", move || -> String {
-        map::render(&MemoryLayout::of(&rt.allocator()), &options.get())
-    });
-    let rt = Rc::clone(runtime);
+    engine.register_fn("memory_map", move || draw(&on.current(), None, &options));
+    let on = Rc::clone(devices);
     let options = Rc::clone(settings);
     engine.register_fn(
         "memory_map",
-        move |width: Dynamic| -> BindingResult<String> {
-            let width = integer("memory_map", "width", &width)?;
-            let width = non_negative("memory_map", "width", width)?;
-            let options = MapOptions {
-                width: usize::try_from(width).unwrap_or(usize::MAX),
-                ..options.get()
-            };
-            Ok(map::render(&MemoryLayout::of(&rt.allocator()), &options))
+        move |device: Dynamic| -> BindingResult<String> {
+            let runtime = map_device(&on, &device)?;
+            draw(&runtime, None, &options)
         },
     );
-    let rt = Rc::clone(runtime);
+    let on = Rc::clone(devices);
+    let options = Rc::clone(settings);
+    engine.register_fn(
+        "memory_map",
+        move |device: Dynamic, width: Dynamic| -> BindingResult<String> {
+            let runtime = map_device(&on, &device)?;
+            draw(&runtime, Some(&width), &options)
+        },
+    );
+    let on = Rc::clone(devices);
     engine.register_fn("fragmentation", move || -> Map {
-        let fragmentation = Fragmentation::of(&MemoryLayout::of(&rt.allocator()));
+        let fragmentation = Fragmentation::of(&MemoryLayout::of(&on.current().allocator()));
         let mut map = Map::new();
         map.insert("all".into(), free_space_map(&fragmentation.all).into());
         map.insert("small".into(), free_space_map(&fragmentation.small).into());
         map.insert("large".into(), free_space_map(&fragmentation.large).into());
         map
     });
-    let rt = Rc::clone(runtime);
+    let on = Rc::clone(devices);
     engine.register_fn(
         "measure",
         move |context: NativeCallContext, work: FnPtr| -> BindingResult<Map> {
-            let mark = rt.with_allocator(|allocator| allocator.begin_measure());
+            // The device current when the measure starts is the one measured.
+            let runtime = on.current();
+            let mark = runtime.with_allocator(|allocator| allocator.begin_measure());
             // The scope closes whether or not the work fails, so an error caught further up
             // leaves no scope open.
             let result = work.call_within_context::<Dynamic>(&context, ());
-            let report = rt.with_allocator(|allocator| allocator.end_measure(mark));
+            let report = runtime.with_allocator(|allocator| allocator.end_measure(mark));
             Ok(measure_map(&report, result?))
         },
     );

@@ -28,6 +28,30 @@ impl CudaBackend {
     }
 }
 
+/// Copies `src`, on the GPU `from`, into `dst` on the GPU `to`: `t.to(i)` between CUDA
+/// devices. Within one GPU a plain device-to-device copy; between two, `cuMemcpyPeer`, which
+/// needs both devices' contexts (the source's exists: it holds the tensor).
+pub fn copy_between_gpus(
+    to: &Arc<CudaGpu>,
+    dst: &Span,
+    from: &Arc<CudaGpu>,
+    src: &Span,
+) -> Result<(), TensorError> {
+    if Arc::ptr_eq(to, from) {
+        return CudaBackend::new(Arc::clone(to)).copy(dst, src);
+    }
+    let bytes = (src.numel * src.dtype.size()) as u64;
+    if bytes == 0 {
+        return Ok(());
+    }
+    let source = from.context()?;
+    let current = to.activate()?;
+    // SAFETY: `dst` is a live tensor of `to` and `src` one of `from`, both `bytes` long (same
+    // dtype and element count); the tensors outlive the call.
+    unsafe { current.copy_from_peer(DevicePtr(dst.ptr), source, DevicePtr(src.ptr), bytes) }?;
+    Ok(())
+}
+
 /// How randn stores values of `dtype`.
 pub fn randn_format(dtype: DType) -> Result<RandnFormat, TensorError> {
     match dtype {

@@ -6,10 +6,12 @@
 pub mod backend;
 pub mod convert;
 pub mod cuda_backend;
+pub mod devices;
 pub mod dtype;
 pub mod interrupt;
 pub mod ops;
 pub mod philox;
+mod selection;
 pub mod shape;
 pub mod watch;
 
@@ -22,13 +24,14 @@ use thiserror::Error;
 
 use crate::alloc::format::format_size;
 use crate::alloc::{
-    AllocConf, AllocError, Allocation, CachingAllocator, MemoryObserver, Subscription,
+    AllocConf, AllocError, Allocation, CachingAllocator, MemoryObserver, StreamId, Subscription,
 };
 use crate::device::cuda::{CudaDevice, CudaGpu};
 use crate::device::sim::SimDevice;
-use crate::device::DeviceMemory;
+use crate::device::{DeviceError, DeviceMemory};
 use backend::{Backend, SimBackend, Span};
 use cuda_backend::CudaBackend;
+pub use devices::{Devices, NoSuchDevice};
 pub use dtype::DType;
 pub use watch::SessionWatcher;
 
@@ -59,14 +62,19 @@ pub enum TensorError {
     /// The user interrupted the work ([`interrupt`]).
     #[error("interrupted")]
     Interrupted,
+    /// A device index the session does not have.
+    #[error("{0}")]
+    NoSuchDevice(#[from] NoSuchDevice),
 }
 
 /// The generator hands out values in blocks of four (one Philox4x32 call, one float4 store on
 /// the device), so every tensor's stream starts on a block boundary.
 const RANDOM_BLOCK: u64 = 4;
 
-/// The state every tensor of a session shares: the allocator, the random generator and the
-/// backend that computes values.
+/// One device as a session uses it: its allocator, the random generator and the backend that
+/// computes values, and the stream allocations go to. Every tensor holds its device's runtime,
+/// so a tensor freed anywhere returns its block to the allocator that made it. A session's
+/// devices and which one is current are [`Devices`].
 pub struct Runtime {
     allocator: RefCell<CachingAllocator>,
     /// The allocators [`Runtime::with_allocator_swapped`] set aside while it runs, innermost
@@ -78,16 +86,22 @@ pub struct Runtime {
     /// Where segments come from, so a second allocator can draw from the same kind of device.
     origin: DeviceOrigin,
     label: String,
+    /// The device's ordinal (`torch.cuda.current_device()`'s numbering).
+    index: usize,
+    /// The stream this device's allocations go to (PyTorch's current stream of the device;
+    /// 0 is the default stream).
+    stream: Cell<StreamId>,
     seed: Cell<u64>,
     philox_offset: Cell<u64>,
     /// Told about allocators made current and marks ([`Runtime::watch`]).
     watcher: RefCell<Option<Box<dyn SessionWatcher>>>,
 }
 
-/// The device a runtime was built on, as [`Runtime::fresh_allocator`] needs it.
+/// The device a runtime was built on, as [`Runtime::fresh_allocator`] and [`Runtime::fresh`]
+/// need it.
 enum DeviceOrigin {
-    /// A simulated GPU of this many bytes.
-    Sim(u64),
+    /// A simulated GPU, as it was before anything used it.
+    Sim(SimDevice),
     /// A CUDA GPU.
     Cuda(Arc<CudaGpu>),
 }
@@ -110,7 +124,7 @@ impl Runtime {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn sim(device: SimDevice, conf: AllocConf) -> Result<Rc<Runtime>, AllocError> {
-        let origin = DeviceOrigin::Sim(device.total_memory());
+        let origin = DeviceOrigin::Sim(device.fresh());
         let allocator = CachingAllocator::new(Box::new(device), conf)?;
         Ok(Runtime::assemble(allocator, Box::new(SimBackend), origin))
     }
@@ -132,11 +146,26 @@ impl Runtime {
     /// context), so tensors it makes work with this runtime's value backend. For
     /// [`Runtime::with_allocator_swapped`].
     pub fn fresh_allocator(&self, conf: AllocConf) -> Result<CachingAllocator, AllocError> {
-        let device: Box<dyn DeviceMemory> = match &self.origin {
-            DeviceOrigin::Sim(total) => Box::new(SimDevice::new(*total)),
-            DeviceOrigin::Cuda(gpu) => Box::new(CudaDevice::new(Arc::clone(gpu))),
+        CachingAllocator::new(self.origin.fresh_device(), conf)
+    }
+
+    /// A runtime on the same device as a new process finds it: a fresh allocator under the
+    /// same config (no segments, counters, peaks or history), the generator at its default
+    /// seed, the default stream, no observer. On the simulated device the modelled CUDA
+    /// context is gone too, until a call needs it again; a CUDA GPU keeps its primary
+    /// context, which only the end of the process releases. What `:reset` gives the REPL.
+    pub fn fresh(&self) -> Result<Rc<Runtime>, AllocError> {
+        let conf = self.allocator().config().clone();
+        let allocator = CachingAllocator::new(self.origin.fresh_device(), conf)?;
+        let backend: Box<dyn Backend> = match &self.origin {
+            DeviceOrigin::Sim(_) => Box::new(SimBackend),
+            DeviceOrigin::Cuda(gpu) => Box::new(CudaBackend::new(Arc::clone(gpu))),
         };
-        CachingAllocator::new(device, conf)
+        let origin = match &self.origin {
+            DeviceOrigin::Sim(device) => DeviceOrigin::Sim(device.fresh()),
+            DeviceOrigin::Cuda(gpu) => DeviceOrigin::Cuda(Arc::clone(gpu)),
+        };
+        Ok(Runtime::assemble(allocator, backend, origin))
     }
 
     fn assemble(
@@ -145,6 +174,7 @@ impl Runtime {
         origin: DeviceOrigin,
     ) -> Rc<Runtime> {
         let label = allocator.device().label();
+        let index = allocator.device().index();
         Rc::new(Runtime {
             allocator: RefCell::new(allocator),
             swapped_out: RefCell::new(Vec::new()),
@@ -152,6 +182,8 @@ impl Runtime {
             backend,
             origin,
             label,
+            index,
+            stream: Cell::new(0),
             seed: Cell::new(DEFAULT_SEED),
             philox_offset: Cell::new(0),
             watcher: RefCell::new(None),
@@ -167,10 +199,9 @@ impl Runtime {
         std::mem::replace(&mut *self.watcher.borrow_mut(), watcher)
     }
 
-    /// Tells the watcher, if any, that the script marked a phase named `text` (at the current
-    /// allocator's trace context).
-    pub fn mark(&self, text: &str) {
-        let context = self.allocator.borrow().trace_context();
+    /// Tells the watcher, if any, that the script marked a phase named `text` at the line
+    /// trace context `context` stands for.
+    pub fn mark(&self, text: &str, context: u32) {
         if let Some(watcher) = self.watcher.borrow_mut().as_mut() {
             watcher.mark(text, context);
         }
@@ -188,11 +219,11 @@ impl Runtime {
         self.allocator.borrow_mut().unsubscribe(id)
     }
 
-    /// Allocates a block for `nbytes` bytes of a tensor from the current allocator; returns
-    /// that allocator's [`CachingAllocator::id`] with the block.
+    /// Allocates a block for `nbytes` bytes of a tensor from the current allocator, on the
+    /// current stream; returns that allocator's [`CachingAllocator::id`] with the block.
     pub fn malloc(&self, nbytes: u64) -> Result<(u64, Allocation), AllocError> {
         let mut allocator = self.allocator.borrow_mut();
-        let allocation = allocator.malloc(nbytes)?;
+        let allocation = allocator.malloc_on(self.stream.get(), nbytes)?;
         Ok((allocator.id(), allocation))
     }
 
@@ -284,9 +315,67 @@ impl Runtime {
         Ok(())
     }
 
-    /// The device's label (`sim`, `cuda:0`).
+    /// The device's label (`sim`, `sim:1` on a machine of several simulated devices,
+    /// `cuda:0`).
     pub fn device_label(&self) -> &str {
         &self.label
+    }
+
+    /// The device's ordinal, as `current_device()` numbers it.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The stream this device's allocations go to (0: the default stream).
+    pub fn current_stream(&self) -> StreamId {
+        self.stream.get()
+    }
+
+    /// Makes `stream` this device's current stream: allocations from now on are served from
+    /// its pools (the allocator keeps one set per stream), as PyTorch's
+    /// `torch.cuda.set_stream`.
+    pub fn set_current_stream(&self, stream: StreamId) {
+        self.stream.set(stream);
+    }
+
+    /// Whether this device's CUDA context exists: on a GPU, whether this process created its
+    /// primary context; on the simulated device, whether a call that needs one was made
+    /// (the model's own account, which its NVML view shows). Asking creates nothing.
+    pub fn has_context(&self) -> bool {
+        match &self.origin {
+            DeviceOrigin::Cuda(gpu) => gpu.has_context(),
+            // The simulated device lists this process as NVML would: only once its context
+            // exists.
+            DeviceOrigin::Sim(_) => !self.allocator().device().process_memory().is_empty(),
+        }
+    }
+
+    /// Creates the device's CUDA context if it does not exist yet, as CUDA 12's
+    /// `cudaSetDevice` does and every call that runs work on the device. Asks for
+    /// `cudaMemGetInfo`, which needs the context on either kind of device.
+    pub fn ensure_context(&self) -> Result<(), DeviceError> {
+        self.mem_get_info().map(|_| ())
+    }
+
+    /// `cudaMemGetInfo`: (free, total) bytes of the device. Creates the context if needed.
+    pub fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
+        self.allocator().device().mem_get_info()
+    }
+
+    /// Copies `src`, a span of `source`'s device, into `dst` on this runtime's device: a
+    /// device-to-device copy between two GPUs, or on simulated devices nothing to do (the
+    /// caller carries the recorded contents over).
+    pub fn copy_from(&self, dst: &Span, source: &Runtime, src: &Span) -> Result<(), TensorError> {
+        match (&self.origin, &source.origin) {
+            (DeviceOrigin::Sim(_), DeviceOrigin::Sim(_)) => Ok(()),
+            (DeviceOrigin::Cuda(to), DeviceOrigin::Cuda(from)) => {
+                cuda_backend::copy_between_gpus(to, dst, from, src)
+            }
+            _ => Err(TensorError::Unsupported(format!(
+                "cannot copy between {} and {}: a session's devices are all simulated or all CUDA",
+                source.label, self.label
+            ))),
+        }
     }
 
     /// `torch.manual_seed(seed)`: restarts the generator's stream at `seed`.
@@ -308,6 +397,17 @@ impl Runtime {
         let advance = count.div_ceil(RANDOM_BLOCK).wrapping_mul(RANDOM_BLOCK);
         self.philox_offset.set(offset.wrapping_add(advance));
         (self.seed.get(), offset)
+    }
+}
+
+impl DeviceOrigin {
+    /// The device as a process that never used it sees it: a fresh simulated GPU like the
+    /// original, or the same CUDA GPU (its own segments, the process's one context).
+    fn fresh_device(&self) -> Box<dyn DeviceMemory> {
+        match self {
+            DeviceOrigin::Sim(device) => Box::new(device.fresh()),
+            DeviceOrigin::Cuda(gpu) => Box::new(CudaDevice::new(Arc::clone(gpu))),
+        }
     }
 }
 
@@ -504,7 +604,7 @@ impl Tensor {
         self.offset == 0 && self.nbytes() == self.storage.nbytes
     }
 
-    /// The device label (`sim`, `cuda:0`).
+    /// The device label (`sim`, `sim:1`, `cuda:0`).
     pub fn device(&self) -> &str {
         self.storage.runtime.device_label()
     }

@@ -5,7 +5,7 @@
 use std::rc::Rc;
 
 use super::backend::{BinaryOp, Operand, Reduction};
-use super::{Contents, DType, Tensor, TensorError};
+use super::{Contents, DType, Runtime, Tensor, TensorError};
 
 /// The most elements `to_array()` copies to the host (4 MB of float32): larger reads are
 /// refused with a message rather than building a huge script array.
@@ -74,16 +74,33 @@ impl Tensor {
         let runtime = Rc::clone(self.runtime());
         let copy = Tensor::empty(&runtime, &self.shape, self.dtype)?;
         runtime.backend().copy(&copy.span(), &self.span())?;
-        // The copy starts at element 0 of its storage, so a generated view's offset moves in.
-        let contents = match self.storage.contents() {
+        copy.storage.set_contents(self.contents_of_copy());
+        Ok(copy)
+    }
+
+    /// This tensor's values in a new tensor on `runtime`'s device, or this tensor itself when
+    /// it is there already (PyTorch's `t.to(device)` returns `t` then). Views copy only their
+    /// own elements. [`super::Devices::copy_to`] adds PyTorch's device selection around it.
+    pub fn to_runtime(&self, runtime: &Rc<Runtime>) -> Result<Tensor, TensorError> {
+        if Rc::ptr_eq(self.runtime(), runtime) {
+            return Ok(self.clone());
+        }
+        let copy = Tensor::empty(runtime, &self.shape, self.dtype)?;
+        runtime.copy_from(&copy.span(), self.runtime(), &self.span())?;
+        copy.storage.set_contents(self.contents_of_copy());
+        Ok(copy)
+    }
+
+    /// What a copy of this view holds: the same contents, with a generated view's offset
+    /// moved in (the copy starts at element 0 of its storage).
+    fn contents_of_copy(&self) -> Contents {
+        match self.storage.contents() {
             Contents::Normal { seed, offset } => Contents::Normal {
                 seed,
                 offset: offset + self.offset as u64,
             },
             other => other,
-        };
-        copy.storage.set_contents(contents);
-        Ok(copy)
+        }
     }
 
     /// `lhs op rhs` into a new tensor: float32 tensors of equal shape, or a tensor and a number.

@@ -568,7 +568,12 @@ fn draw<DB: DrawingBackend>(
     // Many OOMs (a search that catches them) are drawn lighter, without their requests.
     let few_ooms = timeline.counts.ooms <= FEW_OOMS;
     for mark in &timeline.marks {
-        let x = mark.position as f64 + 0.5;
+        // An event's marker stands in the middle of its step; a phase begins where the step of
+        // its first event does.
+        let x = match mark.kind {
+            MarkKind::Phase(_) => mark.position as f64,
+            _ => mark.position as f64 + 0.5,
+        };
         let (color, kind, label, dashed) = match &mark.kind {
             MarkKind::Oom(limits) => {
                 if few_ooms {

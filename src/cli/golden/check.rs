@@ -70,7 +70,10 @@ impl Options {
     /// The session a script runs in: its directives win over the run's options. `name` (the
     /// script's file name) is how a rejected directive config is attributed.
     fn session_options(&self, pinned: Option<(&directives::Directives, &str)>) -> SessionOptions {
-        let device = pinned.and_then(|(d, _)| d.device).or(self.device);
+        let device = pinned
+            .and_then(|(d, _)| d.device.clone())
+            .or_else(|| self.device.clone());
+        let devices = pinned.and_then(|(d, _)| d.devices);
         let config = match pinned {
             Some((
                 directives::Directives {
@@ -84,7 +87,11 @@ impl Options {
             },
             _ => self.config.clone(),
         };
-        SessionOptions { device, config }
+        SessionOptions {
+            device,
+            config,
+            devices,
+        }
     }
 }
 
@@ -197,7 +204,7 @@ fn execute(script: &Path, options: &Options) -> Execution {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| script.display().to_string());
     let session_options = options.session_options(Some((&pinned, &name)));
-    let _gpu = match session_options.device {
+    let _gpu = match &session_options.device {
         Some(DeviceSpec::Sim(_)) => None,
         _ => Some(
             GPU_LOCK
@@ -207,7 +214,9 @@ fn execute(script: &Path, options: &Options) -> Execution {
     };
     let session = match session::open(&session_options) {
         Ok(session) => session,
-        Err(error @ SessionError::Cuda { .. }) => return Execution::Skipped(error.to_string()),
+        Err(error @ (SessionError::Cuda { .. } | SessionError::TooFewDevices { .. })) => {
+            return Execution::Skipped(error.to_string())
+        }
         // A config the allocator rejects is PyTorch behaviour worth pinning: it is output.
         Err(error) => {
             return Execution::Output {
@@ -218,7 +227,7 @@ fn execute(script: &Path, options: &Options) -> Execution {
     };
     let buffer = Rc::new(RefCell::new(String::new()));
     let host = Host::with_limits(
-        session.runtime,
+        session.devices,
         PrintSink::Buffer(Rc::clone(&buffer)),
         options.engine_limits(),
     );
@@ -296,7 +305,7 @@ mod tests {
 
     fn sim() -> Options {
         Options {
-            device: Some(DeviceSpec::Sim(None)),
+            device: Some(DeviceSpec::sim()),
             ..Options::default()
         }
     }

@@ -143,7 +143,7 @@ mod tests {
         }
         std::fs::write(dir.join("s05.out"), "wrong\n").expect("write");
         let options = Options {
-            device: Some(DeviceSpec::Sim(None)),
+            device: Some(DeviceSpec::sim()),
             ..Options::default()
         };
         let mut seen = Vec::new();

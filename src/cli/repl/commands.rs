@@ -10,7 +10,7 @@ use gpumem::alloc::format::format_size;
 use gpumem::alloc::summary::memory_summary;
 use gpumem::script::docs::{Kind, BINDINGS};
 use gpumem::script::stdlib::MODULES;
-use gpumem::tensor::{Runtime, Tensor};
+use gpumem::tensor::{Devices, Runtime, Tensor};
 
 /// A `:` command's documentation.
 pub struct Command {
@@ -38,7 +38,7 @@ pub const COMMANDS: &[Command] = &[
     Command {
         name: ":mem",
         args: "",
-        summary: "one line: allocated, reserved, and cudaMemGetInfo's used (total − free)",
+        summary: "allocated, reserved, and cudaMemGetInfo's used (total − free) of each device in use; creates no context",
     },
     Command {
         name: ":summary",
@@ -48,7 +48,7 @@ pub const COMMANDS: &[Command] = &[
     Command {
         name: ":map",
         args: "",
-        summary: "memory_map(): every segment drawn as cells, with a legend",
+        summary: "memory_map() of each device in use: every segment drawn as cells, with a legend",
     },
     Command {
         name: ":load",
@@ -58,7 +58,7 @@ pub const COMMANDS: &[Command] = &[
     Command {
         name: ":reset",
         args: "",
-        summary: "drop every variable and function, then empty the cache",
+        summary: "drop every variable and function; every device as a new process finds it (counters, peaks, generator, simulated context)",
     },
     Command {
         name: ":quit",
@@ -181,30 +181,119 @@ fn collect(name: String, value: &Dynamic, out: &mut Vec<(String, Tensor)>) {
     }
 }
 
-/// `:mem`: allocated, reserved, and what the driver reports in use (total − free).
-pub fn mem(runtime: &Runtime) -> String {
+/// `:mem`: allocated, reserved, and what the driver reports in use (total − free), for the
+/// current device and every other one in use (holding memory or a context). It creates no
+/// context: a device without one says so instead of asking `cudaMemGetInfo`, which would
+/// create it.
+pub fn mem(devices: &Devices) -> String {
+    let all = devices.all();
+    if let [only] = all.as_slice() {
+        return device_line(only);
+    }
+    let current = devices.current_index();
+    let mut lines = Vec::new();
+    let mut unused = Vec::new();
+    for (index, runtime) in all.iter().enumerate() {
+        let reserved = runtime.allocator().stats().reserved_bytes.all.current > 0;
+        if index == current || reserved || runtime.has_context() {
+            lines.push(format!(
+                "{}{}: {}",
+                runtime.device_label(),
+                if index == current { " (current)" } else { "" },
+                device_line(runtime)
+            ));
+        } else {
+            unused.push(runtime.device_label().to_string());
+        }
+    }
+    if !unused.is_empty() {
+        lines.push(format!(
+            "not in use (no context, nothing reserved): {}",
+            unused.join(", ")
+        ));
+    }
+    lines.join("\n")
+}
+
+/// One device's `:mem` figures.
+fn device_line(runtime: &Runtime) -> String {
+    let driver = if runtime.has_context() {
+        match runtime.mem_get_info() {
+            Ok((free, total)) => format!(
+                "cudaMemGetInfo used {} of {}",
+                format_size(total.saturating_sub(free)),
+                format_size(total)
+            ),
+            Err(error) => format!("cudaMemGetInfo used unavailable ({error})"),
+        }
+    } else {
+        "no CUDA context yet".to_string()
+    };
     let allocator = runtime.allocator();
     let stats = allocator.stats();
-    let driver = match allocator.device().mem_get_info() {
-        Ok((free, total)) => format!(
-            "{} of {}",
-            format_size(total.saturating_sub(free)),
-            format_size(total)
-        ),
-        Err(error) => format!("unavailable ({error})"),
-    };
     format!(
-        "allocated {}, reserved {}, cudaMemGetInfo used {driver}",
+        "allocated {}, reserved {}, {driver}",
         format_size(stats.allocated_bytes.all.current.max(0) as u64),
         format_size(stats.reserved_bytes.all.current.max(0) as u64),
     )
 }
 
-/// `:map`: the segment map, drawn with `options` (the terminal's width and colour).
-pub fn map(runtime: &Runtime, options: gpumem::viz::MapOptions) -> String {
-    gpumem::viz::map::render(
-        &gpumem::viz::MemoryLayout::of(&runtime.allocator()),
-        &options,
+/// `:map`: the segment map, drawn with `options` (the terminal's width and colour), of the
+/// current device and every other one holding memory, each under its name when there are
+/// several.
+pub fn map(devices: &Devices, options: gpumem::viz::MapOptions) -> String {
+    let draw = |runtime: &Runtime| {
+        gpumem::viz::map::render(
+            &gpumem::viz::MemoryLayout::of(&runtime.allocator()),
+            &options,
+        )
+    };
+    let all = devices.all();
+    if let [only] = all.as_slice() {
+        return draw(only);
+    }
+    let current = devices.current_index();
+    let mut parts = Vec::new();
+    let mut unused = Vec::new();
+    for (index, runtime) in all.iter().enumerate() {
+        let reserved = runtime.allocator().stats().reserved_bytes.all.current > 0;
+        if index == current || reserved {
+            parts.push(format!(
+                "{}{}:\n{}",
+                runtime.device_label(),
+                if index == current { " (current)" } else { "" },
+                draw(runtime)
+            ));
+        } else {
+            unused.push(runtime.device_label().to_string());
+        }
+    }
+    if !unused.is_empty() {
+        parts.push(format!("no segments: {}", unused.join(", ")));
+    }
+    parts.join("\n")
+}
+
+/// What `:reset` did, device by device: everything an allocator counts is fresh; a simulated
+/// device's context is gone until first use, a GPU's stays until the process ends.
+pub fn reset_report(devices: &Devices) -> String {
+    let kept: Vec<String> = devices
+        .all()
+        .iter()
+        .filter(|runtime| runtime.has_context())
+        .map(|runtime| runtime.device_label().to_string())
+        .collect();
+    let context = if kept.is_empty() {
+        "no CUDA context until a call needs one".to_string()
+    } else {
+        format!(
+            "the CUDA context of {} stays (only the end of the process releases it)",
+            kept.join(", ")
+        )
+    };
+    format!(
+        "reset: every variable and function dropped; every device as a new process finds it: no segments, counters and peaks at zero, generator at its default seed, {context}\n{}",
+        mem(devices)
     )
 }
 

@@ -27,7 +27,7 @@ use gpumem::alloc::AllocConf;
 use gpumem::device::sim::H200_TOTAL_MEMORY;
 use gpumem::device::DeviceSpec;
 use gpumem::script::{directives, Definitions, Host, Limits, PrintSink, ScriptError};
-use gpumem::tensor::Runtime;
+use gpumem::tensor::Devices;
 use helper::ReplHelper;
 
 /// Environment variable naming the history file (tests point it at a temporary file).
@@ -57,15 +57,15 @@ pub struct Repl {
 }
 
 impl Repl {
-    /// A REPL over `runtime` (on `device`), printing to `out`, with the standard modules
-    /// preloaded.
+    /// A REPL over `devices` (as `device` named them), printing to `out`, with the standard
+    /// modules preloaded.
     pub fn new(
-        runtime: Rc<Runtime>,
+        devices: Devices,
         device: DeviceSpec,
         out: PrintSink,
         limits: Limits,
     ) -> Result<Repl, ScriptError> {
-        let mut host = Host::with_limits(runtime, out.clone(), limits);
+        let mut host = Host::with_limits(devices, out.clone(), limits);
         host.preload_stdlib()?;
         Ok(Repl {
             host,
@@ -136,7 +136,7 @@ impl Repl {
         let (name, argument) = command
             .split_once(char::is_whitespace)
             .map_or((command, ""), |(name, rest)| (name, rest.trim()));
-        let runtime = Rc::clone(self.host.runtime());
+        let devices = Rc::clone(self.host.devices());
         match (name, argument) {
             ("quit" | "q" | "exit", _) => return Flow::Quit,
             ("help" | "h", "") => self.out.line(&commands::help()),
@@ -145,11 +145,11 @@ impl Repl {
                 Err(text) => self.error(&text),
             },
             ("vars", _) => self.out.line(&commands::vars(&self.scope)),
-            ("mem", _) => self.out.line(&commands::mem(&runtime)),
-            ("summary", _) => self.out.line(&commands::summary(&runtime)),
+            ("mem", _) => self.out.line(&commands::mem(&devices)),
+            ("summary", _) => self.out.line(&commands::summary(&devices.current())),
             ("map", _) => self
                 .out
-                .line(&commands::map(&runtime, self.host.map_options())),
+                .line(&commands::map(&devices, self.host.map_options())),
             ("load", "") => self.error(":load: which file? usage: :load FILE"),
             ("load", file) => return self.load(Path::new(file)),
             ("reset", _) => self.reset(),
@@ -191,13 +191,19 @@ impl Repl {
 
     /// Whether this session satisfies a script's directives; else why not.
     fn accepts(&self, pinned: &directives::Directives) -> Result<(), String> {
-        if let Some(device) = pinned.device {
-            let total = |spec: DeviceSpec| match spec {
-                DeviceSpec::Sim(size) => Some(size.unwrap_or(H200_TOTAL_MEMORY)),
+        if let Some(device) = &pinned.device {
+            // Simulated machines are the same when their capacities are (`sim` is the H200).
+            let totals = |spec: &DeviceSpec| match spec {
+                DeviceSpec::Sim(sizes) => Some(
+                    sizes
+                        .iter()
+                        .map(|size| size.unwrap_or(H200_TOTAL_MEMORY))
+                        .collect::<Vec<u64>>(),
+                ),
                 DeviceSpec::Cuda(_) => None,
             };
-            let same = device == self.device
-                || (total(device).is_some() && total(device) == total(self.device));
+            let same = *device == self.device
+                || (totals(device).is_some() && totals(device) == totals(&self.device));
             if !same {
                 return Err(format!(
                     "pins `//! device: {device}` but this session runs on {}",
@@ -205,8 +211,17 @@ impl Repl {
                 ));
             }
         }
+        if let Some(needed) = pinned.devices {
+            let count = self.host.devices().count();
+            if needed != count {
+                return Err(format!(
+                    "pins `//! devices: {needed}` but this session has {count} device{}",
+                    if count == 1 { "" } else { "s" }
+                ));
+            }
+        }
         if let Some(text) = &pinned.alloc_conf {
-            let runtime = Rc::clone(self.host.runtime());
+            let runtime = self.host.devices().current();
             let ours = runtime.allocator().config().clone();
             let wanted = AllocConf::parse(text).map_err(|error| {
                 format!("pins `//! alloc-conf: {text}`, which is invalid: {error}")
@@ -225,16 +240,16 @@ impl Repl {
         Ok(())
     }
 
+    /// `:reset`: drops every variable and function, then makes every device as a new process
+    /// finds it (allocator, counters, peaks, history, generator; the simulated CUDA contexts
+    /// too, while a GPU's context lives as long as the process).
     fn reset(&mut self) {
         self.scope.clear();
         self.definitions = Definitions::default();
-        let runtime = Rc::clone(self.host.runtime());
-        match runtime.empty_cache() {
-            Ok(()) => self.out.line(&format!(
-                "reset: every variable dropped, cache emptied ({})",
-                commands::mem(&runtime)
-            )),
-            Err(error) => self.error(&format!(":reset: empty_cache failed: {error}")),
+        let devices = Rc::clone(self.host.devices());
+        match devices.reset() {
+            Ok(()) => self.out.line(&commands::reset_report(&devices)),
+            Err(error) => self.error(&format!(":reset: {error}")),
         }
     }
 }
@@ -268,9 +283,9 @@ pub enum ReplError {
 /// Runs the REPL on standard input until `:quit`, `exit(code)` or end of input, and returns the
 /// process exit status: the code given to `exit`, else for piped input 1 when an input failed
 /// (or the input ended inside an unfinished block) and 0 otherwise; 0 when interactive.
-pub fn run(runtime: Rc<Runtime>, device: DeviceSpec, limits: Limits) -> Result<u8, ReplError> {
+pub fn run(devices: Devices, device: DeviceSpec, limits: Limits) -> Result<u8, ReplError> {
     let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
-    let mut repl = Repl::new(runtime, device, PrintSink::Stdout, limits)?;
+    let mut repl = Repl::new(devices, device, PrintSink::Stdout, limits)?;
     if !interactive {
         let stdin = std::io::stdin().lock();
         return Ok(match piped::run(&mut repl, stdin)? {

@@ -27,7 +27,7 @@ use crate::device::DeviceError;
 pub const MIN_DRIVER_VERSION: i32 = 13_000;
 
 /// Driver entry points gpumem calls; [`init`] checks each before the first call.
-const DRIVER_SYMBOLS: [&str; 40] = [
+const DRIVER_SYMBOLS: [&str; 41] = [
     "cuInit",
     "cuDriverGetVersion",
     "cuGetErrorName",
@@ -49,6 +49,7 @@ const DRIVER_SYMBOLS: [&str; 40] = [
     "cuMemGetInfo_v2",
     "cuMemcpyDtoH_v2",
     "cuMemcpyDtoD_v2",
+    "cuMemcpyPeer",
     "cuModuleLoadData",
     "cuModuleUnload",
     "cuModuleGetFunction",
@@ -432,6 +433,36 @@ impl Current<'_> {
             .map_err(|_| DeviceError::InvalidArgument(format!("cannot copy {bytes} bytes")))?;
         // SAFETY: as the caller promises.
         unsafe { cu::memcpy_dtod_sync(dst.0, src.0, size) }.map_err(failed("cuMemcpyDtoD"))
+    }
+}
+
+impl Current<'_> {
+    /// Copies `bytes` bytes from `src`, device memory of another device's context `source`,
+    /// to `dst` in this context (`cuMemcpyPeer`): the copy between two GPUs behind
+    /// `t.to(i)`. It is ordered after the work queued in both contexts, and work queued after
+    /// it in either context sees the copied bytes.
+    ///
+    /// # Safety
+    /// `dst .. dst + bytes` must be device memory of this context and `src .. src + bytes`
+    /// device memory of `source`'s, neither freed while the copy runs.
+    pub unsafe fn copy_from_peer(
+        &self,
+        dst: DevicePtr,
+        source: &PrimaryContext,
+        src: DevicePtr,
+        bytes: u64,
+    ) -> Result<(), DeviceError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.check()?;
+        let size = usize::try_from(bytes)
+            .map_err(|_| DeviceError::InvalidArgument(format!("cannot copy {bytes} bytes")))?;
+        // SAFETY: both contexts are retained for the call's duration (`self` borrows this
+        // one, `source` the other); the ranges are as the caller promises.
+        unsafe { sys::cuMemcpyPeer(dst.0, self.context.raw, src.0, source.raw, size) }
+            .result()
+            .map_err(failed("cuMemcpyPeer"))
     }
 }
 

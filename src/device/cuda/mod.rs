@@ -109,6 +109,14 @@ impl CudaGpu {
         Ok(gpu)
     }
 
+    /// How many CUDA devices this process can use: the driver's count, which honours
+    /// `CUDA_VISIBLE_DEVICES`. Creates no context; fails as [`CudaGpu::open`] does when the
+    /// driver is unusable.
+    pub fn count() -> Result<usize, DeviceError> {
+        driver::init()?;
+        driver::device_count()
+    }
+
     /// Looks device `ordinal` up and opens NVML's view of it (before any context exists, so the
     /// view's baseline leaves the context out).
     fn find(ordinal: usize) -> Result<CudaGpu, DeviceError> {
@@ -179,6 +187,12 @@ impl CudaGpu {
             )
         });
         Ok(self.context.get_or_init(|| context))
+    }
+
+    /// Whether this process created the device's primary context yet (some call needed it).
+    /// Asks nothing of the driver, so asking creates nothing.
+    pub fn has_context(&self) -> bool {
+        self.context.get().is_some()
     }
 
     /// Makes the device's primary context current on this thread (creating it on first use)

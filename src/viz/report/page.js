@@ -344,7 +344,8 @@
       }
       // markers: a line each; a label where it fits between its neighbours' lines
       const shown = marks.filter((m) => m[0] >= from && m[0] < to);
-      const xs = shown.map((m) => X(m[0] + 0.5));
+      // An event's marker stands in the middle of its step; a phase begins where its step does.
+      const xs = shown.map((m) => X(m[1] === 2 ? m[0] : m[0] + 0.5));
       const rows = [[], [], []];
       shown.forEach((mark, i) => {
         const x = xs[i];

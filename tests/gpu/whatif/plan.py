@@ -1,0 +1,145 @@
+"""Which runs the what-if harness makes: the configs, the workloads under them, and the special
+recordings of issue 17. run_all.py executes this plan; compare.py reads only the runs' meta
+files, so a plan changed later still compares.
+
+Naming: WORKLOAD.base is the workload under PyTorch's defaults with no fraction (phase 1, the
+snapshot every what-if replay starts from); WORKLOAD.LABEL ran under config LABEL;
+WORKLOAD.LABEL.frac also under a tight per-process memory fraction, 1.1 x the base run's
+allocated_bytes.all.peak / total_memory (whatif-method.md), so the OOM path runs.
+"""
+from dataclasses import dataclass, field
+
+GIB = 1 << 30
+
+# (label, PYTORCH_CUDA_ALLOC_CONF, only with a fraction). garbage_collection_threshold acts
+# only under a fraction below 1, so alone it runs only with one. large_segment_size_mb is a
+# 2.11 key (c10/core/AllocatorConfig.h: "large_segment_size_mb", default 20 MiB; must be > 10).
+CONFIGS = [
+    ("default", "", False),
+    ("expandable", "expandable_segments:True", False),
+    ("split64", "max_split_size_mb:64", False),
+    ("split128", "max_split_size_mb:128", False),
+    ("pow2div4", "roundup_power2_divisions:4", False),
+    ("gc06", "garbage_collection_threshold:0.6", True),
+    ("combo", "max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,>:4],"
+              "garbage_collection_threshold:0.6", False),
+    ("lseg64", "large_segment_size_mb:64", False),
+]
+
+# Workloads run under every config, with and without the tight fraction.
+WHATIF_WORKLOADS = ["transformer_ckpt", "unet", "kv_decoder", "prefetch", "compiled", "moe"]
+
+# The batch-size search always runs under its own limit (the fraction it searches within).
+BS_SEARCH_LIMIT = 3 * GIB
+
+# Seconds: a run's own limit, and what the driver assumes a run takes when it decides whether
+# one more can still start before the deadline.
+TIMEOUT_S = 120
+COMPILED_TIMEOUT_S = 180
+WARMUP_TIMEOUT_S = 300
+CPP_STACKS_TIMEOUT_S = 240
+EXPECTED_S = 30
+COMPILED_EXPECTED_S = 45
+
+
+@dataclass
+class RunSpec:
+    """One process to run: a workload under a config, with its history options."""
+    name: str
+    workload: str
+    role: str  # base | whatif | special | warmup
+    conf: str = ""
+    config_label: str = "default"
+    base: str = ""  # the base run: its snapshot is replayed under this run's config
+    tight_fraction: bool = False  # fraction = 1.1 x the base run's allocated peak / total
+    limit_bytes: int = 0  # fraction = limit_bytes / total (the workload's own limit)
+    max_entries: int = 1_000_000
+    context: str = "alloc"
+    stacks: str = "python"
+    no_history: bool = False
+    skip_actions: str = ""
+    timeout_s: int = TIMEOUT_S
+    expected_s: int = EXPECTED_S
+    priority: int = 5  # lower starts first among the runs ready to start
+    needs: list = field(default_factory=list)  # runs that must end first
+    note: str = ""
+
+    def argv(self, out_dir, fraction=None):
+        """run_one.py's arguments for this run (fraction: the tight fraction, as text)."""
+        args = ["--name", self.name, "--workload", self.workload, "--out", out_dir,
+                "--conf", self.conf, "--role", self.role, "--config-label", self.config_label,
+                "--max-entries", str(self.max_entries), "--context", self.context,
+                "--stacks", self.stacks]
+        if self.base:
+            args += ["--base", self.base]
+        if self.no_history:
+            args.append("--no-history")
+        if self.skip_actions:
+            args += ["--skip-actions", self.skip_actions]
+        if self.limit_bytes:
+            args += ["--limit-bytes", str(self.limit_bytes)]
+        elif fraction is not None:
+            args += ["--fraction", fraction]
+        return args
+
+
+def tight_fraction(base_stats, total_memory):
+    """1.1 x the base run's allocated_bytes.all.peak as a fraction of the device, as the text
+    passed both to PyTorch and to gpumem (the same double on both sides)."""
+    peak = base_stats["allocated_bytes.all.peak"]
+    if peak <= 0 or total_memory <= 0:
+        raise ValueError(f"no allocated peak to size a fraction from (peak {peak})")
+    return format(min(1.0, 1.1 * peak / total_memory), ".6g")
+
+
+def build_plan():
+    """Every run of the harness, in no particular order (priorities and needs order them)."""
+    runs = []
+    compile_kw = dict(timeout_s=COMPILED_TIMEOUT_S, expected_s=COMPILED_EXPECTED_S)
+    # Compiles the reduce-overhead model once, unrecorded, so every recorded compiled run
+    # finds a warm compile cache and makes the same requests (a cold compile benchmarks
+    # kernels on the GPU, a warm one does not).
+    runs.append(RunSpec("compiled.warmup", "compiled", "warmup", no_history=True,
+                        timeout_s=WARMUP_TIMEOUT_S, expected_s=90, priority=0,
+                        note="fills the compile cache; not compared"))
+    for workload in WHATIF_WORKLOADS:
+        extra = dict(compile_kw, needs=["compiled.warmup"]) if workload == "compiled" else {}
+        base = f"{workload}.base"
+        runs.append(RunSpec(base, workload, "base", priority=1 if workload == "compiled" else 2,
+                            **extra))
+        for label, conf, fraction_only in CONFIGS:
+            if not fraction_only:
+                runs.append(RunSpec(f"{workload}.{label}", workload, "whatif", conf=conf,
+                                    config_label=label, base=base, priority=4, **extra))
+            frac = dict(extra)
+            frac["needs"] = frac.get("needs", []) + [base]
+            runs.append(RunSpec(f"{workload}.{label}.frac", workload, "whatif", conf=conf,
+                                config_label=label, base=base, tight_fraction=True,
+                                priority=6, **frac))
+    runs.append(RunSpec("bs_search.base", "bs_search", "base", limit_bytes=BS_SEARCH_LIMIT,
+                        priority=2, note="batch-size search catching OOMs under a fraction"))
+    for label, conf, _ in CONFIGS:
+        runs.append(RunSpec(f"bs_search.{label}", "bs_search", "whatif", conf=conf,
+                            config_label=label, base="bs_search.base",
+                            limit_bytes=BS_SEARCH_LIMIT, priority=5))
+    runs += [
+        RunSpec("special.ring_unet", "unet", "special", max_entries=4000, priority=3,
+                note="history ring wrapped: the trace starts mid-run"),
+        RunSpec("special.ring_prefetch", "prefetch", "special", max_entries=5000, priority=3,
+                note="ring wrapped, with deferred side-stream frees"),
+        RunSpec("special.no_frames", "kv_decoder", "special", context="none", priority=3,
+                note="context=None: no frames; empty_cache() between requests"),
+        RunSpec("special.cpp_stacks", "mlp", "special", stacks="all", priority=1,
+                timeout_s=CPP_STACKS_TIMEOUT_S, expected_s=90,
+                note="stacks='all': C++ frames (slow to symbolize)"),
+        RunSpec("special.no_history", "unet", "special", no_history=True, priority=3,
+                note="snapshot without _record_memory_history: an empty trace"),
+        RunSpec("special.skip_free_requested", "unet", "special",
+                skip_actions="free_requested", priority=3,
+                note="recorded with skip_actions=['free_requested']"),
+        RunSpec("special.fsdp", "fsdp", "special", priority=1,
+                note="FSDP2 on a one-rank NCCL group (file:// rendezvous); skipped if it cannot start"),
+    ]
+    names = [r.name for r in runs]
+    assert len(names) == len(set(names)), "run names must be unique"
+    return runs

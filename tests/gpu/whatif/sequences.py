@@ -1,0 +1,76 @@
+"""Request sequences of PyTorch memory snapshots, read with Python's pickle module alone.
+
+A what-if comparison is fair only when both runs asked the allocator for the same things: the
+same (action, size, stream) for every `alloc` and `free_requested`, in the same order. A
+deterministic program does that whatever the allocator config, but autograd frees some tensors
+in an order that depends on their addresses, and a program that catches OOMs takes another
+path when they move (whatif-method.md). Stream ids are per-process handles, so streams are
+numbered by first use.
+
+The snapshot is untrusted input: the unpickler refuses every class and function, so a file
+can hold only the plain dicts, lists, strings and numbers PyTorch writes.
+"""
+import pickle
+
+REQUESTS = ("alloc", "free_requested")
+
+
+class PlainUnpickler(pickle.Unpickler):
+    """An unpickler that builds only built-in containers and scalars."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"a snapshot holds no objects, but this one names "
+                                     f"{module}.{name}")
+
+
+def load_snapshot(path):
+    """The snapshot dict of a `_dump_snapshot` pickle."""
+    with open(path, "rb") as f:
+        return PlainUnpickler(f).load()
+
+
+def trace_of(snapshot, device=0):
+    """The trace events of one device (an empty list when none were recorded)."""
+    traces = snapshot.get("device_traces") or []
+    return traces[device] if device < len(traces) else []
+
+
+def request_sequence(events, stop_at=None):
+    """[(action, size, stream number)] of the `alloc` and `free_requested` events, streams
+    numbered 0, 1, ... by first use; only events before index `stop_at` when given."""
+    streams = {}
+    sequence = []
+    for index, event in enumerate(events):
+        if stop_at is not None and index >= stop_at:
+            break
+        if event["action"] in REQUESTS:
+            stream = streams.setdefault(event["stream"], len(streams))
+            sequence.append((event["action"], event["size"], stream))
+    return sequence
+
+
+def first_difference(a, b):
+    """The first position where sequences a and b differ (a length counts as a position),
+    with both entries (None past an end); None when they are equal."""
+    for position, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return position, x, y
+    if len(a) != len(b):
+        position = min(len(a), len(b))
+        return (position, a[position] if position < len(a) else None,
+                b[position] if position < len(b) else None)
+    return None
+
+
+def first_oom_index(events):
+    """Index of the first `oom` event, or None."""
+    for index, event in enumerate(events):
+        if event["action"] == "oom":
+            return index
+    return None
+
+
+def allocs_before(events, index):
+    """How many `alloc` events come before position `index`: the ordinal of the request at
+    `index` among the allocations, the same in two runs whose sequences agree up to there."""
+    return sum(1 for event in events[:index] if event["action"] == "alloc")

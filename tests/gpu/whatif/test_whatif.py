@@ -1,0 +1,456 @@
+"""Tests of the what-if harness that need neither a GPU nor torch: the plan, run_one's
+arguments, the driver (scheduling, timeouts, failures, packing) with a stand-in for run_one,
+the request sequences, and compare.py on real PyTorch snapshots (tests/replay/fixtures) with
+gpumem's binary and with a stand-in whose answers are scripted.
+
+usage: python3 -m unittest test_whatif        (from tests/gpu/whatif)
+       GPUMEM=path/to/gpumem python3 -m unittest test_whatif
+The tests that replay with the real binary use $GPUMEM, else ../../../target/debug/gpumem, and
+are skipped when neither exists.
+"""
+import contextlib
+import io
+import json
+import lzma
+import os
+import pickle
+import shutil
+import sys
+import tarfile
+import tempfile
+import textwrap
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import compare  # noqa: E402
+import plan  # noqa: E402
+import run_all  # noqa: E402
+import run_one  # noqa: E402
+import sequences  # noqa: E402
+
+FIXTURES = os.path.normpath(os.path.join(HERE, "..", "..", "replay", "fixtures"))
+GPUMEM = os.environ.get("GPUMEM") or os.path.normpath(
+    os.path.join(HERE, "..", "..", "..", "target", "debug", "gpumem"))
+
+
+def event(action, size, stream=7, addr=0):
+    """A trace event as PyTorch writes it (only the keys the harness reads)."""
+    return {"action": action, "size": size, "stream": stream, "addr": addr, "frames": []}
+
+
+class PlanTest(unittest.TestCase):
+    """The plan covers what issue 16 asks, and its runs are well formed."""
+
+    def test_every_whatif_workload_runs_under_six_configs_with_and_without_a_fraction(self):
+        runs = plan.build_plan()
+        for workload in plan.WHATIF_WORKLOADS:
+            mine = [r for r in runs if r.workload == workload and r.role == "whatif"]
+            plain = {r.config_label for r in mine if not r.tight_fraction}
+            tight = {r.config_label for r in mine if r.tight_fraction}
+            self.assertGreaterEqual(len(plain), 6, workload)
+            self.assertGreaterEqual(len(tight), 6, workload)
+            for r in mine:
+                self.assertEqual(r.base, f"{workload}.base")
+                if r.tight_fraction:
+                    self.assertIn(r.base, r.needs)
+
+    def test_needs_name_runs_of_the_plan(self):
+        runs = plan.build_plan()
+        names = {r.name for r in runs}
+        for r in runs:
+            self.assertTrue(set(r.needs) <= names, r.name)
+            if r.base:
+                self.assertIn(r.base, names)
+
+    def test_argv_parses_in_run_one(self):
+        for r in plan.build_plan():
+            args = run_one.parse_args(r.argv("/tmp/x", fraction="0.0125" if r.tight_fraction else None))
+            self.assertEqual(args.name, r.name)
+            self.assertEqual(args.conf, r.conf)
+            if r.tight_fraction:
+                self.assertEqual(args.fraction, "0.0125")
+            self.assertEqual(args.limit_bytes, r.limit_bytes or None)
+            self.assertEqual(args.no_history, r.no_history)
+
+    def test_run_one_refuses_a_fraction_and_a_limit_together(self):
+        with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
+            run_one.parse_args(["--name", "a", "--workload", "unet", "--out", "/tmp",
+                                "--fraction", "0.1", "--limit-bytes", "5"])
+
+    def test_history_options(self):
+        args = run_one.parse_args(["--name", "a", "--workload", "unet", "--out", "/tmp",
+                                   "--context", "none", "--stacks", "all", "--max-entries", "9",
+                                   "--skip-actions", "free_requested"])
+        self.assertEqual(run_one.history_options(args),
+                         {"enabled": "all", "context": None, "stacks": "all", "max_entries": 9,
+                          "skip_actions": ["free_requested"]})
+        args = run_one.parse_args(["--name", "a", "--workload", "unet", "--out", "/tmp",
+                                   "--no-history"])
+        self.assertIsNone(run_one.history_options(args))
+
+    def test_config_errors_are_recognised(self):
+        for text in ["RuntimeError: Unrecognized key 'foo' in Accelerator allocator config.",
+                     "Unrecognized CachingAllocator option: foo",
+                     "CachingAllocator option max_split_size_mb too small, must be >= 20"]:
+            self.assertTrue(run_one.CONFIG_ERROR.search(text), text)
+        self.assertFalse(run_one.CONFIG_ERROR.search("CUDA out of memory. Tried to allocate"))
+
+    def test_tight_fraction(self):
+        total = 150_109_880_320
+        text = plan.tight_fraction({"allocated_bytes.all.peak": 1_000_000_000}, total)
+        self.assertAlmostEqual(float(text), 1.1e9 / total, delta=1e-6 * 1.1e9 / total)
+        self.assertEqual(text, format(float(text), ".6g"))
+        with self.assertRaises(ValueError):
+            plan.tight_fraction({"allocated_bytes.all.peak": 0}, total)
+
+    def test_set_alloc_conf_clears_the_variable_that_would_win(self):
+        saved = {k: os.environ.get(k) for k in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
+        try:
+            os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
+            run_one.set_alloc_conf("max_split_size_mb:64")
+            self.assertNotIn("PYTORCH_ALLOC_CONF", os.environ)
+            self.assertEqual(os.environ["PYTORCH_CUDA_ALLOC_CONF"], "max_split_size_mb:64")
+            run_one.set_alloc_conf("")
+            self.assertNotIn("PYTORCH_CUDA_ALLOC_CONF", os.environ)
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k, None)
+                if v is not None:
+                    os.environ[k] = v
+
+
+class SequenceTest(unittest.TestCase):
+    """Request sequences: streams by first use, differences, OOM positions."""
+
+    def test_streams_are_numbered_by_first_use(self):
+        a = [event("alloc", 512, stream=99), event("segment_alloc", 2 << 20, stream=5),
+             event("alloc", 1024, stream=5), event("free_requested", 512, stream=99),
+             event("free_completed", 512, stream=99)]
+        b = [dict(e, stream={99: 3, 5: 4}[e["stream"]]) for e in a]
+        self.assertEqual(sequences.request_sequence(a),
+                         [("alloc", 512, 0), ("alloc", 1024, 1), ("free_requested", 512, 0)])
+        self.assertIsNone(sequences.first_difference(sequences.request_sequence(a),
+                                                     sequences.request_sequence(b)))
+
+    def test_first_difference(self):
+        a = [("alloc", 1, 0), ("alloc", 2, 0)]
+        self.assertEqual(sequences.first_difference(a, [("alloc", 1, 0), ("alloc", 3, 0)]),
+                         (1, ("alloc", 2, 0), ("alloc", 3, 0)))
+        self.assertEqual(sequences.first_difference(a, a[:1]), (1, ("alloc", 2, 0), None))
+
+    def test_oom_position(self):
+        events = [event("alloc", 1), event("alloc", 2), event("oom", 4096), event("alloc", 3)]
+        self.assertEqual(sequences.first_oom_index(events), 2)
+        self.assertEqual(sequences.allocs_before(events, 2), 2)
+        self.assertEqual(sequences.request_sequence(events, stop_at=2),
+                         [("alloc", 1, 0), ("alloc", 2, 0)])
+
+    def test_the_unpickler_builds_no_objects(self):
+        with tempfile.NamedTemporaryFile(suffix=".pickle") as f:
+            pickle.dump({"segments": [], "x": unittest.TestCase}, f)
+            f.flush()
+            with self.assertRaises(pickle.UnpicklingError):
+                sequences.load_snapshot(f.name)
+
+    def test_fixture_pairs_have_the_same_sequence(self):
+        for name in ("convnet", "transformer_fp32"):
+            a = sequences.trace_of(sequences.load_snapshot(os.path.join(FIXTURES, f"{name}.default.pickle")))
+            b = sequences.trace_of(sequences.load_snapshot(os.path.join(FIXTURES, f"{name}.expandable.pickle")))
+            self.assertIsNone(sequences.first_difference(sequences.request_sequence(a),
+                                                         sequences.request_sequence(b)))
+
+
+try:
+    import workloads
+except ImportError:  # torch is not installed here
+    workloads = None
+
+
+@unittest.skipIf(workloads is None, "torch is not installed")
+class SearchTest(unittest.TestCase):
+    """The batch-size search of the bs_search workload."""
+
+    def test_doubles_then_bisects_to_adjacent_bounds(self):
+        found, trials = workloads.search_batch_size(lambda size: size <= 37, start=4, max_trials=12)
+        self.assertEqual(found, 37)
+        self.assertEqual(trials, [(4, True), (8, True), (16, True), (32, True), (64, False),
+                                  (48, False), (40, False), (36, True), (38, False), (37, True)])
+
+    def test_stops_after_max_trials_and_when_nothing_fits(self):
+        self.assertEqual(workloads.search_batch_size(lambda size: True, 4, 3),
+                         (16, [(4, True), (8, True), (16, True)]))
+        self.assertEqual(workloads.search_batch_size(lambda size: False, 4, 12),
+                         (0, [(4, False), (2, False), (1, False)]))
+
+
+FAKE_RUN_ONE = textwrap.dedent('''\
+    #!/usr/bin/env python3
+    """Stands in for `python3 run_one.py ...` in the driver tests: behaves by run name."""
+    import json, os, sys, time
+    argv = sys.argv[2:]
+    opt = lambda k: argv[argv.index(k) + 1] if k in argv else None
+    name, out = opt("--name"), opt("--out")
+    meta = {"name": name, "workload": opt("--workload"), "role": opt("--role"),
+            "base": opt("--base") or "", "conf": opt("--conf"), "fraction": opt("--fraction"),
+            "total_memory": 1000000, "completed": True, "status": "completed",
+            "caught_ooms": 0, "events": 10, "wall_s": 0.1}
+    if "hang" in name and "exit" not in name:
+        time.sleep(60)
+    if "crash" in name:
+        sys.exit(9)
+    if "fail" in name:
+        meta.update(status="failed", completed=False, error="RuntimeError: boom")
+        print("a traceback would be here")
+    open(os.path.join(out, name + ".stats.json"), "w").write(
+        json.dumps({"allocated_bytes.all.peak": 20000, "num_ooms": 0}))
+    open(os.path.join(out, name + ".pickle"), "wb").write(b"x" * 5000)
+    meta["pickle_bytes"] = 5000
+    meta["stage"] = "done"
+    json.dump(meta, open(os.path.join(out, name + ".meta.json"), "w"))
+    if "hang_at_exit" in name:
+        time.sleep(60)
+    sys.exit(1 if meta["status"] == "failed" else 0)
+    ''')
+
+
+class DriverTest(unittest.TestCase):
+    """run_all.py's scheduling, bounds and packing, with a stand-in for run_one.py."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="whatif-test-")
+        self.fake = os.path.join(self.tmp, "fake_python")
+        with open(self.fake, "w") as f:
+            f.write(FAKE_RUN_ONE)
+        os.chmod(self.fake, 0o755)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def drive(self, runs, deadline=60):
+        """Runs `runs` through the driver; returns (driver, printed text)."""
+        args = run_all.parse_args(["--python", self.fake, "--deadline", str(deadline), "--jobs", "3"])
+        stage = os.path.join(self.tmp, "stage")
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            driver = run_all.Driver(runs, args, stage, run_all.Clock())
+            driver.run()
+        return driver, printed.getvalue()
+
+    def test_failures_timeouts_and_fractions(self):
+        R = plan.RunSpec
+        runs = [R("w.base", "unet", "base"),
+                R("w.x.frac", "unet", "whatif", conf="c", base="w.base", tight_fraction=True,
+                  needs=["w.base"]),
+                R("v.fail", "unet", "base"),
+                R("v.y.frac", "unet", "whatif", base="v.fail", tight_fraction=True,
+                  needs=["v.fail"]),
+                R("z.crash", "unet", "special"),
+                R("z.hang", "unet", "special", timeout_s=2),
+                R("late", "unet", "special", expected_s=10_000),
+                R("z.hang_at_exit", "unet", "special", timeout_s=2)]
+        driver, printed = self.drive(runs)
+        status = {n: m["status"] for n, m in driver.results.items()}
+        self.assertEqual(status, {"w.base": "completed", "w.x.frac": "completed",
+                                  "v.fail": "failed", "v.y.frac": "skipped", "z.crash": "crashed",
+                                  "z.hang": "timeout", "late": "not_started",
+                                  "z.hang_at_exit": "completed"})
+        self.assertIn("killed_after_finishing", driver.results["z.hang_at_exit"])
+        self.assertEqual(driver.results["w.x.frac"]["fraction"], format(1.1 * 20000 / 1e6, ".6g"))
+        self.assertIn("a traceback would be here", driver.results["v.fail"]["log_tail"])
+        self.assertIn("start w.base", printed)
+        text = run_all.summary_text(driver.results, [r.name for r in runs], run_all.Clock())
+        self.assertIn("runs that did not complete:", text)
+        self.assertIn("z.hang: timeout", text)
+
+    def test_the_deadline_kills_running_runs(self):
+        runs = [plan.RunSpec("a.hang", "unet", "special", timeout_s=60, expected_s=0)]
+        driver, _ = self.drive(runs, deadline=1.5)
+        self.assertEqual(driver.results["a.hang"]["status"], "killed_at_deadline")
+
+    def test_pack_writes_parts_that_compare_unpacks(self):
+        runs = [plan.RunSpec(f"r{i}", "unet", "special") for i in range(3)]
+        driver, _ = self.drive(runs)
+        out = os.path.join(self.tmp, "out")
+        with contextlib.redirect_stdout(io.StringIO()):
+            written, left_out = run_all.pack(driver.stage, out, run_all.Clock())
+        self.assertEqual(left_out, [])
+        self.assertTrue(all(os.path.getsize(p) <= run_all.PART_LIMIT for p in written))
+        folder = compare.runs_folder(out)
+        with open(os.path.join(folder, "r1.pickle"), "rb") as f:
+            self.assertEqual(f.read(), b"x" * 5000)
+        self.assertEqual(compare.read_json(os.path.join(folder, "r1.meta.json"))["status"], "completed")
+
+    def test_the_whole_plan_with_a_stand_in(self):
+        out = os.path.join(self.tmp, "out")
+        printed = io.StringIO()
+        saved = os.environ.get("OUT")
+        os.environ["OUT"] = out
+        try:
+            with contextlib.redirect_stdout(printed):
+                rc = run_all.main(["--python", self.fake, "--stage", os.path.join(self.tmp, "s")])
+        finally:
+            os.environ.pop("OUT")
+            if saved is not None:
+                os.environ["OUT"] = saved
+        self.assertEqual(rc, 0)
+        files = sorted(os.listdir(out))
+        self.assertIn("summary.txt", files)
+        self.assertLessEqual(len(files), 8)
+        text = printed.getvalue()
+        self.assertIn(f"status: completed {len(plan.build_plan())}", text)
+        self.assertIn("total under", text)
+        folder = compare.runs_folder(out, os.path.join(self.tmp, "unpacked"))
+        metas = [f for f in os.listdir(folder) if f.endswith(".meta.json")]
+        self.assertEqual(len(metas), len(plan.build_plan()))
+
+    def test_select_keeps_what_a_run_needs(self):
+        names = {r.name for r in run_all.select(plan.build_plan(), r"^compiled\.split64\.frac$")}
+        self.assertEqual(names, {"compiled.split64.frac", "compiled.base", "compiled.warmup"})
+
+
+def make_run(folder, name, fixture=None, snapshot=None, **meta):
+    """Writes a run's files into `folder` from a fixture (its pickle and memory_stats) or an
+    explicit snapshot dict."""
+    stats = None
+    if fixture:
+        shutil.copy(os.path.join(FIXTURES, fixture + ".pickle"), os.path.join(folder, name + ".pickle"))
+        with open(os.path.join(FIXTURES, fixture + ".json")) as f:
+            recorded = json.load(f)
+        stats = recorded["memory_stats"]
+        meta.setdefault("total_memory", recorded["total_memory"])
+    elif snapshot is not None:
+        with open(os.path.join(folder, name + ".pickle"), "wb") as f:
+            pickle.dump(snapshot, f)
+        stats = {"allocated_bytes.all.peak": 0, "num_ooms": 0}
+    if stats is not None:
+        with open(os.path.join(folder, name + ".stats.json"), "w") as f:
+            json.dump(meta.pop("stats", stats), f)
+    full = {"name": name, "status": "completed", "completed": True, "conf": "", "fraction": None,
+            "role": "special", "history": {"enabled": "all", "context": "alloc",
+                                           "stacks": "python", "max_entries": 1000000}}
+    full.update(meta)
+    with open(os.path.join(folder, name + ".meta.json"), "w") as f:
+        json.dump(full, f)
+
+
+class CompareTest(unittest.TestCase):
+    """compare.py's verdicts."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="whatif-compare-")
+        self.runs = os.path.join(self.tmp, "runs")
+        os.makedirs(self.runs)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def run_compare(self, gpumem):
+        """compare.main on the folder; returns (exit status, printed report, JSON)."""
+        printed = io.StringIO()
+        out_json = os.path.join(self.tmp, "out.json")
+        with contextlib.redirect_stdout(printed):
+            rc = compare.main([self.tmp, "--gpumem", gpumem, "--json", out_json])
+        with open(out_json) as f:
+            return rc, printed.getvalue(), json.load(f)
+
+    @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
+    def test_fixture_runs_with_the_real_binary(self):
+        make_run(self.runs, "convnet.base", "convnet.default", role="base")
+        make_run(self.runs, "convnet.expandable", "convnet.expandable", role="whatif",
+                 base="convnet.base", conf="expandable_segments:True")
+        make_run(self.runs, "convnet.changed", "transformer_fp32.default", role="whatif",
+                 base="convnet.base")
+        make_run(self.runs, "convnet.lseg64", role="whatif", base="convnet.base",
+                 conf="large_segment_size_mb:64", status="failed", config_refused=True,
+                 error="RuntimeError: Unrecognized key 'large_segment_size_mb'")
+        make_run(self.runs, "convnet.hung", role="whatif", base="convnet.base", status="timeout",
+                 stop_reason="still running after 120 s")
+        make_run(self.runs, "unet.no_history", snapshot={"segments": [], "device_traces": [[]]},
+                 history=None, total_memory=150109880320)
+        rc, text, result = self.run_compare(GPUMEM)
+        pairs = {p["run"]: p for p in result["pairs"]}
+        self.assertEqual(pairs["convnet.expandable"]["kind"], "full")
+        self.assertEqual(pairs["convnet.expandable"]["verdict"], "exact", text)
+        self.assertEqual(pairs["convnet.changed"]["verdict"], "changed sequence")
+        self.assertEqual(pairs["convnet.lseg64"]["verdict"], "both refuse the config")
+        self.assertEqual(pairs["convnet.hung"]["verdict"], "no comparison")
+        selfs = {r["run"]: r for r in result["self_replay"]}
+        self.assertEqual(selfs["convnet.base"]["verdict"], "exact", text)
+        self.assertEqual(selfs["convnet.hung"]["verdict"], "not run")
+        # gpumem replays an empty history as a job that fits (issue 17): a mismatch today.
+        self.assertIn(selfs["unet.no_history"]["verdict"], ("MISMATCH", "refused as expected"))
+        self.assertEqual(rc, 1 if selfs["unet.no_history"]["verdict"] == "MISMATCH" else 0)
+        self.assertIn("What-if pairs", text)
+
+    def fake_gpumem(self, answers):
+        """A stand-in binary: answers[(pickle name, alloc conf)] = (exit status, JSON or text)."""
+        table = os.path.join(self.tmp, "answers.json")
+        with open(table, "w") as f:
+            json.dump({f"{k[0]}|{k[1]}": v for k, v in answers.items()}, f)
+        path = os.path.join(self.tmp, "fake_gpumem")
+        with open(path, "w") as f:
+            f.write(textwrap.dedent(f'''\
+                #!/usr/bin/env python3
+                import json, os, sys
+                a = sys.argv
+                key = os.path.basename(a[2]) + "|" + a[a.index("--alloc-conf") + 1]
+                rc, out = json.load(open({table!r}))[key]
+                print(out if isinstance(out, str) else json.dumps(out), file=sys.stdout if rc == 0 else sys.stderr)
+                sys.exit(rc)
+                '''))
+        os.chmod(path, 0o755)
+        return path
+
+    def test_verdicts_with_a_scripted_binary(self):
+        trace = [event("alloc", 1000, addr=1), event("alloc", 2000, addr=2),
+                 event("free_requested", 1000, addr=1), event("free_completed", 1000, addr=1)]
+        # Ended by an uncaught OOM at the second request (recorded rounded up to 2048 bytes).
+        ended = trace[:1] + [event("oom", 2048)] + [event("free_requested", 1000, addr=1)]
+        stats = {"allocated_bytes.all.peak": 3000, "reserved_bytes.all.peak": 4194304,
+                 "num_device_alloc": 2, "num_device_free": 0, "num_alloc_retries": 0,
+                 "num_ooms": 0, "requested_bytes.all.peak": 3000}
+        make_run(self.runs, "w.base", snapshot={"segments": [], "device_traces": [trace]},
+                 role="base", stats=stats, total_memory=10_000_000)
+        make_run(self.runs, "w.a.frac", snapshot={"segments": [], "device_traces": [trace]},
+                 role="whatif", base="w.base", conf="max_split_size_mb:64", fraction="0.5",
+                 stats=dict(stats, num_alloc_retries=1), total_memory=10_000_000)
+        make_run(self.runs, "w.b.frac", snapshot={"segments": [], "device_traces": [ended]},
+                 role="whatif", base="w.base", fraction="0.25", status="oom", completed=False,
+                 stats=dict(stats, num_ooms=1), total_memory=10_000_000)
+        report = {"fits": True, "counts": {"events": 4, "recorded_ooms": 0,
+                                           "recorded_ooms_reproduced": 0, "ooms": 0},
+                  "segment_events": {"differing": 0, "recorded": 0, "replayed": 0},
+                  "first_oom": None}
+        own = dict(report, final_stats={k: v for k, v in stats.items()
+                                        if k != "requested_bytes.all.peak"})
+        oom_self = dict(report, counts=dict(report["counts"], recorded_ooms=1,
+                                            recorded_ooms_reproduced=1),
+                        final_stats=dict(own["final_stats"], num_ooms=1))
+        predicted = dict(report, fits=False, first_oom={"index": 1},
+                         final_stats=dict(own["final_stats"], num_ooms=1))
+        gpumem = self.fake_gpumem({
+            ("w.base.pickle", ""): (0, own),
+            ("w.a.frac.pickle", "max_split_size_mb:64,per_process_memory_fraction:0.5"):
+                (0, dict(own, final_stats=dict(own["final_stats"], num_alloc_retries=1))),
+            ("w.base.pickle", "max_split_size_mb:64,per_process_memory_fraction:0.5"): (0, own),
+            ("w.b.frac.pickle", "per_process_memory_fraction:0.25"): (0, oom_self),
+            ("w.base.pickle", "per_process_memory_fraction:0.25"): (0, predicted),
+        })
+        rc, text, result = self.run_compare(gpumem)
+        pairs = {p["run"]: p for p in result["pairs"]}
+        self.assertEqual(pairs["w.a.frac"]["verdict"], "differs")
+        self.assertIn(["num_alloc_retries", 1, 0], pairs["w.a.frac"]["fields"])
+        self.assertEqual(pairs["w.b.frac"]["kind"], "prefix")
+        self.assertEqual(pairs["w.b.frac"]["verdict"], "exact", text)
+        self.assertIn(["first OOM at allocation #", 1, 1], pairs["w.b.frac"]["fields"])
+        selfs = {r["run"]: r for r in result["self_replay"]}
+        self.assertEqual(selfs["w.base"]["verdict"], "exact")
+        self.assertEqual(selfs["w.b.frac"]["verdict"], "exact")
+        self.assertEqual(result["missing_keys"], ["requested_bytes.all.peak"])
+        self.assertEqual(rc, 1)
+        self.assertIn("num_alloc_retries PyTorch 1 gpumem 0", text)
+
+
+if __name__ == "__main__":
+    unittest.main()

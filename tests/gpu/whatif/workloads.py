@@ -1,0 +1,574 @@
+"""The what-if harness's workloads: small, seeded PyTorch jobs whose memory behaves like real
+training and inference (issue 16), plus the shapes of snapshot users bring (issue 17).
+
+Each workload is a function `workload(job)` registered in WORKLOADS. It runs on `job.device`
+(cuda:0 on the H200; the CPU for a shape check here, see cpu_check.py) and reports what it
+caught through `job`: OOMs it survived (`job.caught_oom()`) and facts worth keeping in the run's
+meta JSON (`job.notes`). A workload that cannot run on this machine (a process group that will
+not start) raises WorkloadSkipped with the reason; any other exception is the run's failure.
+
+Sizes are chosen so one run takes a few seconds on an H200, its trace stays well under 100k
+events and its peak under a few GiB (eight runs share the GPU). Every workload draws its data
+from a fixed seed and avoids kernels whose results depend on timing, so the request sequence
+((action, size) of alloc/free_requested) is the same from run to run whatever the allocator
+config; where autograd's free order still varies, compare.py reports the pair apart.
+"""
+import contextlib
+import gc
+import os
+import tempfile
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+MIB = 1 << 20
+
+
+class WorkloadSkipped(Exception):
+    """The workload cannot run on this machine (e.g. no process group); the message says why."""
+
+
+class Job:
+    """What a workload runs on and what it tells the harness.
+
+    device: where tensors go. The CUDA-only parts (side streams, record_stream, pinned memory,
+    CUDA graphs) become plain code on the CPU so the shapes and control flow can be checked
+    without a GPU.
+    """
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.caught_ooms = 0
+        self.notes = {}
+
+    def caught_oom(self, error):
+        """Counts an OOM the workload survived and keeps the first line of its message."""
+        self.caught_ooms += 1
+        self.notes.setdefault("caught_oom_messages", []).append(str(error).splitlines()[0][:200])
+
+    def stream(self):
+        """A second CUDA stream (None on the CPU)."""
+        return torch.cuda.Stream(self.device) if self.cuda else None
+
+    def on_stream(self, stream):
+        """`with job.on_stream(s):` runs the block on stream s (no-op on the CPU)."""
+        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+    def wait_stream(self, stream):
+        """The current stream waits for work queued on `stream`."""
+        if stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+
+    def record_stream(self, tensor):
+        """Marks `tensor` (made on another stream) as used on the current stream, so its block
+        is reused only after the current stream's queued work is done (a deferred free)."""
+        if self.cuda:
+            tensor.record_stream(torch.cuda.current_stream(self.device))
+
+    def pin(self, tensor):
+        """Page-locked host memory on CUDA machines (for asynchronous copies)."""
+        return tensor.pin_memory() if self.cuda else tensor
+
+    def synchronize(self):
+        """Waits for the device."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def empty_cache(self):
+        """torch.cuda.empty_cache() on CUDA machines."""
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+    def compile(self, fn):
+        """torch.compile(mode="reduce-overhead") on CUDA (CUDA graphs, private memory pools);
+        on the CPU the eager backend, which still runs Dynamo's tracing over the same code."""
+        if self.cuda:
+            return torch.compile(fn, mode="reduce-overhead")
+        return torch.compile(fn, backend="eager")
+
+
+def seed_all(seed):
+    """Seeds every generator a workload draws from and pins cuDNN to its heuristics (no
+    benchmarking, whose choice of algorithm, and so of workspace size, depends on timing)."""
+    torch.manual_seed(seed)
+    torch.backends.cudnn.benchmark = False
+
+
+# --- models -------------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: causal self-attention (PyTorch's fused SDPA) and an MLP."""
+
+    def __init__(self, d_model, heads, hidden):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.fc1 = nn.Linear(d_model, hidden)
+        self.fc2 = nn.Linear(hidden, d_model)
+
+    def split_heads(self, x):
+        """(batch, seq, d_model) -> (batch, heads, seq, d_head)."""
+        batch, seq, width = x.shape
+        return x.view(batch, seq, self.heads, width // self.heads).transpose(1, 2)
+
+    def attend(self, q, k, v, causal):
+        """Attention over the given keys and values, heads merged back."""
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        batch, _, seq, _ = out.shape
+        return out.transpose(1, 2).reshape(batch, seq, -1)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        x = x + self.proj(self.attend(self.split_heads(q), self.split_heads(k),
+                                      self.split_heads(v), causal=True))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+    def decode(self, x, cache):
+        """One generation step (or the prompt) with a KV cache that grows by concatenation:
+        each step allocates the longer key and value tensors and frees the old ones, as
+        Hugging Face's DynamicCache does. `cache` is [keys, values] or [None, None]."""
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)
+        if cache[0] is not None:
+            k = torch.cat([cache[0], k], dim=2)
+            v = torch.cat([cache[1], v], dim=2)
+        cache[0], cache[1] = k, v
+        x = x + self.proj(self.attend(q, k, v, causal=q.shape[2] > 1))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class LanguageModel(nn.Module):
+    """Token embedding, transformer blocks, a vocabulary head; optional activation
+    checkpointing of every block (its activations recomputed in the backward pass)."""
+
+    def __init__(self, vocab, d_model, heads, layers, checkpointed=False):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, heads, 4 * d_model) for _ in range(layers))
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        self.checkpointed = checkpointed
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            if self.checkpointed and self.training:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return self.head(self.norm(x))
+
+    def decode(self, tokens, caches):
+        """Logits for `tokens` given the per-block caches (updated in place)."""
+        x = self.embed(tokens)
+        for block, cache in zip(self.blocks, caches):
+            x = block.decode(x, cache)
+        return self.head(self.norm(x))
+
+
+def lm_step(model, optimizer, tokens):
+    """One next-token training step; the logits and loss are dropped before returning."""
+    logits = model(tokens[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+    del logits
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def conv_bn_relu(cin, cout):
+    """Two 3x3 convolutions with batch norm and ReLU: one U-Net stage."""
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+        nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+
+
+class UNet(nn.Module):
+    """A three-level U-Net: max-pool down, transposed-convolution up, skip connections
+    concatenated (the activations of every level stay alive until the decoder uses them)."""
+
+    def __init__(self, channels=(32, 64, 128, 256), cin=3, cout=3):
+        super().__init__()
+        self.down = nn.ModuleList()
+        width = cin
+        for c in channels[:-1]:
+            self.down.append(conv_bn_relu(width, c))
+            width = c
+        self.bottom = conv_bn_relu(channels[-2], channels[-1])
+        self.up = nn.ModuleList()
+        self.merge = nn.ModuleList()
+        for c in reversed(channels[:-1]):
+            self.up.append(nn.ConvTranspose2d(c * 2, c, 2, stride=2))
+            self.merge.append(conv_bn_relu(c * 2, c))
+        self.out = nn.Conv2d(channels[0], cout, 1)
+
+    def forward(self, x):
+        skips = []
+        for stage in self.down:
+            x = stage(x)
+            skips.append(x)
+            x = F.max_pool2d(x, 2)
+        x = self.bottom(x)
+        for up, merge, skip in zip(self.up, self.merge, reversed(skips)):
+            x = merge(torch.cat([up(x), skip], dim=1))
+        return self.out(x)
+
+
+class SmallConvNet(nn.Module):
+    """A classifier for the prefetch loop: three conv stages and a linear head."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1))
+        self.head = nn.Linear(128, classes)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.features(x), 1))
+
+
+class ResidualMLP(nn.Module):
+    """Residual MLP blocks (LayerNorm, Linear, GELU, Linear): small enough to compile fast."""
+
+    def __init__(self, width=1024, hidden=4096, blocks=3):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(width), nn.Linear(width, hidden), nn.GELU(),
+                          nn.Linear(hidden, width))
+            for _ in range(blocks))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+class MoELayer(nn.Module):
+    """A top-2 mixture-of-experts feed-forward layer with token dispatch by sorting.
+
+    Tokens are grouped by expert (a stable sort of the routing choices), each expert runs on
+    its contiguous slice, and a gather puts the results back in token order. The slices have
+    data-dependent sizes, so the allocations do too, as in real MoE training. The router is
+    frozen so routing depends on the data alone; every gradient path avoids order-dependent
+    atomic sums, so the routing, and so the request sequence, repeats from run to run.
+    """
+
+    def __init__(self, width, hidden, experts, top_k=2):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.router = nn.Linear(width, experts, bias=False)
+        self.router.weight.requires_grad_(False)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
+            for _ in range(experts))
+        self.top_k = top_k
+
+    def forward(self, x):
+        tokens, width = x.shape
+        h = self.norm(x)
+        weights, chosen = self.router(h).softmax(-1).topk(self.top_k, dim=-1)
+        flat = chosen.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
+        grouped = h[order // self.top_k]
+        outputs = []
+        start = 0
+        for expert, count in zip(self.experts, counts):
+            if count:
+                outputs.append(expert(grouped[start:start + count]))
+                start += count
+        back = torch.cat(outputs)[torch.argsort(order)]
+        mixed = (back.view(tokens, self.top_k, width) * weights.unsqueeze(-1)).sum(1)
+        return x + mixed
+
+
+# --- workloads ----------------------------------------------------------------------------
+
+
+def transformer_ckpt(job):
+    """Language-model training with activation checkpointing: 6 blocks (d_model 512), batch
+    8 x 256 tokens, AdamW, 4 steps. Each block's activations are recomputed in the backward
+    pass, so the trace has the forward twice and a lower, spikier peak."""
+    seed_all(1)
+    model = LanguageModel(8192, 512, 8, 6, checkpointed=True).to(job.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(4):
+        tokens = torch.randint(0, 8192, (8, 257), device=job.device)
+        lm_step(model, optimizer, tokens)
+        del tokens
+    job.synchronize()
+
+
+def unet(job):
+    """U-Net training (32..256 channels, 8 x 3 x 128 x 128 images, MSE to a target, Adam,
+    4 steps): large convolution activations, cuDNN workspaces, skip tensors held across the
+    network."""
+    seed_all(2)
+    model = UNet().to(job.device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(4):
+        images = torch.randn(8, 3, 128, 128, device=job.device)
+        target = torch.randn(8, 3, 128, 128, device=job.device)
+        loss = F.mse_loss(model(images), target)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del images, target, loss
+    job.synchronize()
+
+
+def kv_decoder(job):
+    """Greedy generation with a growing KV cache, bfloat16, 2 blocks (d_model 512), batch 64:
+    two requests (prompts of 24 and 100 tokens, 128 new tokens each) with empty_cache()
+    between them, as a server might. The cache tensors are re-allocated at every step as they
+    grow (64 KiB per token per tensor: 1.5 to 9.5 MiB in the first request, 6.3 to 14.3 MiB
+    across the 10 MiB border in the second); the prompt's logits cover every position (a
+    100 MiB spike in the second)."""
+    seed_all(3)
+    model = LanguageModel(8192, 512, 8, 2).to(job.device, torch.bfloat16).eval()
+    with torch.no_grad():
+        for prompt_length in (24, 100):
+            caches = [[None, None] for _ in model.blocks]
+            tokens = torch.randint(0, 8192, (64, prompt_length), device=job.device)
+            logits = model.decode(tokens, caches)
+            next_token = logits[:, -1].argmax(-1, keepdim=True)
+            del logits, tokens
+            for _ in range(128):
+                logits = model.decode(next_token, caches)
+                next_token = logits[:, -1].argmax(-1, keepdim=True)
+                del logits
+            job.notes.setdefault("final_cache_bytes", []).append(
+                caches[0][0].numel() * caches[0][0].element_size())
+            del caches, next_token
+            job.empty_cache()
+    job.synchronize()
+
+
+def prefetch(job):
+    """A training loop fed by a side stream: each batch is copied from pinned host memory and
+    normalised on a second stream while the previous batch trains on the default stream, then
+    handed over with wait_stream + record_stream. The batch's blocks belong to the side
+    stream's pool and their frees are deferred until the default stream's work is done
+    (free_requested and free_completed far apart). 16 pinned batches of 64 x 3 x 96 x 96, a
+    small convnet, SGD, 40 steps."""
+    seed_all(4)
+    model = SmallConvNet().to(job.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    generator = torch.Generator().manual_seed(4)
+    host_images = [job.pin(torch.randn(64, 3, 96, 96, generator=generator)) for _ in range(16)]
+    host_labels = [job.pin(torch.randint(0, 10, (64,), generator=generator)) for _ in range(16)]
+    copy_stream = job.stream()
+    with job.on_stream(copy_stream):
+        # Made and used on the side stream only, so its pool holds them.
+        mean = torch.tensor([0.1, -0.2, 0.05], device=job.device).view(1, 3, 1, 1)
+        std = torch.tensor([1.1, 0.9, 1.0], device=job.device).view(1, 3, 1, 1)
+
+    def load(step):
+        """Queues batch `step`'s copy and normalisation on the side stream."""
+        with job.on_stream(copy_stream):
+            images = host_images[step % 16].to(job.device, non_blocking=True)
+            labels = host_labels[step % 16].to(job.device, non_blocking=True)
+            images = (images - mean) / std
+        return images, labels
+
+    upcoming = load(0)
+    for step in range(40):
+        job.wait_stream(copy_stream)
+        images, labels = upcoming
+        job.record_stream(images)
+        job.record_stream(labels)
+        upcoming = load(step + 1)
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del images, labels, loss
+    del upcoming
+    job.synchronize()
+
+
+def compiled(job):
+    """torch.compile(mode="reduce-overhead") training of a residual MLP (3 blocks, width 1024,
+    batch 64 x 128 rows): after warm-up, the forward and backward run as CUDA graphs whose
+    memory lives in a private pool (segment_pool_id other than (0, 0)); the optimizer runs
+    eagerly in the default pool. 12 steps."""
+    seed_all(5)
+    model = ResidualMLP().to(job.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def loss_of(x, y):
+        """The compiled part: forward and loss (its backward is compiled alongside)."""
+        return F.mse_loss(model(x), y)
+
+    step_fn = job.compile(loss_of)
+    for _ in range(12):
+        x = torch.randn(64, 128, 1024, device=job.device)
+        y = torch.randn(64, 128, 1024, device=job.device)
+        if job.cuda:
+            torch.compiler.cudagraph_mark_step_begin()
+        loss = step_fn(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del x, y, loss
+    job.synchronize()
+
+
+def moe(job):
+    """Mixture-of-experts training: 2 top-2 MoE layers of 8 experts (width 512, hidden 1024)
+    over 8 x 256 tokens, Adam, 4 steps. The experts' slices have data-dependent sizes."""
+    seed_all(6)
+    layers = nn.Sequential(MoELayer(512, 1024, 8), MoELayer(512, 1024, 8)).to(job.device)
+    optimizer = torch.optim.Adam([p for p in layers.parameters() if p.requires_grad], lr=1e-3)
+    for _ in range(4):
+        x = torch.randn(8 * 256, 512, device=job.device)
+        target = torch.randn(8 * 256, 512, device=job.device)
+        loss = F.mse_loss(layers(x), target)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del x, target, loss
+    job.synchronize()
+
+
+def search_batch_size(runs, start, max_trials):
+    """The batch-size finder of training frameworks: double the batch until a step fails,
+    then bisect between the largest size that ran and the smallest that failed.
+
+    runs(size) -> bool says whether one step at that size ran. Returns (largest size that
+    ran, or 0, [(size, ran), ...] in trial order). Stops when the bounds are adjacent or after
+    max_trials steps.
+    """
+    trials = []
+    ran, failed = 0, None
+    size = start
+    while len(trials) < max_trials:
+        ok = runs(size)
+        trials.append((size, ok))
+        if ok:
+            ran = size
+        else:
+            failed = size
+        if failed is None:
+            size *= 2
+            continue
+        if failed - ran <= 1:
+            break
+        size = (ran + failed) // 2
+    return ran, trials
+
+
+def bs_search(job):
+    """A batch-size search that catches OOMs, run under a per-process memory fraction (the
+    run's --limit-bytes; a fraction is not written into the snapshot): a 3-block language model
+    (d_model 512, 256 tokens) tries one AdamW step per batch size, doubling from 4 until it
+    runs out of memory, then bisecting. Each OOM is caught, the step's tensors dropped,
+    gc.collect() and empty_cache() called (as frameworks do), and the search goes on. Then 2
+    training steps at the size found."""
+    seed_all(7)
+    model = LanguageModel(8192, 512, 8, 3).to(job.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def runs(size):
+        """One training step at batch `size`; False when it ran out of memory."""
+        try:
+            tokens = torch.randint(0, 8192, (size, 257), device=job.device)
+            lm_step(model, optimizer, tokens)
+            return True
+        except torch.OutOfMemoryError as error:
+            job.caught_oom(error)
+            optimizer.zero_grad(set_to_none=True)
+            return False
+        finally:
+            gc.collect()
+            job.empty_cache()
+
+    found, trials = search_batch_size(runs, start=4, max_trials=12 if job.cuda else 3)
+    job.notes["batch_size_trials"] = trials
+    job.notes["batch_size_found"] = found
+    if found == 0:
+        raise RuntimeError("no batch size fits under the limit (bs_search needs a larger --limit-bytes)")
+    for _ in range(2):
+        lm_step(model, optimizer, torch.randint(0, 8192, (found, 257), device=job.device))
+    job.synchronize()
+
+
+def mlp(job):
+    """Eager training of the residual MLP (width 1024, batch 16 x 128 rows, AdamW, 3 steps):
+    few allocations, for recordings whose per-event cost is high (C++ stacks)."""
+    seed_all(8)
+    model = ResidualMLP().to(job.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(3):
+        x = torch.randn(16, 128, 1024, device=job.device)
+        loss = F.mse_loss(model(x), x)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del x, loss
+    job.synchronize()
+
+
+def fsdp(job):
+    """FSDP2 (fully_shard) training of a 4-block language model on a one-rank process group
+    (NCCL on the GPU, gloo on the CPU; the rendezvous is a file, so no network), AdamW, 3
+    steps: parameters all-gathered and gradients reduce-scattered through FSDP's own streams.
+    Skipped, with the reason, when the process group or FSDP cannot start here."""
+    import torch.distributed as dist
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError as error:
+        raise WorkloadSkipped(f"torch.distributed.fsdp.fully_shard is not available: {error}")
+    if not dist.is_available():
+        raise WorkloadSkipped("torch.distributed is not available in this build")
+    backend = "nccl" if job.cuda else "gloo"
+    if job.cuda:
+        # One rank needs no network; loopback is always there for NCCL's bootstrap socket.
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    rendezvous = tempfile.NamedTemporaryFile(prefix="whatif-fsdp-", delete=False)
+    rendezvous.close()
+    os.unlink(rendezvous.name)
+    try:
+        dist.init_process_group(backend, init_method=f"file://{rendezvous.name}", world_size=1,
+                                rank=0, device_id=job.device if job.cuda else None)
+    except Exception as error:  # noqa: BLE001 - any failure to start means "cannot run here"
+        raise WorkloadSkipped(f"a one-rank {backend} process group did not start: "
+                              f"{type(error).__name__}: {error}")
+    try:
+        seed_all(9)
+        model = LanguageModel(8192, 512, 8, 4).to(job.device)
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        for _ in range(3):
+            lm_step(model, optimizer, torch.randint(0, 8192, (8, 257), device=job.device))
+        job.notes["process_group"] = backend
+        job.synchronize()
+    finally:
+        dist.destroy_process_group()
+        if os.path.exists(rendezvous.name):
+            os.unlink(rendezvous.name)
+
+
+WORKLOADS = {
+    "transformer_ckpt": transformer_ckpt,
+    "unet": unet,
+    "kv_decoder": kv_decoder,
+    "prefetch": prefetch,
+    "compiled": compiled,
+    "moe": moe,
+    "bs_search": bs_search,
+    "mlp": mlp,
+    "fsdp": fsdp,
+}
