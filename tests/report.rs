@@ -292,3 +292,43 @@ fn marks_draw_labelled_phase_boundaries() {
     assert!(page.contains("▸ &lt;load&gt;"), "as text");
     assert!(page.contains("2 phases marked"));
 }
+
+#[test]
+fn each_device_gets_its_own_timeline() {
+    let dir = scratch("report-devices");
+    let script = common::write(
+        &dir,
+        "two.rhai",
+        "mark(\"start\");\n\
+         let a = empty(100 << 20, \"uint8\");\n\
+         let b = with_device(1, || empty(300 << 20, \"uint8\"));\n",
+    );
+    let (page, data) = run_script(&dir, &script, "sim:80GiB,80GiB");
+    let panels = data["panels"].as_array().expect("panels");
+    let summary: Vec<(&str, u64)> = panels
+        .iter()
+        .map(|panel| {
+            (
+                panel["label"].as_str().unwrap_or(""),
+                panel["peaks"]["allocated"][0].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("device 0 (sim:0)", 100 << 20),
+            ("device 1 (sim:1)", 300 << 20)
+        ]
+    );
+    // Each with its own counters, and the phase on both.
+    assert!(page.contains("data-key=\"allocated_bytes.all.peak\">100 MiB"));
+    assert!(page.contains("data-key=\"allocated_bytes.all.peak\">300 MiB"));
+    for panel in panels {
+        assert!(panel["marks"]
+            .as_array()
+            .expect("marks")
+            .iter()
+            .any(|mark| mark[3] == "start"));
+    }
+}

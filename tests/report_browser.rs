@@ -330,3 +330,84 @@ fn ten_million_events() {
     );
     let _ = std::fs::remove_file(&snapshot);
 }
+
+#[path = "browser/planted.rs"]
+mod planted;
+
+/// What every report with planted strings must show: nothing ran (no sentinel, dialog, request
+/// or console line, no extra script element), and each planted string that reached the page is
+/// there as text.
+fn assert_inert(result: &Value, expected_texts: &[&str]) {
+    let metrics = &result["metrics"];
+    assert_eq!(metrics["planted"], Value::Null, "a planted script ran");
+    assert_eq!(
+        metrics["scripts"], 2,
+        "only the page's own two script elements"
+    );
+    let shown = metrics["shownText"].as_str().unwrap_or("");
+    for text in expected_texts {
+        assert!(shown.contains(text), "{text:?} is not shown as text");
+    }
+}
+
+#[test]
+fn nothing_planted_in_a_snapshot_or_a_script_runs_in_its_report() {
+    let Some(chromium) = chromium() else { return };
+    let dir = common::scratch("report-planted");
+
+    // A snapshot with script in every string, under a file name that is markup.
+    let snapshot = dir.join(planted::FILE_NAME);
+    gpumem::snapshot::pickle::dump(&snapshot, &planted::snapshot()).expect("written");
+    let page = dir.join("replay.html");
+    let svg = dir.join("replay.svg");
+    let args = [
+        "replay",
+        snapshot.to_str().expect("utf-8"),
+        "--report",
+        page.to_str().expect("utf-8"),
+        "--timeline",
+        svg.to_str().expect("utf-8"),
+    ];
+    let (stdout, stderr, code) = common::outcome(&common::gpumem(&args, ""));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let result = open(&chromium, &page, &dir.join("replay.png"));
+    assert_inert(&result, &[planted::FILE_NAME]);
+    let svg = std::fs::read_to_string(&svg).expect("the timeline");
+    assert!(
+        !svg.contains("<img") && !svg.contains("<script"),
+        "the SVG escapes"
+    );
+
+    // A script whose file name, marks and output carry the payloads.
+    let script = common::write(&dir, planted::SCRIPT_NAME, &planted::script());
+    let page = dir.join("script.html");
+    let svg = dir.join("script.svg");
+    let args = [
+        "run",
+        "--device",
+        "sim",
+        script.to_str().expect("utf-8"),
+        "--report",
+        page.to_str().expect("utf-8"),
+        "--timeline",
+        svg.to_str().expect("utf-8"),
+    ];
+    let (stdout, stderr, code) = common::outcome(&common::gpumem(&args, ""));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let result = open(&chromium, &page, &dir.join("script.png"));
+    assert_inert(&result, &[planted::SCRIPT_NAME]);
+    // The marks' texts reach the page's data and come back as text in its zoom view's labels.
+    let data = report_data::data(&std::fs::read_to_string(&page).expect("the page"));
+    let marked: Vec<&str> = data["panels"][0]["marks"]
+        .as_array()
+        .expect("marks")
+        .iter()
+        .filter_map(|mark| mark[3].as_str())
+        .collect();
+    assert_eq!(marked, planted::PAYLOADS);
+    let svg = std::fs::read_to_string(&svg).expect("the timeline");
+    assert!(
+        !svg.contains("<img") && !svg.contains("<script"),
+        "the SVG escapes"
+    );
+}

@@ -333,8 +333,7 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
                 Some(DeviceSpec::Sim(sizes)) if sizes.len() == 1 => sizes[0],
                 Some(_) => {
                     return Err(CliError::Usage(
-                        "bench replay runs on one simulated device: use --device sim[:SIZE]"
-                            .into(),
+                        "bench replay runs on one simulated device: use --device sim[:SIZE]".into(),
                     ))
                 }
             };

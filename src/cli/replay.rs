@@ -304,7 +304,9 @@ fn recorded_name(report: &ReplayReport) -> String {
 fn bench_report(snapshot: &Path, wanted: &BenchReport) -> Result<(), CliError> {
     let args = ReplayArgs {
         file: snapshot.to_path_buf(),
-        device: wanted.capacity.map(|bytes| DeviceSpec::Sim(vec![Some(bytes)])),
+        device: wanted
+            .capacity
+            .map(|bytes| DeviceSpec::Sim(vec![Some(bytes)])),
         alloc_conf: None,
         compare: Vec::new(),
         min_capacity: false,

@@ -108,7 +108,9 @@ listeners.push((event) => {
       break;
     }
     case "Page.javascriptDialogOpening":
+      // Recorded, then dismissed so the page goes on.
       dialogs.push(p.type + ": " + p.message);
+      send("Page.handleJavaScriptDialog", { accept: true }, event.sessionId).catch(() => {});
       break;
     case "Runtime.exceptionThrown":
       errors.push("exception: " + (p.exceptionDetails.exception?.description || p.exceptionDetails.text));
@@ -136,7 +138,6 @@ try {
   const evaluate = async (expression) =>
     (await page("Runtime.evaluate", { expression, returnByValue: true })).result.value;
   for (let i = 0; i < 600 && !(loaded && (await evaluate("document.body && document.body.dataset.ready")) === "1"); i++) {
-    if (dialogs.length) await page("Page.handleJavaScriptDialog", { accept: true });
     await new Promise((r) => setTimeout(r, 50));
   }
   const loadMs = Date.now() - started;
@@ -161,6 +162,9 @@ try {
       comparison: [...document.querySelectorAll("table.compare tr")].map((tr) => [...tr.children].map((c) => c.textContent)),
       planted: typeof window.__planted === "undefined" ? null : String(window.__planted),
       text: document.body.innerText,
+      // Every text node outside the page's own scripts, shown or folded away (details).
+      shownText: (() => { const copy = document.body.cloneNode(true); copy.querySelectorAll("script").forEach((s) => s.remove()); return copy.textContent; })(),
+      scripts: document.scripts.length,
     };
   })()`);
   // Hover the middle of the first chart's plot: the tooltip must name an event and its
