@@ -168,7 +168,10 @@ impl DeviceRecording {
         for (number, side) in shared.sides.iter().enumerate() {
             let site = history::frames(side.context)
                 .last()
-                .map(|frame| format!(" at {}:{}", frame.filename, frame.line))
+                .map(|frame| {
+                    let file = frame.filename.rsplit('/').next().unwrap_or(&frame.filename);
+                    format!(" at {file}:{}", frame.line)
+                })
                 .unwrap_or_default();
             let (counters, summary) = side.end.clone().unwrap_or_default();
             let prefix = if label.starts_with("device ") {

@@ -766,7 +766,9 @@ fn paint<DB: DrawingBackend>(
         let title = if label.is_empty() {
             title_of(timeline)
         } else {
-            format!("{}: {label}", title_of(timeline))
+            // Several charts: each names its run, after the script's file name.
+            let file = timeline.title.rsplit('/').next().unwrap_or(&timeline.title);
+            format!("{file}: {label}")
         };
         draw(area, timeline, &title)?;
     }

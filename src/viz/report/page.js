@@ -87,12 +87,22 @@
       }
       return { raw: w, events: w.events, pos, alloc, res, n, firstPos: n ? pos[0] : w.start, lastPos: n ? pos[n - 1] : w.start };
     });
-    function windowAt(position) {
-      for (let index = 0; index < windows.length; index++) {
-        const w = windows[index];
-        if (w.n && position >= w.firstPos && position <= w.lastPos) return index;
+    // Stretches are in order and do not overlap: the last one starting at or before a
+    // number is the only one that can hold it.
+    function lastStartingBy(position, strictly) {
+      let lo = 0, hi = windows.length;
+      while (lo < hi) {
+        const mid = (lo + hi) >> 1;
+        const start = windows[mid].firstPos;
+        if (strictly ? start < position : start <= position) lo = mid + 1; else hi = mid;
       }
-      return -1;
+      return lo - 1;
+    }
+    function windowAt(position) {
+      const index = lastStartingBy(position, false);
+      if (index < 0) return -1;
+      const w = windows[index];
+      return w.n && position <= w.lastPos ? index : -1;
     }
     // First index in w with pos >= position.
     function lowerBound(w, position) {
@@ -137,15 +147,21 @@
       for (let i = start; i < w.n && w.pos[i] < to; i++) take(w.alloc[i], w.res[i]);
       return r;
     }
+    // The stretch whose events cover [from, to) entirely (the state carried into `from`
+    // included), if any.
+    function covering(from, to) {
+      const index = lastStartingBy(from, true);
+      if (index < 0) return null;
+      const w = windows[index];
+      return w.n && to - 1 <= w.lastPos ? w : null;
+    }
     function over(from, to) {
-      for (const w of windows) {
-        if (w.n && from > w.firstPos && to - 1 <= w.lastPos) return exactOver(w, from, to);
-      }
-      return envelopeOver(from, to);
+      const w = covering(from, to);
+      return w ? exactOver(w, from, to) : envelopeOver(from, to);
     }
     function exactness(from, to) {
-      if (windows.some((w) => w.n && from > w.firstPos && to - 1 <= w.lastPos)) return "every event";
-      return env.width === 1 ? "every event" : "per " + env.width + " events (envelope)";
+      if (covering(from, to) || env.width === 1) return "every event";
+      return "per " + env.width + " events (envelope)";
     }
 
     // ---- marks ----
