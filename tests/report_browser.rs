@@ -159,6 +159,23 @@ fn the_report_renders_in_chromium_offline_without_errors() {
         number(metrics, "/summary") > 1000.0,
         "memory_summary() is on the page"
     );
+    // The zoomed view labels its markers as the PNG does, and no label crosses a line.
+    assert_eq!(metrics["zoomCrossings"], 0, "{}", metrics["zoomLabels"]);
+    let zoom_labels: Vec<&str> = metrics["zoomLabels"]
+        .as_array()
+        .expect("labels")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for phase in ["▸ 1. steady loop", "▸ 2. the leak", "▸ 3. the fix"] {
+        assert!(zoom_labels.contains(&phase), "{phase:?} in {zoom_labels:?}");
+    }
+    assert!(
+        zoom_labels
+            .iter()
+            .any(|label| label.starts_with("empty_cache()")),
+        "the empty_cache() marker is labelled: {zoom_labels:?}"
+    );
     let tooltip = result["tooltip"].as_str().unwrap_or("");
     assert!(
         tooltip.contains("training_loop.rhai:") && tooltip.contains("allocated"),

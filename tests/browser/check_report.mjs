@@ -167,6 +167,17 @@ try {
       mapSegments: first ? first.querySelectorAll("svg.map rect.outline").length : 0,
       zoom: size(first && first.querySelector("svg.zoom")),
       slider: first ? Number(first.querySelector(".slider").max) : 0,
+      // The zoomed view's marker labels, and how many times one crosses a marker's line.
+      zoomLabels: first ? [...first.querySelectorAll("svg.zoom text.marker-label")].map((t) => t.textContent) : [],
+      zoomCrossings: first ? (() => {
+        const lines = [...first.querySelectorAll("svg.zoom line.marker")].map((l) => { const b = l.getBoundingClientRect(); return (b.left + b.right) / 2; });
+        let crossings = 0;
+        for (const t of first.querySelectorAll("svg.zoom text.marker-label")) {
+          const b = t.getBoundingClientRect();
+          crossings += lines.filter((x) => x > b.left + 0.5 && x < b.right - 0.5).length;
+        }
+        return crossings;
+      })() : 0,
       summary: first ? first.querySelector("pre.summary").textContent.length : 0,
       subtitle: document.querySelector("header .sub").textContent,
       title: document.querySelector("h1").textContent,

@@ -181,6 +181,53 @@
       return text;
     }
 
+    // The texts a marker's label may take, longest first: the whole, then (a phase) its name
+    // cut shorter, then its kind alone; as the PNG chart labels its markers (src/viz/chart.rs).
+    function labelTexts(mark) {
+      const [, kind, context, extra] = mark;
+      if (kind !== 2) {
+        const where = site(context);
+        return where ? [MARK_NAMES[kind] + " " + where, MARK_NAMES[kind]] : [MARK_NAMES[kind]];
+      }
+      const name = Array.from(String(extra));
+      const texts = ["▸ " + name.join("")];
+      for (const keep of [24, 16, 10, 6, 3]) {
+        if (name.length > keep) texts.push("▸ " + name.slice(0, keep).join("").trimEnd() + "…");
+      }
+      texts.push("▸");
+      return texts;
+    }
+    const measure = document.createElement("canvas").getContext("2d");
+    measure.font = '12px "DejaVu Sans", sans-serif';
+    // Labels for markers at pixel columns `xs` (in order) between `left` and `right`: each
+    // right of its line, else left of it, never across a neighbour's line, in the first of
+    // three rows where it overlaps no other label. Returns [row, x, text, kind] per label.
+    function placeMarkerLabels(shown, xs, left, right) {
+      const PAD = 4;
+      const rows = [[], [], []];
+      const placed = [];
+      shown.forEach((mark, i) => {
+        const x = xs[i];
+        const lowest = i > 0 ? xs[i - 1] : left;
+        const highest = i + 1 < xs.length ? xs[i + 1] : right;
+        for (const text of labelTexts(mark)) {
+          const w = measure.measureText(text).width;
+          const starts = [];
+          if (x + PAD + w + PAD <= highest) starts.push(x + PAD);
+          if (x - PAD - w - PAD >= lowest) starts.push(x - PAD - w);
+          for (const start of starts) {
+            const row = rows.findIndex((spans) => spans.every(([a, b]) => start + w + PAD <= a || start >= b + PAD));
+            if (row >= 0) {
+              rows[row].push([start, start + w]);
+              placed.push([row, start, text, mark[1]]);
+              return;
+            }
+          }
+        }
+      });
+      return placed;
+    }
+
     // ---- the overview chart's hover and click ----
     const g = data.geometry;
     const wrap = root.querySelector(".chart-wrap");
@@ -362,20 +409,13 @@
       const shown = marks.filter((m) => m[0] >= from && m[0] < to);
       // An event's marker stands in the middle of its step; a phase begins where its step does.
       const xs = shown.map((m) => X(m[1] === 2 ? m[0] : m[0] + 0.5));
-      const rows = [[], [], []];
       shown.forEach((mark, i) => {
-        const x = xs[i];
-        parts.push(el("line", { x1: x, x2: x, y1: 4, y2: ZT + height, class: "marker " + MARK_CLASSES[mark[1]] }));
-        const text = mark[1] === 2 ? "▸ " + mark[3] : MARK_NAMES[mark[1]];
-        const w = text.length * 6.6;
-        const right = i + 1 < xs.length ? xs[i + 1] : ZL + width;
-        if (x + 4 + w + 4 > right) return;
-        const row = rows.findIndex((spans) => spans.every(([a, b]) => x + 4 + w + 4 <= a || x + 4 >= b + 4));
-        if (row < 0) return;
-        rows[row].push([x + 4, x + 4 + w]);
-        // In the band above the plot: a label never covers data.
-        parts.push(el("text", { x: x + 4, y: 14 + 14 * row, class: "marker-label " + MARK_CLASSES[mark[1]] }, text));
+        parts.push(el("line", { x1: xs[i], x2: xs[i], y1: 4, y2: ZT + height, class: "marker " + MARK_CLASSES[mark[1]] }));
       });
+      for (const [row, x, text, kind] of placeMarkerLabels(shown, xs, ZL, ZL + width)) {
+        // In the band above the plot: a label never covers data.
+        parts.push(el("text", { x, y: 14 + 14 * row, class: "marker-label " + MARK_CLASSES[kind] }, text));
+      }
       // the selected event
       if (selection.position >= from && selection.position < to) {
         parts.push(el("line", { x1: X(selection.position + 0.5), x2: X(selection.position + 0.5), y1: ZT, y2: ZT + height, class: "selected" }));
