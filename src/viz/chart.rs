@@ -400,10 +400,19 @@ fn draw<DB: DrawingBackend>(
     if has(|k| matches!(k, MarkKind::Oom(_))) {
         let text = if timeline.counts.ooms <= FEW_OOMS {
             "out of memory (the bar: the segment it could not have, from the reserved bytes up)"
+                .to_string()
+        } else if timeline.counts.marks_dropped > 0 {
+            // The recorder keeps the first markers only: a stretch without lines after the
+            // last one is not a stretch without OOMs.
+            format!(
+                "out of memory ({} of them: markers up to event {} only)",
+                timeline.counts.ooms,
+                timeline.marks.last().map_or(0, |mark| mark.position)
+            )
         } else {
-            "out of memory"
+            "out of memory".to_string()
         };
-        legend.push((Swatch::Marker(OOM), text.to_string()));
+        legend.push((Swatch::Marker(OOM), text));
     }
     if has(|k| matches!(k, MarkKind::EmptyCache)) {
         legend.push((Swatch::Marker(CACHE), "empty_cache()".to_string()));
@@ -567,6 +576,10 @@ fn draw<DB: DrawingBackend>(
     let mut markers = Vec::new();
     // Many OOMs (a search that catches them) are drawn lighter, without their requests.
     let few_ooms = timeline.counts.ooms <= FEW_OOMS;
+    // The pixel column of the last line drawn for each kind of marker: marks come in order, and
+    // a second line of the same kind in the same column would add nothing but bytes (a replay
+    // with 40,000 OOMs would otherwise write 20,000 lines into a 1,000-pixel-wide plot).
+    let mut last_column: [Option<i64>; 3] = [None; 3];
     for mark in &timeline.marks {
         // An event's marker stands in the middle of its step; a phase begins where the step of
         // its first event does.
@@ -591,7 +604,17 @@ fn draw<DB: DrawingBackend>(
             MarkKind::EmptyCache => (CACHE, "empty_cache()", timeline.label(mark.context), false),
             MarkKind::Phase(text) => (PHASE, PHASE_KIND, text.clone(), true),
         };
-        if dashed {
+        let column = to_px(x).round() as i64;
+        let slot = match kind {
+            "OOM" => 0,
+            "empty_cache()" => 1,
+            _ => 2,
+        };
+        let repeated = last_column[slot] == Some(column);
+        last_column[slot] = Some(column);
+        if repeated {
+            // Its line is already there; it still counts for the labels.
+        } else if dashed {
             dashed_line(&mut chart, (x, 0.0), (x, y_max), color)?;
         } else {
             let style = match kind {
@@ -1077,6 +1100,53 @@ mod tests {
             all.iter()
                 .any(|t| t.starts_with("what the allocator could reach at the OOM: 1000 MiB")),
             "{all:?}"
+        );
+    }
+
+    #[test]
+    fn many_markers_in_one_pixel_column_draw_one_line() {
+        use crate::viz::timeline::{Mark, OomLimits};
+        // 100,000 events and 5,000 OOMs, one every 20 events: 5 or more to each of the
+        // plot's ~1,000 columns.
+        let mut timeline = timeline(&vec![(1 << 20, 2 << 20); 100_000]);
+        let limits = OomLimits {
+            reserved: 2 << 20,
+            segment: 2 << 20,
+            device_free: 0,
+            cap: None,
+        };
+        timeline.marks = (0..5_000)
+            .map(|i| Mark {
+                position: 20 * i + 1,
+                kind: MarkKind::Oom(limits),
+                context: 0,
+            })
+            .collect();
+        timeline.counts.ooms = 5_000;
+        let (picture, geometry) = svg(&timeline, ChartSize::default()).expect("drawn");
+        assert!(
+            texts(&picture)
+                .iter()
+                .any(|(_, text)| text == "out of memory"),
+            "all OOMs marked: the legend says nothing more"
+        );
+        // Past the recorder's limit the legend says where the markers stop.
+        timeline.counts.ooms = 7_000;
+        timeline.counts.marks_dropped = 2_000;
+        let (picture, geometry) = svg(&timeline, ChartSize::default()).expect("drawn");
+        assert!(
+            texts(&picture)
+                .iter()
+                .any(|(_, text)| text
+                    == "out of memory (7000 of them: markers up to event 99981 only)"),
+            "{picture}"
+        );
+        let oom_lines = picture.matches("stroke=\"#C8005A\"").count();
+        let columns = (geometry.right - geometry.left) as usize;
+        assert!(
+            // (the legend has its own OOM swatch)
+            (columns / 2..=columns + 4).contains(&oom_lines),
+            "{oom_lines} OOM lines in {columns} columns"
         );
     }
 

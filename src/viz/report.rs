@@ -348,12 +348,22 @@ fn panel_subtitle(panel: &Panel<'_>) -> String {
     let timeline = panel.timeline;
     let (peak_allocated, peak_reserved) = timeline.peaks();
     let mut text = format!(
-        "{} events · peak allocated {} · peak reserved {} · {} out-of-memory errors",
+        "{} allocator events · peak allocated {} · peak reserved {} · {} out-of-memory errors",
         timeline.counts.events,
         format_size(peak_allocated),
         format_size(peak_reserved),
         timeline.counts.ooms,
     );
+    if timeline.counts.marks_dropped > 0 {
+        // Past the recorder's limit on markers the chart shows only the first ones: say so,
+        // so that a stretch without OOM lines is not read as a stretch without OOMs.
+        let _ = write!(
+            text,
+            " (markers up to event {} only: the recorder keeps {} markers)",
+            timeline.marks.last().map_or(0, |mark| mark.position),
+            timeline.marks.len()
+        );
+    }
     let own = timeline.own_empty_cache_calls();
     let helpers = timeline.counts.empty_cache - own;
     let _ = write!(text, " · {own} empty_cache() calls");
@@ -494,7 +504,7 @@ fn page_subtitle(input: &ReportInput<'_>) -> String {
         .first()
         .map_or(0, |panel| panel.timeline.device_total);
     let mut text = format!(
-        "device {} ({} total) · {} events · {} out-of-memory errors · {} empty_cache() calls",
+        "device {} ({} total) · {} allocator events · {} out-of-memory errors · {} empty_cache() calls",
         input.device,
         format_size(device_total),
         total(|t| t.counts.events),
