@@ -1123,7 +1123,7 @@ mod tests {
             })
             .collect();
         timeline.counts.ooms = 5_000;
-        let (picture, geometry) = svg(&timeline, ChartSize::default()).expect("drawn");
+        let (picture, _) = svg(&timeline, ChartSize::default()).expect("drawn");
         assert!(
             texts(&picture)
                 .iter()
