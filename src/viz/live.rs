@@ -8,8 +8,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::event::ExpandableRange;
 use super::layout::{MemoryLayout, Region, SegmentLayout, Span};
-use super::timeline::ExpandableRange;
 use crate::alloc::{EventKind, Pool};
 
 /// One segment: its size, pool and, for an expandable segment, its mapped runs.

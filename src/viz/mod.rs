@@ -4,6 +4,7 @@
 
 pub mod chart;
 pub mod envelope;
+pub mod event;
 pub mod fragmentation;
 pub mod layout;
 pub mod live;

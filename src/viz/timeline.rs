@@ -17,11 +17,13 @@
 //! replay's by the index of the file event that caused them (the replay sets it as the
 //! allocator's context), so a picture names the event the text names.
 
+pub use super::event::{Event, ExpandableRange};
+
 use super::envelope::Envelope;
 use super::layout::MemoryLayout;
 use super::live::LiveLayout;
 use super::window::{Keeper, Purpose, Window};
-use crate::alloc::{CachingAllocator, EventKind, MemoryEvent, MemoryObserver, Pool};
+use crate::alloc::{CachingAllocator, EventKind, MemoryEvent, MemoryObserver};
 
 /// How a timeline numbers its events (its x axis).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -32,29 +34,6 @@ pub enum Numbering {
     /// The index of the replayed file's event each allocator event belongs to (0-based), as
     /// `gpumem replay`'s text numbers them: the replay sets it as the allocator's context.
     TraceIndex,
-}
-
-/// One event and the memory right after it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Event {
-    /// Its number on the x axis ([`Numbering`]).
-    pub position: u64,
-    /// What happened.
-    pub kind: EventKind,
-    /// Address of the block or segment concerned (0 for OOM and `empty_cache`).
-    pub address: u64,
-    /// Bytes concerned: the block's (rounded) size for `alloc` and the frees, the segment's or
-    /// the pages' bytes for segment events, the segment that could not be had for an OOM.
-    pub size: u64,
-    /// The pool of the block or segment.
-    pub pool: Pool,
-    /// Bytes allocated after the event (`memory_allocated()`).
-    pub allocated: u64,
-    /// Bytes reserved after the event (`memory_reserved()`).
-    pub reserved: u64,
-    /// The caller's context id when it happened: for [`Numbering::Sequence`] an index into
-    /// [`Timeline::labels`] + 1 (0 for none).
-    pub context: u32,
 }
 
 /// What a marker on the timeline stands for.
@@ -189,19 +168,6 @@ impl Default for Timeline {
     fn default() -> Timeline {
         Recorder::empty("", 0).finish(Vec::new())
     }
-}
-
-/// An expandable segment's virtual range: pages are mapped into it and unmapped again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ExpandableRange {
-    /// First byte.
-    pub base: u64,
-    /// Bytes reserved.
-    pub size: u64,
-    /// Bytes per page.
-    pub page: u64,
-    /// The pool it serves.
-    pub pool: Pool,
 }
 
 impl Timeline {

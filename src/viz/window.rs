@@ -10,9 +10,9 @@
 
 use std::collections::VecDeque;
 
+use super::event::Event;
 use super::layout::MemoryLayout;
 use super::live::LiveLayout;
-use super::timeline::Event;
 
 /// Events kept on each side of an OOM or a peak whose stretch keeps a segment map.
 pub const RADIUS: u64 = 1024;
@@ -149,7 +149,17 @@ impl Keeper {
                 .center
                 .saturating_sub(request.radius)
                 .max(self.ring_first);
-            let skip = (first - self.ring_first) as usize;
+            let mut skip = (first - self.ring_first) as usize;
+            // The stretch starts before the first event with its centre's number, as far as
+            // the ring reaches, so that number is kept whole: in a replay, one file event can
+            // cause many allocator events (a retry frees every cached segment before its OOM).
+            let centre = (request.center - self.ring_first) as usize;
+            if let Some(number) = self.ring.get(centre).map(|event| event.position) {
+                while skip > 0 && self.ring[skip].position >= number {
+                    skip -= 1;
+                }
+            }
+            let first = self.ring_first + skip as u64;
             let end = (request.center + request.radius + 1).min(self.next_index());
             let take = (end.saturating_sub(first)) as usize;
             let (before, layout) = if skip == 0 {
@@ -287,6 +297,30 @@ mod tests {
                 assert_eq!(*event_kept, event(window.first + offset as u64));
             }
         }
+    }
+
+    #[test]
+    fn a_stretch_keeps_every_event_of_its_centres_number() {
+        // Thirty events share number 500 (a retry's frees, then the OOM): the stretch of an
+        // OOM without a map reaches back past all of them.
+        let mut keeper = keeper();
+        for index in 0..600 {
+            let mut kept = event(index);
+            kept.position = if (470..500).contains(&index) {
+                500
+            } else {
+                index + 1
+            };
+            keeper.push(kept);
+            if index == 499 {
+                keeper.ask(Purpose::Oom(MAPPED_OOMS));
+            }
+        }
+        let windows = keeper.finish();
+        assert_eq!(windows.len(), 1);
+        assert_eq!(windows[0].first, 469, "one event before number 500");
+        assert_eq!(windows[0].events[0].position, 470);
+        assert_eq!(windows[0].end(), 500 + SMALL_RADIUS);
     }
 
     #[test]
