@@ -176,10 +176,15 @@ enum Command {
         /// search in 2 MiB steps), for each config.
         #[arg(long)]
         min_capacity: bool,
-        /// Where segments are placed: where PyTorch's driver put them (recorded), or the
-        /// simulator's own model (model).
-        #[arg(long, value_enum, default_value_t = PlacementArg::Recorded)]
+        /// Where segments are placed: where PyTorch's driver put them (recorded), the
+        /// simulator's own model (model), or recorded when the replay follows the recorded
+        /// config and the model under any other (auto).
+        #[arg(long, value_enum, default_value_t = PlacementArg::Auto)]
         placement: PlacementArg,
+        /// Replay device N's trace (its position in the file's `device_traces`); by default
+        /// the first device with entries. The report lists every device the file holds.
+        #[arg(long, value_name = "N")]
+        device_index: Option<u32>,
         /// Also draw the replay's allocated and reserved memory over the file's events to FILE
         /// (.svg or .png; give it twice for both); with --compare, the configs overlaid.
         #[arg(long, value_name = "FILE")]
@@ -199,6 +204,9 @@ enum Command {
 /// `--placement`.
 #[derive(Clone, Copy, ValueEnum)]
 enum PlacementArg {
+    /// Recorded when the replay follows the recorded config (the memory fraction aside, which
+    /// PyTorch does not record), the model otherwise.
+    Auto,
     /// Where PyTorch's driver placed the same segment, when the trace shows it.
     Recorded,
     /// The simulator's placement model.
@@ -319,6 +327,7 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
             compare,
             min_capacity,
             placement,
+            device_index,
             timeline,
             report,
         }) => replay::command(&replay::ReplayArgs {
@@ -334,9 +343,11 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
             min_capacity,
             json,
             placement: match placement {
+                PlacementArg::Auto => gpumem::snapshot::replay::Placement::Auto,
                 PlacementArg::Recorded => gpumem::snapshot::replay::Placement::Recorded,
                 PlacementArg::Model => gpumem::snapshot::replay::Placement::Model,
             },
+            device_index,
         }),
         Some(Command::Bench(BenchTarget::Replay {
             events,

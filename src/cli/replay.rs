@@ -56,8 +56,10 @@ pub struct ReplayArgs {
     pub min_capacity: bool,
     /// `--json`.
     pub json: bool,
-    /// `--placement model`.
+    /// `--placement`.
     pub placement: Placement,
+    /// `--device-index N`.
+    pub device_index: Option<u32>,
     /// `--timeline` and `--report`.
     pub outputs: super::Outputs,
 }
@@ -129,13 +131,14 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         capacity,
         conf: conf.clone(),
         placement: args.placement,
+        device_index: args.device_index,
     };
     let report = run_one(args, &options)?;
     let search = |conf: Option<AllocConf>| -> Result<Option<CapacitySearch>, CliError> {
         if !args.min_capacity {
             return Ok(None);
         }
-        min_capacity(&args.file, capacity, conf)
+        min_capacity(&args.file, capacity, conf, args.device_index)
             .map(Some)
             .map_err(|error| replay_error(&args.file, error))
     };
@@ -147,6 +150,7 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
             capacity,
             conf: Some(conf.clone()),
             placement: args.placement,
+            device_index: args.device_index,
         };
         let row = run_one(args, &options)?;
         let row_search = search(Some(conf))?;
@@ -203,7 +207,6 @@ fn record(args: &ReplayArgs, report: &ReplayReport) -> Result<Timeline, CliError
     gpumem::snapshot::replay::replay_observed(
         &args.file,
         report,
-        args.placement,
         vec![Box::new(Rc::clone(&recorder))],
     )
     .map_err(|error| replay_error(&args.file, error))?;
@@ -316,6 +319,7 @@ fn bench_report(snapshot: &Path, wanted: &BenchReport) -> Result<(), CliError> {
         } else {
             Placement::Recorded
         },
+        device_index: None,
         outputs: super::Outputs {
             timeline: Vec::new(),
             report: Some(wanted.path.clone()),

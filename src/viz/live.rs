@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::event::ExpandableRange;
 use super::layout::{MemoryLayout, Region, SegmentLayout, Span};
-use crate::alloc::{EventKind, Pool};
+use crate::alloc::{EventKind, MemPoolId, Pool};
 
 /// One segment: its size, pool and, for an expandable segment, its mapped runs.
 #[derive(Debug, Clone)]
@@ -162,6 +162,8 @@ impl LiveLayout {
                     address: base,
                     size: segment.size,
                     pool: segment.pool,
+                    // Events do not say which private pool made a segment: the default.
+                    pool_id: MemPoolId::DEFAULT,
                     spans,
                 }
             })
