@@ -7,15 +7,14 @@
 pub mod bench;
 pub mod golden;
 pub mod paint;
+pub mod record;
 pub mod repl;
 pub mod replay;
 pub mod soak;
 pub mod splitmix;
 
-use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::rc::Rc;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use thiserror::Error;
@@ -27,7 +26,7 @@ use gpumem::script::{on_script_stack, Host, Limits, PrintSink, ScriptError};
 use gpumem::session::{self, ConfigSource, Session, SessionError, SessionOptions};
 use gpumem::viz::chart::{self, ChartSize};
 use gpumem::viz::report::{self, ReportInput};
-use gpumem::viz::{Recorder, Timeline};
+use gpumem::viz::Timeline;
 
 /// The process exit statuses `gpumem` uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,12 +134,14 @@ enum Command {
     Run {
         /// The `.rhai` script.
         file: PathBuf,
-        /// Also draw allocated and reserved memory over the script's allocator events, OOMs
-        /// and empty_cache() marked with their script lines, to FILE (.svg or .png).
+        /// Also draw allocated and reserved memory over the script's allocator events, OOMs,
+        /// empty_cache() and mark(text) phases marked with their script lines, to FILE (.svg
+        /// or .png; give it twice for both).
         #[arg(long, value_name = "FILE")]
-        timeline: Option<PathBuf>,
-        /// Also write a self-contained HTML report to FILE: the timeline (hover for events),
-        /// the segment map after any event, the counters and memory_summary().
+        timeline: Vec<PathBuf>,
+        /// Also write a self-contained HTML report to FILE: each allocator's timeline (hover
+        /// for events, zoom to single events), the segment map after an event, the counters
+        /// and memory_summary().
         #[arg(long, value_name = "FILE")]
         report: Option<PathBuf>,
     },
@@ -184,12 +185,14 @@ enum Command {
         /// the first device with entries. The report lists every device the file holds.
         #[arg(long, value_name = "N")]
         device_index: Option<u32>,
-        /// Also draw the replay's allocated and reserved memory over its events to FILE (.svg
-        /// or .png).
+        /// Also draw the replay's allocated and reserved memory over the file's events to FILE
+        /// (.svg or .png; give it twice for both); with --compare, the configs overlaid.
         #[arg(long, value_name = "FILE")]
-        timeline: Option<PathBuf>,
-        /// Also write the replay as a self-contained HTML report to FILE (every event is kept
-        /// in memory and in the page).
+        timeline: Vec<PathBuf>,
+        /// Also write the replay as a self-contained HTML report to FILE: the timeline (exact
+        /// per-pixel envelopes, every event kept around each OOM and both peaks, so a file of
+        /// any length gives a page of bounded size), with --compare the table and the configs
+        /// overlaid.
         #[arg(long, value_name = "FILE")]
         report: Option<PathBuf>,
     },
@@ -233,6 +236,11 @@ enum BenchTarget {
         /// Keep the generated file.
         #[arg(long)]
         keep: bool,
+        /// Then also run `gpumem replay FILE --report REPORT` on it (on `--device sim:SIZE`
+        /// when given, with the model's placement) and print the page's size, the time and the
+        /// peak resident memory.
+        #[arg(long, value_name = "REPORT")]
+        report: Option<PathBuf>,
     },
     /// The randn kernel's throughput on a CUDA device, next to PyTorch's `normal_`.
     Randn {
@@ -341,8 +349,23 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
             },
             device_index,
         }),
-        Some(Command::Bench(BenchTarget::Replay { events, file, keep })) => {
-            replay::bench(events, file.as_deref(), keep)
+        Some(Command::Bench(BenchTarget::Replay {
+            events,
+            file,
+            keep,
+            report,
+        })) => {
+            let capacity = match cli.device.as_ref() {
+                None => None,
+                Some(DeviceSpec::Sim(sizes)) if sizes.len() == 1 => sizes[0],
+                Some(_) => {
+                    return Err(CliError::Usage(
+                        "bench replay runs on one simulated device: use --device sim[:SIZE]".into(),
+                    ))
+                }
+            };
+            let report = report.map(|path| replay::BenchReport { path, capacity });
+            replay::bench(events, file.as_deref(), keep, report.as_ref())
         }
         Some(Command::Bench(BenchTarget::Randn { reps, torch_script })) => {
             bench_randn(&options, reps, &torch_script)
@@ -391,16 +414,18 @@ fn repl(options: &SessionOptions, limits: Limits, allow_paths: &[PathBuf]) -> Re
 
 /// What `gpumem run` and `gpumem replay` draw besides their own output.
 pub(crate) struct Outputs {
-    /// `--timeline FILE` (.svg or .png).
-    pub timeline: Option<PathBuf>,
+    /// `--timeline FILE` (.svg or .png), as often as given (one of each, say).
+    pub timeline: Vec<PathBuf>,
     /// `--report FILE` (.html).
     pub report: Option<PathBuf>,
 }
 
-/// The end state a report shows beside its timeline.
-pub(crate) struct EndState {
-    /// The device, as the report's subtitle names it.
-    pub device: String,
+/// One timeline a command recorded, and the end state of the allocator it followed.
+pub(crate) struct Drawn {
+    /// What it followed (`session allocator`, `with_allocator_conf("...")`, a config).
+    pub label: String,
+    /// The run.
+    pub timeline: Timeline,
     /// The allocator config, in PyTorch's syntax.
     pub config: String,
     /// `memory_stats()` at the end.
@@ -409,66 +434,104 @@ pub(crate) struct EndState {
     pub summary: String,
 }
 
-/// The chart format a `--timeline` file's extension asks for.
-#[derive(Clone, Copy)]
-enum ChartFormat {
-    Svg,
-    Png,
+/// Everything the pictures and the report show: one or more labelled timelines, each with
+/// its counters, and for `--compare` the comparison table (its timelines then drawn overlaid).
+pub(crate) struct EndState {
+    /// What was run.
+    pub title: String,
+    /// The device, as the report's subtitle names it.
+    pub device: String,
+    /// The timelines, the main one first.
+    pub timelines: Vec<Drawn>,
+    /// `--compare`'s table.
+    pub comparison: Option<gpumem::viz::report::Comparison>,
 }
 
 impl Outputs {
     pub(crate) fn wanted(&self) -> bool {
-        self.timeline.is_some() || self.report.is_some()
+        !self.timeline.is_empty() || self.report.is_some()
     }
 
-    fn chart_format(path: &Path) -> Option<ChartFormat> {
+    fn chart_format(path: &Path) -> Option<chart::Format> {
         match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
-            "svg" => Some(ChartFormat::Svg),
-            "png" => Some(ChartFormat::Png),
+            "svg" => Some(chart::Format::Svg),
+            "png" => Some(chart::Format::Png),
             _ => None,
         }
     }
 
     /// Refuses a `--timeline` file that is neither .svg nor .png before anything runs.
     pub(crate) fn check(&self) -> Result<(), CliError> {
-        match &self.timeline {
-            Some(path) if Outputs::chart_format(path).is_none() => Err(CliError::Usage(format!(
+        match self
+            .timeline
+            .iter()
+            .find(|path| Outputs::chart_format(path).is_none())
+        {
+            Some(path) => Err(CliError::Usage(format!(
                 "--timeline {}: the file must end in .svg or .png",
                 path.display()
             ))),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
-    /// Writes the chart and the report of `timeline`, the report with `end`.
-    pub(crate) fn write(&self, timeline: &Timeline, end: EndState) -> Result<(), CliError> {
+    /// Writes every `--timeline` picture and the report of `end`.
+    pub(crate) fn write(&self, end: &EndState) -> Result<(), CliError> {
         let failed = |error: gpumem::viz::chart::ChartError| CliError::Failed(error.to_string());
+        let events: u64 = end
+            .timelines
+            .iter()
+            .map(|drawn| drawn.timeline.counts.events)
+            .sum();
         let write = |path: &Path, bytes: &[u8], what: &str| -> Result<(), CliError> {
             std::fs::write(path, bytes).map_err(|error| {
                 CliError::Io(format!("cannot write {}: {error}", path.display()))
             })?;
+            let timelines = match end.timelines.len() {
+                1 => String::new(),
+                n => format!(" ({n} timelines)"),
+            };
             eprintln!(
-                "gpumem: wrote the {what} of {} allocator events to {}",
-                timeline.events.len(),
+                "gpumem: wrote the {what} of {events} allocator events{timelines} to {}",
                 path.display()
             );
             Ok(())
         };
-        if let Some(path) = &self.timeline {
-            let size = ChartSize::default();
-            let bytes = match Outputs::chart_format(path) {
-                Some(ChartFormat::Png) => chart::png(timeline, size).map_err(failed)?,
-                _ => chart::svg(timeline, size).map_err(failed)?.0.into_bytes(),
-            };
+        let runs: Vec<(String, &Timeline)> = end
+            .timelines
+            .iter()
+            .map(|drawn| {
+                let label = if end.timelines.len() == 1 && end.comparison.is_none() {
+                    String::new()
+                } else {
+                    drawn.label.clone()
+                };
+                (label, &drawn.timeline)
+            })
+            .collect();
+        for path in &self.timeline {
+            let format = Outputs::chart_format(path).unwrap_or(chart::Format::Svg);
+            let overlay = end.comparison.is_some();
+            let bytes =
+                chart::picture(&runs, overlay, ChartSize::default(), format).map_err(failed)?;
             write(path, &bytes, "timeline")?;
         }
         if let Some(path) = &self.report {
             let input = ReportInput {
-                timeline,
-                device: end.device,
-                config: end.config,
-                counters: end.counters,
-                summary: end.summary,
+                title: end.title.clone(),
+                device: end.device.clone(),
+                panels: end
+                    .timelines
+                    .iter()
+                    .map(|drawn| report::Panel {
+                        label: drawn.label.clone(),
+                        timeline: &drawn.timeline,
+                        config: drawn.config.clone(),
+                        counters: drawn.counters.clone(),
+                        summary: drawn.summary.clone(),
+                    })
+                    .collect(),
+                comparison: end.comparison.clone(),
             };
             let page = report::html(&input).map_err(failed)?;
             write(path, page.as_bytes(), "report")?;
@@ -501,39 +564,23 @@ fn run(
         }
         other => other?,
     };
-    let host = Host::with_limits(session.devices, PrintSink::Stdout, limits);
+    let mut host = Host::with_limits(session.devices, PrintSink::Stdout, limits);
     host.set_path_policy(sandbox_policy(Some(file), allow_paths)?);
     host.set_map_options(paint::stdout_map_options());
     if !outputs.wanted() {
         return Ok(host.run_source(&name, &source)?);
     }
-    // The timeline follows the device current at the start (one timeline per device is
-    // future work).
-    let runtime = host.devices().current();
-    // While observed, bindings stamp their script line on the allocator's trace context.
-    let recorder = Rc::new(RefCell::new(Recorder::new(
-        &runtime.allocator(),
-        name.clone(),
-    )));
-    let subscription = runtime.subscribe(Box::new(Rc::clone(&recorder)));
+    // Pictures name the script's own line for events inside stdlib helpers.
+    host.track_call_sites();
+    let recording = record::Recording::start(host.devices(), &name);
     let result = host.run_source(&name, &source);
-    runtime.unsubscribe(subscription);
-    let mut timeline = recorder.borrow().timeline(Vec::new());
-    timeline.labels = gpumem::script::viz_api::timeline_labels(&timeline);
-    let end = {
-        let allocator = runtime.allocator();
-        EndState {
-            device: runtime.device_label().to_string(),
-            config: options.config.text().to_string(),
-            counters: allocator.stats().entries(),
-            summary: gpumem::alloc::summary::memory_summary(
-                allocator.stats(),
-                allocator.device().index(),
-                false,
-            ),
-        }
+    let end = EndState {
+        title: name.clone(),
+        device: recording.devices_label(),
+        timelines: recording.finish(options.config.text()),
+        comparison: None,
     };
-    outputs.write(&timeline, end)?;
+    outputs.write(&end)?;
     Ok(result?)
 }
 

@@ -119,6 +119,7 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("memory_map", Function, "memory_map([device[, width]])", "every segment drawn as cells: allocated, free in a used segment, free segment", "memory_map(current_device(), 60)"),
     doc("fragmentation", Function, "fragmentation()", "per pool (all, small, large): cached_free, largest_free, free_blocks, releasable (what empty_cache() would return), external (1 - largest_free / cached_free)", "fragmentation().all.external"),
     doc("measure", Function, "measure(|| { ... })", "run a closure; its peak_allocated, peak_reserved, device_allocations, ... and result", "measure(|| randn(8)).peak_allocated"),
+    doc("mark", Function, "mark(text)", "name the phase that begins here: --timeline and --report draw a labelled boundary", "mark(\"warm-up\")"),
     doc("progress", Function, "progress(items[, label])", "iterate a range or array with a progress bar on stderr (terminals only): for b in progress(0..n)", "progress(0..3)"),
     doc("message", Error, "e.message", "PyTorch's out-of-memory message, unchanged", on_oom!(".message")),
     doc("why", Error, "e.why", "gpumem's line saying why, computed from the figures below", on_oom!(".why")),

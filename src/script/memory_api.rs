@@ -53,6 +53,8 @@ fn with_allocator_conf(
         Ok(allocator) => allocator,
         Err(error) => return fail(NAME, error),
     };
+    // The second allocator's timeline names the line that made it.
+    super::history::stamp(context, runtime);
     runtime.with_allocator_swapped(allocator, || {
         closure.call_within_context::<Dynamic>(context, ())
     })

@@ -194,6 +194,13 @@ impl Host {
         self.map_settings.get()
     }
 
+    /// Keeps Rhai's call stack from now on, so events inside stdlib helpers are stamped with
+    /// the script's own line too ([`history::track_call_sites`]; recorded runs only: it costs
+    /// a copy of every call's arguments).
+    pub fn track_call_sites(&mut self) {
+        history::track_call_sites(&mut self.engine);
+    }
+
     /// The devices scripts run against.
     pub fn devices(&self) -> &Rc<Devices> {
         &self.devices

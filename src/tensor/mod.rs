@@ -15,6 +15,7 @@ pub mod philox;
 mod selection;
 pub mod shape;
 pub mod streams;
+pub mod watch;
 
 use std::cell::{Cell, Ref, RefCell};
 use std::fmt;
@@ -35,6 +36,7 @@ use cuda_backend::CudaBackend;
 pub use devices::{Devices, NoSuchDevice};
 pub use dtype::DType;
 pub use streams::Stream;
+pub use watch::SessionWatcher;
 
 /// Seed of the random generator until `manual_seed` is called (PyTorch's default seed).
 pub const DEFAULT_SEED: u64 = 67_280_421_310_721;
@@ -97,6 +99,8 @@ pub struct Runtime {
     streams_handed_out: Cell<u64>,
     seed: Cell<u64>,
     philox_offset: Cell<u64>,
+    /// Told about allocators made current and marks ([`Runtime::watch`]).
+    watcher: RefCell<Option<Box<dyn SessionWatcher>>>,
 }
 
 /// The device a runtime was built on, as [`Runtime::fresh_allocator`] and [`Runtime::fresh`]
@@ -189,7 +193,25 @@ impl Runtime {
             streams_handed_out: Cell::new(0),
             seed: Cell::new(DEFAULT_SEED),
             philox_offset: Cell::new(0),
+            watcher: RefCell::new(None),
         })
+    }
+
+    /// Sets (or with `None` removes) the watcher told about allocators made current and the
+    /// script's marks; returns the one it replaces.
+    pub fn watch(
+        &self,
+        watcher: Option<Box<dyn SessionWatcher>>,
+    ) -> Option<Box<dyn SessionWatcher>> {
+        std::mem::replace(&mut *self.watcher.borrow_mut(), watcher)
+    }
+
+    /// Tells the watcher, if any, that the script marked a phase named `text` at the line
+    /// trace context `context` stands for.
+    pub fn mark(&self, text: &str, context: u32) {
+        if let Some(watcher) = self.watcher.borrow_mut().as_mut() {
+            watcher.mark(text, context);
+        }
     }
 
     /// Subscribes `observer` to the current allocator's event stream
@@ -235,15 +257,26 @@ impl Runtime {
     /// Runs `f` with `replacement` as the current allocator (every tensor made and every memory
     /// function called meanwhile uses it), then puts the previous allocator back. Tensors keep
     /// the allocator that made them: one that outlives `f` is freed into its own allocator,
-    /// which is kept until its last tensor is gone. Calls may nest.
+    /// which is kept until its last tensor is gone. Calls may nest. The watcher
+    /// ([`Runtime::watch`]) is told when `replacement` becomes current and when `f` returns.
     pub fn with_allocator_swapped<R>(
         &self,
         replacement: CachingAllocator,
         f: impl FnOnce() -> R,
     ) -> R {
+        let mut replacement = replacement;
+        // Its events carry the caller's context (the line that made it) until a binding
+        // stamps its own.
+        replacement.set_trace_context(self.allocator.borrow().trace_context());
         let outer = std::mem::replace(&mut *self.allocator.borrow_mut(), replacement);
         self.swapped_out.borrow_mut().push(outer);
+        if let Some(watcher) = self.watcher.borrow_mut().as_mut() {
+            watcher.allocator_started(&mut self.allocator.borrow_mut());
+        }
         let result = f();
+        if let Some(watcher) = self.watcher.borrow_mut().as_mut() {
+            watcher.allocator_ended(&self.allocator.borrow());
+        }
         // Nested calls restore their own allocator before returning, so the top of the stack
         // is the one this call swapped out.
         let outer = self.swapped_out.borrow_mut().pop();
