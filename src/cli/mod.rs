@@ -6,11 +6,13 @@
 
 pub mod bench;
 pub mod golden;
+pub mod out;
 pub mod paint;
 pub mod repl;
 pub mod replay;
 pub mod soak;
 pub mod splitmix;
+pub mod tune;
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -177,6 +179,23 @@ enum Command {
         /// in memory and in the page).
         #[arg(long, value_name = "FILE")]
         report: Option<PathBuf>,
+        /// Replay under a grid of allocator configs instead (one config per core at a time)
+        /// and rank them: those that fit first, then by peak reserved, cudaMalloc/map calls
+        /// and retries; prints the best as PYTORCH_CUDA_ALLOC_CONF. --alloc-conf is the base
+        /// every grid config starts from.
+        #[arg(long, conflicts_with_all = ["compare", "min_capacity", "timeline"])]
+        tune: bool,
+        /// --tune's grid from FILE: lines `KEY = VALUE, VALUE, ...` (every combination; `none`
+        /// leaves the key out) and `conf = TEXT` (default: 144 configs of expandable_segments,
+        /// max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold).
+        #[arg(long, value_name = "FILE", requires = "tune")]
+        grid: Option<PathBuf>,
+        /// --tune's worker threads (default: one per core).
+        #[arg(long, value_name = "N", requires = "tune", value_parser = clap::value_parser!(u32).range(1..))]
+        threads: Option<u32>,
+        /// The simulated device's size, e.g. 24GiB (the same as --device sim:SIZE).
+        #[arg(long, value_name = "SIZE", value_parser = parse_capacity)]
+        capacity: Option<u64>,
     },
     /// Measure gpumem itself (for comparisons with PyTorch; see benches/compare/).
     #[command(subcommand)]
@@ -190,6 +209,20 @@ enum PlacementArg {
     Recorded,
     /// The simulator's placement model.
     Model,
+}
+
+impl From<PlacementArg> for gpumem::snapshot::replay::Placement {
+    fn from(arg: PlacementArg) -> Self {
+        match arg {
+            PlacementArg::Recorded => gpumem::snapshot::replay::Placement::Recorded,
+            PlacementArg::Model => gpumem::snapshot::replay::Placement::Model,
+        }
+    }
+}
+
+/// `--capacity SIZE`: a byte count as `--device sim:SIZE` takes it.
+fn parse_capacity(text: &str) -> Result<u64, String> {
+    gpumem::device::spec::parse_size(text).map_err(|error| error.to_string())
 }
 
 #[derive(Subcommand)]
@@ -215,6 +248,24 @@ enum BenchTarget {
         /// Keep the generated file.
         #[arg(long)]
         keep: bool,
+    },
+    /// `replay --tune`'s throughput on 1, 2, 4, ... threads: the same replays of a synthetic
+    /// snapshot per run, with the scaling and efficiency against one thread.
+    Tune {
+        /// Trace events in the synthetic snapshot.
+        #[arg(long, default_value_t = 2_000_000)]
+        events: u64,
+        /// Replay this file (written first if it does not exist; kept) instead of a temporary
+        /// one.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Thread counts, comma-separated (default: 1, the powers of two below the cores, the
+        /// cores).
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+        threads: Vec<u32>,
+        /// Replays per run (default: twice the most threads).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        replays: Option<u32>,
     },
     /// The randn kernel's throughput on a CUDA device, next to PyTorch's `normal_`.
     Randn {
@@ -292,11 +343,36 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
         Some(Command::Replay {
             file,
             json,
+            tune: true,
+            grid,
+            threads,
+            capacity,
+            placement,
+            report,
+            ..
+        }) => tune::command(&tune::TuneArgs {
+            replay: gpumem::snapshot::replay::ReplayOptions {
+                capacity: tune::capacity(cli.device.as_ref(), capacity)?,
+                conf: None,
+                placement: placement.into(),
+            },
+            base: cli.alloc_conf.unwrap_or_default(),
+            file,
+            grid,
+            threads: threads.map(|n| n as usize),
+            json,
+            report,
+        }),
+        Some(Command::Replay {
+            file,
+            json,
             compare,
             min_capacity,
             placement,
             timeline,
             report,
+            capacity,
+            ..
         }) => replay::command(&replay::ReplayArgs {
             outputs: {
                 let outputs = Outputs { timeline, report };
@@ -304,18 +380,39 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
                 outputs
             },
             file,
-            device: cli.device,
+            device: match capacity {
+                Some(bytes) => {
+                    tune::capacity(cli.device.as_ref(), Some(bytes))?;
+                    Some(DeviceSpec::sim_of(bytes))
+                }
+                None => cli.device,
+            },
             alloc_conf: cli.alloc_conf,
             compare,
             min_capacity,
             json,
-            placement: match placement {
-                PlacementArg::Recorded => gpumem::snapshot::replay::Placement::Recorded,
-                PlacementArg::Model => gpumem::snapshot::replay::Placement::Model,
-            },
+            placement: placement.into(),
         }),
         Some(Command::Bench(BenchTarget::Replay { events, file, keep })) => {
             replay::bench(events, file.as_deref(), keep)
+        }
+        Some(Command::Bench(BenchTarget::Tune {
+            events,
+            file,
+            threads,
+            replays,
+        })) => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let threads: Vec<usize> = if threads.is_empty() {
+                bench::tune::default_threads(cores)
+            } else {
+                threads.into_iter().map(|n| n as usize).collect()
+            };
+            let path = file.unwrap_or_else(|| {
+                std::env::temp_dir()
+                    .join(format!("gpumem-bench-tune-{}.pickle", std::process::id()))
+            });
+            bench::tune::bench(&path, events, &threads, replays.map(|n| n as usize))
         }
         Some(Command::Bench(BenchTarget::Randn { reps, torch_script })) => {
             bench_randn(&options, reps, &torch_script)

@@ -21,6 +21,7 @@ pub mod device;
 pub mod engine;
 pub mod report;
 pub mod search;
+pub mod tune;
 
 pub use search::{min_capacity, CapacitySearch};
 
