@@ -10,6 +10,7 @@ pub mod out;
 pub mod paint;
 pub mod repl;
 pub mod replay;
+pub mod sites;
 pub mod soak;
 pub mod splitmix;
 pub mod tune;

@@ -131,6 +131,9 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         placement: args.placement,
     };
     let report = run_one(args, &options)?;
+    let sites =
+        gpumem::snapshot::replay::peaks::sites_at_peaks(&args.file, &report, args.placement)
+            .map_err(|error| replay_error(&args.file, error))?;
     if args.outputs.wanted() {
         let recorder = Rc::new(RefCell::new(Recorder::empty(
             args.file.display().to_string(),
@@ -180,6 +183,7 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         if let Some(found) = &own_search {
             object["min_capacity"] = search_json(found);
         }
+        object["sites_at_peaks"] = serde_json::to_value(&sites).unwrap_or_default();
         if !rows.is_empty() {
             object["compare"] = rows
                 .iter()
@@ -207,6 +211,7 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
     if let Some(found) = &own_search {
         say!("  {}", describe_search(found));
     }
+    super::sites::print(&sites);
     if !rows.is_empty() {
         print_comparison(&report, own_search.as_ref(), &rows);
     }

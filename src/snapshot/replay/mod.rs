@@ -19,6 +19,7 @@
 pub mod compare;
 pub mod device;
 pub mod engine;
+pub mod peaks;
 pub mod report;
 pub mod search;
 pub mod tune;
@@ -32,7 +33,7 @@ use thiserror::Error;
 use crate::alloc::{AllocConf, CachingAllocator, MemoryObserver};
 use crate::device::sim::{SimDevice, H200_TOTAL_MEMORY};
 use crate::device::DeviceMemory;
-use crate::snapshot::pickle::{self, SnapshotError};
+use crate::snapshot::pickle::{self, Emitted, SnapshotError};
 use device::{Hints, ReplayDevice};
 pub use engine::Engine;
 pub use report::{CapacitySource, ConfSource, Fragmentation, ReplayReport};
@@ -89,6 +90,10 @@ pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 
 /// A [`Progress`] that ignores what it is told.
 pub fn no_progress(_bytes: u64, _events: u64) {}
+
+/// Told about each trace event of the file before it is replayed (to learn its stack, say:
+/// [`peaks`]).
+pub type Tap<'a> = &'a mut dyn FnMut(&Emitted);
 
 /// How often (in events) progress is reported.
 const PROGRESS_EVERY: u64 = 1 << 16;
@@ -156,13 +161,24 @@ pub fn replay_observed(
     placement: Placement,
     observers: Vec<Box<dyn MemoryObserver>>,
 ) -> Result<ReplayReport, ReplayError> {
+    replay_tapped(path, report, placement, observers, &mut |_| {})
+}
+
+/// [`replay_observed`], also telling `tap` about each trace event before it is replayed.
+pub fn replay_tapped(
+    path: &Path,
+    report: &ReplayReport,
+    placement: Placement,
+    observers: Vec<Box<dyn MemoryObserver>>,
+    tap: Tap<'_>,
+) -> Result<ReplayReport, ReplayError> {
     let (report, _) = run_observed(
         path,
         (report.capacity, report.capacity_source, placement),
         report.conf.clone(),
         report.conf_source,
         &mut no_progress,
-        observers,
+        (observers, tap),
     )?;
     Ok(report)
 }
@@ -175,17 +191,25 @@ fn run(
     conf_source: ConfSource,
     progress: Progress<'_>,
 ) -> Result<(ReplayReport, Option<crate::snapshot::AllocatorSettings>), ReplayError> {
-    run_observed(path, device, conf, conf_source, progress, Vec::new())
+    run_observed(
+        path,
+        device,
+        conf,
+        conf_source,
+        progress,
+        (Vec::new(), &mut |_| {}),
+    )
 }
 
-/// [`run`] with `observers` subscribed to the allocator's event stream.
+/// [`run`] with `observers` subscribed to the allocator's event stream and `tap` told of each
+/// trace event first.
 fn run_observed(
     path: &Path,
     (capacity, capacity_source, placement): (u64, CapacitySource, Placement),
     conf: AllocConf,
     conf_source: ConfSource,
     progress: Progress<'_>,
-    observers: Vec<Box<dyn MemoryObserver>>,
+    (observers, tap): (Vec<Box<dyn MemoryObserver>>, Tap<'_>),
 ) -> Result<(ReplayReport, Option<crate::snapshot::AllocatorSettings>), ReplayError> {
     let alloc_conf = conf.source.clone();
     let sim = SimDevice::new(capacity);
@@ -206,6 +230,7 @@ fn run_observed(
     let remainder = pickle::stream_file(path, |emitted| {
         last_index = emitted.index;
         let offset = emitted.offset;
+        tap(&emitted);
         engine.handle(emitted)?;
         if engine.counts.events.is_multiple_of(PROGRESS_EVERY) {
             progress(offset, engine.counts.events);
