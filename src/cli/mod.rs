@@ -5,6 +5,7 @@
 //! [`CliError`] whose [`CliError::exit`] names the exit status, and is printed in one place.
 
 pub mod bench;
+pub mod diff;
 pub mod golden;
 pub mod out;
 pub mod paint;
@@ -37,7 +38,7 @@ pub enum Exit {
     /// Everything worked.
     Success = 0,
     /// A script failed (syntax or runtime error, uncaught OOM), a piped REPL transcript had
-    /// errors, or a golden test failed.
+    /// errors, a golden test failed, or `gpumem diff`'s gate did.
     Failure = 1,
     /// A usage error: bad flags, an unusable device or config, an unreadable file.
     Usage = 2,
@@ -197,6 +198,28 @@ enum Command {
         /// The simulated device's size, e.g. 24GiB (the same as --device sim:SIZE).
         #[arg(long, value_name = "SIZE", value_parser = parse_capacity)]
         capacity: Option<u64>,
+    },
+    /// Compare two jobs' snapshots, each replayed under its own config: peaks, segments,
+    /// OOMs, and the allocation sites by bytes live at each job's peak (added, removed, grown,
+    /// shrunk). With --max-peak-increase, exit 1 when B's peak reserved or allocated memory
+    /// grew by more than PCT percent of A's: a memory regression gate for CI.
+    Diff {
+        /// The baseline snapshot.
+        a: PathBuf,
+        /// The snapshot compared with it.
+        b: PathBuf,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Exit 1 when B's peak reserved or allocated memory grew by more than PCT percent.
+        #[arg(long, value_name = "PCT")]
+        max_peak_increase: Option<f64>,
+        /// The simulated device's size, e.g. 24GiB (default: the simulated H200).
+        #[arg(long, value_name = "SIZE", value_parser = parse_capacity)]
+        capacity: Option<u64>,
+        /// Where segments are placed (as for replay).
+        #[arg(long, value_enum, default_value_t = PlacementArg::Recorded)]
+        placement: PlacementArg,
     },
     /// Measure gpumem itself (for comparisons with PyTorch; see benches/compare/).
     #[command(subcommand)]
@@ -363,6 +386,31 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
             threads: threads.map(|n| n as usize),
             json,
             report,
+        }),
+        Some(Command::Diff {
+            a,
+            b,
+            json,
+            max_peak_increase,
+            capacity,
+            placement,
+        }) => diff::command(&diff::DiffArgs {
+            replay: gpumem::snapshot::replay::ReplayOptions {
+                capacity: tune::capacity(cli.device.as_ref(), capacity)?,
+                conf: match &cli.alloc_conf {
+                    Some(text) => Some(gpumem::alloc::AllocConf::parse(text).map_err(|error| {
+                        CliError::Usage(format!(
+                            "invalid allocator config '{text}' (--alloc-conf): {error}"
+                        ))
+                    })?),
+                    None => None,
+                },
+                placement: placement.into(),
+            },
+            a,
+            b,
+            max_peak_increase,
+            json,
         }),
         Some(Command::Replay {
             file,
