@@ -182,7 +182,10 @@ pub fn open(options: &SessionOptions) -> Result<Session, SessionError> {
         .as_ref()
         .map(|spec| wanted.map_or_else(|| spec.clone(), |count| spec.with_count(count)));
     let (devices, device, notice) = match device {
-        Some(DeviceSpec::Sim(sizes)) => (open_sim(&sizes, &conf)?, DeviceSpec::Sim(sizes), None),
+        Some(DeviceSpec::Sim(sizes)) => {
+            let notice = scaled_context_notice(&sizes);
+            (open_sim(&sizes, &conf)?, DeviceSpec::Sim(sizes), notice)
+        }
         Some(spec @ DeviceSpec::Cuda(start)) => match open_cuda(start, wanted, &conf, &spec)? {
             Ok(devices) => (devices, spec, None),
             Err(reason) => {
@@ -212,6 +215,31 @@ pub fn open(options: &SessionOptions) -> Result<Session, SessionError> {
         device,
         notice,
     })
+}
+
+/// The line saying that small simulated devices' CUDA contexts are scaled down, if any is: the
+/// figures a script prints there differ from the H200's 527 MiB for that reason only.
+fn scaled_context_notice(sizes: &[Option<u64>]) -> Option<String> {
+    use crate::alloc::format::format_size;
+    use crate::device::DeviceMemory;
+    let mut lines: Vec<String> = Vec::new();
+    for device in sizes.iter().flatten().map(|&bytes| SimDevice::new(bytes)) {
+        if !device.context_is_scaled() {
+            continue;
+        }
+        let line = format!(
+            "gpumem: simulated device of {}: its CUDA context is modelled as {}, an eighth of the \
+             device (the H200's is {}; smaller devices get an eighth so they stay usable; see \
+             docs/memory-figures.md)",
+            format_size(device.total_memory()),
+            format_size(device.context_bytes()),
+            format_size(crate::device::sim::H200_CONTEXT_BYTES)
+        );
+        if !lines.contains(&line) {
+            lines.push(line);
+        }
+    }
+    (!lines.is_empty()).then(|| lines.join("\n"))
 }
 
 /// Simulated devices of the given capacities (the H200 where `None`): one device keeps the
@@ -315,6 +343,25 @@ mod tests {
             message.contains("`//! alloc-conf:` directive of tests/golden/x.rhai"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_small_simulated_device_says_its_context_is_scaled() {
+        let open_sim = |size: Option<u64>| {
+            open(&SessionOptions {
+                device: Some(DeviceSpec::Sim(vec![size])),
+                ..SessionOptions::default()
+            })
+            .expect("opens")
+            .notice
+        };
+        let notice = open_sim(Some(1 << 30)).expect("a notice for 1 GiB");
+        assert!(
+            notice.contains("its CUDA context is modelled as 128.00 MiB, an eighth of the device"),
+            "{notice}"
+        );
+        assert_eq!(open_sim(None), None, "the H200 has its measured context");
+        assert_eq!(open_sim(Some(80 << 30)), None);
     }
 
     #[test]

@@ -17,14 +17,21 @@ fn run(source: &str) -> Result<String, String> {
 
 #[test]
 fn every_documented_binding_runs_its_example() {
+    // An example that writes a file (dump_snapshot) writes it here, not where the tests run.
+    let scratch = common::scratch("examples");
+    let written = scratch.join("run.pickle");
     for doc in BINDINGS {
-        let source = format!(
-            "let t = randn([2, 3]);\nlet value = {};\nprint(type_of(value));",
-            doc.example
+        let example = doc.example.replace(
+            "\"run.pickle\"",
+            &format!("{:?}", written.display().to_string()),
         );
+        let source =
+            format!("let t = randn([2, 3]);\nlet value = {example};\nprint(type_of(value));");
         let printed = run(&source).unwrap_or_else(|error| panic!("{}: {error}", doc.name));
         assert!(!printed.is_empty(), "{}", doc.name);
     }
+    assert!(written.exists(), "dump_snapshot's example wrote its file");
+    std::fs::remove_dir_all(&scratch).expect("the scratch folder is removed");
 }
 
 #[test]
@@ -94,7 +101,7 @@ fn mem_format_size_matches_pytorchs() {
 #[test]
 fn mem_status_fill_and_fragmentation() {
     let printed = run(
-        "import \"mem\" as mem;\nlet a = empty(4096, \"uint8\");\nprint(mem::status());\nset_per_process_memory_fraction(0.001);\nlet f = mem::fill_until_oom(10485760);\nprint(f.count); print(f.error.contains(\"CUDA out of memory\"));\nf = (); a = (); empty_cache();\nlet b = [];\nfor i in 0..5 { b.push(empty(4194304, \"uint8\")); }\nb[1] = (); b[3] = ();\nlet g = mem::fragmentation(); print(g.free); print(g.largest_free_block); print(g.free_blocks); print(g.ratio);",
+        "import \"mem\" as mem;\nlet a = empty(4096, \"uint8\");\nprint(mem::status());\nset_per_process_memory_fraction(0.001);\nlet f = mem::fill_until_oom(10485760);\nprint(f.count); print(f.error.contains(\"CUDA out of memory\"));\nf = (); a = (); empty_cache();\nlet b = [];\nfor i in 0..5 { b.push(empty(4194304, \"uint8\")); }\nb[1] = (); b[3] = ();\nlet g = fragmentation().all; print(g.cached_free); print(g.largest_free); print(g.free_blocks); print(g.external); print(g.releasable);",
     )
     .expect("runs");
     let lines: Vec<&str> = printed.lines().collect();
@@ -106,7 +113,22 @@ fn mem_status_fill_and_fragmentation() {
         lines[1], "14",
         "150109880320 * 0.001 = 150 MB holds 14 chunks of 10 MiB"
     );
-    assert_eq!(&lines[2..], ["true", "8388608", "4194304", "2", "0.5"]);
+    assert_eq!(&lines[2..], ["true", "8388608", "4194304", "2", "0.5", "0"]);
+}
+
+/// One fragmentation API: the built-in `fragmentation()`. The `mem` module has none of its
+/// own, with other field names, to disagree with it.
+#[test]
+fn fragmentation_is_one_builtin_not_a_second_stdlib_helper() {
+    let error =
+        run("import \"mem\" as mem;\nmem::fragmentation();").expect_err("no mem::fragmentation");
+    assert!(error.contains("mem::fragmentation"), "{error}");
+    for (name, _, source) in gpumem::script::stdlib::MODULES {
+        assert!(
+            !source.contains("fn fragmentation"),
+            "stdlib/{name}.rhai defines its own fragmentation()"
+        );
+    }
 }
 
 #[test]
@@ -165,4 +187,76 @@ fn every_registered_function_has_help_text() {
         unregistered.is_empty(),
         ":help documents unknown {unregistered:?}"
     );
+}
+
+/// A misspelt function gets the nearest name, built-in or from the stdlib; a shape given as
+/// several integers is told that a shape is one array.
+#[test]
+fn unknown_functions_suggest_the_nearest_name() {
+    let cases = [
+        ("randm([2]);", "did you mean `randn`?"),
+        ("fragmentatoin();", "did you mean `fragmentation`?"),
+        (
+            "let t = randn([2, 3]);\nt.reshpe([3, 2]);",
+            "did you mean `reshape`?",
+        ),
+        (
+            "import \"mem\" as mem;\nmem::format_sise(1);",
+            "did you mean `mem::format_size`?",
+        ),
+        (
+            "import \"mem\" as mem;\nmem::fragmentation();",
+            "did you mean `fragmentation`?",
+        ),
+        ("prnt(1);", "did you mean `print`?"),
+    ];
+    for (source, expected) in cases {
+        let error = run(source).expect_err(source);
+        assert!(error.contains(expected), "{source}: {error}");
+    }
+    let error = run("xyzzy_plugh();").expect_err("unknown");
+    assert!(!error.contains("did you mean"), "nothing is near: {error}");
+    for (source, expected) in [
+        (
+            "randn(10, 10);",
+            "a shape is one argument, an array: randn([10, 10])",
+        ),
+        (
+            "zeros(2, 3, 4);",
+            "a shape is one argument, an array: zeros([2, 3, 4])",
+        ),
+    ] {
+        let error = run(source).expect_err(source);
+        assert!(error.contains(expected), "{source}: {error}");
+    }
+}
+
+/// A small tensor prints every value; a large one its first and last three around `...`.
+#[test]
+fn tensors_print_all_values_when_small_and_both_ends_when_large() {
+    let printed = run("let t = randn([2, 3]);\nprint(t);\nprint(t.to_array());").expect("runs");
+    let lines: Vec<&str> = printed.lines().collect();
+    let shown = lines[0]
+        .split(", [")
+        .nth(1)
+        .expect("values")
+        .trim_end_matches("])");
+    assert_eq!(shown.split(", ").count(), 6, "{printed}");
+    assert!(!shown.contains("..."), "{printed}");
+    let printed = run("let t = randn([100]);\nprint(t);\nlet a = t.to_array();\nprint(a[97]); print(a[98]); print(a[99]);")
+        .expect("runs");
+    let lines: Vec<&str> = printed.lines().collect();
+    let shown: Vec<&str> = lines[0]
+        .split(", [")
+        .nth(1)
+        .expect("values")
+        .trim_end_matches("])")
+        .split(", ")
+        .collect();
+    assert_eq!(shown.len(), 7, "{printed}");
+    assert_eq!(shown[3], "...", "{printed}");
+    for (index, line) in lines[1..].iter().enumerate() {
+        let value: f64 = line.parse().expect("a number");
+        assert_eq!(shown[4 + index], format!("{value:.4}"), "{printed}");
+    }
 }

@@ -398,7 +398,7 @@ fn piped_input_ending_inside_a_block_is_an_error() {
         stderr.contains("the input ended inside an unfinished block (it starts on line 2"),
         "{stderr}"
     );
-    assert!(stderr.contains("Expecting '}'"), "{stderr}");
+    assert!(stderr.contains("a `}` is missing"), "{stderr}");
 }
 
 #[test]
@@ -498,6 +498,13 @@ fn run_honours_directives_over_the_flags_and_says_so() {
         stderr.contains("ignoring 'max_split_size_mb:128' from --alloc-conf"),
         "{stderr}"
     );
+    // Sizes read as they were written, in the directive and in the flag.
+    let output = gpumem(&["run", "--device", "sim:2GiB", &path], "");
+    let (_, stderr, _) = outcome(&output);
+    assert!(
+        stderr.contains("pins `//! device: sim:1GiB`; ignoring --device sim:2GiB"),
+        "{stderr}"
+    );
     // Without a GPU, a script pinned to one says that its directive asked for it.
     let (_, stderr, code) = run_script(&[], "//! device: cuda\nprint(1);\n");
     if code == 2 {
@@ -534,7 +541,7 @@ fn every_way_of_running_a_script_reads_its_directives_alike() {
     let (stdout, stderr, code) = outcome(&output);
     assert_eq!((stdout.as_str(), code), ("same\n", 1), "{stderr}");
     assert!(
-        stderr.contains("pins `//! device: sim:1073741824` but this session runs on sim"),
+        stderr.contains("pins `//! device: sim:1GiB` but this session runs on sim"),
         "{stderr}"
     );
 }
@@ -684,4 +691,129 @@ fn replay_draws_a_report_and_a_timeline() {
     assert!(std::fs::read_to_string(&svg)
         .expect("timeline")
         .starts_with("<svg"));
+}
+
+/// One model of the CUDA context, printed alike everywhere: the walkthrough, `:mem` and the
+/// README name the same 527 MiB (cudaMemGetInfo's figure) and the walkthrough splits it into
+/// NVML's 520 MiB under this process and 7 MiB under none; a small simulated device says that
+/// its context is scaled down.
+#[test]
+fn the_context_figures_agree_everywhere() {
+    let walkthrough = gpumem(&["run", "--device", "sim", "scripts/walkthrough.rhai"], "");
+    let (stdout, stderr, code) = outcome(&walkthrough);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("the CUDA context: NVML counts 520.00 MiB under this process and 7.00 MiB under none (527.00 MiB); cudaMemGetInfo counts 527.00 MiB"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("unattributed 7.00 MiB)"),
+        "an unexplained figure: {stdout}"
+    );
+    let (stdout, stderr, _) = repl("let x = randn([2, 3]);\n:mem\n");
+    assert!(
+        stdout.contains("527.00 MiB outside the allocator (the CUDA context"),
+        "{stdout}{stderr}"
+    );
+    let readme = std::fs::read_to_string("README.md").expect("README");
+    let readme = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        readme.contains("a 527 MiB context"),
+        "README names another figure"
+    );
+    assert!(
+        readme.contains("docs/memory-figures.md"),
+        "README links the model"
+    );
+    let small = gpumem(&["--device", "sim:1GiB"], "print(1);\n");
+    let (_, stderr, _) = outcome(&small);
+    assert!(
+        stderr.contains("its CUDA context is modelled as 128.00 MiB, an eighth of the device"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_piped_block_given_up_by_a_blank_line_is_discarded_and_says_why() {
+    let (stdout, stderr, code) = repl("for i in 0..3 {\n  let x = 1\n\nprint(5);\n");
+    assert_eq!((stdout.as_str(), code), ("5\n", 1), "{stderr}");
+    assert!(stderr.contains("discarded"), "{stderr}");
+    assert!(stderr.contains("a `}` is missing"), "{stderr}");
+    assert!(!stderr.contains("Expecting"), "{stderr}");
+    let (_, stderr, code) = repl("fn g() {\n");
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("the input ended inside an unfinished block"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("a `}` is missing"), "{stderr}");
+}
+
+/// The REPL shows the byte figures of `measure()` and `fragmentation()` readably beside the
+/// numbers, and counts as they are.
+#[test]
+fn repl_results_show_sizes_readably() {
+    let (stdout, stderr, code) = repl("measure(|| randn(8))\nfragmentation()\n");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("peak_reserved: 2097152 (2.00 MiB)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("allocations: 1,"),
+        "a count stays a count: {stdout}"
+    );
+    assert!(
+        stdout.contains("releasable: 2097152 (2.00 MiB)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("free_blocks: 1,"), "{stdout}");
+}
+
+/// An I/O error names its path once ("adir: Is a directory"), never twice.
+#[test]
+fn io_errors_name_the_path_once() {
+    let dir = scratch("io");
+    let folder = dir.join("adir");
+    std::fs::create_dir_all(&folder).expect("mkdir");
+    let folder = folder.display().to_string();
+    let (_, stderr, code) = outcome(&gpumem(&["--device", "sim", "replay", &folder], ""));
+    assert_eq!(code, 2, "{stderr}");
+    assert_eq!(stderr.matches(folder.as_str()).count(), 1, "{stderr}");
+    let (_, stderr, _) = run_script(&[], &format!("replay(\"{folder}\");\n"));
+    assert_eq!(
+        stderr.matches(folder.as_str()).count(),
+        2,
+        "the message and the source line: {stderr}"
+    );
+    let (_, stderr, _) = run_script(&[], &format!("dump_snapshot(\"{folder}\");\n"));
+    assert_eq!(
+        stderr.matches(folder.as_str()).count(),
+        2,
+        "the message and the source line: {stderr}"
+    );
+}
+
+/// The README answers what a new user asks: the set-up stays at two commands, and it says how
+/// to put `gpumem` on the PATH, what `with_allocator_conf` does, what "oversize" means, and
+/// where `mem::`/`check::` functions are described.
+#[test]
+fn the_readme_covers_what_a_new_user_asks() {
+    let readme = std::fs::read_to_string("README.md").expect("README");
+    let setup = readme
+        .split("## Getting started")
+        .nth(1)
+        .and_then(|rest| rest.split("```sh\n").nth(1))
+        .and_then(|block| block.split("```").next())
+        .expect("a set-up block");
+    assert_eq!(setup.lines().count(), 2, "two set-up commands:\n{setup}");
+    let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    for needle in [
+        "`cargo install --path .`",
+        "#### Two configs in one script: `with_allocator_conf`",
+        "a cached block of that size or more is *oversize*",
+        "`:help mem::status`",
+    ] {
+        assert!(flat.contains(needle), "README lacks {needle}");
+    }
 }

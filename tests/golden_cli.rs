@@ -106,14 +106,51 @@ fn a_script_error_is_shown_and_can_be_expected() {
         stdout.contains("the script stopped with an error:\n    oom.rhai:3:9: error: CUDA out of memory. Tried to allocate 2.00 GiB."),
         "{stdout}"
     );
-    // Blessing pins the error; from then on the script passes.
-    let (code, _, _) = gpumem_test(&dir, &["--bless", "oom.rhai"]);
+    // A plain --bless refuses an output that ends in an error, naming it: a typo must not
+    // become a passing test.
+    let (code, stdout, _) = gpumem_test(&dir, &["--bless", "oom.rhai"]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("not blessed: the script stopped with an error"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("oom.rhai:3:9: error: CUDA out of memory."),
+        "{stdout}"
+    );
+    assert!(stdout.contains("--bless-errors"), "{stdout}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("oom.out")).expect("read"),
+        "start\n",
+        "the .out file is left as it was"
+    );
+    // --bless-errors pins the error on purpose; from then on the script passes.
+    let (code, _, _) = gpumem_test(&dir, &["--bless-errors", "oom.rhai"]);
     assert_eq!(code, 0);
     let expected = std::fs::read_to_string(dir.join("oom.out")).expect("read");
     assert!(expected.starts_with("start\noom.rhai:3:9: error: CUDA out of memory."));
     assert!(expected.ends_with("3 | let t = empty(2147483648, \"uint8\");\n  |         ^\n"));
     let (code, _, _) = gpumem_test(&dir, &["oom.rhai"]);
     assert_eq!(code, 0);
+}
+
+#[test]
+fn a_typo_is_never_blessed_into_a_passing_test() {
+    let dir = scratch("typo");
+    write(&dir, "t.rhai", "print(1);\nprnt(2);\n");
+    let (code, stdout, _) = gpumem_test(&dir, &["--bless", "."]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("Function not found: prnt"), "{stdout}");
+    assert!(!dir.join("t.out").exists(), "no .out written");
+    assert!(stdout.ends_with("0 passed, 1 failed\n"), "{stdout}");
+    // Output without an error is blessed as before.
+    write(&dir, "t.rhai", "print(1);\nprint(2);\n");
+    let (code, stdout, _) = gpumem_test(&dir, &["--bless", "."]);
+    assert_eq!(code, 0, "{stdout}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("t.out")).expect("read"),
+        "1\n2\n"
+    );
 }
 
 #[test]

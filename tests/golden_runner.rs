@@ -1,7 +1,9 @@
 //! `cargo test --test golden`: every script under tests/golden/ checked by `gpumem test`, one
 //! libtest trial per script (named by its path under tests/golden/), so a failure names the
 //! script and shows its diff. Scripts pinned to a missing device are reported as ignored with
-//! the reason. `GPUMEM_BLESS=1 cargo test --test golden` writes the `.out` files.
+//! the reason. `GPUMEM_BLESS=1 cargo test --test golden` writes the `.out` files (`gpumem test
+//! --bless`), `GPUMEM_BLESS=errors` also those of scripts that stop with an error
+//! (`--bless-errors`).
 //!
 //! The runner is the binary's (it is not part of the library's API), so each trial runs the
 //! `gpumem` executable on its one script, exactly as a user would.
@@ -19,7 +21,11 @@ fn main() {
     collect(&root, &mut scripts);
     scripts.sort();
     assert!(!scripts.is_empty(), "tests/golden holds scripts");
-    let bless = std::env::var_os("GPUMEM_BLESS").is_some_and(|v| v == "1");
+    let bless = match std::env::var("GPUMEM_BLESS").as_deref() {
+        Ok("1") => Some("--bless"),
+        Ok("errors") => Some("--bless-errors"),
+        _ => None,
+    };
     let trials = scripts
         .into_iter()
         .map(|script| trial(&root, script, bless))
@@ -40,7 +46,7 @@ fn collect(dir: &Path, scripts: &mut Vec<PathBuf>) {
     }
 }
 
-fn trial(root: &Path, script: PathBuf, bless: bool) -> Trial {
+fn trial(root: &Path, script: PathBuf, bless: Option<&'static str>) -> Trial {
     let name = script
         .strip_prefix(root)
         .unwrap_or(&script)
@@ -50,9 +56,7 @@ fn trial(root: &Path, script: PathBuf, bless: bool) -> Trial {
     Trial::ignorable_test(name, move || {
         let path = script.display().to_string();
         let mut args = vec!["test", path.as_str()];
-        if bless {
-            args.push("--bless");
-        }
+        args.extend(bless);
         let (stdout, stderr, code) = common::outcome(&common::gpumem(&args, ""));
         let status = stdout.lines().next().unwrap_or("");
         match (code, status.split_whitespace().next()) {

@@ -96,7 +96,7 @@ const ROWS: &[Row] = &[
     row(Repl(":bogus"), "unknown command ':bogus'; :help lists the commands", 1),
     row(Repl(":load"), ":load: which file? usage: :load FILE", 1),
     row(Repl(":load /nonexistent.rhai"), ":load: cannot read /nonexistent.rhai", 1),
-    row(Repl(":help nosuch"), ":help: no binding or command named 'nosuch'", 1),
+    row(Repl(":help nosuch"), ":help: no binding, command or module function named 'nosuch'", 1),
     row(Repl("let y = 1 2;"), "input1:1:11: error: syntax error: Expecting ';' to terminate this statement", 1),
     row(Repl("fn g() {"), "the input ended inside an unfinished block", 1),
     row(Repl("let t = empty(16, \"uint8\");\n:load scripts/walkthrough.rhai"), "needs a session without live tensors", 1),
@@ -109,6 +109,8 @@ const ROWS: &[Row] = &[
     row(Run(&[], "memory_map(60)"), "memory_map: device 60 does not exist: this session has 1 device (index 0); the width is the second argument: memory_map(current_device(), 60)", 1),
     row(Run(&[], "//! devices: 0"), "directive on line 1: 'devices' must be a number of devices from 1 to 64, got '0'", 1),
     row(Repl(":load tests/golden/devices/counters.rhai"), "pins `//! devices: 2` but this session has 1 device", 1),
+    row(Run(&[], "dump_snapshot(\"/etc/gpumem.pickle\");"), "dump_snapshot: '/etc/gpumem.pickle' is outside the directories a script may use", 1),
+    row(Run(&[], "replay(\"../../../etc/passwd\");"), "replay: '../../../etc/passwd' is outside the directories a script may use", 1),
 ];
 
 /// The input as README shows it.

@@ -32,7 +32,8 @@ fn start_with(history: &Path, args: &[&str]) -> PtySession {
 
 #[test]
 fn interactive_session() {
-    let dir = std::env::temp_dir().join(format!("gpumem-pty-{}", std::process::id()));
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpumem-pty-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let history = dir.join("history");
     let _ = std::fs::remove_file(&history);
@@ -110,7 +111,8 @@ fn interactive_session() {
 
 /// A history file of its own for each test.
 fn history(test: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("gpumem-pty-{test}-{}", std::process::id()));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("gpumem-pty-{test}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let history = dir.join("history");
     let _ = std::fs::remove_file(&history);
@@ -215,4 +217,27 @@ fn exit_ends_the_repl_with_its_status() {
         rexpect::process::wait::WaitStatus::Exited(_, code) => assert_eq!(code, 3),
         other => panic!("unexpected {other:?}"),
     }
+}
+
+#[test]
+fn an_unfinished_line_continues_at_a_continuation_prompt_and_an_abandoned_block_says_why() {
+    let mut repl = start(&history("continue"));
+    repl.send_line("for i in 0..3 {").expect("send");
+    repl.exp_string("...> ").expect("a continuation prompt");
+    repl.send_line("  let x = 1").expect("send");
+    repl.exp_string("...> ").expect("still unfinished");
+    // A blank line gives the block up: it is discarded, and the message says what was missing.
+    repl.send_line("").expect("blank line");
+    let said = repl.exp_string(PROMPT).expect("back at the prompt");
+    assert!(said.contains("discarded"), "{said}");
+    assert!(said.contains("a `}` is missing"), "{said}");
+    assert!(!said.contains("Expecting"), "{said}");
+    // A finished block still runs, and the session goes on.
+    repl.send_line("for i in 0..2 {").expect("send");
+    repl.exp_string("...> ").expect("continuation");
+    repl.send_line("print(`k=${i}`); }").expect("send");
+    repl.exp_string("k=1").expect("the block ran");
+    repl.exp_string(PROMPT).expect("prompt");
+    repl.send_line(":quit").expect("send");
+    repl.exp_eof().expect("exits");
 }

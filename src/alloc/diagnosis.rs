@@ -10,18 +10,20 @@
 //! 1. [`OomCause::Impossible`]: a request of 1 EiB or more.
 //! 2. [`OomCause::NeverFits`]: the segment needed exceeds what the allocator could hold even
 //!    with every tensor freed: the device's free memory plus what it already reserves.
-//! 3. [`OomCause::OverFraction`]: `set_per_process_memory_fraction`'s cap refused the segment.
-//! 4. [`OomCause::Fragmentation`]: the pool caches at least the rounded request in free
-//!    blocks, but no block is large enough.
+//! 3. [`OomCause::Fragmentation`]: the pool caches at least the rounded request in free
+//!    blocks, but no block is large enough — whatever then refused a new segment (the
+//!    memory fraction's cap or the device), which the line names too.
+//! 4. [`OomCause::OverFraction`]: `set_per_process_memory_fraction`'s cap refused the segment.
 //! 5. [`OomCause::DriverRefused`]: the device reports enough free memory yet refused.
 //! 6. [`OomCause::DeviceFull`]: the device has too little free memory.
 //!
-//! Whether expandable segments would help is computed on the current layout: they unmap the
-//! whole pages of free blocks and map pages again as one range, so the request would fit when
-//! its pages fit into the device's free memory plus the whole pages inside free blocks.
+//! Whether expandable segments would help is tried, never estimated: a side allocator under
+//! `expandable_segments:True` with this device's memory and cap allocates the live blocks
+//! again and then the request ([`super::ExpandableTrial`], `alloc/trial.rs`).
 
 use super::format::format_size as fs;
-use super::{CachingAllocator, Pool};
+use super::trial::ExpandableTrial;
+use super::{CachingAllocator, Pool, StreamId};
 
 /// The cause an out-of-memory error is put down to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,9 +33,11 @@ pub enum OomCause {
     /// The segment needed exceeds the device's free memory plus everything the allocator
     /// reserves: it would not fit with every tensor freed.
     NeverFits,
-    /// The per-process memory fraction refused the segment.
+    /// The per-process memory fraction refused the segment, and the pool's cached free
+    /// bytes could not have held the request anyway.
     OverFraction,
-    /// Enough free bytes are cached in the pool, but no free block is large enough.
+    /// Enough free bytes are cached in the pool, but no free block is large enough (and a
+    /// new segment was refused, by the cap or the device).
     Fragmentation,
     /// The device reports enough free memory for the segment but refused it.
     DriverRefused,
@@ -91,6 +95,10 @@ pub struct OomDiagnosis {
     pub free_pages: u64,
     /// The page size those pages are counted in (2 MiB small pool, 20 MiB large pool).
     pub page: u64,
+    /// What trying the request under `expandable_segments:True` showed; `None` when they
+    /// are on already, or the cause rules them out (a request too large for the device, a
+    /// refusal by the driver).
+    pub expandable_trial: Option<ExpandableTrial>,
 }
 
 impl OomDiagnosis {
@@ -103,15 +111,62 @@ impl OomDiagnosis {
         }
     }
 
-    /// Whether expandable segments would have served the request on this layout: memory is
-    /// short or scattered (fragmentation, a full device), cached free blocks hold whole
-    /// pages, and the request's pages fit into the device's free memory plus those pages.
+    /// Whether expandable segments would have served the request: the live blocks and then
+    /// the request, tried on a side allocator with `expandable_segments:True`, all fitted.
     pub fn fits_with_expandable(&self) -> bool {
-        let pages = self.rounded.div_ceil(self.page.max(1)) * self.page;
-        !self.expandable
-            && matches!(self.cause, OomCause::Fragmentation | OomCause::DeviceFull)
-            && self.free_pages > 0
-            && pages <= self.device_free.saturating_add(self.free_pages)
+        self.expandable_trial.is_some_and(|trial| trial.fits)
+    }
+
+    /// `reserved + segment > allowed (fraction f)`, the cap's refusal in figures.
+    fn over_cap(&self, needed: &str) -> String {
+        format!(
+            "{} reserved + {needed} > {} allowed (fraction {})",
+            fs(self.reserved),
+            fs(self.allowed.unwrap_or(0)),
+            fraction_text(self.fraction())
+        )
+    }
+
+    /// What refused a new segment after the cache had no block large enough.
+    fn segment_refusal(&self, needed: &str) -> String {
+        let over_cap = self
+            .allowed
+            .is_some_and(|allowed| self.reserved.saturating_add(self.segment) > allowed);
+        if over_cap {
+            format!(
+                "the memory fraction leaves no room for a new segment: {}",
+                self.over_cap(needed)
+            )
+        } else if self.device_free < self.segment {
+            format!(
+                "the device has {} free, too little for {needed}",
+                fs(self.device_free)
+            )
+        } else {
+            format!(
+                "the device reports {} free yet refused {needed}",
+                fs(self.device_free)
+            )
+        }
+    }
+
+    /// The clause saying what trying expandable segments showed, if it says anything.
+    fn trial_clause(&self) -> Option<String> {
+        let trial = self.expandable_trial?;
+        let tried = format!(
+            "tried on a side allocator with this device's memory and cap: the {} live blocks, {}, allocated again in address order, then this request",
+            trial.live_blocks,
+            fs(trial.live_bytes)
+        );
+        if trial.fits {
+            Some(format!("would fit with expandable_segments:True ({tried})"))
+        } else if self.cause == OomCause::Fragmentation {
+            Some(format!(
+                "expandable_segments:True would not fit it either ({tried})"
+            ))
+        } else {
+            None
+        }
     }
 
     /// The one gpumem line printed after PyTorch's message, e.g.
@@ -146,12 +201,7 @@ impl OomDiagnosis {
                         fraction_text(self.fraction())
                     )
                 } else {
-                    format!(
-                        "gpumem: over the memory fraction: {} reserved + {needed} > {} allowed (fraction {})",
-                        fs(self.reserved),
-                        fs(allowed),
-                        fraction_text(self.fraction())
-                    )
+                    format!("gpumem: over the memory fraction: {}", self.over_cap(&needed))
                 };
                 let device = if self.segment <= self.device_free {
                     format!(
@@ -167,10 +217,11 @@ impl OomDiagnosis {
                 format!("{head}; {device}")
             }
             OomCause::Fragmentation => format!(
-                "gpumem: fragmentation: largest free cached block {} of {} cached in the {pool} pool, {} needed; empty_cache() cannot help (every free block shares its segment with a live tensor)",
+                "gpumem: fragmentation: largest free cached block {} of {} cached in the {pool} pool, {} needed; empty_cache() cannot help (every free block shares its segment with a live tensor); {}",
                 fs(self.largest_free),
                 fs(self.cached_free),
-                fs(self.rounded)
+                fs(self.rounded),
+                self.segment_refusal(&needed)
             ),
             OomCause::DriverRefused => format!(
                 "gpumem: the device refused {needed} although it reports {} free (the driver's own fragmentation or granularity)",
@@ -193,12 +244,9 @@ impl OomDiagnosis {
                 )
             }
         };
-        if self.fits_with_expandable() {
-            line.push_str(&format!(
-                "; would fit with expandable_segments:True (the free blocks' whole {} pages, {}, would be unmapped and mapped again as one range)",
-                fs(self.page),
-                fs(self.free_pages)
-            ));
+        if let Some(clause) = self.trial_clause() {
+            line.push_str("; ");
+            line.push_str(&clause);
         }
         line
     }
@@ -211,9 +259,16 @@ fn fraction_text(fraction: f64) -> String {
 }
 
 impl CachingAllocator {
-    /// The facts of an out-of-memory error for a request of `requested` bytes, rounded to
-    /// `rounded`, that needed a `segment`-byte segment, with the cause they point to.
-    pub(super) fn diagnose(&self, requested: u64, rounded: u64, segment: u64) -> OomDiagnosis {
+    /// The facts of an out-of-memory error for a request of `requested` bytes on `stream`,
+    /// rounded to `rounded`, that needed a `segment`-byte segment, with the cause they point
+    /// to.
+    pub(super) fn diagnose(
+        &self,
+        stream: StreamId,
+        requested: u64,
+        rounded: u64,
+        segment: u64,
+    ) -> OomDiagnosis {
         let pool = Self::pool_for(rounded);
         let page = super::expandable::page_size(pool);
         let (mut largest_free, mut cached_free, mut cached_free_all, mut free_pages) = (0, 0, 0, 0);
@@ -251,14 +306,18 @@ impl CachingAllocator {
             OomCause::Impossible
         } else if segment > device_free.saturating_add(reserved) {
             OomCause::NeverFits
-        } else if over_fraction {
-            OomCause::OverFraction
         } else if cached_free >= rounded {
             OomCause::Fragmentation
+        } else if over_fraction {
+            OomCause::OverFraction
         } else if device_free >= segment {
             OomCause::DriverRefused
         } else {
             OomCause::DeviceFull
+        };
+        let expandable_trial = match cause {
+            OomCause::Impossible | OomCause::NeverFits | OomCause::DriverRefused => None,
+            _ => self.try_with_expandable(stream, requested, device_free, device_total),
         };
         OomDiagnosis {
             cause,
@@ -277,6 +336,7 @@ impl CachingAllocator {
             expandable: self.config.expandable_segments,
             free_pages,
             page,
+            expandable_trial,
         }
     }
 }
@@ -330,6 +390,82 @@ mod tests {
             !oom.message.contains("gpumem"),
             "PyTorch's text stays unchanged"
         );
+    }
+
+    /// A sim device of 1 GiB capped at `cap_mib`, filled with 4 MiB tensors until the cap
+    /// refuses, every tensor but each fifth freed (so each 20 MiB segment keeps one 4 MiB
+    /// tensor in its middle): the layout of scripts/fragmentation.rhai part 3.
+    fn thinned(cap_mib: u64) -> (CachingAllocator, Vec<crate::alloc::Allocation>) {
+        use crate::device::sim::SimDevice;
+        let mib = 1 << 20;
+        let device = SimDevice::new(1 << 30);
+        let mut allocator =
+            CachingAllocator::new(Box::new(device), AllocConf::default()).expect("allocator");
+        allocator
+            .set_memory_fraction((cap_mib * mib) as f64 / (1u64 << 30) as f64)
+            .expect("fraction");
+        let mut blocks = Vec::new();
+        while let Ok(block) = allocator.malloc(4 * mib) {
+            blocks.push(block);
+        }
+        let mut kept = Vec::new();
+        for (index, block) in blocks.into_iter().enumerate() {
+            if index % 5 == 2 {
+                kept.push(block);
+            } else {
+                allocator.free(block).expect("free");
+            }
+        }
+        (allocator, kept)
+    }
+
+    #[test]
+    fn cached_free_bytes_that_no_block_holds_are_fragmentation_even_under_a_cap() {
+        let mib = 1 << 20;
+        let (mut allocator, kept) = thinned(510);
+        let Err(AllocError::OutOfMemory(oom)) = allocator.malloc(12 * mib) else {
+            panic!("12 MiB must not fit: every hole is 8 MiB and the cap is reached");
+        };
+        let diagnosis = &oom.diagnosis;
+        assert_eq!(diagnosis.cause, OomCause::Fragmentation, "{}", oom.why());
+        let why = oom.why();
+        // Both figures: the cache's (free bytes that no block holds) and the cap's.
+        assert!(
+            why.contains("largest free cached block 8.00 MiB of 400.00 MiB cached"),
+            "{why}"
+        );
+        assert!(why.contains("510.00 MiB allowed"), "{why}");
+        // Tried, not guessed: 25 live tensors (100 MiB) allocated again on a fresh
+        // expandable allocator under the same cap leave room for 12 MiB.
+        assert!(diagnosis.fits_with_expandable(), "{why}");
+        assert!(
+            why.contains("the 25 live blocks, 100.00 MiB, allocated again"),
+            "{why}"
+        );
+        assert_eq!(kept.len(), 25);
+    }
+
+    #[test]
+    fn expandable_segments_are_tried_and_may_not_fit() {
+        let mib = 1 << 20;
+        // The cap is full of live tensors: replayed on an expandable allocator they still
+        // fill it, so the request cannot fit there either.
+        let mut allocator = CachingAllocator::new(
+            Box::new(crate::device::sim::SimDevice::new(1 << 30)),
+            AllocConf::default(),
+        )
+        .expect("allocator");
+        allocator.set_memory_fraction(0.25).expect("fraction");
+        let mut live = Vec::new();
+        while let Ok(block) = allocator.malloc(4 * mib) {
+            live.push(block);
+        }
+        let Err(AllocError::OutOfMemory(oom)) = allocator.malloc(4 * mib) else {
+            panic!("the cap is full");
+        };
+        assert_eq!(oom.diagnosis.cause, OomCause::OverFraction, "{}", oom.why());
+        assert!(!oom.diagnosis.fits_with_expandable(), "{}", oom.why());
+        assert_eq!(live.len(), 60);
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod snapshot;
 pub mod stats;
 pub mod summary;
 pub mod trace;
+mod trial;
 mod vmm;
 
 use std::collections::BTreeMap;
@@ -40,6 +41,7 @@ use expandable::SegmentTable;
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot};
 pub use stats::{DeviceStats, ScopeMark, ScopeReport, Stat, StatArray};
 pub use trace::{TraceEntry, TraceRecorder};
+pub use trial::ExpandableTrial;
 
 /// One mebibyte.
 pub const MIB: u64 = 1 << 20;
@@ -474,7 +476,7 @@ impl CachingAllocator {
             return Err(AllocError::OutOfMemory(OutOfMemory {
                 message: "CUDA out of memory. Tried to allocate more than 1EB memory.".into(),
                 alloc_size: orig_size,
-                diagnosis: Box::new(self.diagnose(orig_size, orig_size, orig_size)),
+                diagnosis: Box::new(self.diagnose(stream, orig_size, orig_size, orig_size)),
             }));
         }
         let size = self.round_size(orig_size);

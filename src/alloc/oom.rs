@@ -50,7 +50,12 @@ impl CachingAllocator {
         AllocError::OutOfMemory(OutOfMemory {
             message,
             alloc_size: request.alloc_size,
-            diagnosis: Box::new(self.diagnose(orig_size, request.size, request.alloc_size)),
+            diagnosis: Box::new(self.diagnose(
+                request.stream,
+                orig_size,
+                request.size,
+                request.alloc_size,
+            )),
         })
     }
 }

@@ -26,6 +26,7 @@ use thiserror::Error;
 
 use gpumem::device::DeviceSpec;
 use gpumem::script::directives::{self, Directives};
+use gpumem::script::sandbox::PathPolicy;
 use gpumem::script::{on_script_stack, Host, Limits, PrintSink, ScriptError};
 use gpumem::session::{self, ConfigSource, Session, SessionError, SessionOptions};
 use gpumem::viz::chart::{self, ChartSize};
@@ -124,6 +125,10 @@ struct Cli {
     /// Sandbox limits of the script engine.
     #[command(flatten)]
     limits: Limits,
+    /// Also let scripts read and write files beneath DIR (repeatable). Without it a script's
+    /// `dump_snapshot` and `replay` reach only its own directory and the current directory.
+    #[arg(long, global = true, value_name = "DIR")]
+    allow_path: Vec<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -148,9 +153,14 @@ enum Command {
         /// Scripts or folders (searched recursively).
         #[arg(default_value = "tests/golden")]
         paths: Vec<PathBuf>,
-        /// Write (create or update) the .out files instead of comparing.
+        /// Write (create or update) the .out files instead of comparing; a script that stops
+        /// with an error is refused (a typo must not become a passing test).
         #[arg(long)]
         bless: bool,
+        /// Like --bless, and also write the .out files of scripts that stop with an error
+        /// (an expected OOM, a rejected config), pinning the error.
+        #[arg(long)]
+        bless_errors: bool,
     },
     /// Replay a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) through gpumem's
     /// allocator on a simulated device: peaks, cudaMalloc calls, OOMs, fragmentation, and
@@ -344,9 +354,13 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
         }) => {
             let outputs = Outputs { timeline, report };
             outputs.check()?;
-            on_stack(|| run(&options, cli.limits, &file, &outputs))
+            on_stack(|| run(&options, cli.limits, &cli.allow_path, &file, &outputs))
         }
-        Some(Command::Test { paths, bless }) => {
+        Some(Command::Test {
+            paths,
+            bless,
+            bless_errors,
+        }) => {
             let golden_options = golden::Options {
                 device: cli.device.clone(),
                 // Golden results must not depend on the caller's environment: only the flag.
@@ -354,7 +368,9 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
                     .alloc_conf
                     .map_or(ConfigSource::Default, ConfigSource::Flag),
                 bless,
+                bless_errors,
                 limits: cli.limits,
+                allow_paths: cli.allow_path.clone(),
             };
             match golden::command(&paths, &golden_options) {
                 Exit::Success => Ok(()),
@@ -469,7 +485,7 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
         Some(Command::Bench(BenchTarget::Soak { seconds, seed })) => {
             bench_soak(&options, seconds, seed)
         }
-        None => on_stack(|| repl(&options, cli.limits)),
+        None => on_stack(|| repl(&options, cli.limits, &cli.allow_path)),
     }
 }
 
@@ -488,10 +504,20 @@ fn open_session(options: &SessionOptions) -> Result<Session, CliError> {
     Ok(session)
 }
 
+/// Where a script (at `script`, or typed into the REPL) may read and write files: its own
+/// directory, the current one and every `--allow-path`.
+pub(crate) fn sandbox_policy(
+    script: Option<&Path>,
+    allow_paths: &[PathBuf],
+) -> Result<PathPolicy, CliError> {
+    PathPolicy::for_script(script, allow_paths).map_err(|error| CliError::Usage(error.to_string()))
+}
+
 /// `gpumem` without a subcommand: the REPL (a piped transcript with errors fails).
-fn repl(options: &SessionOptions, limits: Limits) -> Result<(), CliError> {
+fn repl(options: &SessionOptions, limits: Limits, allow_paths: &[PathBuf]) -> Result<(), CliError> {
     let session = open_session(options)?;
-    match repl::run(session.devices, session.device, limits) {
+    let paths = sandbox_policy(None, allow_paths)?;
+    match repl::run(session.devices, session.device, limits, paths) {
         Ok(0) => Ok(()),
         Ok(code) => Err(CliError::ScriptExit(code)),
         Err(error) => Err(CliError::Usage(error.to_string())),
@@ -592,6 +618,7 @@ impl Outputs {
 fn run(
     options: &SessionOptions,
     limits: Limits,
+    allow_paths: &[PathBuf],
     file: &Path,
     outputs: &Outputs,
 ) -> Result<(), CliError> {
@@ -610,6 +637,7 @@ fn run(
         other => other?,
     };
     let host = Host::with_limits(session.devices, PrintSink::Stdout, limits);
+    host.set_path_policy(sandbox_policy(Some(file), allow_paths)?);
     host.set_map_options(paint::stdout_map_options());
     if !outputs.wanted() {
         return Ok(host.run_source(&name, &source)?);
@@ -650,8 +678,9 @@ fn pinned_options(options: &SessionOptions, pinned: &Directives, file: &Path) ->
     let mut resolved = options.clone();
     if let Some(device) = &pinned.device {
         if let Some(flag) = options.device.as_ref().filter(|flag| *flag != device) {
+            let written = pinned.device_text.clone().unwrap_or(device.to_string());
             eprintln!(
-                "gpumem: {} pins `//! device: {device}`; ignoring --device {flag}",
+                "gpumem: {} pins `//! device: {written}`; ignoring --device {flag}",
                 file.display()
             );
         }

@@ -71,7 +71,7 @@ fn parse_conf(text: &str, what: &str) -> Result<AllocConf, CliError> {
 }
 
 fn replay_error(file: &Path, error: ReplayError) -> CliError {
-    CliError::Usage(format!("{}: {error}", file.display()))
+    CliError::Usage(error.naming(file))
 }
 
 /// A progress bar on stderr for a large file when stderr is a terminal.

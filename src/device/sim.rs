@@ -22,6 +22,10 @@ pub const H200_CONTEXT_BYTES: u64 = 527 * MIB;
 /// pytorch-seed-walkthrough.json, step 1). The other 7 MiB count as used on the device but as
 /// nobody's.
 pub const H200_PROCESS_CONTEXT_BYTES: u64 = 520 * MIB;
+/// A simulated device's context is at most this fraction of it (one eighth): the H200's
+/// 527 MiB would leave a device of a few hundred MiB nothing to allocate. Not PyTorch's or the
+/// driver's behaviour, a choice of the model, said when such a device is opened.
+pub const SMALL_DEVICE_CONTEXT_SHARE: u64 = 8;
 /// NVML's "used" on the H200 before any process creates a context: memory the driver keeps
 /// for itself (measured: 644939776 bytes).
 pub const H200_DRIVER_RESERVED_BYTES: u64 = 644_939_776;
@@ -283,9 +287,10 @@ pub struct SimDevice {
 
 impl SimDevice {
     /// A simulated device of `total` bytes. Its context costs what the H200's does, but never
-    /// more than an eighth of the device, so small simulated devices stay usable.
+    /// more than an eighth of the device ([`SMALL_DEVICE_CONTEXT_SHARE`]), so small simulated
+    /// devices stay usable; [`SimDevice::context_is_scaled`] says when that applies.
     pub fn new(total: u64) -> SimDevice {
-        let context_bytes = H200_CONTEXT_BYTES.min(total / 8);
+        let context_bytes = H200_CONTEXT_BYTES.min(total / SMALL_DEVICE_CONTEXT_SHARE);
         // The attributed share keeps the H200's proportion on a smaller simulated device.
         let process_context_bytes = (u128::from(context_bytes)
             * u128::from(H200_PROCESS_CONTEXT_BYTES)
@@ -334,6 +339,12 @@ impl SimDevice {
     /// What the simulated CUDA context costs in the driver's view.
     pub fn context_bytes(&self) -> u64 {
         self.context_bytes
+    }
+
+    /// Whether this device is too small for the H200's context, which is then scaled down to
+    /// an eighth of it (below 8 × 527 MiB, about 4.12 GiB).
+    pub fn context_is_scaled(&self) -> bool {
+        self.context_bytes < H200_CONTEXT_BYTES
     }
 
     /// Whether the context exists yet (a call that needs it was made).

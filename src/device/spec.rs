@@ -147,21 +147,34 @@ fn sim_size(text: &str) -> Result<u64, SpecError> {
 }
 
 impl fmt::Display for DeviceSpec {
-    /// `sim`, `sim:BYTES` or `sim:BYTES,BYTES,...` (an H200 entry as its byte count once
-    /// there are several), `cuda:N`.
+    /// `sim`, `sim:SIZE` or `sim:SIZE,SIZE,...` (an H200 entry as its byte count once there
+    /// are several), `cuda:N`. A size is written in the largest binary unit that holds it
+    /// exactly (`sim:2GiB`, `sim:150109880320`), so it reads as one would write it and parses
+    /// back to the same spec.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DeviceSpec::Sim(sizes) if sizes.as_slice() == [None] => write!(f, "sim"),
             DeviceSpec::Sim(sizes) => {
                 let sizes: Vec<String> = sizes
                     .iter()
-                    .map(|size| size.unwrap_or(super::sim::H200_TOTAL_MEMORY).to_string())
+                    .map(|size| size_text(size.unwrap_or(super::sim::H200_TOTAL_MEMORY)))
                     .collect();
                 write!(f, "sim:{}", sizes.join(","))
             }
             DeviceSpec::Cuda(index) => write!(f, "cuda:{index}"),
         }
     }
+}
+
+/// `bytes` in the largest of TiB, GiB and MiB that divides it (`2GiB`, `1536MiB`), else in
+/// bytes (a count of KiB would read no better than the bytes).
+fn size_text(bytes: u64) -> String {
+    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB")] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
 }
 
 /// Parses a byte count such as `150109880320`, `80GiB`, `512 MiB` or `1.5GB`.
@@ -208,6 +221,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn sizes_print_as_one_would_write_them_and_parse_back() {
+        for (bytes, text) in [
+            (2 << 30, "sim:2GiB"),
+            (1536 << 20, "sim:1536MiB"),
+            (150_109_880_320, "sim:150109880320"),
+            (3 << 40, "sim:3TiB"),
+            (1000, "sim:1000"),
+            (3 << 10, "sim:3072"),
+        ] {
+            let spec = DeviceSpec::sim_of(bytes);
+            assert_eq!(spec.to_string(), text);
+            assert_eq!(text.parse(), Ok(spec));
+        }
+    }
+
+    #[test]
     fn parses_device_names() {
         assert_eq!("sim".parse(), Ok(DeviceSpec::sim()));
         assert_eq!("sim:80GiB".parse(), Ok(DeviceSpec::sim_of(80 << 30)));
@@ -242,7 +271,7 @@ mod tests {
             Ok(DeviceSpec::Sim(vec![Some(1 << 30), Some(2 << 30)]))
         );
         let spec: DeviceSpec = "sim:1GiB,2GiB".parse().expect("parses");
-        assert_eq!(spec.to_string(), "sim:1073741824,2147483648");
+        assert_eq!(spec.to_string(), "sim:1GiB,2GiB");
         assert_eq!(spec.to_string().parse(), Ok(spec));
         assert_eq!(DeviceSpec::sim().to_string(), "sim");
     }

@@ -31,6 +31,8 @@ pub const KEYS: [&str; 3] = ["device", "alloc-conf", "devices"];
 pub struct Directives {
     /// `//! device: SPEC`: the device this script must run on.
     pub device: Option<DeviceSpec>,
+    /// The device directive's value as written (`sim:1GiB`), for messages about it.
+    pub device_text: Option<String>,
     /// `//! alloc-conf: CONF`: the allocator config, replacing `--alloc-conf` entirely.
     pub alloc_conf: Option<String>,
     /// `//! devices: N`: the script runs on exactly N devices, of the kind the session has.
@@ -101,6 +103,7 @@ pub fn parse(source: &str) -> Result<Directives, DirectiveError> {
                     .parse::<DeviceSpec>()
                     .map_err(|error| fail(error.to_string()))?;
                 directives.device = Some(spec);
+                directives.device_text = Some(value.to_string());
             }
             "alloc-conf" => {
                 if directives.alloc_conf.is_some() {

@@ -99,9 +99,9 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("memory_snapshot", Function, "memory_snapshot()", "every device's segments and their blocks with every key PyTorch's snapshot has (device, stream, frames, ...)", "memory_snapshot().len()"),
     doc("record_memory_history", Function, "record_memory_history(on[, max_entries])", "record allocator events with their script line on every device (off clears; keeps the last 1000000 by default)", "record_memory_history(true)"),
     doc("memory_history", Function, "memory_history()", "the current device's recorded events as maps with PyTorch's keys (action, addr, size, stream, time_us, frames, ...)", "memory_history().len()"),
-    doc("dump_snapshot", Function, "dump_snapshot(path)", "write every device's segments and trace, and the settings, as a pickle PyTorch's memory_viz reads", "dump_snapshot(\"/tmp/gpumem_doc_example.pickle\")"),
+    doc("dump_snapshot", Function, "dump_snapshot(path)", "write every device's segments and trace, and the settings, as a pickle PyTorch's memory_viz reads", "dump_snapshot(\"run.pickle\")"),
     doc("replay", Function, "replay(path[, conf])", "replay a PyTorch snapshot on the simulated H200: the `gpumem replay --json` report as a map", "replay(\"tests/replay/fixtures/inference.default.pickle\").final_stats[\"num_device_alloc\"]"),
-    doc("empty_cache", Function, "empty_cache()", "return wholly free cached segments to the device (every device's, as PyTorch)", "empty_cache()"),
+    doc("empty_cache", Function, "empty_cache()", "return wholly free cached segments (and whole free pages of expandable segments) to the device (every device's, as PyTorch)", "empty_cache()"),
     doc("reset_peak_memory_stats", Function, "reset_peak_memory_stats([device])", "every peak becomes the current value", "reset_peak_memory_stats()"),
     doc("reset_accumulated_memory_stats", Function, "reset_accumulated_memory_stats([device])", "totals and event counters go to zero", "reset_accumulated_memory_stats()"),
     doc("set_per_process_memory_fraction", Function, "set_per_process_memory_fraction(f[, device])", "cap the allocator at f × total memory", "set_per_process_memory_fraction(0.5)"),
@@ -109,12 +109,12 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("mem_get_info", Function, "mem_get_info([device])", "[free, total] bytes as the driver reports them (creates the device's CUDA context, as cudaMemGetInfo does)", "mem_get_info()"),
     doc("with_allocator_conf", Function, "with_allocator_conf(conf, || { ... })", "run the closure against a second allocator under config conf (a fresh simulated GPU of this size, or the same CUDA GPU); returns its value", "with_allocator_conf(\"expandable_segments:True\", || { let x = empty(5000000, \"uint8\"); memory_reserved() })"),
     doc("memory_map", Function, "memory_map([device[, width]])", "every segment drawn as cells: allocated, free in a used segment, free segment", "memory_map(current_device(), 60)"),
-    doc("fragmentation", Function, "fragmentation()", "per pool (all, small, large): cached_free, largest_free, free_blocks, releasable, external", "fragmentation().all.external"),
+    doc("fragmentation", Function, "fragmentation()", "per pool (all, small, large): cached_free, largest_free, free_blocks, releasable (what empty_cache() would return), external (1 - largest_free / cached_free)", "fragmentation().all.external"),
     doc("measure", Function, "measure(|| { ... })", "run a closure; its peak_allocated, peak_reserved, device_allocations, ... and result", "measure(|| randn(8)).peak_allocated"),
     doc("progress", Function, "progress(items[, label])", "iterate a range or array with a progress bar on stderr (terminals only): for b in progress(0..n)", "progress(0..3)"),
     doc("message", Error, "e.message", "PyTorch's out-of-memory message, unchanged", on_oom!(".message")),
     doc("why", Error, "e.why", "gpumem's line saying why, computed from the figures below", on_oom!(".why")),
-    doc("cause", Error, "e.cause", "impossible, never_fits, over_fraction, fragmentation, driver_refused or device_full", on_oom!(".cause")),
+    doc("cause", Error, "e.cause", "impossible, never_fits, fragmentation (even under a fraction cap), over_fraction, driver_refused or device_full", on_oom!(".cause")),
     doc("requested", Error, "e.requested", "bytes asked for", on_oom!(".requested")),
     doc("rounded", Error, "e.rounded", "the request rounded as the allocator rounds it", on_oom!(".rounded")),
     doc("segment", Error, "e.segment", "bytes of the segment a cache miss needed (\"Tried to allocate\")", on_oom!(".segment")),
@@ -130,7 +130,7 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("fraction", Error, "e.fraction", "the memory fraction in force (1.0 without a cap)", on_oom!(".fraction")),
     doc("free_pages", Error, "e.free_pages", "bytes in whole expandable-segment pages inside the pool's free blocks", on_oom!(".free_pages")),
     doc("page", Error, "e.page", "the expandable-segment page size free_pages counts in", on_oom!(".page")),
-    doc("fits_with_expandable", Error, "e.fits_with_expandable", "whether expandable_segments:True would have served it on this layout", on_oom!(".fits_with_expandable")),
+    doc("fits_with_expandable", Error, "e.fits_with_expandable", "whether it fits when tried under expandable_segments:True: the live blocks allocated again on a side allocator (same device memory and cap), then this request", on_oom!(".fits_with_expandable")),
     doc("contains", Error, "e.contains(text)", "string functions read the error as its text (message + why line)", on_oom!(".contains(\"why\")")),
     doc("starts_with", Error, "e.starts_with(text)", "as on its text", on_oom!(".starts_with(\"CUDA out of memory.\")")),
     doc("ends_with", Error, "e.ends_with(text)", "as on its text", on_oom!(".ends_with(\")\")")),
@@ -138,12 +138,93 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("len", Error, "e.len()", "characters of its text", on_oom!(".len()")),
     doc("split", Error, "e.split(separator)", "its text split, e.g. into sentences", on_oom!(".split(\". \")")),
     doc("sub_string", Error, "e.sub_string(start[, length])", "part of its text", on_oom!(".sub_string(0, 18)")),
-    doc("==", Error, "e == text, e != text", "compares its text", on_oom!(" == \"\"")),
-    doc("!=", Error, "e != text", "compares its text", on_oom!(" != \"\"")),
+    doc("==", Error, "e == text", "true when its text (message + why line) equals text", on_oom!(" == \"\"")),
+    doc("!=", Error, "e != text", "true when its text differs from text", on_oom!(" != \"\"")),
     doc("manual_seed", Function, "manual_seed(seed)", "restart every device's random generator at seed", "manual_seed(0)"),
     doc("synchronize", Function, "synchronize([device])", "wait until every kernel launched on the device has finished (creates its CUDA context; nothing is pending on sim)", "synchronize()"),
     doc("exit", Function, "exit([code])", "end the script (and gpumem run, or the REPL) with exit status code, 0 to 255 (default 0)", "if false { exit(3) }"),
 ];
+
+/// What `:help NAME` adds under a binding's one-line summary where one line cannot say it:
+/// what each field of a returned map means.
+pub const DETAILS: &[(&str, &str)] = &[
+    (
+        "device_memory",
+        "The driver's account (NVML on a GPU, the model on sim), in bytes:\n\
+         \x20 total_bytes, used_bytes, free_bytes  NVML's device figures (nvidia-smi's; its total also\n\
+         \x20                                      counts what the driver keeps for itself)\n\
+         \x20 used_v2_bytes           NVML's used without the driver's own reservation\n\
+         \x20 driver_reserved_bytes   what the driver keeps before any process runs\n\
+         \x20 process_bytes           this process as NVML lists it: its share of the CUDA context\n\
+         \x20                         plus the allocator's reserved bytes\n\
+         \x20 allocator_reserved_bytes  memory_reserved()\n\
+         \x20 context_bytes           process_bytes - allocator_reserved_bytes: the context's share NVML\n\
+         \x20                         lists under the process (520 MiB of the H200's 527 MiB context;\n\
+         \x20                         the rest is used under no process, and cudaMemGetInfo counts all\n\
+         \x20                         527 MiB: docs/memory-figures.md)\n\
+         \x20 other_processes_bytes   every other process\n\
+         \x20 method                  how process_bytes was found: nvml-pid, device-delta or sim-model",
+    ),
+    (
+        "measure",
+        "The map, in bytes unless said:\n\
+         \x20 peak_allocated, peak_reserved      the highest memory_allocated()/memory_reserved() inside the\n\
+         \x20                                    closure (the global peaks are left alone)\n\
+         \x20 allocated_before, allocated_after  memory_allocated() when the closure started and ended\n\
+         \x20 reserved_before, reserved_after    memory_reserved() likewise\n\
+         \x20 allocations                        blocks handed out inside (a count)\n\
+         \x20 device_allocations, device_frees   memory_stats()'s num_device_alloc/num_device_free inside (counts)\n\
+         \x20 result                             the closure's value",
+    ),
+    (
+        "fragmentation",
+        "Each pool's map (all, small, large):\n\
+         \x20 cached_free   bytes in free cached blocks\n\
+         \x20 largest_free  the largest of those blocks: the largest request the cache serves without a new segment\n\
+         \x20 free_blocks   how many free blocks there are\n\
+         \x20 releasable    the bytes empty_cache() would return now: free blocks that are a whole segment\n\
+         \x20               (or whole pages of an expandable segment)\n\
+         \x20 external      1 - largest_free / cached_free: how scattered the free bytes are (0 when they are one\n\
+         \x20               block or there are none, near 1 when they lie in many small blocks)\n\
+         Read external beside releasable: five wholly free 20 MiB segments read external 0.8, yet releasable\n\
+         equals cached_free and empty_cache() returns them whole, so that scatter is harmless. Scattered\n\
+         bytes that are not releasable are the ones a large request cannot use.",
+    ),
+];
+
+/// Fields of the maps bindings return that count bytes and are not named `..._bytes`:
+/// `measure()`'s and `fragmentation()`'s. The REPL prints such values readably beside the
+/// number ([`is_byte_field`]).
+pub const BYTE_FIELDS: [&str; 9] = [
+    "peak_allocated",
+    "peak_reserved",
+    "allocated_before",
+    "allocated_after",
+    "reserved_before",
+    "reserved_after",
+    "cached_free",
+    "largest_free",
+    "releasable",
+];
+
+/// Whether a map key names a byte count: one of [`BYTE_FIELDS`], a `..._bytes` key
+/// (`device_memory()`), a `..._bytes.` counter (`memory_stats()`), or a snapshot's `size` /
+/// `..._size`.
+pub fn is_byte_field(key: &str) -> bool {
+    BYTE_FIELDS.contains(&key)
+        || key.ends_with("_bytes")
+        || key.contains("_bytes.")
+        || key == "size"
+        || key.ends_with("_size")
+}
+
+/// The longer explanation of `name`, if it has one ([`DETAILS`]).
+pub fn details(name: &str) -> Option<&'static str> {
+    DETAILS
+        .iter()
+        .find(|(documented, _)| *documented == name)
+        .map(|(_, text)| *text)
+}
 
 /// The dtype names scripts may pass, for completion.
 pub const DTYPES: [&str; 8] = [
@@ -172,5 +253,20 @@ mod tests {
         }
         let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
         assert_eq!(names, DTYPES);
+        for (name, _) in DETAILS {
+            assert!(
+                find(name).is_some(),
+                "details for {name}, which is no binding"
+            );
+        }
+        // A test runs every example: one that wrote to a fixed folder would leave its file
+        // behind (the test moves relative paths into a scratch folder it removes).
+        for doc in BINDINGS {
+            assert!(
+                !doc.example.contains("\"/"),
+                "{}'s example writes to an absolute path",
+                doc.name
+            );
+        }
     }
 }

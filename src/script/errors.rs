@@ -104,6 +104,14 @@ impl ScriptError {
                  --max-call-depth)"
                     .to_string()
             }
+            EvalAltResult::ErrorFunctionNotFound(signature, _) => {
+                let call = call_text(source, position);
+                let own = origins.keys().map(String::as_str);
+                format!(
+                    "{error}{}",
+                    super::suggest::for_missing_function(signature, call, source, own)
+                )
+            }
             EvalAltResult::ErrorTooManyOperations(_) => {
                 "Too many operations: the script ran past its operation budget (raise it with \
                  --max-operations)"
@@ -171,6 +179,17 @@ impl ScriptError {
             is_parse: false,
         }
     }
+}
+
+/// The source from `position` to the end of its line (the call an error points at), or "".
+fn call_text(source: &str, position: Position) -> &str {
+    let (Some(line), Some(column)) = (position.line(), position.position()) else {
+        return "";
+    };
+    let text = source.split('\n').nth(line - 1).unwrap_or("");
+    text.char_indices()
+        .nth(column - 1)
+        .map_or("", |(start, _)| &text[start..])
 }
 
 /// `name:line:column`, or just `name` when the position is unknown.

@@ -18,6 +18,7 @@ pub mod sandbox;
 pub mod snapshot_api;
 pub mod stack;
 pub mod stdlib;
+pub mod suggest;
 pub mod tensor_api;
 pub mod values_api;
 pub mod viz_api;
@@ -55,9 +56,12 @@ impl PrintSink {
     pub fn line(&self, text: &str) {
         match self {
             // A closed pipe (`gpumem run x.rhai | head`) is not the script's error: drop output.
-            PrintSink::Stdout => {
-                let _ = writeln!(std::io::stdout().lock(), "{text}");
-            }
+            // Printed above any progress bar on screen, never under a stale copy of it.
+            PrintSink::Stdout => progress_api::above_bars(|| {
+                let mut stdout = std::io::stdout().lock();
+                let _ = writeln!(stdout, "{text}");
+                let _ = stdout.flush();
+            }),
             PrintSink::Buffer(buffer) => {
                 let mut buffer = buffer.borrow_mut();
                 buffer.push_str(text);
@@ -119,6 +123,8 @@ pub struct Host {
     map_settings: viz_api::MapSettings,
     /// The Ctrl-C flag the engine polls, once [`Host::set_interrupt`] gave one.
     interrupt: Rc<RefCell<Option<Arc<AtomicBool>>>>,
+    /// Where scripts may read and write files.
+    paths: sandbox::SharedPolicy,
 }
 
 impl Host {
@@ -141,7 +147,9 @@ impl Host {
             sink.line(&format!("[debug {position}] {text}"))
         });
         let map_settings = viz_api::MapSettings::default();
-        bindings::register(&mut engine, &devices, &map_settings);
+        let paths: sandbox::SharedPolicy =
+            Rc::new(RefCell::new(sandbox::PathPolicy::current_directory()));
+        bindings::register(&mut engine, &devices, &map_settings, &paths);
         control::register(&mut engine);
         // Polled before every operation: the stack guard first, then Ctrl-C.
         let interrupt: Rc<RefCell<Option<Arc<AtomicBool>>>> = Rc::default();
@@ -161,7 +169,15 @@ impl Host {
             devices,
             map_settings,
             interrupt,
+            paths,
         }
+    }
+
+    /// Sets where scripts may read and write files (`dump_snapshot`, `replay`). A new host
+    /// allows the current directory only; the CLI adds the script's own directory and every
+    /// `--allow-path`.
+    pub fn set_path_policy(&self, policy: sandbox::PathPolicy) {
+        *self.paths.borrow_mut() = policy;
     }
 
     /// Sets how `memory_map()` draws without a width argument: the terminal's width and

@@ -10,7 +10,9 @@
 //! The check is made on the path as written (so nothing outside is touched to judge it) and
 //! again on the path with every symbolic link resolved (so a link inside cannot lead out).
 
+use std::cell::RefCell;
 use std::path::{Component, Path, PathBuf};
+use std::rc::Rc;
 
 use thiserror::Error;
 
@@ -42,6 +44,10 @@ pub enum SandboxError {
         reason: String,
     },
 }
+
+/// The policy a host's bindings consult, shared so the host can change it after the engine is
+/// built ([`super::Host::set_path_policy`]).
+pub type SharedPolicy = Rc<RefCell<PathPolicy>>;
 
 /// The directories a script may read and write beneath.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +100,15 @@ impl PathPolicy {
             }
         }
         PathPolicy { base, roots }
+    }
+
+    /// The policy of a host nobody configured: the current directory only (nothing at all if
+    /// the current directory cannot be read).
+    pub fn current_directory() -> PathPolicy {
+        PathPolicy::for_script(None, &[]).unwrap_or_else(|_| PathPolicy {
+            base: PathBuf::from("/"),
+            roots: Vec::new(),
+        })
     }
 
     /// A policy that allows everything (library callers that are their own users).

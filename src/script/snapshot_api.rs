@@ -4,13 +4,13 @@
 //! `replay(path, conf)` (the `gpumem replay` report as a map). As in PyTorch, history is
 //! recorded on every device and a snapshot holds every device's segments and trace.
 
-use std::path::Path;
 use std::rc::Rc;
 
 use rhai::{Dynamic, Engine, ImmutableString};
 
 use super::args::{fail, flag, integer, non_negative, BindingResult};
 use super::history;
+use super::sandbox::{PathPolicy, SharedPolicy};
 use crate::alloc::AllocConf;
 use crate::snapshot::model::{Segment, TraceEvent};
 use crate::snapshot::replay::{replay, ReplayOptions};
@@ -75,8 +75,13 @@ fn record_history(
     Ok(())
 }
 
-/// `replay(path, conf)`: the report's JSON form as a map (`conf` "" = the recorded config).
-fn replay_map(path: &str, conf: &str) -> BindingResult<Dynamic> {
+/// `replay(path, conf)`: the report's JSON form as a map (`conf` "" = the recorded config). The
+/// file must lie where `policy` lets scripts read.
+fn replay_map(policy: &PathPolicy, path: &str, conf: &str) -> BindingResult<Dynamic> {
+    let file = match policy.readable(path) {
+        Ok(file) => file,
+        Err(refused) => return fail("replay", refused),
+    };
     let conf = if conf.is_empty() {
         None
     } else {
@@ -94,14 +99,14 @@ fn replay_map(path: &str, conf: &str) -> BindingResult<Dynamic> {
         conf,
         ..ReplayOptions::default()
     };
-    match replay(Path::new(path), &options, &mut |_, _| {}) {
+    match replay(&file, &options, &mut |_, _| {}) {
         Ok(report) => rhai::serde::to_dynamic(report.to_json()),
-        Err(error) => fail("replay", format!("{path}: {error}")),
+        Err(error) => fail("replay", error.naming(&file)),
     }
 }
 
 /// Registers the snapshot functions.
-pub fn register(engine: &mut Engine, devices: &Rc<Devices>) {
+pub fn register(engine: &mut Engine, devices: &Rc<Devices>, paths: &SharedPolicy) {
     let on = Rc::clone(devices);
     // The snapshot types derive Serialize with PyTorch's key names, so Rhai's serde support
     // turns them into maps directly.
@@ -109,11 +114,15 @@ pub fn register(engine: &mut Engine, devices: &Rc<Devices>) {
         rhai::serde::to_dynamic(snapshot(&on).segments)
     });
     let on = Rc::clone(devices);
+    let policy = Rc::clone(paths);
     engine.register_fn(
         "dump_snapshot",
         move |path: ImmutableString| -> BindingResult<()> {
-            pickle::dump(Path::new(path.as_str()), &snapshot(&on))
-                .or_else(|error| fail("dump_snapshot", error))
+            let path = match policy.borrow().writable(&path) {
+                Ok(path) => path,
+                Err(refused) => return fail("dump_snapshot", refused),
+            };
+            pickle::dump(&path, &snapshot(&on)).or_else(|error| fail("dump_snapshot", error))
         },
     );
     let on = Rc::clone(devices);
@@ -133,14 +142,18 @@ pub fn register(engine: &mut Engine, devices: &Rc<Devices>) {
         let entries = on.current().allocator().trace().entries();
         rhai::serde::to_dynamic(history::events(&entries))
     });
+    let policy = Rc::clone(paths);
     engine.register_fn(
         "replay",
-        |path: ImmutableString, conf: ImmutableString| -> BindingResult<Dynamic> {
-            replay_map(&path, &conf)
+        move |path: ImmutableString, conf: ImmutableString| -> BindingResult<Dynamic> {
+            replay_map(&policy.borrow(), &path, &conf)
         },
     );
+    let policy = Rc::clone(paths);
     engine.register_fn(
         "replay",
-        |path: ImmutableString| -> BindingResult<Dynamic> { replay_map(&path, "") },
+        move |path: ImmutableString| -> BindingResult<Dynamic> {
+            replay_map(&policy.borrow(), &path, "")
+        },
     );
 }

@@ -84,7 +84,11 @@ pub fn register(engine: &mut Engine, devices: &Rc<Devices>) {
         // Rhai tries the string overload first; any other dtype argument lands here.
         engine.register_fn(
             name,
-            move |_: Dynamic, dtype: Dynamic| -> BindingResult<Tensor> {
+            move |shape: Dynamic, dtype: Dynamic| -> BindingResult<Tensor> {
+                // `randn(10, 10)`: two sizes where the shape array belongs.
+                if let (Ok(first), Ok(second)) = (shape.as_int(), dtype.as_int()) {
+                    return fail(name, super::suggest::shape_as_array(name, &[first, second]));
+                }
                 not_a_dtype(name, &dtype)
             },
         );

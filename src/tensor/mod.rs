@@ -624,12 +624,11 @@ impl Tensor {
     }
 }
 
-/// How many leading values a tensor's display shows.
-const DISPLAY_VALUES: usize = 4;
-
 impl fmt::Display for Tensor {
-    /// `tensor(shape=[2, 3], dtype=float32, device=cuda:0, 24 bytes, [0.1234, -1.2345, ...])`;
-    /// the values appear only where the device can read them (never for `empty` tensors).
+    /// `tensor(shape=[2, 3], dtype=float32, device=cuda:0, 24 bytes, [0.1234, -1.2345, ...])`:
+    /// every value of a small tensor, the first and last three of a large one
+    /// ([`ops::ShownValues`]); the values appear only where the device can read them (never for
+    /// `empty` tensors).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -639,14 +638,20 @@ impl fmt::Display for Tensor {
             self.device(),
             format_size(self.nbytes())
         )?;
-        if let Some(values) = self.leading_values(DISPLAY_VALUES) {
-            let mut parts: Vec<String> = values
+        let text = |values: &[f64]| -> Vec<String> {
+            values
                 .iter()
                 .map(|&value| ops::format_value(self.dtype, value))
-                .collect();
-            if self.numel() > values.len() {
-                parts.push("...".into());
+                .collect()
+        };
+        let parts = match self.shown_values() {
+            Some(ops::ShownValues::All(values)) => Some(text(&values)),
+            Some(ops::ShownValues::Ends(head, tail)) => {
+                Some([text(&head), vec!["...".into()], text(&tail)].concat())
             }
+            None => None,
+        };
+        if let Some(parts) = parts {
             write!(f, ", [{}]", parts.join(", "))?;
         }
         f.write_str(")")

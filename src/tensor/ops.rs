@@ -4,7 +4,7 @@
 
 use std::rc::Rc;
 
-use super::backend::{BinaryOp, Operand, Reduction};
+use super::backend::{BinaryOp, Operand, Reduction, Span};
 use super::{Contents, DType, Runtime, Tensor, TensorError};
 
 /// The most elements `to_array()` copies to the host (4 MB of float32): larger reads are
@@ -29,7 +29,47 @@ pub fn format_value(dtype: DType, value: f64) -> String {
     }
 }
 
+/// A tensor of at most this many elements shows every value in its display.
+pub const DISPLAY_ALL_UP_TO: usize = 10;
+/// A larger tensor shows this many values at each end (PyTorch's print option `edgeitems`,
+/// 3 by default), with `...` between.
+pub const DISPLAY_EDGE_ITEMS: usize = 3;
+
+/// The values a tensor's display shows: every value of a small tensor, or the first and the
+/// last [`DISPLAY_EDGE_ITEMS`] of a larger one.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ShownValues {
+    /// Every value.
+    All(Vec<f64>),
+    /// The first and the last few.
+    Ends(Vec<f64>, Vec<f64>),
+}
+
 impl Tensor {
+    /// What the display shows of the values ([`ShownValues`]), when the device can read them.
+    pub fn shown_values(&self) -> Option<ShownValues> {
+        let numel = self.numel();
+        if numel <= DISPLAY_ALL_UP_TO {
+            return self.leading_values(numel).map(ShownValues::All);
+        }
+        let head = self.leading_values(DISPLAY_EDGE_ITEMS)?;
+        let skipped = numel - DISPLAY_EDGE_ITEMS;
+        let full = self.span();
+        // Views are contiguous, so the last elements are one span at the end of this one.
+        let tail = Span {
+            ptr: full.ptr + (skipped * self.dtype().size()) as u64,
+            numel: DISPLAY_EDGE_ITEMS,
+            first: full.first + skipped as u64,
+            ..full
+        };
+        let tail = self
+            .runtime()
+            .backend()
+            .read(&tail, DISPLAY_EDGE_ITEMS)
+            .ok()?;
+        Some(ShownValues::Ends(head, tail))
+    }
+
     /// The first `count` values, when the device can read them; `None` for `empty` tensors,
     /// zero-element tensors, and on sim for values it cannot compute.
     pub fn leading_values(&self, count: usize) -> Option<Vec<f64>> {

@@ -39,15 +39,26 @@ const browser = spawn(
     "about:blank",
   ],
   // Chromium reads protocol messages from fd 3 and writes them to fd 4, each ended by NUL.
-  { stdio: ["ignore", "ignore", "pipe", "pipe", "pipe"] }
+  // Its own temporary files (the singleton socket folder) go into the profile too, so that
+  // removing the profile leaves nothing in the system's temporary folder.
+  { stdio: ["ignore", "ignore", "pipe", "pipe", "pipe"], env: { ...process.env, TMPDIR: profile } }
 );
 
 function finish(code, result) {
   browser.removeAllListeners("exit");
-  try { browser.kill("SIGKILL"); } catch {}
-  try { fs.rmSync(profile, { recursive: true, force: true }); } catch {}
   if (result) console.log(JSON.stringify(result));
-  process.exit(code);
+  // The profile goes once the browser is gone: removing it earlier races with its last writes.
+  let done = false;
+  const cleanUp = () => {
+    if (done) return;
+    done = true;
+    try { fs.rmSync(profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 }); } catch {}
+    process.exit(code);
+  };
+  if (browser.exitCode !== null || browser.signalCode !== null) return cleanUp();
+  browser.once("exit", cleanUp);
+  setTimeout(cleanUp, 5000);
+  try { browser.kill("SIGKILL"); } catch { cleanUp(); }
 }
 const deadline = setTimeout(() => {
   console.error("check_report: timed out");

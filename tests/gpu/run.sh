@@ -251,7 +251,31 @@ fragmentation_expandable() {
     [ $rc -eq 0 ] && ! grep -q '^FAIL' <<<"$out"
 }
 
+# Issue 20 item 7: the context model on the H200. The walkthrough prints the one context as NVML
+# splits it (this process, no process) and as cudaMemGetInfo counts it; the model says the two
+# totals agree (sim: 527 MiB both) and the split is about 520 + 7 MiB. Both totals must be
+# within 5% of each other and of 527 MiB.
+context_figures() {
+    local out line
+    out=$("$GPUMEM" --device cuda:0 run "$REPO/scripts/walkthrough.rhai" 2>&1) || { echo "$out"; return 1; }
+    line=$(grep -m1 'the CUDA context: NVML counts' <<<"$out")
+    echo "$line"
+    LINE=$line python3 - <<'PY'
+import os, re, sys
+line = os.environ["LINE"]
+units = {"bytes": 1 / 2**20, "KiB": 1 / 1024, "MiB": 1, "GiB": 1024}
+sizes = [float(n) * units[u] for n, u in re.findall(r"([0-9.]+) (bytes|KiB|MiB|GiB)", line)]
+if len(sizes) != 4:
+    sys.exit(f"expected 4 sizes in: {line}")
+process, none, nvml_total, cuda_total = sizes
+print(f"NVML: {process:.1f} + {none:.1f} = {nvml_total:.1f} MiB; cudaMemGetInfo: {cuda_total:.1f} MiB; model: 520 + 7 = 527 MiB")
+ok = abs(nvml_total - cuda_total) <= 0.05 * cuda_total and abs(cuda_total - 527) <= 0.05 * 527
+sys.exit(0 if ok else 1)
+PY
+}
+
 check walkthrough-cuda walkthrough cuda:0
+check context-figures-cuda context_figures
 check expandable-cycles expandable_cycles
 check walkthrough-cuda-equals-sim walkthrough_same_on_sim
 check values-cuda script_ok cuda:0 values.rhai

@@ -79,7 +79,7 @@ if device.startswith("cuda"):
               f" = driver reserved {mib(dm['driver_reserved_bytes'])}"
               f" + this process {mib(dm['process_bytes'])}"
               f" + other processes {mib(dm['other_processes_bytes'])}")
-        print(f"  this process {mib(dm['process_bytes'])} = context and modules {mib(dm['context_bytes'])}"
+        print(f"  this process {mib(dm['process_bytes'])} = its share of the CUDA context (and modules) {mib(dm['context_bytes'])}"
               f" + allocator reserved {mib(dm['allocator_reserved_bytes'])}")
         torch_process = fixture["steps"][0]["nvml_process_used_bytes"]
         ratio = int(dm["process_bytes"]) / torch_process

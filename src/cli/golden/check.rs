@@ -5,6 +5,8 @@
 //! with an uncaught runtime error — the rendered error as its last lines. A script that is meant
 //! to end in an error (an uncaught OOM, a rejected `//! alloc-conf:`) therefore pins that error
 //! in its `.out` like any other output and passes when the error is exactly the expected one.
+//! Blessing such an output takes `--bless-errors`: a plain `--bless` refuses it and names the
+//! error, so a typo (`prnt(x)`) never becomes a passing test.
 //! A script that does not compile, cannot be read or has a bad directive is never a valid test:
 //! it always fails and is never blessed.
 
@@ -34,12 +36,19 @@ pub struct Options {
     /// or the defaults. The `PYTORCH_CUDA_ALLOC_CONF` variable is deliberately not read, so
     /// golden results do not depend on the caller's environment.
     pub config: ConfigSource,
-    /// Write `.out` files instead of failing on a difference.
+    /// Write `.out` files instead of failing on a difference, except for output that ends in
+    /// an error (see [`Options::bless_errors`]).
     pub bless: bool,
+    /// Write `.out` files also for scripts that stop with an error (an expected OOM, a
+    /// rejected config): `--bless-errors`. Implies [`Options::bless`].
+    pub bless_errors: bool,
     /// The engine's sandbox limits (`--max-operations`, ...). Without `--max-operations` a
     /// script gets [`GOLDEN_MAX_OPERATIONS`]: a golden test must finish, so a runaway loop fails
     /// the script instead of hanging the suite (`--max-operations 0` lifts the limit).
     pub limits: Limits,
+    /// `--allow-path` directories: where scripts may read and write besides their own
+    /// directory and the current one.
+    pub allow_paths: Vec<std::path::PathBuf>,
 }
 
 /// The operation budget of a golden script when none is given: 100 million operations, a
@@ -137,6 +146,13 @@ pub enum Failure {
         /// What the script printed (with its error, if it stopped with one).
         actual: String,
     },
+    /// `--bless` was asked to write output that ends in an error; it takes `--bless-errors`.
+    ErrorNotBlessed {
+        /// The `.out` file left as it was.
+        expected_path: PathBuf,
+        /// The rendered error the script stopped with.
+        error: String,
+    },
     /// The script could not be run to a comparable result: unreadable, a syntax error, a bad
     /// directive, an unwritable `.out` when blessing, or a crash inside gpumem.
     Unrunnable {
@@ -154,11 +170,28 @@ pub struct ScriptResult {
     pub verdict: Verdict,
 }
 
-/// What running a script produced, before comparison.
+/// What running a script produced, before comparison: its printed text and, when it did not
+/// run to its end, how it stopped (an error, or `exit(code)` with a non-zero code).
 enum Execution {
-    Output { text: String, error: Option<String> },
+    Output { text: String, stop: Option<Stop> },
     Skipped(String),
     Unrunnable(String),
+}
+
+/// How a script stopped before its end, as its output shows it.
+enum Stop {
+    /// An uncaught error (or a config the allocator rejected): the rendered error.
+    Error(String),
+    /// `exit(code)` with a non-zero code: `name: exit(code)`.
+    Exit(String),
+}
+
+impl Stop {
+    fn text(&self) -> &str {
+        match self {
+            Stop::Error(text) | Stop::Exit(text) => text,
+        }
+    }
 }
 
 /// Runs `script` on a fresh session and compares (or blesses) its output.
@@ -171,13 +204,13 @@ pub fn check_script(script: &Path, options: &Options) -> ScriptResult {
     let verdict = match execution {
         Execution::Skipped(reason) => Verdict::Skipped { reason },
         Execution::Unrunnable(reason) => Verdict::Failed(Failure::Unrunnable { reason }),
-        Execution::Output { text, error } => {
+        Execution::Output { text, stop } => {
             let mut actual = text;
-            if let Some(error) = &error {
-                actual.push_str(error);
+            if let Some(stop) = &stop {
+                actual.push_str(stop.text());
                 actual.push('\n');
             }
-            compare(script, actual, error, options.bless)
+            compare(script, actual, stop, options)
         }
     };
     ScriptResult {
@@ -221,7 +254,7 @@ fn execute(script: &Path, options: &Options) -> Execution {
         Err(error) => {
             return Execution::Output {
                 text: String::new(),
-                error: Some(format!("{name}: error: {error}")),
+                stop: Some(Stop::Error(format!("{name}: error: {error}"))),
             }
         }
     };
@@ -231,14 +264,18 @@ fn execute(script: &Path, options: &Options) -> Execution {
         PrintSink::Buffer(Rc::clone(&buffer)),
         options.engine_limits(),
     );
+    match gpumem::script::sandbox::PathPolicy::for_script(Some(script), &options.allow_paths) {
+        Ok(policy) => host.set_path_policy(policy),
+        Err(error) => return Execution::Unrunnable(error.to_string()),
+    }
     let result = host.run_source(&name, &source);
     drop(host);
     let text = buffer.take();
     match result {
-        Ok(()) | Err(ScriptError::Exit(0)) => Execution::Output { text, error: None },
+        Ok(()) | Err(ScriptError::Exit(0)) => Execution::Output { text, stop: None },
         Err(ScriptError::Exit(code)) => Execution::Output {
             text,
-            error: Some(format!("{name}: exit({code})")),
+            stop: Some(Stop::Exit(format!("{name}: exit({code})"))),
         },
         Err(ScriptError::Script {
             rendered,
@@ -246,13 +283,13 @@ fn execute(script: &Path, options: &Options) -> Execution {
             ..
         }) => Execution::Output {
             text,
-            error: Some(rendered),
+            stop: Some(Stop::Error(rendered)),
         },
         Err(error) => Execution::Unrunnable(error.to_string()),
     }
 }
 
-fn compare(script: &Path, actual: String, error: Option<String>, bless: bool) -> Verdict {
+fn compare(script: &Path, actual: String, stop: Option<Stop>, options: &Options) -> Verdict {
     let expected_path = expected_path(script);
     let expected = match std::fs::read_to_string(&expected_path) {
         Ok(text) => Some(text.replace("\r\n", "\n")),
@@ -266,7 +303,13 @@ fn compare(script: &Path, actual: String, error: Option<String>, bless: bool) ->
     if expected.as_deref() == Some(actual.as_str()) {
         return Verdict::Passed;
     }
-    if bless {
+    if let (Some(Stop::Error(error)), true, false) = (&stop, options.bless, options.bless_errors) {
+        return Verdict::Failed(Failure::ErrorNotBlessed {
+            expected_path,
+            error: error.clone(),
+        });
+    }
+    if options.bless || options.bless_errors {
         return match std::fs::write(&expected_path, &actual) {
             Ok(()) => Verdict::Blessed {
                 expected: expected_path,
@@ -282,7 +325,7 @@ fn compare(script: &Path, actual: String, error: Option<String>, bless: bool) ->
             expected_path,
             expected,
             actual,
-            error,
+            error: stop.map(|stop| stop.text().to_string()),
         },
         None => Failure::MissingExpected {
             expected_path,
@@ -295,12 +338,27 @@ fn compare(script: &Path, actual: String, error: Option<String>, bless: bool) ->
 mod tests {
     use super::*;
 
-    /// A scratch folder for one test.
-    fn scratch(name: &str) -> PathBuf {
+    /// A scratch folder for one test, removed when the test is done with it.
+    struct Scratch(PathBuf);
+
+    impl std::ops::Deref for Scratch {
+        type Target = PathBuf;
+        fn deref(&self) -> &PathBuf {
+            &self.0
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn scratch(name: &str) -> Scratch {
         let dir = std::env::temp_dir().join(format!("gpumem-check-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("mkdir");
-        dir
+        Scratch(dir)
     }
 
     fn sim() -> Options {
@@ -440,6 +498,33 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert_eq!(check_script(&script, &sim()).verdict, Verdict::Passed);
+    }
+
+    #[test]
+    fn output_ending_in_an_error_is_blessed_only_with_bless_errors() {
+        let dir = scratch("bless-errors");
+        let script = write(&dir, "typo.rhai", "print(1);\nprnt(2);\n");
+        let bless = Options {
+            bless: true,
+            ..sim()
+        };
+        match check_script(&script, &bless).verdict {
+            Verdict::Failed(Failure::ErrorNotBlessed { error, .. }) => {
+                assert!(error.contains("Function not found: prnt"), "{error}")
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(!dir.join("typo.out").exists());
+        let on_purpose = Options {
+            bless_errors: true,
+            ..sim()
+        };
+        assert!(matches!(
+            check_script(&script, &on_purpose).verdict,
+            Verdict::Blessed { created: true, .. }
+        ));
+        // Once pinned, the error is the expected output and a plain --bless passes it.
+        assert_eq!(check_script(&script, &bless).verdict, Verdict::Passed);
     }
 
     #[test]

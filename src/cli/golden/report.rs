@@ -130,6 +130,15 @@ pub fn failure_details(result: &ScriptResult, failure: &Failure, color: bool) ->
             }
             out
         }
+        Failure::ErrorNotBlessed {
+            expected_path,
+            error,
+        } => format!(
+            "not blessed: the script stopped with an error, and {} was left as it was:\n{}\
+             if the error is what the test expects, bless it on purpose: gpumem test --bless-errors {script}\n",
+            expected_path.display(),
+            indented(error)
+        ),
         Failure::Unrunnable { reason } => format!("{reason}\n"),
     }
 }

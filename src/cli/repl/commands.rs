@@ -9,7 +9,7 @@ use rhai::{Array, Dynamic, Map, Scope};
 use gpumem::alloc::format::format_size;
 use gpumem::alloc::summary::memory_summary;
 use gpumem::script::docs::{Kind, BINDINGS};
-use gpumem::script::stdlib::MODULES;
+use gpumem::script::stdlib::{module_docs, MODULES};
 use gpumem::tensor::{Devices, Runtime, Tensor};
 
 /// A `:` command's documentation.
@@ -27,7 +27,7 @@ pub const COMMANDS: &[Command] = &[
     Command {
         name: ":help",
         args: "[NAME]",
-        summary: "this list, or one binding's description",
+        summary: "this list, or the description of one binding, command, module or module function",
     },
     Command {
         name: ":vars",
@@ -38,7 +38,7 @@ pub const COMMANDS: &[Command] = &[
     Command {
         name: ":mem",
         args: "",
-        summary: "allocated, reserved, and cudaMemGetInfo's used (total − free) of each device in use; creates no context",
+        summary: "allocated, reserved, and cudaMemGetInfo's used (total − free) of each device in use, with the part outside the allocator (the CUDA context); creates no context",
     },
     Command {
         name: ":summary",
@@ -95,30 +95,83 @@ pub fn help() -> String {
     );
     for (name, summary, _) in MODULES {
         let _ = writeln!(text, "  {:<34} {summary}", format!("{name}::"));
+        for function in module_docs(name) {
+            let call = format!("{name}::{}", function.signature);
+            let _ = writeln!(text, "    {call:<32} {}", first_sentence(&function.doc));
+        }
     }
     text.push_str(
-        "Ctrl-C stops a running script; variables stay. A blank line ends an unfinished block.",
+        "Ctrl-C stops a running script; variables stay. An unfinished input continues at the \
+         `...>` prompt; a blank line there gives it up.",
     );
     text
 }
 
-/// `:help NAME`: one binding or command.
+/// The first sentence of a doc comment, as a one-line summary.
+fn first_sentence(doc: &str) -> &str {
+    doc.split_once(". ").map_or(doc, |(first, _)| first)
+}
+
+/// `:help MODULE` or `:help MODULE::FUNCTION`: a module's functions, or one function (every
+/// overload) with its whole doc comment.
+fn module_help(name: &str) -> Option<String> {
+    let (module, function) = name.split_once("::").unwrap_or((name, ""));
+    let (_, summary, _) = MODULES.iter().find(|(known, _, _)| *known == module)?;
+    let functions = module_docs(module);
+    if function.is_empty() {
+        let mut text =
+            format!("{module}:: — {summary} (`import \"{module}\" as {module};` in files)");
+        for function in &functions {
+            let _ = write!(
+                text,
+                "\n  {module}::{:<30} {}",
+                function.signature,
+                first_sentence(&function.doc)
+            );
+        }
+        return Some(text);
+    }
+    let overloads: Vec<String> = functions
+        .iter()
+        .filter(|documented| documented.name == function)
+        .map(|documented| format!("{module}::{}\n  {}", documented.signature, documented.doc))
+        .collect();
+    (!overloads.is_empty()).then(|| overloads.join("\n"))
+}
+
+/// `:help NAME`: every binding, command, module or module function of that name (`:help mem`
+/// shows the `:mem` command and the `mem` module).
 pub fn help_for(name: &str) -> Result<String, String> {
+    let mut found: Vec<String> = Vec::new();
     let bare = name.trim_start_matches('.');
     if let Some(doc) = BINDINGS.iter().find(|doc| doc.name == bare) {
-        return Ok(format!(
+        let mut text = format!(
             "{}\n  {}\n  example: {}",
             doc.signature, doc.summary, doc.example
-        ));
+        );
+        if let Some(details) = gpumem::script::docs::details(doc.name) {
+            for line in details.lines() {
+                let _ = write!(text, "\n  {line}");
+            }
+        }
+        found.push(text);
     }
     let command = format!(":{}", name.trim_start_matches(':'));
-    if let Some(found) = COMMANDS.iter().find(|c| c.name == command) {
-        return Ok(format!(
+    if let Some(command) = COMMANDS.iter().find(|c| c.name == command) {
+        found.push(format!(
             "{} {}\n  {}",
-            found.name, found.args, found.summary
+            command.name, command.args, command.summary
         ));
     }
-    Err(format!(":help: no binding or command named '{name}'"))
+    if let Some(text) = module_help(name.trim_end_matches("::")) {
+        found.push(text);
+    }
+    if found.is_empty() {
+        return Err(format!(
+            ":help: no binding, command or module function named '{name}'"
+        ));
+    }
+    Ok(found.join("\n"))
 }
 
 /// `:vars`: every tensor reachable from a variable (directly, or inside arrays and maps at any
@@ -215,26 +268,32 @@ pub fn mem(devices: &Devices) -> String {
     lines.join("\n")
 }
 
-/// One device's `:mem` figures.
+/// One device's `:mem` figures, with the part of cudaMemGetInfo's used that is outside the
+/// allocator: the CUDA context (docs/memory-figures.md) and any other process.
 fn device_line(runtime: &Runtime) -> String {
+    let allocator = runtime.allocator();
+    let stats = allocator.stats();
+    let reserved = stats.reserved_bytes.all.current.max(0) as u64;
     let driver = if runtime.has_context() {
         match runtime.mem_get_info() {
-            Ok((free, total)) => format!(
-                "cudaMemGetInfo used {} of {}",
-                format_size(total.saturating_sub(free)),
-                format_size(total)
-            ),
+            Ok((free, total)) => {
+                let used = total.saturating_sub(free);
+                format!(
+                    "cudaMemGetInfo used {} of {} = reserved + {} outside the allocator (the CUDA context, and any other process)",
+                    format_size(used),
+                    format_size(total),
+                    format_size(used.saturating_sub(reserved))
+                )
+            }
             Err(error) => format!("cudaMemGetInfo used unavailable ({error})"),
         }
     } else {
         "no CUDA context yet".to_string()
     };
-    let allocator = runtime.allocator();
-    let stats = allocator.stats();
     format!(
         "allocated {}, reserved {}, {driver}",
         format_size(stats.allocated_bytes.all.current.max(0) as u64),
-        format_size(stats.reserved_bytes.all.current.max(0) as u64),
+        format_size(reserved),
     )
 }
 
@@ -356,5 +415,71 @@ mod tests {
         assert!(help_for("randn").is_ok_and(|t| t.contains("randn(shape[, dtype])")));
         assert!(help_for("vars").is_ok_and(|t| t.contains(":vars")));
         assert!(help_for("nope").is_err_and(|t| t.contains("'nope'")));
+    }
+
+    #[test]
+    fn every_module_function_has_help() {
+        let text = help();
+        for (module, _, _) in MODULES {
+            let functions = gpumem::script::stdlib::module_docs(module);
+            for function in &functions {
+                let name = format!("{module}::{}", function.name);
+                let shown = help_for(&name).unwrap_or_else(|error| panic!("{error}"));
+                assert!(
+                    shown.contains(&format!("{module}::{}", function.signature)),
+                    "{shown}"
+                );
+                assert!(shown.contains(&function.doc), "{shown}");
+                assert!(
+                    text.contains(&format!("{module}::{}", function.signature)),
+                    "{name} not in :help"
+                );
+            }
+            let listing = help_for(module).expect("a module has help");
+            for function in &functions {
+                assert!(listing.contains(function.signature), "{listing}");
+            }
+        }
+    }
+
+    #[test]
+    fn no_form_is_listed_twice() {
+        // The forms a signature lists: its parts separated by ", " outside brackets.
+        let forms = |signature: &'static str| {
+            let mut forms = Vec::new();
+            let (mut depth, mut start) = (0i32, 0);
+            for (index, c) in signature.char_indices() {
+                match c {
+                    '(' | '[' => depth += 1,
+                    ')' | ']' => depth -= 1,
+                    ',' if depth == 0 => {
+                        forms.push(signature[start..index].trim());
+                        start = index + 1;
+                    }
+                    _ => {}
+                }
+            }
+            forms.push(signature[start..].trim());
+            forms
+        };
+        let mut seen = std::collections::BTreeMap::new();
+        for doc in BINDINGS {
+            for form in forms(doc.signature) {
+                if let Some(other) = seen.insert(form, doc.name) {
+                    panic!("`{form}` is listed under both {other} and {}", doc.name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn help_says_what_external_and_releasable_mean() {
+        let text = help_for("fragmentation").expect("documented");
+        // External fragmentation can be high for a cache empty_cache() returns whole: the two
+        // figures are explained side by side.
+        assert!(text.contains("releasable"), "{text}");
+        assert!(text.contains("empty_cache() would return"), "{text}");
+        assert!(text.contains("1 - largest_free / cached_free"), "{text}");
+        assert!(text.contains("harmless"), "{text}");
     }
 }

@@ -1,20 +1,19 @@
 //! The rustyline helper: tab completion (bindings, variables, dtypes, stdlib modules, `:`
-//! commands, file names after `:load`), hints, syntax highlighting, and multi-line input
-//! through a validator that asks Rhai's parser whether the input is unfinished.
+//! commands, file names after `:load`), hints and syntax highlighting. Multi-line input is the
+//! REPL loop's: it reads an unfinished input's next line at a continuation prompt
+//! ([`super::CONTINUATION_PROMPT`]).
 
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use rhai::Engine;
 use rustyline::completion::{Completer, FilenameCompleter, Pair};
 use rustyline::highlight::{CmdKind, Highlighter};
 use rustyline::hint::{Hint, Hinter};
-use rustyline::validate::{ValidationContext, ValidationResult, Validator};
+use rustyline::validate::Validator;
 use rustyline::{Context, Helper};
 
 use super::commands::COMMANDS;
-use super::continuation::needs_more;
 use crate::cli::paint::{paint, Style};
 use gpumem::script::docs::{self, Kind, BINDINGS, DTYPES};
 use gpumem::script::stdlib::MODULES;
@@ -29,8 +28,6 @@ const KEYWORDS: [&str; 20] = [
 pub struct ReplHelper {
     /// Names of the variables alive in the REPL's scope, refreshed after every line.
     variables: Rc<RefCell<Vec<String>>>,
-    /// A bare engine used only to parse (multi-line detection).
-    parser: Engine,
     files: FilenameCompleter,
     color: bool,
 }
@@ -40,7 +37,6 @@ impl ReplHelper {
     pub fn new(variables: Rc<RefCell<Vec<String>>>, color: bool) -> ReplHelper {
         ReplHelper {
             variables,
-            parser: Engine::new_raw(),
             files: FilenameCompleter::new(),
             color,
         }
@@ -54,11 +50,17 @@ impl Helper for ReplHelper {}
 pub fn candidates(line: &str, pos: usize, variables: &[String]) -> (usize, Vec<String>) {
     let before = &line[..pos];
     if before.starts_with(':') && !before.contains(char::is_whitespace) {
+        // A command that takes an argument completes with the space the argument needs.
         let words = COMMANDS
             .iter()
-            .map(|command| command.name)
-            .filter(|name| name.starts_with(before))
-            .map(String::from)
+            .filter(|command| command.name.starts_with(before))
+            .map(|command| {
+                if command.args.is_empty() {
+                    command.name.to_string()
+                } else {
+                    format!("{} ", command.name)
+                }
+            })
             .collect();
         return (0, words);
     }
@@ -115,17 +117,10 @@ pub fn candidates(line: &str, pos: usize, variables: &[String]) -> (usize, Vec<S
 
 /// The functions an embedded module defines, read from its source.
 pub fn module_functions(module: &str) -> Vec<String> {
-    let Some((_, _, source)) = MODULES.iter().find(|(name, _, _)| *name == module) else {
-        return Vec::new();
-    };
-    let mut names: Vec<String> = source
-        .lines()
-        .filter_map(|line| line.strip_prefix("fn "))
-        .filter_map(|rest| rest.split('(').next())
-        .map(|name| name.trim().to_string())
-        .collect();
-    names.dedup();
-    names
+    gpumem::script::stdlib::module_functions(module)
+        .into_iter()
+        .map(String::from)
+        .collect()
 }
 
 impl Completer for ReplHelper {
@@ -278,15 +273,9 @@ pub fn highlight_code(line: &str) -> String {
     out
 }
 
-impl Validator for ReplHelper {
-    fn validate(&self, ctx: &mut ValidationContext<'_>) -> rustyline::Result<ValidationResult> {
-        Ok(if needs_more(&self.parser, ctx.input()) {
-            ValidationResult::Incomplete
-        } else {
-            ValidationResult::Valid(None)
-        })
-    }
-}
+/// Every line is accepted as typed: the REPL loop decides whether input continues, so that it
+/// can show the continuation prompt.
+impl Validator for ReplHelper {}
 
 #[cfg(test)]
 mod tests {
@@ -299,6 +288,9 @@ mod tests {
     #[test]
     fn completes_commands_functions_variables_dtypes_and_modules() {
         assert_eq!(words(":va"), [":vars"]);
+        // A command that takes an argument completes with the space before it.
+        assert_eq!(words(":lo"), [":load "]);
+        assert_eq!(words(":he"), [":help "]);
         assert_eq!(words("memory_res"), ["memory_reserved"]);
         assert_eq!(words("let y = ba"), ["batch"]);
         assert_eq!(words("empty(4, \"ui"), ["uint8"]);

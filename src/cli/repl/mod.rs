@@ -18,6 +18,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use gpumem::script::sandbox::PathPolicy;
 use rhai::Scope;
 use rustyline::error::ReadlineError;
 use rustyline::history::DefaultHistory;
@@ -32,6 +33,12 @@ use helper::ReplHelper;
 
 /// Environment variable naming the history file (tests point it at a temporary file).
 pub const HISTORY_VARIABLE: &str = "GPUMEM_HISTORY";
+
+/// The prompt for a new input.
+pub const PROMPT: &str = "gpumem> ";
+
+/// The prompt for the next line of an unfinished input, as wide as [`PROMPT`].
+pub const CONTINUATION_PROMPT: &str = "   ...> ";
 
 /// What the loop does after a line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,6 +130,17 @@ impl Repl {
         Flow::Continue
     }
 
+    /// Gives up the unfinished `input` (a blank line was typed, or Ctrl-D): it is not run, and
+    /// the error says what it lacked.
+    pub fn give_up(&mut self, parser: &rhai::Engine, input: &str) {
+        let first = input.lines().next().unwrap_or("").trim();
+        self.error(&format!(
+            "discarded the unfinished input starting `{first}`: {}; a blank line gives up an \
+             unfinished input",
+            continuation::why_unfinished(parser, input)
+        ));
+    }
+
     /// Reports an error (stderr, or the buffer) and counts it.
     pub fn error(&mut self, text: &str) {
         self.errors += 1;
@@ -205,8 +223,9 @@ impl Repl {
             let same = *device == self.device
                 || (totals(device).is_some() && totals(device) == totals(&self.device));
             if !same {
+                let written = pinned.device_text.clone().unwrap_or(device.to_string());
                 return Err(format!(
-                    "pins `//! device: {device}` but this session runs on {}",
+                    "pins `//! device: {written}` but this session runs on {}",
                     self.device
                 ));
             }
@@ -283,9 +302,15 @@ pub enum ReplError {
 /// Runs the REPL on standard input until `:quit`, `exit(code)` or end of input, and returns the
 /// process exit status: the code given to `exit`, else for piped input 1 when an input failed
 /// (or the input ended inside an unfinished block) and 0 otherwise; 0 when interactive.
-pub fn run(devices: Devices, device: DeviceSpec, limits: Limits) -> Result<u8, ReplError> {
+pub fn run(
+    devices: Devices,
+    device: DeviceSpec,
+    limits: Limits,
+    paths: PathPolicy,
+) -> Result<u8, ReplError> {
     let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let mut repl = Repl::new(devices, device, PrintSink::Stdout, limits)?;
+    repl.host.set_path_policy(paths);
     if !interactive {
         let stdin = std::io::stdin().lock();
         return Ok(match piped::run(&mut repl, stdin)? {
@@ -319,17 +344,33 @@ pub fn run(devices: Devices, device: DeviceSpec, limits: Limits) -> Result<u8, R
         let _ = editor.load_history(path);
     }
     println!("gpumem REPL — :help lists commands and bindings, Ctrl-D leaves");
+    let parser = rhai::Engine::new_raw();
+    // The lines of an input still unfinished (an open brace, a trailing operator, ...).
+    let mut pending = String::new();
     loop {
-        match editor.readline("gpumem> ") {
+        let prompt = if pending.is_empty() {
+            PROMPT
+        } else {
+            CONTINUATION_PROMPT
+        };
+        match editor.readline(prompt) {
             Ok(line) => {
-                if !line.trim().is_empty() {
-                    let _ = editor.add_history_entry(line.as_str());
-                    if let Some(path) = &history {
-                        save_history(&mut editor, path);
-                    }
+                if !pending.is_empty() && line.trim().is_empty() {
+                    remember(&mut editor, history.as_deref(), &pending);
+                    repl.give_up(&parser, &std::mem::take(&mut pending));
+                    continue;
                 }
+                if !pending.is_empty() {
+                    pending.push('\n');
+                }
+                pending.push_str(&line);
+                if continuation::needs_more(&parser, &pending) {
+                    continue;
+                }
+                let input = std::mem::take(&mut pending);
+                remember(&mut editor, history.as_deref(), &input);
                 interrupt.store(false, Ordering::Relaxed);
-                let flow = repl.handle(&line);
+                let flow = repl.handle(&input);
                 *variables.borrow_mut() = repl.variable_names();
                 match flow {
                     Flow::Continue => {}
@@ -337,13 +378,29 @@ pub fn run(devices: Devices, device: DeviceSpec, limits: Limits) -> Result<u8, R
                     Flow::Exit(code) => return Ok(code),
                 }
             }
-            // Ctrl-C at the prompt abandons the line being typed.
-            Err(ReadlineError::Interrupted) => continue,
-            Err(ReadlineError::Eof) => break,
+            // Ctrl-C abandons the line being typed, and the unfinished input it continues.
+            Err(ReadlineError::Interrupted) => pending.clear(),
+            Err(ReadlineError::Eof) => {
+                if !pending.is_empty() {
+                    repl.give_up(&parser, &pending);
+                }
+                break;
+            }
             Err(error) => return Err(error.into()),
         }
     }
     Ok(0)
+}
+
+/// Adds a whole input (all its lines) to the history, saving it when there is a file.
+fn remember(editor: &mut Editor<ReplHelper, DefaultHistory>, path: Option<&Path>, input: &str) {
+    if input.trim().is_empty() {
+        return;
+    }
+    let _ = editor.add_history_entry(input);
+    if let Some(path) = path {
+        save_history(editor, path);
+    }
 }
 
 fn save_history(editor: &mut Editor<ReplHelper, DefaultHistory>, path: &Path) {

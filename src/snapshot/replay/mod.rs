@@ -52,6 +52,17 @@ pub enum ReplayError {
     Allocator(String),
 }
 
+impl ReplayError {
+    /// The message for a replay of `file`, naming the file once: a file that could not be
+    /// read is named by the error itself, every other error is prefixed with it.
+    pub fn naming(&self, file: &Path) -> String {
+        match self {
+            ReplayError::Snapshot(SnapshotError::Io { .. }) => self.to_string(),
+            _ => format!("{}: {self}", file.display()),
+        }
+    }
+}
+
 /// Where the replay's device places segments.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Placement {
