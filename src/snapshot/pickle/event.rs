@@ -151,12 +151,14 @@ impl<'a> Fast<'a> {
         Some(piece)
     }
 
+    #[inline]
     fn u32(&mut self) -> Option<u32> {
         let piece = self.take(4)?;
         Some(u32::from_le_bytes([piece[0], piece[1], piece[2], piece[3]]))
     }
 
     /// A memo store right after a value, if there is one: its id.
+    #[inline]
     fn memo_store(&mut self) -> Option<Option<u32>> {
         let id = match *self.bytes.get(self.at)? {
             op::MEMOIZE => {
@@ -192,7 +194,36 @@ impl<'a> Fast<'a> {
         self.memo.get(id)
     }
 
+    /// A string's bytes when they are written out and not memoized (how serde-pickle and
+    /// Python's pickler without memo write them: the common case, read in place without
+    /// returning a [`Text`] through memory, which stalled the caller's loads); `None` (nothing
+    /// read) for anything else, which [`Fast::text`] reads.
+    #[inline(always)]
+    fn plain_text(&mut self) -> Option<Option<&'a [u8]>> {
+        let start = self.at;
+        let length = match *self.bytes.get(start)? {
+            op::SHORT_BINUNICODE => {
+                self.at += 1;
+                usize::from(self.byte()?)
+            }
+            op::BINUNICODE => {
+                self.at += 1;
+                self.u32()? as usize
+            }
+            _ => return Some(None),
+        };
+        let bytes = self.take(length)?;
+        match *self.bytes.get(self.at)? {
+            op::MEMOIZE | op::BINPUT | op::LONG_BINPUT => {
+                self.at = start;
+                Some(None)
+            }
+            _ => Some(Some(bytes)),
+        }
+    }
+
     /// A string, stored in the memo too if a memo opcode follows it.
+    #[inline(never)]
     fn text(&mut self) -> Option<Text<'a>> {
         let opcode = self.byte()?;
         let text = match opcode {
@@ -217,6 +248,7 @@ impl<'a> Fast<'a> {
         Some(text)
     }
 
+    #[inline]
     fn int(&mut self) -> Option<i64> {
         let value = match self.byte()? {
             op::BININT1 => i64::from(self.byte()?),
@@ -279,15 +311,19 @@ impl<'a> Fast<'a> {
                 self.at += 1;
                 break;
             }
-            let key = self.text()?;
-            let field = field(key.bytes()?)?;
+            let field = match self.plain_text()? {
+                Some(key) => field(key)?,
+                None => field(self.text()?.bytes()?)?,
+            };
             if !has_action && field != Field::Action {
                 return None;
             }
             match field {
                 Field::Action => {
-                    let name = self.text()?;
-                    event.action = Action::from_bytes(name.bytes()?)?;
+                    event.action = match self.plain_text()? {
+                        Some(name) => Action::from_bytes(name)?,
+                        None => Action::from_bytes(self.text()?.bytes()?)?,
+                    };
                     has_action = true;
                 }
                 Field::Addr => {
@@ -301,7 +337,9 @@ impl<'a> Fast<'a> {
                 Field::Stream => event.stream = self.int()?,
                 Field::TimeUs => event.time_us = self.int()?,
                 Field::Text => {
-                    self.text()?.bytes()?;
+                    if self.plain_text()?.is_none() {
+                        self.text()?.bytes()?;
+                    }
                 }
                 Field::Frames => event.empty_cache_frame = self.frames()?,
             }
