@@ -8,7 +8,7 @@ use serde_json::Value;
 use common::{gpumem, outcome, scratch, tests_path, write};
 
 fn fixture() -> String {
-    tests_path("replay/fixtures/transformer_fp32.default.pickle")
+    tests_path("replay/fixtures/convnet.default.pickle")
         .to_string_lossy()
         .into_owned()
 }
@@ -143,5 +143,46 @@ fn a_bad_grid_file_is_a_usage_error_naming_the_line() {
     assert!(
         stderr.contains("line 2: 'max_split' is not a key"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn the_report_holds_the_same_ranking_and_the_best_config() {
+    let dir = scratch("tune-report");
+    let grid = write(
+        &dir,
+        "grid.txt",
+        "expandable_segments = none, True\nmax_split_size_mb = none, 128\n",
+    );
+    let report = dir.join("tune.html");
+    let (stdout, stderr, code) = run(&[
+        "replay",
+        &fixture(),
+        "--tune",
+        "--grid",
+        grid.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let html = std::fs::read_to_string(&report).expect("the report");
+    let rows = table_rows(&stdout);
+    assert_eq!(rows.len(), 4, "{stdout}");
+    let mut from = 0;
+    for (rank, conf) in &rows {
+        // The table's rows appear in the page in the same order (HTML-escaped text).
+        let needle = format!("{rank:>4}  ");
+        let at = html[from..].find(&needle).expect(&needle) + from;
+        let line_end = html[at..].find('\n').map_or(html.len(), |end| at + end);
+        assert!(
+            html[at..line_end].contains(conf.as_str()),
+            "rank {rank}: {conf}"
+        );
+        from = line_end;
+    }
+    let last = stdout.lines().last().expect("a last line");
+    assert!(
+        html.contains(&last.replace('\'', "&#39;")) || html.contains(last),
+        "{last}"
     );
 }

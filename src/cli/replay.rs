@@ -153,7 +153,7 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
                 device: "sim".into(),
                 config: report.alloc_conf.clone(),
                 counters: report.final_stats.clone(),
-                summary: report.to_string(),
+                summary: format!("{report}\n{}", super::sites::render(&sites)),
             },
         )?;
     }
@@ -211,7 +211,7 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
     if let Some(found) = &own_search {
         say!("  {}", describe_search(found));
     }
-    super::sites::print(&sites);
+    say!("{}", super::sites::render(&sites).trim_end());
     if !rows.is_empty() {
         print_comparison(&report, own_search.as_ref(), &rows);
     }
