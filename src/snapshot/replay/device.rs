@@ -36,6 +36,10 @@ impl Hints {
     }
 }
 
+/// How many of the simulator's addresses a segment tries before the replay gives up on placing
+/// it beside the live segments that took recorded addresses.
+const PLACEMENT_TRIES: usize = 64;
+
 /// A [`SimDevice`] that puts segments at recorded addresses when it can.
 pub struct ReplayDevice {
     inner: SimDevice,
@@ -63,19 +67,34 @@ impl ReplayDevice {
 
 impl DeviceMemory for ReplayDevice {
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        let own = self.inner.malloc(bytes)?;
-        let address = match self.hints.take(bytes) {
-            Some(recorded) if !self.overlaps(recorded, bytes) => recorded,
-            _ => own,
+        let hinted = self
+            .hints
+            .take(bytes)
+            .filter(|&recorded| !self.overlaps(recorded, bytes));
+        // The simulator's own address may collide with a recorded one still live (a replay
+        // under another config than the recording's diverges from it): ask the simulator for
+        // another, holding the colliding ones until an address is found.
+        let mut collided = Vec::new();
+        let placed = loop {
+            let own = match self.inner.malloc(bytes) {
+                Ok(own) => own,
+                Err(error) => break Err(error),
+            };
+            let address = hinted.unwrap_or(own);
+            if !self.overlaps(address, bytes) {
+                break Ok((address, own));
+            }
+            collided.push(own);
+            if collided.len() >= PLACEMENT_TRIES {
+                break Err(DeviceError::InvalidArgument(format!(
+                    "replay placement: {PLACEMENT_TRIES} addresses for {bytes} bytes all overlap live segments placed at recorded addresses"
+                )));
+            }
         };
-        if self.overlaps(address, bytes) {
-            // The simulator's own address collides with a recorded one still live: give up
-            // the segment rather than hand out overlapping memory.
+        for own in collided {
             self.inner.free(own)?;
-            return Err(DeviceError::InvalidArgument(format!(
-                "replay placement: {address:#x} overlaps a live segment"
-            )));
         }
+        let (address, own) = placed?;
         self.live.insert(address, (bytes, own));
         Ok(address)
     }
@@ -153,10 +172,33 @@ mod tests {
         let clash = device.malloc(2 << 20).expect("room");
         assert_ne!(clash, 0x7000_0000_0000, "overlaps the live one");
         assert!(device.free(0x7000_0000_0000).is_ok());
+        assert!(device.free(other).is_ok() && device.free(clash).is_ok());
         assert!(device.free(0x7000_0000_0000).is_err());
         assert_eq!(
             device.mem_get_info().map(|(_, total)| total).ok(),
             Some(1 << 30)
+        );
+    }
+
+    #[test]
+    fn the_simulators_address_is_not_handed_out_over_a_recorded_one() {
+        let hints = Hints::default();
+        let mut device = ReplayDevice::new(SimDevice::new(1 << 30), hints.clone());
+        let before = device.mem_get_info().ok();
+        // Where the simulator would put its next segment, taken by a recorded one.
+        let next = {
+            let mut probe = SimDevice::new(1 << 30);
+            probe.malloc(2 << 20).expect("room")
+        };
+        hints.push(next, 2 << 20);
+        assert_eq!(device.malloc(2 << 20).ok(), Some(next));
+        let own = device.malloc(2 << 20).expect("another address");
+        assert!(own.abs_diff(next) >= 2 << 20, "{own:#x} overlaps {next:#x}");
+        assert!(device.free(own).is_ok() && device.free(next).is_ok());
+        assert_eq!(
+            device.mem_get_info().ok(),
+            before,
+            "the collided address was given back"
         );
     }
 }
