@@ -129,8 +129,9 @@ pub enum SessionError {
     Cuda {
         /// The device asked for.
         device: DeviceSpec,
-        /// Why not.
-        reason: String,
+        /// Why not: the driver's error, as the device layer reported it.
+        #[source]
+        reason: DeviceError,
     },
     /// The allocator could not start (e.g. a bad fraction in the config).
     #[error("{0}")]
@@ -269,10 +270,10 @@ fn open_cuda(
     wanted: Option<usize>,
     conf: &AllocConf,
     spec: &DeviceSpec,
-) -> Result<Result<Devices, String>, SessionError> {
+) -> Result<Result<Devices, DeviceError>, SessionError> {
     let visible = match CudaGpu::count() {
         Ok(count) => count,
-        Err(reason) => return Ok(Err(reason.to_string())),
+        Err(reason) => return Ok(Err(reason)),
     };
     let count = match wanted {
         Some(needed) if needed > visible => {
@@ -290,13 +291,13 @@ fn open_cuda(
             ordinal: start,
             count,
         };
-        return Ok(Err(missing.to_string()));
+        return Ok(Err(missing));
     }
     let mut runtimes = Vec::with_capacity(count);
     for ordinal in 0..count {
         match CudaGpu::open(ordinal) {
             Ok(gpu) => runtimes.push(Runtime::cuda(gpu, conf.clone())?),
-            Err(reason) => return Ok(Err(reason.to_string())),
+            Err(reason) => return Ok(Err(reason)),
         }
     }
     Ok(Ok(Devices::new(runtimes, start)?))
@@ -343,6 +344,33 @@ mod tests {
             message.contains("`//! alloc-conf:` directive of tests/golden/x.rhai"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn an_unusable_cuda_device_keeps_the_drivers_error_typed() {
+        // No GPU here (CI): the driver library is missing. On a GPU machine there is no
+        // device 4096. Either way the reason is the device layer's error, not its text.
+        let options = SessionOptions {
+            device: Some(DeviceSpec::Cuda(4096)),
+            ..SessionOptions::default()
+        };
+        let Err(error) = open(&options) else {
+            panic!("cuda:4096 cannot be opened");
+        };
+        let SessionError::Cuda { device, reason } = &error else {
+            panic!("{error:?}");
+        };
+        assert_eq!(*device, DeviceSpec::Cuda(4096));
+        assert!(
+            matches!(
+                reason,
+                DeviceError::Unavailable(_) | DeviceError::NoSuchDevice { ordinal: 4096, .. }
+            ),
+            "{reason:?}"
+        );
+        assert_eq!(error.to_string(), format!("cannot use cuda:4096: {reason}"));
+        let source = std::error::Error::source(&error).map(ToString::to_string);
+        assert_eq!(source, Some(reason.to_string()));
     }
 
     #[test]

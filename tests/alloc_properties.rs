@@ -6,7 +6,7 @@
 
 use gpumem::alloc::{AllocConf, AllocError, Allocation, CachingAllocator};
 use gpumem::device::sim::SimDevice;
-use gpumem::device::{DeviceError, DeviceMemory};
+use gpumem::device::{DeviceError, DeviceMemory, DevicePtr};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
@@ -77,19 +77,19 @@ struct Tracked {
 }
 
 impl DeviceMemory for Tracked {
-    fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+    fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         let ptr = self.inner.malloc(bytes)?;
         let mut out = self.outstanding.borrow_mut();
         out.segments += 1;
         out.segment_bytes += bytes;
-        self.sizes.insert(ptr, bytes);
+        self.sizes.insert(ptr.addr(), bytes);
         Ok(ptr)
     }
-    fn free(&mut self, address: u64) -> Result<(), DeviceError> {
-        self.inner.free(address)?;
+    fn free(&mut self, segment: DevicePtr) -> Result<(), DeviceError> {
+        self.inner.free(segment)?;
         let mut out = self.outstanding.borrow_mut();
         out.segments -= 1;
-        out.segment_bytes -= self.sizes.remove(&address).unwrap_or(0);
+        out.segment_bytes -= self.sizes.remove(&segment.addr()).unwrap_or(0);
         Ok(())
     }
     fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
@@ -110,22 +110,27 @@ impl DeviceMemory for Tracked {
     fn allocation_granularity(&self) -> Result<u64, DeviceError> {
         self.inner.allocation_granularity()
     }
-    fn reserve_address_range(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+    fn reserve_address_range(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         let base = self.inner.reserve_address_range(bytes)?;
         self.outstanding.borrow_mut().reservations += 1;
         Ok(base)
     }
-    fn free_address_range(&mut self, base: u64, bytes: u64) -> Result<(), DeviceError> {
+    fn free_address_range(&mut self, base: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         self.inner.free_address_range(base, bytes)?;
         self.outstanding.borrow_mut().reservations -= 1;
         Ok(())
     }
-    fn map_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+    fn map_pages(&mut self, address: DevicePtr, bytes: u64, page: u64) -> Result<(), DeviceError> {
         self.inner.map_pages(address, bytes, page)?;
         self.outstanding.borrow_mut().mapped_bytes += bytes;
         Ok(())
     }
-    fn unmap_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+    fn unmap_pages(
+        &mut self,
+        address: DevicePtr,
+        bytes: u64,
+        page: u64,
+    ) -> Result<(), DeviceError> {
         self.inner.unmap_pages(address, bytes, page)?;
         self.outstanding.borrow_mut().mapped_bytes -= bytes;
         Ok(())
@@ -182,7 +187,8 @@ proptest! {
             let live: Vec<Allocation> = slots.iter().flatten().filter(|a| !a.is_null()).copied().collect();
             for (i, a) in live.iter().enumerate() {
                 for b in &live[i + 1..] {
-                    prop_assert!(a.ptr + a.size <= b.ptr || b.ptr + b.size <= a.ptr, "{a:?} overlaps {b:?}");
+                    let (a_at, b_at) = (a.ptr.addr(), b.ptr.addr());
+                    prop_assert!(a_at + a.size <= b_at || b_at + b.size <= a_at, "{a:?} overlaps {b:?}");
                 }
             }
             let stats = allocator.stats();

@@ -135,7 +135,7 @@ fn replay(file: &str) -> Vec<String> {
                 let actual: BTreeMap<String, u64> = slots
                     .iter()
                     .filter(|(_, a)| !a.is_null())
-                    .map(|(slot, a)| (slot.to_string(), a.ptr))
+                    .map(|(slot, a)| (slot.to_string(), a.ptr.addr()))
                     .collect();
                 let expected: BTreeMap<String, u64> = ptrs
                     .iter()

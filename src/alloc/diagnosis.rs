@@ -286,7 +286,7 @@ impl CachingAllocator {
             largest_free = largest_free.max(block.size);
             // Whole pages counted from the segment's base, as an expandable segment's are.
             let base = match self.expandable.get(block.segment) {
-                Some(segment) => segment.base,
+                Some(segment) => segment.base.addr(),
                 None => self
                     .segments
                     .range(..=block.ptr)
@@ -345,16 +345,16 @@ impl CachingAllocator {
 mod tests {
     use super::*;
     use crate::alloc::{AllocConf, AllocError};
-    use crate::device::{DeviceError, DeviceMemory, ProcessMemory};
+    use crate::device::{DeviceError, DeviceMemory, DevicePtr, ProcessMemory};
 
     /// A device that reports 1 GiB free and refuses every segment.
     struct Refusing;
 
     impl DeviceMemory for Refusing {
-        fn malloc(&mut self, _bytes: u64) -> Result<u64, DeviceError> {
+        fn malloc(&mut self, _bytes: u64) -> Result<DevicePtr, DeviceError> {
             Err(DeviceError::OutOfMemory)
         }
-        fn free(&mut self, _address: u64) -> Result<(), DeviceError> {
+        fn free(&mut self, _segment: DevicePtr) -> Result<(), DeviceError> {
             Ok(())
         }
         fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {

@@ -10,7 +10,7 @@
 //! allocator state.
 //!
 //! While nothing listens, emitting costs one predictable branch
-//! ([`super::CachingAllocator::emit`]).
+//! (`CachingAllocator::emit`, crate-private).
 
 use super::block::{Pool, StreamId};
 

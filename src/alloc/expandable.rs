@@ -10,11 +10,11 @@
 //! reserving a range, to say so clearly).
 //!
 //! This module keeps the page bookkeeping of one segment; the allocator's rules that use it
-//! (finding room, mapping, unmapping, releasing) are in [`super::vmm`].
+//! (finding room, mapping, unmapping, releasing) are in the crate-private `alloc::vmm`.
 
 use super::block::{Pool, SegmentId, StreamId};
 use super::{LARGE_BUFFER, SMALL_BUFFER};
-use crate::device::{DeviceError, DeviceMemory};
+use crate::device::{DeviceError, DeviceMemory, DevicePtr};
 
 /// The page size of a pool's expandable segments: PyTorch passes `kSmallBuffer` (2 MiB) for
 /// the small pool and `large_segment_size` (20 MiB unless `large_segment_size_mb` is set, which
@@ -59,8 +59,8 @@ impl PageRange {
 /// `base`, of which some are mapped.
 #[derive(Debug, Clone)]
 pub struct ExpandableSegment {
-    /// First byte of the reserved range.
-    pub base: u64,
+    /// First byte of the reserved range, as the device handed it out.
+    pub base: DevicePtr,
     /// Bytes per page (PyTorch's `segment_size_`).
     pub page: u64,
     /// Pages the range holds (PyTorch's `max_handles_`).
@@ -78,7 +78,7 @@ pub struct ExpandableSegment {
 
 impl ExpandableSegment {
     /// A segment over the range `[base, base + page × pages)` with nothing mapped yet.
-    pub fn new(base: u64, page: u64, pages: u64, stream: StreamId, pool: Pool) -> Self {
+    pub fn new(base: DevicePtr, page: u64, pages: u64, stream: StreamId, pool: Pool) -> Self {
         ExpandableSegment {
             base,
             page,
@@ -110,12 +110,12 @@ impl ExpandableSegment {
 
     /// The page holding `address` (PyTorch's `segmentLeft`).
     pub fn page_left(&self, address: u64) -> u64 {
-        (address - self.base) / self.page
+        (address - self.base.addr()) / self.page
     }
 
     /// The first page at or after `address` (PyTorch's `segmentRight`).
     pub fn page_right(&self, address: u64) -> u64 {
-        (address - self.base).div_ceil(self.page)
+        (address - self.base.addr()).div_ceil(self.page)
     }
 
     /// The pages a map of `[address, address + size)` covers: from the page holding `address`
@@ -138,7 +138,23 @@ impl ExpandableSegment {
 
     /// The address of the first byte of page `index`.
     pub fn page_address(&self, index: u64) -> u64 {
-        self.base + index * self.page
+        self.base.addr() + index * self.page
+    }
+
+    /// The device address of the pages `range`, derived from the segment's base; an error when
+    /// the range does not lie inside the reserved range.
+    fn pages_ptr(&self, range: PageRange) -> Result<DevicePtr, DeviceError> {
+        range
+            .begin
+            .checked_mul(self.page)
+            .zip(range.len().checked_mul(self.page))
+            .and_then(|(offset, bytes)| self.base.offset_within(self.size(), offset, bytes))
+            .ok_or_else(|| {
+                DeviceError::InvalidArgument(format!(
+                    "expandable segment at {:#x}: pages {}..{} lie outside its {} pages",
+                    self.base, range.begin, range.end, self.pages
+                ))
+            })
     }
 
     /// Maps the pages covering `[address, address + size)` (`address` starts a page) with one
@@ -163,7 +179,7 @@ impl ExpandableSegment {
         }
         let start = self.page_address(range.begin);
         let bytes = range.len() * self.page;
-        match device.map_pages(start, bytes, self.page) {
+        match device.map_pages(self.pages_ptr(range)?, bytes, self.page) {
             Ok(()) => {}
             Err(DeviceError::OutOfMemory) => return Ok(None),
             Err(other) => return Err(other),
@@ -188,7 +204,7 @@ impl ExpandableSegment {
         }
         let start = self.page_address(range.begin);
         let bytes = range.len() * self.page;
-        device.unmap_pages(start, bytes, self.page)?;
+        device.unmap_pages(self.pages_ptr(range)?, bytes, self.page)?;
         self.set_mapped(range, false);
         self.mapped_bytes -= bytes;
         Ok((start, bytes))
@@ -222,8 +238,7 @@ impl ExpandableSegment {
     /// `~ExpandableSegment`).
     pub fn release(mut self, device: &mut dyn DeviceMemory) -> Result<(), DeviceError> {
         for run in self.mapped_runs() {
-            let start = self.page_address(run.begin);
-            device.unmap_pages(start, run.len() * self.page, self.page)?;
+            device.unmap_pages(self.pages_ptr(run)?, run.len() * self.page, self.page)?;
             self.set_mapped(run, false);
         }
         device.free_address_range(self.base, self.size())
@@ -333,8 +348,14 @@ mod tests {
 
     #[test]
     fn map_rounds_up_unmap_rounds_in() {
-        let segment = ExpandableSegment::new(0x1000_0000, 2 * MIB, 100, 0, Pool::Small);
-        let base = segment.base;
+        let segment = ExpandableSegment::new(
+            DevicePtr::simulated(0x1000_0000),
+            2 * MIB,
+            100,
+            0,
+            Pool::Small,
+        );
+        let base = segment.base.addr();
         assert_eq!(
             segment.pages_to_map(base, 1),
             PageRange { begin: 0, end: 1 }
@@ -362,9 +383,10 @@ mod tests {
         let mut device = SimDevice::new(1 << 30);
         let page = 2 * MIB;
         let pages = reserved_pages(device.total_memory(), page);
-        let base = device.reserve_address_range(page * pages).expect("reserve");
+        let range = device.reserve_address_range(page * pages).expect("reserve");
         let free_before = device.mem_get_info().expect("info").0;
-        let mut segment = ExpandableSegment::new(base, page, pages, 0, Pool::Small);
+        let mut segment = ExpandableSegment::new(range, page, pages, 0, Pool::Small);
+        let base = range.addr();
         assert_eq!(
             segment.map(&mut device, base, 3 * MIB),
             Ok(Some((base, 4 * MIB)))
@@ -408,13 +430,14 @@ mod tests {
     #[test]
     fn table_reuses_slots() {
         let mut table = SegmentTable::default();
-        let a = table.insert(ExpandableSegment::new(0, 2, 4, 0, Pool::Small));
-        let b = table.insert(ExpandableSegment::new(8, 2, 4, 0, Pool::Large));
+        let at = DevicePtr::simulated;
+        let a = table.insert(ExpandableSegment::new(at(0), 2, 4, 0, Pool::Small));
+        let b = table.insert(ExpandableSegment::new(at(8), 2, 4, 0, Pool::Large));
         assert_eq!((a, b), (0, 1));
         assert!(table.remove(a).is_some());
         assert!(table.get(a).is_none());
         assert_eq!(
-            table.insert(ExpandableSegment::new(16, 2, 4, 3, Pool::Small)),
+            table.insert(ExpandableSegment::new(at(16), 2, 4, 3, Pool::Small)),
             0
         );
         assert_eq!(table.len(), 2);

@@ -170,7 +170,7 @@ impl CachingAllocator {
                 ));
             }
             regions.push(Region {
-                base: segment.base,
+                base: segment.base.addr(),
                 size: segment.size(),
                 pool: segment.pool,
                 stream: segment.stream,

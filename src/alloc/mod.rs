@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use thiserror::Error;
 
-use crate::device::{DeviceError, DeviceMemory};
+use crate::device::{DeviceError, DeviceMemory, DevicePtr};
 pub use block::{Block, BlockId, Pool, SegmentId, StreamId, NIL, NO_SEGMENT};
 use block::{BlockArena, BlockPool};
 pub use config::{AllocConf, ConfigError};
@@ -63,13 +63,15 @@ pub const LARGE_BUFFER: u64 = 20 * MIB;
 pub const ONE_EXABYTE: u64 = 1 << 60;
 
 /// A block handed out by [`CachingAllocator::malloc`]. Zero-byte requests get a null
-/// allocation (`ptr` 0, `id` [`NIL`]) that owns no block, as PyTorch returns a null pointer.
+/// allocation ([`DevicePtr::NULL`], `id` [`NIL`]) that owns no block, as PyTorch returns a null
+/// pointer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Allocation {
     /// The block's id, [`NIL`] for a zero-byte allocation.
     pub id: BlockId,
-    /// Device address, 0 for a zero-byte allocation.
-    pub ptr: u64,
+    /// Device address of the block, derived from its segment's address (the device's);
+    /// [`DevicePtr::NULL`] for a zero-byte allocation.
+    pub ptr: DevicePtr,
     /// The block's (rounded) size in bytes.
     pub size: u64,
 }
@@ -78,7 +80,7 @@ impl Allocation {
     /// The allocation of a zero-byte request.
     pub const NULL: Allocation = Allocation {
         id: NIL,
-        ptr: 0,
+        ptr: DevicePtr::NULL,
         size: 0,
     };
 
@@ -113,21 +115,20 @@ pub enum AllocError {
     /// Out of memory; the message is PyTorch's.
     #[error("{}", .0.message)]
     OutOfMemory(OutOfMemory),
-    /// The device failed in a way other than running out of memory.
+    /// The device failed in a way other than running out of memory, or cannot do what the
+    /// config asks (e.g. expandable segments on a device without virtual memory management).
     #[error("device error: {0}")]
-    Device(String),
+    Device(#[from] DeviceError),
+    /// The allocator found its own bookkeeping inconsistent: a bug in gpumem, never the
+    /// user's input. The operation was refused; the allocator's state is as before it.
+    #[error("internal allocator error: {0}")]
+    Internal(String),
     /// `free` of something that is not a live allocation of this allocator.
     #[error("invalid free: {0}")]
     InvalidFree(String),
     /// `set_per_process_memory_fraction` outside [0, 1].
     #[error("set_per_process_memory_fraction: fraction must be between 0 and 1, got {0}")]
     InvalidFraction(f64),
-}
-
-impl From<DeviceError> for AllocError {
-    fn from(error: DeviceError) -> Self {
-        AllocError::Device(error.to_string())
-    }
 }
 
 /// What a malloc looks for: the stream, the rounded size, its pool and the segment size a miss
@@ -154,9 +155,10 @@ struct Freed {
     expandable: bool,
 }
 
-/// A `cudaMalloc` segment: its size, pool and stream.
+/// A `cudaMalloc` segment: its address as the device handed it out, its size, pool and stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct DeviceSegment {
+    base: DevicePtr,
     size: u64,
     pool: Pool,
     stream: StreamId,
@@ -254,11 +256,6 @@ impl CachingAllocator {
     /// The device segments come from.
     pub fn device(&self) -> &dyn DeviceMemory {
         self.device.as_ref()
-    }
-
-    /// Mutable access to the device, for callers that write tensor contents.
-    pub fn device_mut(&mut self) -> &mut dyn DeviceMemory {
-        self.device.as_mut()
     }
 
     /// The counters (`torch.cuda.memory_stats()`).
@@ -505,7 +502,7 @@ impl CachingAllocator {
             }
         }
         match found {
-            Some(id) => Ok(self.alloc_found_block(id, request, orig_size)),
+            Some(id) => self.alloc_found_block(id, request, orig_size),
             None => Err(self.out_of_memory(request, orig_size)),
         }
     }
@@ -609,11 +606,12 @@ impl CachingAllocator {
         if self.expandable_active() {
             return self.try_allocate_expandable_block(request);
         }
-        let ptr = match self.device.malloc(size) {
-            Ok(ptr) => ptr,
+        let base = match self.device.malloc(size) {
+            Ok(base) => base,
             Err(DeviceError::OutOfMemory) => return Ok(None),
             Err(other) => return Err(other.into()),
         };
+        let ptr = base.addr();
         self.total_allocated_memory += size;
         let pool = request.pool;
         self.stats.segment.increase(pool, 1);
@@ -633,6 +631,7 @@ impl CachingAllocator {
         self.segments.insert(
             ptr,
             DeviceSegment {
+                base,
                 size,
                 pool,
                 stream: request.stream,
@@ -666,14 +665,29 @@ impl CachingAllocator {
     }
 
     /// Splits off and hands out the front of a found block (PyTorch's `alloc_found_block`).
-    /// Blocks of expandable segments leave the inactive-split counters alone.
-    fn alloc_found_block(&mut self, id: BlockId, request: Request, orig_size: u64) -> Allocation {
+    /// Blocks of expandable segments leave the inactive-split counters alone. The found block
+    /// is out of its pool; should its address not lie inside its segment (a bookkeeping bug),
+    /// it goes back to the pool and nothing changes.
+    fn alloc_found_block(
+        &mut self,
+        id: BlockId,
+        request: Request,
+        orig_size: u64,
+    ) -> Result<Allocation, AllocError> {
         let size = request.size;
         let pool = request.pool;
         let block = self.blocks.at(id);
         let already_split = block.is_split();
         let counts_split = !block.is_expandable();
         let split = self.should_split(block, size);
+        let handed_size = if split { size } else { block.size };
+        let address = match self.device_address(block, handed_size) {
+            Ok(address) => address,
+            Err(error) => {
+                self.insert_free(id);
+                return Err(error);
+            }
+        };
         let handed_out = if split {
             // The allocated piece takes the low end; the remainder keeps the old block's id
             // and goes back to the pool.
@@ -742,11 +756,41 @@ impl CachingAllocator {
         if block_size >= max_split_size {
             stats.oversize_allocations.increase(1);
         }
-        Allocation {
+        debug_assert_eq!((address.addr(), handed_size), (ptr, block_size));
+        Ok(Allocation {
             id: handed_out,
-            ptr,
+            ptr: address,
             size: block_size,
-        }
+        })
+    }
+
+    /// The device address of the first `size` bytes of `block`, derived from its segment's
+    /// address (the one the device handed out) by a checked offset: the one place the
+    /// allocator turns its bookkeeping into a device address. An error when the bytes do not
+    /// lie inside the segment, which the allocator's invariants rule out.
+    #[inline]
+    fn device_address(&self, block: &Block, size: u64) -> Result<DevicePtr, AllocError> {
+        let segment = if block.is_expandable() {
+            self.expandable
+                .get(block.segment)
+                .map(|segment| (segment.base, segment.size()))
+        } else {
+            self.segments
+                .range(..=block.ptr)
+                .next_back()
+                .map(|(_, segment)| (segment.base, segment.size))
+        };
+        segment
+            .and_then(|(base, extent)| {
+                let offset = block.ptr.checked_sub(base.addr())?;
+                base.offset_within(extent, offset, size)
+            })
+            .ok_or_else(|| {
+                AllocError::Internal(format!(
+                    "the block at {:#x} of {size} bytes lies outside its segment",
+                    block.ptr
+                ))
+            })
     }
 
     /// Caches a free block in its pool, stamping its age for the garbage collector (PyTorch's
@@ -796,7 +840,7 @@ impl CachingAllocator {
             return Ok(());
         }
         let freed = match self.blocks.get_mut(allocation.id) {
-            Some(block) if block.allocated && block.ptr == allocation.ptr => {
+            Some(block) if block.allocated && block.ptr == allocation.ptr.addr() => {
                 block.allocated = false;
                 Freed {
                     id: allocation.id,
@@ -948,7 +992,7 @@ impl CachingAllocator {
             .expandable
             .iter()
             .map(|(_, segment)| ExpandableInfo {
-                base: segment.base,
+                base: segment.base.addr(),
                 reserved: segment.size(),
                 page: segment.page,
                 mapped: segment.mapped_bytes(),
@@ -972,11 +1016,11 @@ impl Drop for CachingAllocator {
     /// storage holds the runtime that owns it), so by now every block is free; a session that
     /// ends therefore leaves nothing behind on the device, as `empty_cache()` would.
     fn drop(&mut self) {
-        let segments: Vec<u64> = self.segments.keys().copied().collect();
-        for ptr in segments {
+        let segments: Vec<DevicePtr> = self.segments.values().map(|s| s.base).collect();
+        for base in segments {
             // Nothing can be reported from a destructor; a failing free leaves the segment to
             // the driver, which reclaims it when the process exits.
-            let _ = self.device.free(ptr);
+            let _ = self.device.free(base);
         }
         for segment in self.expandable.drain() {
             let _ = segment.release(self.device.as_mut());

@@ -55,9 +55,15 @@ impl CachingAllocator {
     pub(super) fn release_block(&mut self, id: BlockId) -> Result<(), AllocError> {
         let block = self.blocks.at(id);
         let (ptr, size, pool, stream) = (block.ptr, block.size, block.pool, block.stream);
+        let Some(segment) = self.segments.get(&ptr) else {
+            return Err(AllocError::Internal(format!(
+                "the cached block at {ptr:#x} is not a whole segment"
+            )));
+        };
+        let base = segment.base;
         self.stats.num_device_free += 1;
         self.emit(EventKind::SegmentFree, ptr, size, size, stream, pool);
-        self.device.free(ptr)?;
+        self.device.free(base)?;
         self.total_allocated_memory -= size;
         self.stats.segment.decrease(pool, 1);
         self.stats.reserved_bytes.decrease(pool, size as i64);

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::device::sim::{SimDevice, H200_TOTAL_MEMORY as H200_TOTAL};
-use crate::device::{DeviceError, DeviceMemory, ProcessMemory};
+use crate::device::{DeviceError, DeviceMemory, DevicePtr, ProcessMemory};
 use std::cell::Cell;
 use std::rc::Rc;
 
@@ -35,14 +35,14 @@ impl WrappedSim {
 }
 
 impl DeviceMemory for WrappedSim {
-    fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+    fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         let address = self.sim.malloc(bytes)?;
         self.live.set(self.live.get() + 1);
         Ok(address)
     }
-    fn free(&mut self, address: u64) -> Result<(), DeviceError> {
+    fn free(&mut self, segment: DevicePtr) -> Result<(), DeviceError> {
         self.live.set(self.live.get() - 1);
-        self.sim.free(address)
+        self.sim.free(segment)
     }
     fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
         self.sim.mem_get_info()
@@ -286,7 +286,7 @@ fn expandable_segments_grow_by_whole_pages() {
         ]
     );
     // The 30 MiB block starts where the 5 MiB one ends: it grew into the newly mapped page.
-    assert_eq!(thirty.ptr, five.ptr + 5 * MIB);
+    assert_eq!(thirty.ptr.addr(), five.ptr.addr() + 5 * MIB);
     let small = a.malloc(1000).expect("1000 B");
     assert_eq!(get(&a, "reserved_bytes.small_pool.current"), 2 * MIB as i64);
     assert_eq!(device_used(&a), 42 * MIB);
@@ -424,7 +424,11 @@ fn streams_keep_separate_pools_and_segments() {
     assert_eq!(get(&e, "reserved_bytes.all.current"), 40 * MIB as i64);
     e.free(p).expect("free");
     let r = e.malloc_on(2, 10 * MIB).expect("stream 2");
-    assert_eq!(r.ptr, q.ptr + 5 * MIB, "stream 2 stays in its own segment");
+    assert_eq!(
+        r.ptr.addr(),
+        q.ptr.addr() + 5 * MIB,
+        "stream 2 stays in its own segment"
+    );
     check(&e);
 }
 
@@ -453,7 +457,7 @@ fn trace_records_pytorchs_events_in_order() {
     a.empty_cache().expect("empty");
     a.set_memory_fraction(0.0).expect("fraction");
     assert!(a.malloc(1000).is_err());
-    let (base, small) = (x.ptr, untraced.ptr);
+    let (base, small) = (x.ptr.addr(), untraced.ptr.addr());
     let (free, _) = a.device().mem_get_info().expect("info");
     assert_eq!(
         actions(&a),
@@ -485,7 +489,7 @@ fn trace_records_pytorchs_events_in_order() {
     e.free(y).expect("free");
     e.free(z).expect("free");
     e.empty_cache().expect("empty");
-    let base = y.ptr;
+    let base = y.ptr.addr();
     assert_eq!(
         actions(&e)
             .into_iter()
@@ -508,14 +512,51 @@ fn expandable_segments_need_the_devices_virtual_memory_calls() {
     let device = WrappedSim::new(SimDevice::new(1 << 30), None);
     let mut a = CachingAllocator::new(Box::new(device), conf.clone()).expect("allocator");
     let err = a.malloc(1000).expect_err("no VMM");
+    // The device's own error, kept typed inside the allocator's.
+    assert_eq!(err, AllocError::Device(crate::device::vmm_unsupported()));
     assert!(err
         .to_string()
-        .contains("does not support virtual memory management"));
+        .starts_with("device error: this device does not support virtual memory management"));
     assert_eq!(a.stats(), &DeviceStats::new(-1));
     let device = WrappedSim::new(SimDevice::new(1 << 30), Some(3 << 20));
     let mut a = CachingAllocator::new(Box::new(device), conf).expect("allocator");
     let err = a.malloc(1000).expect_err("bad granularity");
+    assert!(
+        matches!(err, AllocError::Device(DeviceError::Unsupported(_))),
+        "{err:?}"
+    );
     assert!(err
         .to_string()
         .contains("granularity of 3145728 bytes does not divide"));
+}
+
+#[test]
+fn block_addresses_are_derived_from_their_segments_address() {
+    let mut a = allocator("");
+    let x = a.malloc(5 * MIB).expect("alloc");
+    let y = a.malloc(3 * MIB).expect("alloc");
+    // Both blocks lie in the 20 MiB segment the device handed out, and carry its memory space.
+    let (base, segment) = a
+        .segments
+        .iter()
+        .next()
+        .map(|(&b, s)| (b, *s))
+        .expect("one");
+    assert_eq!(segment.base.addr(), base);
+    assert_eq!(x.ptr, segment.base);
+    assert_eq!(y.ptr.addr(), base + 5 * MIB);
+    assert_eq!(y.ptr.space(), crate::device::MemorySpace::Simulated);
+    a.free(y).expect("free");
+    // Bookkeeping that no longer knows the block's segment: the malloc is refused as an
+    // internal error, and the cached block stays cached.
+    let saved = a.segments.remove(&base).expect("segment");
+    let err = a.malloc(3 * MIB).expect_err("no segment for the block");
+    assert!(matches!(err, AllocError::Internal(_)), "{err:?}");
+    assert!(err
+        .to_string()
+        .starts_with("internal allocator error: the block at"));
+    a.segments.insert(base, saved);
+    a.check_invariants().expect("consistent after the refusal");
+    let again = a.malloc(3 * MIB).expect("alloc");
+    assert_eq!(again.ptr.addr(), base + 5 * MIB);
 }

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use super::{AllocConf, AllocError, CachingAllocator, StreamId};
-use crate::device::{DeviceError, DeviceMemory, ProcessMemory};
+use crate::device::{DeviceError, DeviceMemory, DevicePtr, ProcessMemory};
 
 /// The physical allocation granularity the trial device reports: 2 MiB, as every current
 /// NVIDIA GPU's `cuMemGetAllocationGranularity` (PyTorch's page sizes, 2 MiB and 20 MiB, are
@@ -45,8 +45,9 @@ impl TrialDevice {
         }
     }
 
-    /// Hands out `bytes` of fresh address space, aligned to the granularity.
-    fn take_addresses(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+    /// Hands out `bytes` of fresh address space, aligned to the granularity: simulated
+    /// addresses, which no kernel accepts (nothing is behind them).
+    fn take_addresses(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         let address = self.next_address;
         let span = bytes
             .div_ceil(TRIAL_GRANULARITY)
@@ -56,23 +57,23 @@ impl TrialDevice {
                 DeviceError::InvalidArgument(format!("{bytes} bytes of address space"))
             })?;
         self.next_address = span;
-        Ok(address)
+        Ok(DevicePtr::simulated(address))
     }
 }
 
 impl DeviceMemory for TrialDevice {
-    fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+    fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         if bytes > self.free {
             return Err(DeviceError::OutOfMemory);
         }
         let address = self.take_addresses(bytes)?;
         self.free -= bytes;
-        self.segments.insert(address, bytes);
+        self.segments.insert(address.addr(), bytes);
         Ok(address)
     }
 
-    fn free(&mut self, address: u64) -> Result<(), DeviceError> {
-        let bytes = self.segments.remove(&address).ok_or_else(|| {
+    fn free(&mut self, address: DevicePtr) -> Result<(), DeviceError> {
+        let bytes = self.segments.remove(&address.addr()).ok_or_else(|| {
             DeviceError::InvalidArgument(format!("{address:#x} is not a segment"))
         })?;
         self.free += bytes;
@@ -103,15 +104,20 @@ impl DeviceMemory for TrialDevice {
         Ok(TRIAL_GRANULARITY)
     }
 
-    fn reserve_address_range(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+    fn reserve_address_range(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         self.take_addresses(bytes)
     }
 
-    fn free_address_range(&mut self, _base: u64, _bytes: u64) -> Result<(), DeviceError> {
+    fn free_address_range(&mut self, _base: DevicePtr, _bytes: u64) -> Result<(), DeviceError> {
         Ok(())
     }
 
-    fn map_pages(&mut self, _address: u64, bytes: u64, _page: u64) -> Result<(), DeviceError> {
+    fn map_pages(
+        &mut self,
+        _address: DevicePtr,
+        bytes: u64,
+        _page: u64,
+    ) -> Result<(), DeviceError> {
         if bytes > self.free {
             return Err(DeviceError::OutOfMemory);
         }
@@ -119,7 +125,12 @@ impl DeviceMemory for TrialDevice {
         Ok(())
     }
 
-    fn unmap_pages(&mut self, _address: u64, bytes: u64, _page: u64) -> Result<(), DeviceError> {
+    fn unmap_pages(
+        &mut self,
+        _address: DevicePtr,
+        bytes: u64,
+        _page: u64,
+    ) -> Result<(), DeviceError> {
         self.free += bytes;
         Ok(())
     }
@@ -202,8 +213,11 @@ mod tests {
         let range = device.reserve_address_range(1 << 30).expect("free of cost");
         assert_eq!(device.mem_get_info(), Ok((40 * mib, 100 * mib)));
         device.map_pages(range, 40 * mib, 20 * mib).expect("fits");
+        let beyond = range
+            .offset_within(1 << 30, 40 * mib, 20 * mib)
+            .expect("inside the range");
         assert_eq!(
-            device.map_pages(range + 40 * mib, 20 * mib, 20 * mib),
+            device.map_pages(beyond, 20 * mib, 20 * mib),
             Err(DeviceError::OutOfMemory)
         );
         assert_eq!(device.malloc(2 * mib), Err(DeviceError::OutOfMemory));

@@ -13,6 +13,7 @@
 use super::block::{Block, BlockId, Pool, SegmentId, NIL};
 use super::expandable::{page_size, reserved_pages, ExpandableSegment, SegmentTable};
 use super::{AllocError, CachingAllocator, EventKind, Request};
+use crate::device::DeviceError;
 
 impl CachingAllocator {
     /// PyTorch's `try_allocate_expandable_block`: finds the lowest-addressed place of the
@@ -40,7 +41,7 @@ impl CachingAllocator {
             let remaining = size - self.blocks.at(candidate).size;
             let next = self.blocks.at(candidate).next;
             let Some(next_block) = self.blocks.get(next) else {
-                return Err(AllocError::Device(
+                return Err(AllocError::Internal(
                     "expandable segment: the space found for a request ran out".into(),
                 ));
             };
@@ -94,23 +95,24 @@ impl CachingAllocator {
         // cuMemCreate fail. Checking first gives that failure a clear message.
         let granularity = self.device.allocation_granularity()?;
         if granularity == 0 || !page.is_multiple_of(granularity) {
-            return Err(AllocError::Device(format!(
+            return Err(AllocError::Device(DeviceError::Unsupported(format!(
                 "expandable segments map pages of {page} bytes, which the device's allocation granularity of {granularity} bytes does not divide"
-            )));
+            ))));
         }
         let pages = reserved_pages(self.device.total_memory(), page);
         let bytes = page
             .checked_mul(pages)
             .filter(|&bytes| bytes > 0)
             .ok_or_else(|| {
-                AllocError::Device(format!(
+                AllocError::Device(DeviceError::InvalidArgument(format!(
                     "expandable segment: cannot reserve {pages} pages of {page} bytes"
-                ))
+                )))
             })?;
-        let base = self.device.reserve_address_range(bytes)?;
+        let range = self.device.reserve_address_range(bytes)?;
+        let base = range.addr();
         let segment = self
             .expandable
-            .insert(ExpandableSegment::new(base, page, pages, stream, pool));
+            .insert(ExpandableSegment::new(range, page, pages, stream, pool));
         let id = self.blocks.insert(Block {
             stream,
             ptr: base,
@@ -295,9 +297,9 @@ impl CachingAllocator {
         let whole = self
             .expandable
             .get(segment_id)
-            .is_some_and(|segment| segment.base == ptr && segment.size() == size);
+            .is_some_and(|segment| segment.base.addr() == ptr && segment.size() == size);
         if mapped || !whole {
-            return Err(AllocError::Device(format!(
+            return Err(AllocError::Internal(format!(
                 "expandable segment at {ptr:#x}: the block disagrees with the segment"
             )));
         }
@@ -320,6 +322,6 @@ fn segment_of(
     ptr: u64,
 ) -> Result<&mut ExpandableSegment, AllocError> {
     segments.get_mut(id).ok_or_else(|| {
-        AllocError::Device(format!("block at {ptr:#x} is not in an expandable segment"))
+        AllocError::Internal(format!("block at {ptr:#x} is not in an expandable segment"))
     })
 }

@@ -1,6 +1,11 @@
 //! Where bytes live: the [`DeviceMemory`] trait the caching allocator draws segments from, and
 //! its implementations — a simulated GPU ([`sim`]) and a real CUDA device through cudarc
-//! ([`cuda`]) — plus the driver's own view of memory ([`nvml`]).
+//! ([`cuda`]) — plus the driver's own view of memory (NVML, [`DriverMemory`]).
+//!
+//! Device memory is named by [`DevicePtr`]s, which only a device makes, and kernels write only
+//! into [`DeviceSpan`]s borrowed from the memory's owner. The driver wrappers, NVRTC, NVML and
+//! the kernels themselves are crate-private; the `bench-internals` feature (on by default, for
+//! the binary's `gpumem bench randn`) exposes what the benchmark needs in `device::bench`.
 //!
 //! The allocator knows devices only through this trait: it asks for whole segments on a cache
 //! miss (`cudaMalloc`), returns them on `empty_cache` (`cudaFree`) and reads the driver's free and
@@ -8,12 +13,18 @@
 //! uses the driver's virtual memory management instead (`cuMemAddressReserve`, `cuMemCreate` +
 //! `cuMemMap` + `cuMemSetAccess`, `cuMemUnmap` + `cuMemRelease`, `cuMemAddressFree`).
 
+mod address;
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub mod bench;
 pub mod cuda;
-pub mod kernels;
-pub mod nvml;
+pub(crate) mod nvml;
 pub mod sim;
+mod span;
 pub mod spec;
 
+pub use address::{DevicePtr, MemorySpace};
+pub use span::DeviceSpan;
 pub use spec::DeviceSpec;
 
 use thiserror::Error;
@@ -204,6 +215,9 @@ pub fn vmm_unsupported() -> DeviceError {
 /// driver's virtual memory management calls. The virtual-memory calls have default bodies that
 /// refuse with [`vmm_unsupported`], so a device without them still works in every other mode.
 ///
+/// Addresses are [`DevicePtr`]s, which only the device layer makes: an implementation outside
+/// it wraps [`sim::SimDevice`] or [`cuda::CudaDevice`] and passes their addresses on.
+///
 /// # The virtual-memory contract (expandable segments)
 ///
 /// The allocator reserves one virtual range per expandable segment, maps whole pages into it
@@ -219,9 +233,10 @@ pub fn vmm_unsupported() -> DeviceError {
 pub trait DeviceMemory {
     /// Reserves a segment of exactly `bytes` bytes and returns its device address.
     /// Fails with [`DeviceError::OutOfMemory`] when the device cannot fit it.
-    fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError>;
-    /// Returns a segment obtained from [`DeviceMemory::malloc`].
-    fn free(&mut self, address: u64) -> Result<(), DeviceError>;
+    fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError>;
+    /// Returns a segment obtained from this device's [`DeviceMemory::malloc`]; an address that
+    /// is not one of its live segments is refused ([`DeviceError::InvalidArgument`]).
+    fn free(&mut self, segment: DevicePtr) -> Result<(), DeviceError>;
     /// `(free, total)` bytes as `cudaMemGetInfo` reports them.
     fn mem_get_info(&self) -> Result<(u64, u64), DeviceError>;
     /// The device's total memory (`cudaDeviceProp::totalGlobalMem`); the base of
@@ -255,7 +270,7 @@ pub trait DeviceMemory {
     /// granularity; the base must be aligned to at least the granularity. No device memory is
     /// used. Fails with [`DeviceError::Driver`] when no such range is available (PyTorch raises
     /// a driver error then, not an out-of-memory error).
-    fn reserve_address_range(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+    fn reserve_address_range(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         let _ = bytes;
         Err(vmm_unsupported())
     }
@@ -264,7 +279,7 @@ pub trait DeviceMemory {
     /// (`cuMemAddressFree(base, bytes)`): `base` and `bytes` are exactly the reservation's. The
     /// allocator unmaps every page of the range first. Freeing a range that is not reserved is
     /// an error ([`DeviceError::InvalidArgument`]), never a silent success.
-    fn free_address_range(&mut self, base: u64, bytes: u64) -> Result<(), DeviceError> {
+    fn free_address_range(&mut self, base: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         let _ = (base, bytes);
         Err(vmm_unsupported())
     }
@@ -280,7 +295,7 @@ pub trait DeviceMemory {
     /// handles this call already created, map nothing and return
     /// [`DeviceError::OutOfMemory`] — the allocator then frees cached memory and retries, as
     /// PyTorch does. Any other failure is [`DeviceError::Driver`].
-    fn map_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+    fn map_pages(&mut self, address: DevicePtr, bytes: u64, page: u64) -> Result<(), DeviceError> {
         let _ = (address, bytes, page);
         Err(vmm_unsupported())
     }
@@ -292,7 +307,12 @@ pub trait DeviceMemory {
     /// ([`DeviceError::InvalidArgument`]). The memory may still be in use by queued work: as PyTorch
     /// does (`cudaStreamSynchronize`, or `cudaDeviceSynchronize` without a stream), wait for
     /// the device before unmapping.
-    fn unmap_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+    fn unmap_pages(
+        &mut self,
+        address: DevicePtr,
+        bytes: u64,
+        page: u64,
+    ) -> Result<(), DeviceError> {
         let _ = (address, bytes, page);
         Err(vmm_unsupported())
     }

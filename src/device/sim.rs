@@ -7,7 +7,7 @@
 use std::cell::Cell;
 use std::collections::BTreeMap;
 
-use super::{DeviceError, DeviceMemory, DriverMemory, ProcessMemory};
+use super::{DeviceError, DeviceMemory, DevicePtr, DriverMemory, MemorySpace, ProcessMemory};
 
 const MIB: u64 = 1 << 20;
 
@@ -417,7 +417,7 @@ impl SimDevice {
 }
 
 impl DeviceMemory for SimDevice {
-    fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+    fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         self.touch_context();
         if bytes == 0 {
             return Err(DeviceError::InvalidArgument("cudaMalloc of 0 bytes".into()));
@@ -432,11 +432,12 @@ impl DeviceMemory for SimDevice {
             .ok_or(DeviceError::OutOfMemory)?;
         self.used += pages;
         self.segments.insert(address, bytes);
-        Ok(address)
+        Ok(DevicePtr::simulated(address))
     }
 
-    fn free(&mut self, address: u64) -> Result<(), DeviceError> {
+    fn free(&mut self, segment: DevicePtr) -> Result<(), DeviceError> {
         self.touch_context();
+        let address = segment.addr_in(MemorySpace::Simulated, "cudaFree")?;
         let Some(bytes) = self.segments.remove(&address) else {
             return Err(DeviceError::InvalidArgument(format!(
                 "cudaFree of {address:#x}, which is not a segment"
@@ -485,7 +486,7 @@ impl DeviceMemory for SimDevice {
         Ok(VMM_GRANULARITY)
     }
 
-    fn reserve_address_range(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+    fn reserve_address_range(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         self.touch_context();
         if bytes == 0 || !bytes.is_multiple_of(VMM_GRANULARITY) {
             return Err(DeviceError::InvalidArgument(format!(
@@ -494,6 +495,7 @@ impl DeviceMemory for SimDevice {
         }
         self.addresses
             .place_reservation(bytes, VMM_GRANULARITY)
+            .map(DevicePtr::simulated)
             .ok_or_else(|| {
                 DeviceError::InvalidArgument(format!(
                     "cuMemAddressReserve of {bytes} bytes: no virtual address range that large is free"
@@ -501,8 +503,9 @@ impl DeviceMemory for SimDevice {
             })
     }
 
-    fn free_address_range(&mut self, base: u64, bytes: u64) -> Result<(), DeviceError> {
+    fn free_address_range(&mut self, base: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         self.touch_context();
+        let base = base.addr_in(MemorySpace::Simulated, "cuMemAddressFree")?;
         let end = base.saturating_add(bytes);
         if self.pages.range(base..end).next().is_some() {
             return Err(DeviceError::InvalidArgument(format!(
@@ -517,8 +520,9 @@ impl DeviceMemory for SimDevice {
         Ok(())
     }
 
-    fn map_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+    fn map_pages(&mut self, address: DevicePtr, bytes: u64, page: u64) -> Result<(), DeviceError> {
         self.touch_context();
+        let address = address.addr_in(MemorySpace::Simulated, "map_pages")?;
         self.check_pages("map_pages", address, bytes, page)?;
         if self.pages.range(address..address + bytes).next().is_some() {
             return Err(DeviceError::InvalidArgument(format!(
@@ -537,8 +541,14 @@ impl DeviceMemory for SimDevice {
         Ok(())
     }
 
-    fn unmap_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+    fn unmap_pages(
+        &mut self,
+        address: DevicePtr,
+        bytes: u64,
+        page: u64,
+    ) -> Result<(), DeviceError> {
         self.touch_context();
+        let address = address.addr_in(MemorySpace::Simulated, "unmap_pages")?;
         self.check_pages("unmap_pages", address, bytes, page)?;
         let count = bytes / page;
         let all_mapped =
@@ -582,6 +592,12 @@ impl DeviceMemory for SimDevice {
 mod tests {
     use super::*;
 
+    /// The simulated address `offset` bytes past `base` (tests probe misaligned and outside
+    /// addresses, which the allocator never derives).
+    fn at(base: DevicePtr, offset: u64) -> DevicePtr {
+        DevicePtr::simulated(base.addr() + offset)
+    }
+
     #[test]
     fn refuses_what_does_not_fit_and_frees() {
         let mut device = SimDevice::new(1 << 30);
@@ -617,7 +633,7 @@ mod tests {
         assert_eq!(addresses.allocate(200 << 40), None);
         let mut device = SimDevice::new(MAX_TOTAL_MEMORY);
         let big = device.malloc(60 << 40).expect("60 TiB fits the window");
-        assert!(big >= VA_FLOOR);
+        assert!(big.addr() >= VA_FLOOR);
         assert_eq!(device.malloc(8 << 40), Err(DeviceError::OutOfMemory));
     }
 
@@ -627,12 +643,17 @@ mod tests {
         let free = device.mem_get_info().expect("info").0;
         assert_eq!(device.allocation_granularity(), Ok(2 * MIB));
         let base = device.reserve_address_range(100 * MIB).expect("reserve");
-        assert_eq!(base % (2 * MIB), 0);
-        assert_eq!(base, VMM_FLOOR, "the first range at the measured floor");
+        assert!(base.is_aligned(2 * MIB));
+        assert_eq!(base.space(), MemorySpace::Simulated);
+        assert_eq!(
+            base.addr(),
+            VMM_FLOOR,
+            "the first range at the measured floor"
+        );
         let other = device.reserve_address_range(40 * MIB).expect("reserve");
         assert_eq!(
-            other,
-            (base + 100 * MIB).div_ceil(VMM_ALIGN) * VMM_ALIGN,
+            other.addr(),
+            (base.addr() + 100 * MIB).div_ceil(VMM_ALIGN) * VMM_ALIGN,
             "bottom-up, on the next 32 MiB boundary"
         );
         device.free_address_range(base, 100 * MIB).expect("free");
@@ -647,14 +668,16 @@ mod tests {
         // Refusals: already mapped, misaligned, outside, unmapped, partial.
         assert!(device.map_pages(base, 20 * MIB, 20 * MIB).is_err());
         assert!(device
-            .map_pages(base + 2 * MIB, 20 * MIB, 20 * MIB)
+            .map_pages(at(base, 2 * MIB), 20 * MIB, 20 * MIB)
             .is_err());
         assert!(device
-            .map_pages(base + 80 * MIB, 40 * MIB, 20 * MIB)
+            .map_pages(at(base, 80 * MIB), 40 * MIB, 20 * MIB)
             .is_err());
-        assert!(device.map_pages(base + 40 * MIB, 3 * MIB, 3 * MIB).is_err());
         assert!(device
-            .unmap_pages(base + 40 * MIB, 20 * MIB, 20 * MIB)
+            .map_pages(at(base, 40 * MIB), 3 * MIB, 3 * MIB)
+            .is_err());
+        assert!(device
+            .unmap_pages(at(base, 40 * MIB), 20 * MIB, 20 * MIB)
             .is_err());
         assert!(device.unmap_pages(base, 40 * MIB, 2 * MIB).is_err());
         assert!(
@@ -682,7 +705,8 @@ mod tests {
             "freed twice"
         );
         // cudaMalloc segments avoid reservations and the other way round.
-        let segment = device.malloc(64 * MIB).expect("malloc");
+        let segment = device.malloc(64 * MIB).expect("malloc").addr();
+        let other = other.addr();
         assert!(segment + 64 * MIB <= other || segment >= other + 40 * MIB);
     }
 
@@ -714,9 +738,19 @@ mod tests {
     #[test]
     fn first_segments_land_where_the_h200_put_them() {
         let mut device = SimDevice::h200();
-        assert_eq!(device.malloc(2 * MIB), Ok(VA_TOP - 98 * MIB));
-        assert_eq!(device.malloc(20 * MIB), Ok(VA_TOP - 24 * MIB));
-        let big = device.malloc(100 * MIB).expect("fits");
-        assert_eq!(big, VA_TOP - VA_PRETAKEN - 128 * MIB);
+        let mut next = |bytes| device.malloc(bytes).map(DevicePtr::addr);
+        assert_eq!(next(2 * MIB), Ok(VA_TOP - 98 * MIB));
+        assert_eq!(next(20 * MIB), Ok(VA_TOP - 24 * MIB));
+        assert_eq!(next(100 * MIB), Ok(VA_TOP - VA_PRETAKEN - 128 * MIB));
+    }
+
+    #[test]
+    fn another_devices_addresses_are_refused() {
+        let mut device = SimDevice::new(1 << 30);
+        let segment = device.malloc(2 * MIB).expect("fits");
+        let gpu = DevicePtr::cuda(segment.addr(), 0);
+        let error = device.free(gpu).expect_err("not simulated memory");
+        assert!(error.to_string().contains("is memory of cuda:0"), "{error}");
+        assert_eq!(device.free(segment), Ok(()));
     }
 }

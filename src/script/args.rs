@@ -26,7 +26,7 @@ pub fn tensor_fail<T>(function: &str, error: TensorError) -> BindingResult<T> {
         TensorError::Alloc(AllocError::OutOfMemory(oom)) => {
             Err(super::oom_error::OomError::new(&oom).into_error())
         }
-        TensorError::Interrupted => super::control::Stop::Interrupted.error(),
+        TensorError::Interrupted => super::stop::Stop::Interrupted.error(),
         other => fail(function, other),
     }
 }

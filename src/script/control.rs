@@ -1,36 +1,10 @@
-//! How a script stops early on purpose or by force: `exit(code)`, Ctrl-C, and the stack
-//! guard. Each ends the script with Rhai's uncatchable "terminated" error carrying a [`Stop`],
-//! which [`crate::script::ScriptError`] turns into its message or exit status.
+//! How a script stops early on purpose: `exit(code)`. It ends the script with Rhai's
+//! uncatchable "terminated" error carrying a [`Stop`] (as Ctrl-C and the stack guard do).
 
-use rhai::{Dynamic, Engine, EvalAltResult, Position, INT};
+use rhai::{Dynamic, Engine, INT};
 
 use super::args::{wrong_type, BindingResult};
-
-/// Why a script was terminated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stop {
-    /// `exit(code)` was called: the process (or the REPL) ends with this status.
-    Exit(u8),
-    /// Ctrl-C.
-    Interrupted,
-    /// The script stack is nearly full ([`super::stack::nearly_full`]).
-    StackFull,
-}
-
-impl Stop {
-    /// The terminating error carrying this reason.
-    pub fn error<T>(self) -> BindingResult<T> {
-        Err(Box::new(EvalAltResult::ErrorTerminated(
-            Dynamic::from(self),
-            Position::NONE,
-        )))
-    }
-
-    /// The reason a terminated script's value carries, if it is one of these.
-    pub fn of(value: &Dynamic) -> Option<Stop> {
-        value.clone().try_cast::<Stop>()
-    }
-}
+use super::stop::Stop;
 
 /// Registers `exit()` and `exit(code)`, replacing Rhai's own `exit`, which ends a script as if it
 /// had finished normally and so cannot set the process's exit status.

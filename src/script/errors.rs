@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use rhai::{EvalAltResult, ParseError, ParseErrorType, Position};
 use thiserror::Error;
 
-use super::control::Stop;
 use super::limits::MAX_EXPR_DEPTH;
 use super::stack::SCRIPT_STACK_BYTES;
+use super::stop::Stop;
 use super::INTERRUPTED;
 
 /// A script that could not be read, compiled or run to the end.

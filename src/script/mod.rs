@@ -18,6 +18,7 @@ pub mod sandbox;
 pub mod snapshot_api;
 pub mod stack;
 pub mod stdlib;
+pub mod stop;
 pub mod suggest;
 pub mod tensor_api;
 pub mod values_api;
@@ -34,10 +35,10 @@ use std::sync::Arc;
 use rhai::{Dynamic, Engine, Scope, AST};
 
 use crate::tensor::{interrupt, Devices};
-use control::Stop;
 pub use errors::{Origins, ScriptError};
 pub use limits::Limits;
 pub use stack::{on_script_stack, SCRIPT_STACK_BYTES};
+use stop::Stop;
 
 /// The message of a script stopped by Ctrl-C.
 pub const INTERRUPTED: &str = "interrupted (Ctrl-C)";

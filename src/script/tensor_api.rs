@@ -21,11 +21,15 @@ fn device_for(
     shape: &[usize],
     dtype: DType,
 ) -> BindingResult<Rc<Runtime>> {
-    // A shape too large to count fails in the constructor, with its own message.
-    let nbytes = shape::nbytes(shape, dtype.size()).unwrap_or(0);
-    let runtime = devices
-        .for_allocation(nbytes)
-        .or_else(|error| tensor_fail(function, error))?;
+    // A shape too large to count fails in the constructor, with its own message, before
+    // anything touches the device (as PyTorch refuses it before choosing a device).
+    let runtime = if shape::nbytes(shape, dtype.size()).is_ok() {
+        devices
+            .for_allocation()
+            .or_else(|error| tensor_fail(function, error))?
+    } else {
+        devices.current()
+    };
     stamp(context, &runtime);
     Ok(runtime)
 }

@@ -8,20 +8,92 @@
 use super::convert::stored_value;
 use super::philox;
 use super::{Contents, DType, TensorError};
+use crate::device::DeviceSpan;
 
-/// A contiguous run of elements on the device, with what is known about them.
+/// A contiguous run of elements on the device, with what is known about them: the elements a
+/// tensor view covers, borrowed from its storage for as long as the span lives. Made only by
+/// [`Tensor::span`](super::Tensor::span); the device memory and the element count always agree.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Span {
-    /// Device address of the first element.
-    pub ptr: u64,
+pub struct Span<'a> {
+    memory: DeviceSpan<'a>,
+    numel: usize,
+    dtype: DType,
+    contents: Contents,
+    first: u64,
+}
+
+impl<'a> Span<'a> {
+    /// The span of `numel` elements of `dtype` in `memory` (exactly their bytes), starting at
+    /// element `first` of a storage that holds `contents`.
+    pub(super) fn new(
+        memory: DeviceSpan<'a>,
+        numel: usize,
+        dtype: DType,
+        contents: Contents,
+        first: u64,
+    ) -> Result<Span<'a>, TensorError> {
+        let bytes = (numel as u64).checked_mul(dtype.size() as u64);
+        if bytes != Some(memory.bytes()) {
+            return Err(TensorError::OutOfRange(format!(
+                "{numel} elements of {dtype} do not fill {} bytes of device memory",
+                memory.bytes()
+            )));
+        }
+        Ok(Span {
+            memory,
+            numel,
+            dtype,
+            contents,
+            first,
+        })
+    }
+
+    /// The `count` elements after the first `skip` of this span (the last values a display
+    /// shows), borrowed from the same storage; an error when they do not lie inside it.
+    pub fn elements(&self, skip: usize, count: usize) -> Result<Span<'a>, TensorError> {
+        let width = self.dtype.size() as u64;
+        let outside = || {
+            TensorError::OutOfRange(format!(
+                "elements {skip} .. {skip} + {count} of a span of {}",
+                self.numel
+            ))
+        };
+        let offset = (skip as u64).checked_mul(width).ok_or_else(outside)?;
+        let bytes = (count as u64).checked_mul(width).ok_or_else(outside)?;
+        let memory = self.memory.part(offset, bytes).map_err(|_| outside())?;
+        Span::new(
+            memory,
+            count,
+            self.dtype,
+            self.contents,
+            self.first + skip as u64,
+        )
+    }
+
+    /// The elements' device memory, borrowed from the storage.
+    pub fn memory(&self) -> DeviceSpan<'a> {
+        self.memory
+    }
+
     /// Number of elements.
-    pub numel: usize,
+    pub fn numel(&self) -> usize {
+        self.numel
+    }
+
     /// Element type.
-    pub dtype: DType,
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
     /// What the storage holds.
-    pub contents: Contents,
+    pub fn contents(&self) -> Contents {
+        self.contents
+    }
+
     /// Index of the first element within its storage (views start part-way in).
-    pub first: u64,
+    pub fn first(&self) -> u64 {
+        self.first
+    }
 }
 
 /// Elementwise arithmetic.
@@ -51,9 +123,9 @@ impl BinaryOp {
 
 /// One side of an elementwise operation.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Operand {
+pub enum Operand<'a> {
     /// A tensor of the result's shape.
-    Tensor(Span),
+    Tensor(Span<'a>),
     /// A number broadcast to every element.
     Scalar(f64),
 }
@@ -85,23 +157,23 @@ impl Reduction {
 /// reads (`reduce`, `read`) wait for it, and [`Backend::synchronize`] waits for everything.
 pub trait Backend {
     /// Sets every element of `dst` to `value` (cast to its dtype).
-    fn fill(&self, dst: &Span, value: f64) -> Result<(), TensorError>;
+    fn fill(&self, dst: &Span<'_>, value: f64) -> Result<(), TensorError>;
     /// Writes generator values `offset .. offset + numel` of the stream `seed` into `dst`.
-    fn randn(&self, dst: &Span, seed: u64, offset: u64) -> Result<(), TensorError>;
+    fn randn(&self, dst: &Span<'_>, seed: u64, offset: u64) -> Result<(), TensorError>;
     /// Copies `src` into `dst` (same dtype and element count).
-    fn copy(&self, dst: &Span, src: &Span) -> Result<(), TensorError>;
+    fn copy(&self, dst: &Span<'_>, src: &Span<'_>) -> Result<(), TensorError>;
     /// `out = lhs op rhs` elementwise; at least one operand is a tensor.
     fn binary(
         &self,
         op: BinaryOp,
-        lhs: Operand,
-        rhs: Operand,
-        out: &Span,
+        lhs: Operand<'_>,
+        rhs: Operand<'_>,
+        out: &Span<'_>,
     ) -> Result<(), TensorError>;
     /// Reduces every element of `src` to one number.
-    fn reduce(&self, op: Reduction, src: &Span) -> Result<f64, TensorError>;
+    fn reduce(&self, op: Reduction, src: &Span<'_>) -> Result<f64, TensorError>;
     /// The first `count` elements of `src`, as numbers.
-    fn read(&self, src: &Span, count: usize) -> Result<Vec<f64>, TensorError>;
+    fn read(&self, src: &Span<'_>, count: usize) -> Result<Vec<f64>, TensorError>;
     /// Waits until every operation launched so far has finished (`torch.cuda.synchronize()`).
     /// Nothing is ever pending on the simulated device.
     fn synchronize(&self) -> Result<(), TensorError> {
@@ -244,77 +316,88 @@ impl Backend for SimBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alloc::AllocConf;
+    use crate::device::sim::SimDevice;
+    use crate::tensor::{Runtime, Tensor};
 
-    fn span(contents: Contents, numel: usize) -> Span {
-        Span {
-            ptr: 0,
-            numel,
-            dtype: DType::Float32,
-            contents,
-            first: 0,
-        }
+    /// Runs `check` on the span of `numel` float32 elements, from element `first` of a storage
+    /// on a simulated H200 that holds `contents`.
+    fn with_span<R>(
+        contents: Contents,
+        numel: usize,
+        first: usize,
+        check: impl FnOnce(&Span<'_>) -> R,
+    ) -> R {
+        let runtime = Runtime::sim(SimDevice::h200(), AllocConf::default()).expect("runtime");
+        let tensor = Tensor::empty(&runtime, &[first + numel], DType::Float32).expect("tensor");
+        tensor.storage().set_contents(contents);
+        let view = tensor.slice(0, first, first + numel).expect("view");
+        check(&view.span().expect("span"))
     }
 
     #[test]
     fn constants_have_no_rounding_noise() {
-        let constant = span(Contents::Constant(10000.1), 1_000_000);
-        assert_eq!(
-            reduce_from_contents(Reduction::Std, &constant).ok(),
-            Some(0.0)
-        );
         let stored = f64::from(10000.1_f32);
-        assert_eq!(
-            reduce_from_contents(Reduction::Mean, &constant).ok(),
-            Some(stored)
-        );
-        let empty = span(Contents::Constant(1.0), 0);
-        assert!(reduce_from_contents(Reduction::Mean, &empty).is_ok_and(f64::is_nan));
-        assert_eq!(reduce_from_contents(Reduction::Sum, &empty).ok(), Some(0.0));
+        with_span(Contents::Constant(10000.1), 1_000_000, 0, |constant| {
+            assert_eq!(
+                reduce_from_contents(Reduction::Std, constant).ok(),
+                Some(0.0)
+            );
+            assert_eq!(
+                reduce_from_contents(Reduction::Mean, constant).ok(),
+                Some(stored)
+            );
+        });
+        with_span(Contents::Constant(1.0), 0, 0, |empty| {
+            assert!(reduce_from_contents(Reduction::Mean, empty).is_ok_and(f64::is_nan));
+            assert_eq!(reduce_from_contents(Reduction::Sum, empty).ok(), Some(0.0));
+        });
     }
 
     #[test]
     fn huge_generated_reductions_are_refused_on_sim() {
-        let huge = span(
-            Contents::Normal { seed: 1, offset: 0 },
-            MAX_SIM_REDUCTION_VALUES + 1,
-        );
-        let error = reduce_from_contents(Reduction::Sum, &huge).expect_err("refused");
-        assert!(error.to_string().contains("too slow"), "{error}");
+        let contents = Contents::Normal { seed: 1, offset: 0 };
+        with_span(contents, MAX_SIM_REDUCTION_VALUES + 1, 0, |huge| {
+            let error = reduce_from_contents(Reduction::Sum, huge).expect_err("refused");
+            assert!(error.to_string().contains("too slow"), "{error}");
+        });
     }
 
     #[test]
     fn constants_reduce_in_closed_form() {
-        let ones = span(Contents::Constant(1.0), 10);
-        assert_eq!(SimBackend.reduce(Reduction::Sum, &ones), Ok(10.0));
-        assert_eq!(SimBackend.reduce(Reduction::Mean, &ones), Ok(1.0));
-        assert_eq!(SimBackend.reduce(Reduction::Std, &ones), Ok(0.0));
-        assert_eq!(SimBackend.read(&ones, 3), Ok(vec![1.0; 3]));
+        with_span(Contents::Constant(1.0), 10, 0, |ones| {
+            assert_eq!(SimBackend.reduce(Reduction::Sum, ones), Ok(10.0));
+            assert_eq!(SimBackend.reduce(Reduction::Mean, ones), Ok(1.0));
+            assert_eq!(SimBackend.reduce(Reduction::Std, ones), Ok(0.0));
+            assert_eq!(SimBackend.read(ones, 3), Ok(vec![1.0; 3]));
+        });
     }
 
     #[test]
     fn normal_values_follow_the_view_offset() {
         let contents = Contents::Normal { seed: 3, offset: 8 };
-        let whole = SimBackend.read(&span(contents, 16), 16).expect("values");
-        let view = Span {
-            first: 5,
-            ..span(contents, 11)
-        };
-        assert_eq!(SimBackend.read(&view, 11).expect("values"), whole[5..]);
+        let whole = with_span(contents, 16, 0, |span| SimBackend.read(span, 16)).expect("values");
+        let view = with_span(contents, 11, 5, |span| {
+            assert_eq!(span.first(), 5);
+            assert_eq!(span.memory().bytes(), 44);
+            SimBackend.read(span, 11)
+        });
+        assert_eq!(view.expect("values"), whole[5..]);
         let expected = f64::from(philox::normal_at(3, 13));
         assert_eq!(whole[5], expected);
     }
 
     #[test]
     fn computed_values_are_a_clear_error_on_sim() {
-        let error = SimBackend.read(&span(Contents::Computed, 4), 4);
+        let error = with_span(Contents::Computed, 4, 0, |span| SimBackend.read(span, 4));
         assert_eq!(
             error,
             Err(TensorError::Unsupported(
                 "values of computed tensors are only available on a CUDA device".into()
             ))
         );
-        assert!(SimBackend
-            .reduce(Reduction::Sum, &span(Contents::Uninitialized, 4))
-            .is_err());
+        with_span(Contents::Uninitialized, 4, 0, |span| {
+            assert!(SimBackend.reduce(Reduction::Sum, span).is_err());
+        });
     }
 }

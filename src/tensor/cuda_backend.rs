@@ -1,14 +1,14 @@
 //! The CUDA implementation of [`Backend`]: maps tensor operations onto the kernels of
-//! `device::kernels` for the session's GPU. Every operation first makes the GPU's primary
-//! context current on the calling thread ([`CudaGpu::activate`]).
+//! `device::cuda::kernels` for the session's GPU. Every operation first makes the GPU's primary
+//! context current on the calling thread (`CudaGpu::activate`).
 
 use std::sync::Arc;
 
 use super::backend::{finish_reduction, Backend, BinaryOp, Operand, Reduction, Span};
 use super::convert::{decode, fill_pattern};
 use super::{DType, TensorError};
-use crate::device::cuda::{CudaGpu, Current, DevicePtr};
-use crate::device::kernels::{ElementwiseOp, Kernels, Operands, RandnFormat};
+use crate::device::cuda::kernels::{ElementwiseOp, Kernels, Operands, RandnFormat};
+use crate::device::cuda::{CudaGpu, Current};
 
 /// Runs tensor operations on a CUDA GPU.
 pub struct CudaBackend {
@@ -33,22 +33,19 @@ impl CudaBackend {
 /// needs both devices' contexts (the source's exists: it holds the tensor).
 pub fn copy_between_gpus(
     to: &Arc<CudaGpu>,
-    dst: &Span,
+    dst: &Span<'_>,
     from: &Arc<CudaGpu>,
-    src: &Span,
+    src: &Span<'_>,
 ) -> Result<(), TensorError> {
     if Arc::ptr_eq(to, from) {
         return CudaBackend::new(Arc::clone(to)).copy(dst, src);
     }
-    let bytes = (src.numel * src.dtype.size()) as u64;
-    if bytes == 0 {
+    if src.memory().bytes() == 0 {
         return Ok(());
     }
     let source = from.context()?;
     let current = to.activate()?;
-    // SAFETY: `dst` is a live tensor of `to` and `src` one of `from`, both `bytes` long (same
-    // dtype and element count); the tensors outlive the call.
-    unsafe { current.copy_from_peer(DevicePtr(dst.ptr), source, DevicePtr(src.ptr), bytes) }?;
+    current.copy_from_peer(dst.memory(), source, src.memory())?;
     Ok(())
 }
 
@@ -74,13 +71,13 @@ fn elementwise(op: BinaryOp) -> ElementwiseOp {
     }
 }
 
-fn float32_only(what: &str, span: &Span) -> Result<(), TensorError> {
-    if span.dtype == DType::Float32 {
+fn float32_only(what: &str, span: &Span<'_>) -> Result<(), TensorError> {
+    if span.dtype() == DType::Float32 {
         Ok(())
     } else {
         Err(TensorError::Unsupported(format!(
             "{what} on {} tensors is not supported yet (float32 only)",
-            span.dtype
+            span.dtype()
         )))
     }
 }
@@ -90,62 +87,47 @@ impl Backend for CudaBackend {
         Ok(self.gpu.synchronize()?)
     }
 
-    fn fill(&self, dst: &Span, value: f64) -> Result<(), TensorError> {
-        let pattern = fill_pattern(dst.dtype, value);
+    fn fill(&self, dst: &Span<'_>, value: f64) -> Result<(), TensorError> {
+        let pattern = fill_pattern(dst.dtype(), value);
         let (current, kernels) = self.kernels()?;
-        kernels.fill(
-            &current,
-            DevicePtr(dst.ptr),
-            dst.numel as u64,
-            dst.dtype.size(),
-            pattern,
-        )?;
+        let width = dst.dtype().size() as u64;
+        kernels.fill(&current, dst.memory(), width, pattern)?;
         Ok(())
     }
 
-    fn randn(&self, dst: &Span, seed: u64, offset: u64) -> Result<(), TensorError> {
-        let format = randn_format(dst.dtype)?;
+    fn randn(&self, dst: &Span<'_>, seed: u64, offset: u64) -> Result<(), TensorError> {
+        let format = randn_format(dst.dtype())?;
         let (current, kernels) = self.kernels()?;
-        kernels.randn(
-            &current,
-            format,
-            DevicePtr(dst.ptr),
-            dst.numel as u64,
-            seed,
-            offset,
-        )?;
+        kernels.randn(&current, format, dst.memory(), seed, offset)?;
         Ok(())
     }
 
-    fn copy(&self, dst: &Span, src: &Span) -> Result<(), TensorError> {
+    fn copy(&self, dst: &Span<'_>, src: &Span<'_>) -> Result<(), TensorError> {
         let current = self.gpu.activate()?;
-        let bytes = (src.numel * src.dtype.size()) as u64;
-        // SAFETY: both spans are live tensors of this device, `bytes` long (same dtype and
-        // element count).
-        unsafe { current.copy_device(DevicePtr(dst.ptr), DevicePtr(src.ptr), bytes) }?;
+        current.copy_device(dst.memory(), src.memory())?;
         Ok(())
     }
 
     fn binary(
         &self,
         op: BinaryOp,
-        lhs: Operand,
-        rhs: Operand,
-        out: &Span,
+        lhs: Operand<'_>,
+        rhs: Operand<'_>,
+        out: &Span<'_>,
     ) -> Result<(), TensorError> {
         let operands = match (lhs, rhs) {
             (Operand::Tensor(a), Operand::Tensor(b)) => {
                 float32_only(op.symbol(), &a)?;
                 float32_only(op.symbol(), &b)?;
-                Operands::Tensors(DevicePtr(a.ptr), DevicePtr(b.ptr))
+                Operands::Tensors(a.memory(), b.memory())
             }
             (Operand::Tensor(a), Operand::Scalar(s)) => {
                 float32_only(op.symbol(), &a)?;
-                Operands::TensorScalar(DevicePtr(a.ptr), s as f32)
+                Operands::TensorScalar(a.memory(), s as f32)
             }
             (Operand::Scalar(s), Operand::Tensor(b)) => {
                 float32_only(op.symbol(), &b)?;
-                Operands::ScalarTensor(s as f32, DevicePtr(b.ptr))
+                Operands::ScalarTensor(s as f32, b.memory())
             }
             (Operand::Scalar(_), Operand::Scalar(_)) => {
                 return Err(TensorError::Unsupported(format!(
@@ -154,29 +136,23 @@ impl Backend for CudaBackend {
                 )))
             }
         };
+        float32_only(op.symbol(), out)?;
         let (current, kernels) = self.kernels()?;
-        kernels.binary_f32(
-            &current,
-            elementwise(op),
-            operands,
-            DevicePtr(out.ptr),
-            out.numel as u64,
-        )?;
+        kernels.binary_f32(&current, elementwise(op), operands, out.memory())?;
         Ok(())
     }
 
-    fn reduce(&self, op: Reduction, src: &Span) -> Result<f64, TensorError> {
+    fn reduce(&self, op: Reduction, src: &Span<'_>) -> Result<f64, TensorError> {
         float32_only(op.name(), src)?;
         let (current, kernels) = self.kernels()?;
-        let n = src.numel as u64;
-        let ptr = DevicePtr(src.ptr);
-        let (sum, squares) = kernels.moments_f32(&current, ptr, n, 0.0)?;
+        let n = src.numel() as u64;
+        let (sum, squares) = kernels.moments_f32(&current, src.memory(), 0.0)?;
         if op != Reduction::Std || n < 2 {
             return Ok(finish_reduction(op, n as f64, sum, squares));
         }
         // Second pass around the mean, so a large mean does not cancel the variance away.
         let mean = sum / n as f64;
-        let (shifted_sum, shifted_squares) = kernels.moments_f32(&current, ptr, n, mean)?;
+        let (shifted_sum, shifted_squares) = kernels.moments_f32(&current, src.memory(), mean)?;
         Ok(finish_reduction(
             Reduction::Std,
             n as f64,
@@ -185,12 +161,11 @@ impl Backend for CudaBackend {
         ))
     }
 
-    fn read(&self, src: &Span, count: usize) -> Result<Vec<f64>, TensorError> {
+    fn read(&self, src: &Span<'_>, count: usize) -> Result<Vec<f64>, TensorError> {
         let current = self.gpu.activate()?;
-        let count = count.min(src.numel);
-        let mut bytes = vec![0u8; count * src.dtype.size()];
-        // SAFETY: the span is a live tensor of this device holding at least `count` elements.
-        unsafe { current.copy_to_host(&mut bytes, DevicePtr(src.ptr)) }?;
-        Ok(decode(src.dtype, &bytes))
+        let count = count.min(src.numel());
+        let mut bytes = vec![0u8; count * src.dtype().size()];
+        current.copy_to_host(&mut bytes, src.memory())?;
+        Ok(decode(src.dtype(), &bytes))
     }
 }

@@ -205,14 +205,14 @@ impl Devices {
         result
     }
 
-    /// The current device, ready for an allocation of `nbytes` bytes: as PyTorch's allocator
-    /// does before each (non-empty) allocation, a device made current without its context
-    /// becomes the CUDA runtime's current device, which creates the context.
-    pub fn for_allocation(&self, nbytes: u64) -> Result<Rc<Runtime>, TensorError> {
-        if nbytes > 0 {
-            let activation = self.step(Selection::settle);
-            self.activate(activation)?;
-        }
+    /// The current device, ready for a tensor to be made there: a device made current without
+    /// its context becomes the CUDA runtime's current device, which creates the context. This
+    /// holds for a tensor of 0 bytes too, which allocates nothing: PyTorch 2.11's
+    /// `torch.empty(0, device="cuda")` creates the context all the same (measured on the H200 by
+    /// tests/gpu/contexts.py, case "a tensor of 0 bytes").
+    pub fn for_allocation(&self) -> Result<Rc<Runtime>, TensorError> {
+        let activation = self.step(Selection::settle);
+        self.activate(activation)?;
         Ok(self.current())
     }
 
@@ -354,7 +354,7 @@ mod tests {
         devices.with_selected(1, || {}).expect("device 1 exists");
         assert_eq!(contexts(&devices), [false, true]);
         // Back on 0 without its context; the next allocation there creates it.
-        devices.for_allocation(512).expect("device 0");
+        devices.for_allocation().expect("device 0");
         assert_eq!(contexts(&devices), [true, true]);
     }
 
@@ -369,7 +369,7 @@ mod tests {
     fn copies_go_to_the_right_device_and_free_there() {
         let devices = two_gpus();
         let x = Tensor::full(
-            &devices.for_allocation(4096).expect("current"),
+            &devices.for_allocation().expect("current"),
             &[1024],
             2.0,
             DType::Float32,
@@ -407,7 +407,7 @@ mod tests {
         let devices = two_gpus();
         devices.select(1).expect("select");
         let kept = Tensor::empty(
-            &devices.for_allocation(512).expect("current"),
+            &devices.for_allocation().expect("current"),
             &[512],
             DType::UInt8,
         )

@@ -27,7 +27,7 @@ use crate::alloc::{
 };
 use crate::device::cuda::{CudaDevice, CudaGpu};
 use crate::device::sim::SimDevice;
-use crate::device::{DeviceError, DeviceMemory};
+use crate::device::{DeviceError, DeviceMemory, DeviceSpan};
 use backend::{Backend, SimBackend, Span};
 use cuda_backend::CudaBackend;
 pub use devices::{Devices, NoSuchDevice};
@@ -332,7 +332,12 @@ impl Runtime {
     /// Copies `src`, a span of `source`'s device, into `dst` on this runtime's device: a
     /// device-to-device copy between two GPUs, or on simulated devices nothing to do (the
     /// caller carries the recorded contents over).
-    pub fn copy_from(&self, dst: &Span, source: &Runtime, src: &Span) -> Result<(), TensorError> {
+    pub fn copy_from(
+        &self,
+        dst: &Span<'_>,
+        source: &Runtime,
+        src: &Span<'_>,
+    ) -> Result<(), TensorError> {
         match (&self.origin, &source.origin) {
             (DeviceOrigin::Sim(_), DeviceOrigin::Sim(_)) => Ok(()),
             (DeviceOrigin::Cuda(to), DeviceOrigin::Cuda(from)) => {
@@ -410,7 +415,7 @@ pub struct Storage {
 impl Storage {
     /// The device address of the first byte (0 for an empty tensor).
     pub fn data_ptr(&self) -> u64 {
-        self.allocation.ptr
+        self.allocation.ptr.addr()
     }
 
     /// Bytes the tensor asked for (unrounded).
@@ -431,6 +436,18 @@ impl Storage {
     /// The runtime whose allocator owns the block.
     pub fn runtime(&self) -> &Rc<Runtime> {
         &self.runtime
+    }
+
+    /// The storage's device memory, borrowed for as long as the storage is: what kernel
+    /// launches on its tensors write and read.
+    pub(crate) fn device_span(&self) -> DeviceSpan<'_> {
+        // SAFETY: `allocation` is the block the allocator handed out for this storage, from
+        // its device's memory (its address derived from the segment's by the allocator),
+        // holding at least `nbytes` bytes (the request it was rounded up from). It goes back
+        // to its allocator only when the storage drops, which the borrow of `self` rules out
+        // while the span lives, and its allocator lives as long as the runtime this storage
+        // holds.
+        unsafe { DeviceSpan::new(self.allocation.ptr, self.nbytes) }
     }
 }
 
@@ -485,7 +502,7 @@ impl Tensor {
     ) -> Result<Tensor, TensorError> {
         convert::check_representable(dtype, value)?;
         let tensor = Tensor::empty(runtime, shape, dtype)?;
-        runtime.backend().fill(&tensor.span(), value)?;
+        runtime.backend().fill(&tensor.span()?, value)?;
         tensor.storage.set_contents(Contents::Constant(value));
         Ok(tensor)
     }
@@ -504,7 +521,7 @@ impl Tensor {
         }
         let tensor = Tensor::empty(runtime, shape, dtype)?;
         let (seed, offset) = runtime.take_random(tensor.numel() as u64);
-        runtime.backend().randn(&tensor.span(), seed, offset)?;
+        runtime.backend().randn(&tensor.span()?, seed, offset)?;
         tensor
             .storage
             .set_contents(Contents::Normal { seed, offset });
@@ -555,15 +572,21 @@ impl Tensor {
         &self.storage.runtime
     }
 
-    /// The elements this view covers, as the backend sees them.
-    pub fn span(&self) -> Span {
-        Span {
-            ptr: self.data_ptr(),
-            numel: self.numel(),
-            dtype: self.dtype,
-            contents: self.storage.contents(),
-            first: self.offset as u64,
-        }
+    /// The elements this view covers, as the backend sees them, borrowed from the storage:
+    /// the part of the storage's device memory the view covers (an error, never expected, when
+    /// the view does not lie inside its storage).
+    pub fn span(&self) -> Result<Span<'_>, TensorError> {
+        let start = (self.offset as u64)
+            .checked_mul(self.dtype.size() as u64)
+            .ok_or_else(|| TensorError::OutOfRange(format!("element {}", self.offset)))?;
+        let memory = self.storage.device_span().part(start, self.nbytes())?;
+        Span::new(
+            memory,
+            self.numel(),
+            self.dtype,
+            self.storage.contents(),
+            self.offset as u64,
+        )
     }
 
     /// Whether the view covers its whole storage from the start.

@@ -4,7 +4,7 @@
 
 use std::rc::Rc;
 
-use super::backend::{BinaryOp, Operand, Reduction, Span};
+use super::backend::{BinaryOp, Operand, Reduction};
 use super::{Contents, DType, Runtime, Tensor, TensorError};
 
 /// The most elements `to_array()` copies to the host (4 MB of float32): larger reads are
@@ -54,14 +54,9 @@ impl Tensor {
         }
         let head = self.leading_values(DISPLAY_EDGE_ITEMS)?;
         let skipped = numel - DISPLAY_EDGE_ITEMS;
-        let full = self.span();
         // Views are contiguous, so the last elements are one span at the end of this one.
-        let tail = Span {
-            ptr: full.ptr + (skipped * self.dtype().size()) as u64,
-            numel: DISPLAY_EDGE_ITEMS,
-            first: full.first + skipped as u64,
-            ..full
-        };
+        let full = self.span().ok()?;
+        let tail = full.elements(skipped, DISPLAY_EDGE_ITEMS).ok()?;
         let tail = self
             .runtime()
             .backend()
@@ -78,7 +73,7 @@ impl Tensor {
         }
         self.runtime()
             .backend()
-            .read(&self.span(), count.min(self.numel()))
+            .read(&self.span().ok()?, count.min(self.numel()))
             .ok()
     }
 
@@ -91,7 +86,7 @@ impl Tensor {
                 self.numel()
             )));
         }
-        self.runtime().backend().read(&self.span(), self.numel())
+        self.runtime().backend().read(&self.span()?, self.numel())
     }
 
     /// The single value of a one-element tensor (`t.item()`).
@@ -102,7 +97,7 @@ impl Tensor {
                 self.numel()
             )));
         }
-        let values = self.runtime().backend().read(&self.span(), 1)?;
+        let values = self.runtime().backend().read(&self.span()?, 1)?;
         values
             .first()
             .copied()
@@ -113,7 +108,7 @@ impl Tensor {
     pub fn clone_values(&self) -> Result<Tensor, TensorError> {
         let runtime = Rc::clone(self.runtime());
         let copy = Tensor::empty(&runtime, &self.shape, self.dtype)?;
-        runtime.backend().copy(&copy.span(), &self.span())?;
+        runtime.backend().copy(&copy.span()?, &self.span()?)?;
         copy.storage.set_contents(self.contents_of_copy());
         Ok(copy)
     }
@@ -126,7 +121,7 @@ impl Tensor {
             return Ok(self.clone());
         }
         let copy = Tensor::empty(runtime, &self.shape, self.dtype)?;
-        runtime.copy_from(&copy.span(), self.runtime(), &self.span())?;
+        runtime.copy_from(&copy.span()?, self.runtime(), &self.span()?)?;
         copy.storage.set_contents(self.contents_of_copy());
         Ok(copy)
     }
@@ -180,13 +175,15 @@ impl Tensor {
         }
         let runtime = Rc::clone(template.runtime());
         let out = Tensor::empty(&runtime, &template.shape, DType::Float32)?;
-        let operand = |arg: Arg<'_>| match arg {
-            Arg::Tensor(tensor) => Operand::Tensor(tensor.span()),
-            Arg::Scalar(value) => Operand::Scalar(value),
-        };
+        fn operand(arg: Arg<'_>) -> Result<Operand<'_>, TensorError> {
+            match arg {
+                Arg::Tensor(tensor) => tensor.span().map(Operand::Tensor),
+                Arg::Scalar(value) => Ok(Operand::Scalar(value)),
+            }
+        }
         runtime
             .backend()
-            .binary(op, operand(lhs), operand(rhs), &out.span())?;
+            .binary(op, operand(lhs)?, operand(rhs)?, &out.span()?)?;
         out.storage.set_contents(Contents::Computed);
         Ok(out)
     }
@@ -200,7 +197,7 @@ impl Tensor {
                 self.dtype
             )));
         }
-        self.runtime().backend().reduce(op, &self.span())
+        self.runtime().backend().reduce(op, &self.span()?)
     }
 }
 

@@ -4,11 +4,12 @@
 //!
 //! Value `j` of a stream keyed by `seed` depends only on `(seed, j)`: Philox is applied to the
 //! counter `j / 4` with the key `(seed low 32 bits, seed high 32 bits)`, its four words become
-//! two pairs of words and each pair two normals. The CUDA kernel (`src/device/kernels/randn.cu`)
+//! two pairs of words and each pair two normals. The CUDA kernel (`src/device/cuda/kernels/randn.cu`)
 //! does exactly this arithmetic in float32 — every step an IEEE operation with a stated rounding
 //! — so the simulated device can read the values of freshly generated tensors and
 //! `gpumem bench randn` can check the GPU bit for bit. This file and `randn.cu` change together;
-//! `tests/randn_twins.rs` compiles `randn.cu` as host C++ and compares the two.
+//! `gpumem bench randn`'s host check (`src/cli/bench/randn/host_check.rs`) compiles `randn.cu` as
+//! host C++ and compares the two.
 
 /// Philox4x32 multipliers.
 const M0: u32 = 0xD251_1F53;
@@ -17,15 +18,9 @@ const M1: u32 = 0xCD9E_8D57;
 const W0: u32 = 0x9E37_79B9;
 const W1: u32 = 0xBB67_AE85;
 
-/// Philox rounds of the production generator, shared with the CUDA kernel (the device layer
-/// compiles `randn.cu` with this count), so changing it changes both sides together.
-///
-/// 7 is the smallest round count Salmon et al. report as passing TestU01's BigCrush for
-/// Philox4x32 (their "Philox4x32-7"; they recommend 10 for a safety margin, which curand and
-/// PyTorch use). gpumem uses 7 because randn is bound by Philox's 32×32→64-bit multiplies on the
-/// GPU: 7 rounds make it about a quarter faster (README, "randn"). 10 is supported as well
-/// (pinned values and statistical tests cover both).
-pub const PHILOX_ROUNDS: usize = 7;
+/// Philox rounds of the production generator: the device layer's count (the CUDA kernels are
+/// compiled with it), which this twin follows, so changing it there changes both sides together.
+pub use crate::device::cuda::kernels::PHILOX_ROUNDS;
 
 /// The round counts the generator supports (7: Philox4x32-7, 10: Philox4x32-10).
 pub const SUPPORTED_ROUNDS: [usize; 2] = [7, 10];
@@ -93,7 +88,7 @@ pub const SQRT_HALF_BITS: u32 = 0x3F35_04F3;
 const HIGH_BITS: u32 = 0xFF80_0000;
 
 /// P(f) ≈ −2 ln(1+f) / f on [√½ − 1, √2 − 1], degree 8, highest order first. Minimax
-/// (src/device/kernels/fit_randn_poly.py); max relative error 3.0e-8 with these float32
+/// (src/device/cuda/kernels/fit_randn_poly.py); max relative error 3.0e-8 with these float32
 /// coefficients.
 #[allow(clippy::excessive_precision)]
 pub const LOG_POLY: [f32; 9] = [
@@ -303,6 +298,30 @@ mod tests {
     #[test]
     fn production_rounds_are_supported() {
         assert!(SUPPORTED_ROUNDS.contains(&PHILOX_ROUNDS));
+    }
+
+    #[test]
+    fn the_devices_key_schedule_gives_this_twins_philox() {
+        // Philox with the device layer's key schedule (computed on the host once per launch),
+        // round by round as randn.cu runs it, equals this twin's Philox (which derives the keys
+        // itself), for every supported round count.
+        use crate::device::cuda::kernels::PhiloxKeys;
+        let seed = 0x0123_4567_89AB_CDEF;
+        let keys = PhiloxKeys::new(seed);
+        for rounds in SUPPORTED_ROUNDS {
+            let mut c = [7u32, 9, 0, 0];
+            for round in keys.k.chunks_exact(2).take(rounds) {
+                let p0 = u64::from(keys.m0) * u64::from(c[0]);
+                let p1 = u64::from(keys.m1) * u64::from(c[2]);
+                c = [
+                    (p1 >> 32) as u32 ^ c[1] ^ round[0],
+                    p1 as u32,
+                    (p0 >> 32) as u32 ^ c[3] ^ round[1],
+                    p0 as u32,
+                ];
+            }
+            assert_eq!(c, block_words(seed, 7 | (9 << 32), rounds));
+        }
     }
 
     #[test]

@@ -143,6 +143,17 @@ no_panics() {
 # were blessed on sim; scripts pinned to sim by a directive still run on sim).
 golden_cuda() { (cd "$REPO" && "$GPUMEM" --device cuda:0 test tests/golden); }
 
+# Issue 15: every dtype's randn kernel (one launch path; float64/float16/bfloat16 grid-stride)
+# writes what the CPU twin computes, and a long tensor's display reads its last values back:
+# randn_dtypes.rhai prints the same values on cuda:0 and sim.
+randn_dtypes() {
+    local cuda sim
+    cuda=$("$GPUMEM" --device cuda:0 run randn_dtypes.rhai 2>&1) || { echo "$cuda"; return 1; }
+    sim=$("$GPUMEM" --device sim run randn_dtypes.rhai 2>&1) || { echo "$sim"; return 1; }
+    echo "$cuda"
+    diff <(echo "$sim") <(echo "$cuda") && echo "cuda and sim values identical"
+}
+
 # Issue 4: every experiment script runs to completion on the GPU (they check themselves).
 scripts_cuda() {
     local script ok=0
@@ -279,6 +290,7 @@ check context-figures-cuda context_figures
 check expandable-cycles expandable_cycles
 check walkthrough-cuda-equals-sim walkthrough_same_on_sim
 check values-cuda script_ok cuda:0 values.rhai
+check randn-dtypes-cuda-equals-sim randn_dtypes
 check randn-bench randn_bench
 check oom-fraction-0.02 oom_keeps_nine
 check no-panics no_panics

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
 
-use crate::device::DeviceError;
+use crate::device::{DeviceError, DevicePtr, DeviceSpan, MemorySpace};
 
 /// The oldest driver the bindings work with: gpumem is built against CUDA 13.0's driver API
 /// (`cuda-13000`), whose versioned entry points (e.g. `cuEventElapsedTime_v2`) older drivers
@@ -292,11 +292,6 @@ impl PrimaryContext {
         Ok(PrimaryContext { raw, device })
     }
 
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
-    }
-
     /// Makes the context current on this thread, unless this thread already did, and returns
     /// the proof calls that need it take.
     pub fn current(&self) -> Result<Current<'_>, DeviceError> {
@@ -348,7 +343,7 @@ impl Drop for PrimaryContext {
     }
 }
 
-/// Proof that a [`PrimaryContext`] is current on this thread; calls that need a context take
+/// Proof that a `PrimaryContext` is current on this thread; calls that need a context take
 /// one. Not `Send`: it speaks for the thread that made it.
 #[derive(Debug, Clone, Copy)]
 pub struct Current<'a> {
@@ -361,6 +356,11 @@ impl Current<'_> {
     /// this thread since); a thread-local compare when nothing changed.
     fn check(&self) -> Result<(), DeviceError> {
         self.context.ensure_current()
+    }
+
+    /// Whose memory this context's kernels and copies may touch: its device's.
+    pub fn space(&self) -> MemorySpace {
+        MemorySpace::cuda(self.context.device.ordinal)
     }
 
     /// Waits until all work launched in the context has finished (`cuCtxSynchronize`).
@@ -383,10 +383,11 @@ impl Current<'_> {
         self.check()?;
         let size = usize::try_from(bytes)
             .map_err(|_| DeviceError::InvalidArgument(format!("cannot allocate {bytes} bytes")))?;
+        let ordinal = self.context.device.ordinal;
         // SAFETY: the context is current; the caller owns the segment and frees it with
         // `mem_free`.
         unsafe { cu::malloc_sync(size) }
-            .map(DevicePtr)
+            .map(|raw| DevicePtr::cuda(raw, ordinal))
             .map_err(failed_allocating("cuMemAlloc"))
     }
 
@@ -398,69 +399,87 @@ impl Current<'_> {
     pub unsafe fn mem_free(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
         self.check()?;
         // SAFETY: as the caller promises.
-        unsafe { cu::free_sync(ptr.0) }.map_err(failed("cuMemFree"))
+        unsafe { cu::free_sync(ptr.addr()) }.map_err(failed("cuMemFree"))
     }
 
-    /// Copies `dst.len()` bytes from device address `src` to the host, after all work launched
-    /// before (`cuMemcpyDtoH` on the legacy default stream).
-    ///
-    /// # Safety
-    /// `src .. src + dst.len()` must be device memory of this context.
-    pub unsafe fn copy_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<(), DeviceError> {
+    /// Copies the first `dst.len()` bytes of `src` to the host, after all work launched
+    /// before (`cuMemcpyDtoH` on the legacy default stream). Refused when `src` is shorter or
+    /// is not this device's memory.
+    pub fn copy_to_host(&self, dst: &mut [u8], src: DeviceSpan<'_>) -> Result<(), DeviceError> {
         if dst.is_empty() {
             return Ok(());
         }
+        let from = src.address_in(self.space(), "cuMemcpyDtoH")?;
+        if (dst.len() as u64) > src.bytes() {
+            return Err(DeviceError::InvalidArgument(format!(
+                "cuMemcpyDtoH: {} bytes asked of a span of {}",
+                dst.len(),
+                src.bytes()
+            )));
+        }
         self.check()?;
-        // SAFETY: as the caller promises; synchronous copy into `dst`.
-        unsafe { cu::memcpy_dtoh_sync(dst, src.0) }.map_err(failed("cuMemcpyDtoH"))
+        // SAFETY: `src` is live memory of this device for the borrow it carries, at least
+        // `dst.len()` bytes long (both checked above); the copy is synchronous, so it ends
+        // within that borrow, and writes only `dst`.
+        unsafe { cu::memcpy_dtoh_sync(dst, from) }.map_err(failed("cuMemcpyDtoH"))
     }
 
-    /// Copies `bytes` bytes between device addresses (`cuMemcpyDtoD`).
-    ///
-    /// # Safety
-    /// Both ranges must be device memory of this context, `bytes` long.
-    pub unsafe fn copy_device(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: u64,
-    ) -> Result<(), DeviceError> {
+    /// Copies all of `src` to the front of `dst` (`cuMemcpyDtoD`). Refused when `dst` is
+    /// shorter or either is not this device's memory.
+    pub fn copy_device(&self, dst: DeviceSpan<'_>, src: DeviceSpan<'_>) -> Result<(), DeviceError> {
+        let bytes = src.bytes();
         if bytes == 0 {
             return Ok(());
+        }
+        let to = dst.address_in(self.space(), "cuMemcpyDtoD")?;
+        let from = src.address_in(self.space(), "cuMemcpyDtoD")?;
+        if dst.bytes() < bytes {
+            return Err(DeviceError::InvalidArgument(format!(
+                "cuMemcpyDtoD: {bytes} bytes do not fit a span of {}",
+                dst.bytes()
+            )));
         }
         self.check()?;
         let size = usize::try_from(bytes)
             .map_err(|_| DeviceError::InvalidArgument(format!("cannot copy {bytes} bytes")))?;
-        // SAFETY: as the caller promises.
-        unsafe { cu::memcpy_dtod_sync(dst.0, src.0, size) }.map_err(failed("cuMemcpyDtoD"))
+        // SAFETY: both spans are live memory of this device for the borrows they carry, and
+        // `dst` holds at least the `bytes` bytes of `src` (checked above).
+        unsafe { cu::memcpy_dtod_sync(to, from, size) }.map_err(failed("cuMemcpyDtoD"))
     }
 }
 
 impl Current<'_> {
-    /// Copies `bytes` bytes from `src`, device memory of another device's context `source`,
-    /// to `dst` in this context (`cuMemcpyPeer`): the copy between two GPUs behind
+    /// Copies all of `src`, memory of the device whose primary context is `source`, to the
+    /// front of `dst` in this context (`cuMemcpyPeer`): the copy between two GPUs behind
     /// `t.to(i)`. It is ordered after the work queued in both contexts, and work queued after
-    /// it in either context sees the copied bytes.
-    ///
-    /// # Safety
-    /// `dst .. dst + bytes` must be device memory of this context and `src .. src + bytes`
-    /// device memory of `source`'s, neither freed while the copy runs.
-    pub unsafe fn copy_from_peer(
+    /// it in either context sees the copied bytes. Refused when `dst` is shorter, `dst` is not
+    /// this device's memory or `src` not `source`'s device's.
+    pub fn copy_from_peer(
         &self,
-        dst: DevicePtr,
+        dst: DeviceSpan<'_>,
         source: &PrimaryContext,
-        src: DevicePtr,
-        bytes: u64,
+        src: DeviceSpan<'_>,
     ) -> Result<(), DeviceError> {
+        let bytes = src.bytes();
         if bytes == 0 {
             return Ok(());
+        }
+        let to = dst.address_in(self.space(), "cuMemcpyPeer")?;
+        let from = src.address_in(MemorySpace::cuda(source.device.ordinal), "cuMemcpyPeer")?;
+        if dst.bytes() < bytes {
+            return Err(DeviceError::InvalidArgument(format!(
+                "cuMemcpyPeer: {bytes} bytes do not fit a span of {}",
+                dst.bytes()
+            )));
         }
         self.check()?;
         let size = usize::try_from(bytes)
             .map_err(|_| DeviceError::InvalidArgument(format!("cannot copy {bytes} bytes")))?;
         // SAFETY: both contexts are retained for the call's duration (`self` borrows this
-        // one, `source` the other); the ranges are as the caller promises.
-        unsafe { sys::cuMemcpyPeer(dst.0, self.context.raw, src.0, source.raw, size) }
+        // one, `source` the other); `dst` is live memory of this context's device and `src`
+        // of `source`'s for the borrows they carry, and `dst` holds all `bytes` bytes of `src`
+        // (checked above).
+        unsafe { sys::cuMemcpyPeer(to, self.context.raw, from, source.raw, size) }
             .result()
             .map_err(failed("cuMemcpyPeer"))
     }
@@ -549,7 +568,7 @@ impl Current<'_> {
         unsafe { sys::cuMemAddressReserve(&mut base, size, 0, 0, 0) }
             .result()
             .map_err(failed("cuMemAddressReserve"))?;
-        Ok(DevicePtr(base))
+        Ok(DevicePtr::cuda(base, self.context.device.ordinal))
     }
 
     /// Frees a reservation made by [`Current::address_reserve`] (`cuMemAddressFree`).
@@ -560,7 +579,7 @@ impl Current<'_> {
         self.check()?;
         let size = driver_size(bytes, "an address reservation")?;
         // SAFETY: as the caller promises.
-        unsafe { sys::cuMemAddressFree(base.0, size) }
+        unsafe { sys::cuMemAddressFree(base.addr(), size) }
             .result()
             .map_err(failed("cuMemAddressFree"))
     }
@@ -592,7 +611,7 @@ impl Current<'_> {
         self.check()?;
         let size = driver_size(memory.bytes, "a mapping")?;
         // SAFETY: as the caller promises.
-        unsafe { sys::cuMemMap(address.0, size, 0, memory.handle, 0) }
+        unsafe { sys::cuMemMap(address.addr(), size, 0, memory.handle, 0) }
             .result()
             .map_err(failed_allocating("cuMemMap"))
     }
@@ -613,7 +632,7 @@ impl Current<'_> {
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         // SAFETY: one descriptor, living across the call; the range is mapped as promised.
-        unsafe { sys::cuMemSetAccess(address.0, size, &access, 1) }
+        unsafe { sys::cuMemSetAccess(address.addr(), size, &access, 1) }
             .result()
             .map_err(failed_allocating("cuMemSetAccess"))
     }
@@ -627,32 +646,9 @@ impl Current<'_> {
         self.check()?;
         let size = driver_size(bytes, "an unmapping")?;
         // SAFETY: as the caller promises.
-        unsafe { sys::cuMemUnmap(address.0, size) }
+        unsafe { sys::cuMemUnmap(address.addr(), size) }
             .result()
             .map_err(failed("cuMemUnmap"))
-    }
-}
-
-/// A device address (`CUdeviceptr`). `#[repr(transparent)]`, so a kernel parameter declared
-/// `T*` receives it as is.
-#[repr(transparent)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DevicePtr(pub u64);
-
-impl DevicePtr {
-    /// The address.
-    pub fn addr(self) -> u64 {
-        self.0
-    }
-
-    /// The address `bytes` further on.
-    pub fn offset(self, bytes: u64) -> DevicePtr {
-        DevicePtr(self.0 + bytes)
-    }
-
-    /// Whether the address is a multiple of `align`.
-    pub fn is_aligned(self, align: u64) -> bool {
-        self.0.is_multiple_of(align)
     }
 }
 
@@ -711,7 +707,7 @@ impl Module {
         // SAFETY: `raw` is a loaded module; the context is current.
         let (ptr, bytes) = unsafe { cu::module::get_global(self.raw, c_name) }
             .map_err(failed("cuModuleGetGlobal"))?;
-        Ok((DevicePtr(ptr), bytes))
+        Ok((DevicePtr::cuda(ptr, self.context.device.ordinal), bytes))
     }
 }
 
@@ -797,12 +793,15 @@ pub fn param<T>(value: &mut T) -> *mut c_void {
 }
 
 /// A CUDA event (`CUevent`) for timing work on the legacy default stream; destroyed on drop.
+/// Only `gpumem bench randn` times kernels, so only the `bench-internals` feature has it.
+#[cfg(feature = "bench-internals")]
 #[derive(Debug)]
 pub struct Event<'a> {
     raw: sys::CUevent,
     context: &'a PrimaryContext,
 }
 
+#[cfg(feature = "bench-internals")]
 impl<'a> Event<'a> {
     /// A new event with timing enabled (`cuEventCreate`, default flags).
     pub fn new(current: &Current<'a>) -> Result<Event<'a>, DeviceError> {
@@ -836,6 +835,7 @@ impl<'a> Event<'a> {
     }
 }
 
+#[cfg(feature = "bench-internals")]
 impl Drop for Event<'_> {
     fn drop(&mut self) {
         let raw = self.raw;

@@ -7,33 +7,35 @@
 //! Stream-ordered pools, managed memory and cudarc's `CudaSlice` are deliberately not used: they
 //! would hide segments in the driver's own pool, out of the allocator's (and NVML's) sight.
 //!
-//! Layers: [`driver`] wraps the driver API (the only caller of `cudarc::driver`), [`nvrtc`] the
-//! compiler; this module owns the handles; `device::kernels` launches kernels through them.
+//! Layers: `driver` wraps the driver API (the only caller of `cudarc::driver`), `nvrtc` the
+//! compiler; this module owns the handles; `kernels` launches kernels through them.
 //!
 //! Set `GPUMEM_LOG=cuda` to have one line on stderr for the context's creation and for each
 //! NVRTC compilation, with its time.
 
-pub mod driver;
-pub mod nvrtc;
+pub(crate) mod driver;
+pub(crate) mod kernels;
+pub(crate) mod nvrtc;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
-pub use driver::{Current, DevicePtr, Module, PhysicalMemory, PrimaryContext, MIN_DRIVER_VERSION};
+pub use driver::MIN_DRIVER_VERSION;
+pub(crate) use driver::{Current, Module, PhysicalMemory, PrimaryContext};
 
-use super::kernels::Kernels;
 use super::nvml::DriverView;
-use super::{DeviceError, DeviceMemory, DriverMemory, ProcessMemory};
+use super::{DeviceError, DeviceMemory, DevicePtr, DriverMemory, MemorySpace, ProcessMemory};
+use kernels::Kernels;
 
 /// The environment variable naming what gpumem logs on stderr (comma-separated topics).
-pub const LOG_VARIABLE: &str = "GPUMEM_LOG";
+const LOG_VARIABLE: &str = "GPUMEM_LOG";
 /// The [`LOG_VARIABLE`] topic for the CUDA layer.
-pub const LOG_TOPIC: &str = "cuda";
+const LOG_TOPIC: &str = "cuda";
 
 /// Whether `GPUMEM_LOG` names the `cuda` topic (read once per process).
-pub fn logging() -> bool {
+fn logging() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
     *ENABLED.get_or_init(|| {
         std::env::var(LOG_VARIABLE).is_ok_and(|value| {
@@ -65,11 +67,10 @@ fn lock(mutex: &Mutex<()>) -> MutexGuard<'_, ()> {
 /// every session and thread — the [`CudaDevice`] each allocator owns and the tensor layer's
 /// CUDA backend — so the process has one context, one kernel module and one NVML baseline per
 /// device, as PyTorch has. Each thread that uses it makes the context current on itself
-/// ([`CudaGpu::activate`]).
+/// (`CudaGpu::activate`).
 pub struct CudaGpu {
     device: driver::Device,
     name: String,
-    uuid: String,
     total: u64,
     compute_capability: (i32, i32),
     /// Streaming multiprocessors (sizes grid-stride launches).
@@ -130,7 +131,6 @@ impl CudaGpu {
         Ok(CudaGpu {
             device,
             name: device.name()?,
-            uuid,
             total: device.total_memory()?,
             compute_capability: (major, minor),
             multiprocessors: u32::try_from(multiprocessors).unwrap_or(0).max(1),
@@ -153,11 +153,6 @@ impl CudaGpu {
         &self.name
     }
 
-    /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, the form NVML uses.
-    pub fn uuid(&self) -> &str {
-        &self.uuid
-    }
-
     /// `(major, minor)` compute capability.
     pub fn compute_capability(&self) -> (i32, i32) {
         self.compute_capability
@@ -169,7 +164,7 @@ impl CudaGpu {
     }
 
     /// The primary context, created (retained) on first use.
-    pub fn context(&self) -> Result<&Arc<PrimaryContext>, DeviceError> {
+    pub(crate) fn context(&self) -> Result<&Arc<PrimaryContext>, DeviceError> {
         if let Some(context) = self.context.get() {
             return Ok(context);
         }
@@ -198,7 +193,7 @@ impl CudaGpu {
     /// Makes the device's primary context current on this thread (creating it on first use)
     /// and returns the proof that calls needing it take. Every call that touches the device
     /// goes through here.
-    pub fn activate(&self) -> Result<Current<'_>, DeviceError> {
+    pub(crate) fn activate(&self) -> Result<Current<'_>, DeviceError> {
         self.context()?.current()
     }
 
@@ -212,9 +207,13 @@ impl CudaGpu {
     }
 
     /// Compiles `source` (named `name` in messages and logs) with NVRTC for this device and
-    /// loads it into the primary context. Counted ([`CudaGpu::compiles`]) and, under
+    /// loads it into the primary context. Counted (`compiles`) and, under
     /// `GPUMEM_LOG=cuda`, logged with its time.
-    pub fn compile_module(&self, source: &str, name: &str) -> Result<Arc<Module>, DeviceError> {
+    pub(crate) fn compile_module(
+        &self,
+        source: &str,
+        name: &str,
+    ) -> Result<Arc<Module>, DeviceError> {
         let context = self.context()?;
         let start = Instant::now();
         let ptx = nvrtc::compile(source, name, self.compute_capability)?;
@@ -234,13 +233,14 @@ impl CudaGpu {
 
     /// NVRTC compilations made so far through this handle (the production kernels once, plus
     /// one per `gpumem bench randn` run).
-    pub fn compiles(&self) -> usize {
+    #[cfg(feature = "bench-internals")]
+    pub(crate) fn compiles(&self) -> usize {
         self.compiles.load(Ordering::Relaxed)
     }
 
     /// The value kernels, compiled for this device on first use: once per process, whichever
     /// thread or session asks first (the others wait for it).
-    pub fn kernels(&self) -> Result<&Kernels, DeviceError> {
+    pub(crate) fn kernels(&self) -> Result<&Kernels, DeviceError> {
         if let Some(kernels) = self.kernels.get() {
             return Ok(kernels);
         }
@@ -248,10 +248,7 @@ impl CudaGpu {
         if let Some(kernels) = self.kernels.get() {
             return Ok(kernels);
         }
-        let module = self.compile_module(
-            &super::kernels::production_source(),
-            super::kernels::SOURCE_NAME,
-        )?;
+        let module = self.compile_module(&kernels::production_source(), kernels::SOURCE_NAME)?;
         let kernels = Kernels::load(&module, self.multiprocessors)?;
         Ok(self.kernels.get_or_init(|| kernels))
     }
@@ -262,11 +259,15 @@ impl CudaGpu {
 /// `cuMemCreate` allocation mapped per page.
 pub struct CudaDevice {
     gpu: Arc<CudaGpu>,
-    /// Reserved address ranges (`cuMemAddressReserve`): base → bytes.
-    reservations: BTreeMap<u64, u64>,
-    /// Physical pages mapped into those ranges: page address → its allocation, released
-    /// (`cuMemRelease`) when removed after `cuMemUnmap`.
-    pages: BTreeMap<u64, PhysicalMemory>,
+    /// Segments this device allocated (`cuMemAlloc`) and has not freed, by address: only these
+    /// are freed, so a segment of another allocator on the same GPU is never freed from under
+    /// it.
+    segments: BTreeSet<u64>,
+    /// Reserved address ranges (`cuMemAddressReserve`): base → (its address, bytes).
+    reservations: BTreeMap<u64, (DevicePtr, u64)>,
+    /// Physical pages mapped into those ranges: page address → (its address, its allocation),
+    /// released (`cuMemRelease`) when removed after `cuMemUnmap`.
+    pages: BTreeMap<u64, (DevicePtr, PhysicalMemory)>,
 }
 
 impl CudaDevice {
@@ -274,9 +275,15 @@ impl CudaDevice {
     pub fn new(gpu: Arc<CudaGpu>) -> CudaDevice {
         CudaDevice {
             gpu,
+            segments: BTreeSet::new(),
             reservations: BTreeMap::new(),
             pages: BTreeMap::new(),
         }
+    }
+
+    /// Whose memory this device's addresses are.
+    fn space(&self) -> MemorySpace {
+        MemorySpace::cuda(self.gpu.ordinal())
     }
 
     /// Checks that `[address, address + bytes)` is whole pages of `page` bytes inside one
@@ -290,7 +297,7 @@ impl CudaDevice {
         if page == 0 || bytes == 0 || !bytes.is_multiple_of(page) {
             return refuse("not a whole number of pages");
         }
-        let Some((&base, &size)) = self.reservations.range(..=address).next_back() else {
+        let Some((&base, &(_, size))) = self.reservations.range(..=address).next_back() else {
             return refuse("not inside a reserved range");
         };
         let end = address.checked_add(bytes);
@@ -302,16 +309,16 @@ impl CudaDevice {
 
     /// Unmaps and releases the given pages of `mapped` (after the device finished its work).
     fn unmap_each(
-        mapped: &mut BTreeMap<u64, PhysicalMemory>,
+        mapped: &mut BTreeMap<u64, (DevicePtr, PhysicalMemory)>,
         current: &Current<'_>,
         pages: &[u64],
     ) -> Result<(), DeviceError> {
         let mut first_error = Ok(());
         for address in pages {
-            if let Some(memory) = mapped.remove(address) {
+            if let Some((at, memory)) = mapped.remove(address) {
                 // SAFETY: the page was mapped by `map_pages` and is unmapped once, here; the
                 // caller synchronised, so no queued work uses it.
-                let unmapped = unsafe { current.unmap(DevicePtr(*address), memory.bytes()) };
+                let unmapped = unsafe { current.unmap(at, memory.bytes()) };
                 if unmapped.is_err() && first_error.is_ok() {
                     first_error = unmapped;
                 }
@@ -320,24 +327,51 @@ impl CudaDevice {
         }
         first_error
     }
+}
 
-    /// The shared device handle (for the value backend).
-    pub fn gpu(&self) -> &Arc<CudaGpu> {
-        &self.gpu
-    }
+/// The addresses of the `count` pages of `page` bytes that make up `[start, start + bytes)`,
+/// each derived from `start` by a checked offset.
+fn page_addresses(
+    start: DevicePtr,
+    bytes: u64,
+    page: u64,
+    count: u64,
+) -> Result<Vec<DevicePtr>, DeviceError> {
+    (0..count)
+        .map(|index| {
+            index
+                .checked_mul(page)
+                .and_then(|offset| start.offset_within(bytes, offset, page))
+                .ok_or_else(|| {
+                    DeviceError::InvalidArgument(format!(
+                        "page {index} of {page} bytes lies outside [{start:#x}, +{bytes})"
+                    ))
+                })
+        })
+        .collect()
 }
 
 impl DeviceMemory for CudaDevice {
-    fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        Ok(self.gpu.activate()?.mem_alloc(bytes)?.addr())
+    fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        let segment = self.gpu.activate()?.mem_alloc(bytes)?;
+        self.segments.insert(segment.addr());
+        Ok(segment)
     }
 
-    fn free(&mut self, address: u64) -> Result<(), DeviceError> {
+    fn free(&mut self, segment: DevicePtr) -> Result<(), DeviceError> {
+        let address = segment.addr_in(self.space(), "cuMemFree")?;
+        if !self.segments.contains(&address) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "cuMemFree of {address:#x}, which is not a segment of this device"
+            )));
+        }
         let current = self.gpu.activate()?;
-        // SAFETY: the allocator frees only addresses `malloc` returned, once, and only blocks
-        // no tensor uses; work queued on them ran on the same (legacy default) stream, which
-        // cuMemFree waits for.
-        unsafe { current.mem_free(DevicePtr(address)) }
+        // SAFETY: a segment `malloc` returned (checked above), freed once (forgotten below);
+        // the allocator frees only segments no tensor uses, and work queued on them ran on the
+        // same (legacy default) stream, which cuMemFree waits for.
+        unsafe { current.mem_free(segment) }?;
+        self.segments.remove(&address);
+        Ok(())
     }
 
     fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
@@ -376,14 +410,15 @@ impl DeviceMemory for CudaDevice {
         self.gpu.activate()?.allocation_granularity()
     }
 
-    fn reserve_address_range(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        let base = self.gpu.activate()?.address_reserve(bytes)?.addr();
-        self.reservations.insert(base, bytes);
+    fn reserve_address_range(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        let base = self.gpu.activate()?.address_reserve(bytes)?;
+        self.reservations.insert(base.addr(), (base, bytes));
         Ok(base)
     }
 
-    fn free_address_range(&mut self, base: u64, bytes: u64) -> Result<(), DeviceError> {
-        if self.reservations.get(&base) != Some(&bytes) {
+    fn free_address_range(&mut self, range: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        let base = range.addr_in(self.space(), "cuMemAddressFree")?;
+        if self.reservations.get(&base).map(|&(_, size)| size) != Some(bytes) {
             return Err(DeviceError::InvalidArgument(format!(
                 "no reserved range of {bytes} bytes at {base:#x}"
             )));
@@ -395,15 +430,19 @@ impl DeviceMemory for CudaDevice {
         }
         let current = self.gpu.activate()?;
         // SAFETY: exactly a reservation made by `reserve_address_range`, with nothing mapped.
-        unsafe { current.address_free(DevicePtr(base), bytes) }?;
+        unsafe { current.address_free(range, bytes) }?;
         self.reservations.remove(&base);
         Ok(())
     }
 
-    fn map_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+    fn map_pages(&mut self, start: DevicePtr, bytes: u64, page: u64) -> Result<(), DeviceError> {
+        let address = start.addr_in(self.space(), "cuMemMap")?;
         let count = self.page_run(address, bytes, page)?;
-        let addresses: Vec<u64> = (0..count).map(|i| address + i * page).collect();
-        if let Some(mapped) = addresses.iter().find(|a| self.pages.contains_key(a)) {
+        let addresses = page_addresses(start, bytes, page, count)?;
+        if let Some(mapped) = addresses
+            .iter()
+            .find(|at| self.pages.contains_key(&at.addr()))
+        {
             return Err(DeviceError::InvalidArgument(format!(
                 "the page at {mapped:#x} is already mapped"
             )));
@@ -420,10 +459,10 @@ impl DeviceMemory for CudaDevice {
         let mut outcome = Ok(());
         for (&at, memory) in addresses.iter().zip(created) {
             // SAFETY: `at` is a whole page inside a reservation (checked above) and unmapped.
-            match unsafe { current.map(DevicePtr(at), &memory) } {
+            match unsafe { current.map(at, &memory) } {
                 Ok(()) => {
-                    self.pages.insert(at, memory);
-                    mapped.push(at);
+                    self.pages.insert(at.addr(), (at, memory));
+                    mapped.push(at.addr());
                 }
                 Err(error) => {
                     outcome = Err(error);
@@ -433,7 +472,7 @@ impl DeviceMemory for CudaDevice {
         }
         if outcome.is_ok() {
             // SAFETY: every page of the range was just mapped.
-            outcome = unsafe { current.set_access(DevicePtr(address), bytes) };
+            outcome = unsafe { current.set_access(start, bytes) };
         }
         if let Err(error) = outcome {
             // Undo what this call mapped; the error of the mapping is the one to report.
@@ -443,9 +482,13 @@ impl DeviceMemory for CudaDevice {
         Ok(())
     }
 
-    fn unmap_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+    fn unmap_pages(&mut self, start: DevicePtr, bytes: u64, page: u64) -> Result<(), DeviceError> {
+        let address = start.addr_in(self.space(), "cuMemUnmap")?;
         let count = self.page_run(address, bytes, page)?;
-        let addresses: Vec<u64> = (0..count).map(|i| address + i * page).collect();
+        let addresses: Vec<u64> = page_addresses(start, bytes, page, count)?
+            .iter()
+            .map(|at| at.addr())
+            .collect();
         if let Some(missing) = addresses.iter().find(|a| !self.pages.contains_key(a)) {
             return Err(DeviceError::InvalidArgument(format!(
                 "the page at {missing:#x} is not mapped"
@@ -473,10 +516,10 @@ impl Drop for CudaDevice {
         let _ = current.synchronize();
         let pages: Vec<u64> = self.pages.keys().copied().collect();
         let _ = Self::unmap_each(&mut self.pages, &current, &pages);
-        for (&base, &bytes) in &self.reservations {
+        for &(base, bytes) in self.reservations.values() {
             // SAFETY: a reservation of ours with every page unmapped above; a failure leaves
             // the range to the driver, which reclaims it at process exit.
-            let _ = unsafe { current.address_free(DevicePtr(base), bytes) };
+            let _ = unsafe { current.address_free(base, bytes) };
         }
     }
 }

@@ -125,7 +125,7 @@ impl Value {
 }
 
 /// The unpickler's memo: ids are assigned to every memoized value, but only what
-/// [`Value::memo_form`] keeps is stored.
+/// `Value::memo_form` (crate-private) keeps is stored.
 #[derive(Debug, Default)]
 pub struct Memo {
     kept: HashMap<u32, Value>,

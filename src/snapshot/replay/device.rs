@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 
 use crate::device::sim::SimDevice;
-use crate::device::{DeviceError, DeviceMemory, DriverMemory, ProcessMemory};
+use crate::device::{
+    DeviceError, DeviceMemory, DevicePtr, DriverMemory, MemorySpace, ProcessMemory,
+};
 
 /// Recorded `segment_alloc`s (address, size) waiting for the malloc that follows them.
 #[derive(Debug, Clone, Default)]
@@ -41,11 +43,15 @@ impl Hints {
 const PLACEMENT_TRIES: usize = 64;
 
 /// A [`SimDevice`] that puts segments at recorded addresses when it can.
+///
+/// The recorded addresses are numbers from a file; the device hands them out as simulated
+/// device addresses (the one place outside the simulator that makes one from a number, which
+/// is harmless: simulated memory is never written, and every CUDA launch refuses it).
 pub struct ReplayDevice {
     inner: SimDevice,
     hints: Hints,
-    /// Live segments by the address handed out: (size, the simulator's own address).
-    live: BTreeMap<u64, (u64, u64)>,
+    /// Live segments by the address handed out: (size, the simulator's own segment).
+    live: BTreeMap<u64, (u64, DevicePtr)>,
 }
 
 impl ReplayDevice {
@@ -66,7 +72,7 @@ impl ReplayDevice {
 }
 
 impl DeviceMemory for ReplayDevice {
-    fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+    fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         let hinted = self
             .hints
             .take(bytes)
@@ -80,7 +86,7 @@ impl DeviceMemory for ReplayDevice {
                 Ok(own) => own,
                 Err(error) => break Err(error),
             };
-            let address = hinted.unwrap_or(own);
+            let address = hinted.unwrap_or(own.addr());
             if !self.overlaps(address, bytes) {
                 break Ok((address, own));
             }
@@ -96,10 +102,17 @@ impl DeviceMemory for ReplayDevice {
         }
         let (address, own) = placed?;
         self.live.insert(address, (bytes, own));
-        Ok(address)
+        Ok(DevicePtr::simulated(address))
     }
 
-    fn free(&mut self, address: u64) -> Result<(), DeviceError> {
+    fn free(&mut self, segment: DevicePtr) -> Result<(), DeviceError> {
+        let address = segment.addr();
+        if segment.space() != MemorySpace::Simulated {
+            return Err(DeviceError::InvalidArgument(format!(
+                "cudaFree of {address:#x}, which is memory of {}",
+                segment.space()
+            )));
+        }
         let Some((_, own)) = self.live.remove(&address) else {
             return Err(DeviceError::InvalidArgument(format!(
                 "cudaFree of {address:#x}, which is not a segment"
@@ -139,19 +152,24 @@ impl DeviceMemory for ReplayDevice {
         self.inner.allocation_granularity()
     }
 
-    fn reserve_address_range(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+    fn reserve_address_range(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         self.inner.reserve_address_range(bytes)
     }
 
-    fn free_address_range(&mut self, base: u64, bytes: u64) -> Result<(), DeviceError> {
+    fn free_address_range(&mut self, base: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         self.inner.free_address_range(base, bytes)
     }
 
-    fn map_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+    fn map_pages(&mut self, address: DevicePtr, bytes: u64, page: u64) -> Result<(), DeviceError> {
         self.inner.map_pages(address, bytes, page)
     }
 
-    fn unmap_pages(&mut self, address: u64, bytes: u64, page: u64) -> Result<(), DeviceError> {
+    fn unmap_pages(
+        &mut self,
+        address: DevicePtr,
+        bytes: u64,
+        page: u64,
+    ) -> Result<(), DeviceError> {
         self.inner.unmap_pages(address, bytes, page)
     }
 }
@@ -165,15 +183,16 @@ mod tests {
         let hints = Hints::default();
         let mut device = ReplayDevice::new(SimDevice::new(1 << 30), hints.clone());
         hints.push(0x7000_0000_0000, 2 << 20);
-        assert_eq!(device.malloc(2 << 20).ok(), Some(0x7000_0000_0000));
+        let placed = device.malloc(2 << 20).expect("room");
+        assert_eq!(placed.addr(), 0x7000_0000_0000);
         let other = device.malloc(2 << 20).expect("room");
-        assert_ne!(other, 0x7000_0000_0000);
+        assert_ne!(other.addr(), 0x7000_0000_0000);
         hints.push(0x7000_0000_0000, 2 << 20);
         let clash = device.malloc(2 << 20).expect("room");
-        assert_ne!(clash, 0x7000_0000_0000, "overlaps the live one");
-        assert!(device.free(0x7000_0000_0000).is_ok());
+        assert_ne!(clash.addr(), 0x7000_0000_0000, "overlaps the live one");
+        assert!(device.free(placed).is_ok());
         assert!(device.free(other).is_ok() && device.free(clash).is_ok());
-        assert!(device.free(0x7000_0000_0000).is_err());
+        assert!(device.free(placed).is_err());
         assert_eq!(
             device.mem_get_info().map(|(_, total)| total).ok(),
             Some(1 << 30)
@@ -188,13 +207,18 @@ mod tests {
         // Where the simulator would put its next segment, taken by a recorded one.
         let next = {
             let mut probe = SimDevice::new(1 << 30);
-            probe.malloc(2 << 20).expect("room")
+            probe.malloc(2 << 20).expect("room").addr()
         };
         hints.push(next, 2 << 20);
-        assert_eq!(device.malloc(2 << 20).ok(), Some(next));
+        let recorded = device.malloc(2 << 20).expect("room");
+        assert_eq!(recorded.addr(), next);
         let own = device.malloc(2 << 20).expect("another address");
-        assert!(own.abs_diff(next) >= 2 << 20, "{own:#x} overlaps {next:#x}");
-        assert!(device.free(own).is_ok() && device.free(next).is_ok());
+        assert!(
+            own.addr().abs_diff(next) >= 2 << 20,
+            "{:#x} overlaps {next:#x}",
+            own.addr()
+        );
+        assert!(device.free(own).is_ok() && device.free(recorded).is_ok());
         assert_eq!(
             device.mem_get_info().ok(),
             before,

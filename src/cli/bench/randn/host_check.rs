@@ -1,15 +1,15 @@
 //! The CUDA generator source against its CPU twins, without a GPU.
 //!
-//! 1. `src/device/kernels/randn.cu` and the benchmark's `variants.cu` are compiled as host C++
+//! 1. `src/device/cuda/kernels/randn.cu` and the benchmark's `variants.cu` are compiled as host C++
 //!    (`GPUMEM_HOST_CHECK`, with a header mapping CUDA's IEEE intrinsics onto the host's IEEE
 //!    arithmetic, rounding modes included), and every candidate's values on a spread of seeds
 //!    and counters must equal its Rust twin's bit for bit. The square root's correction step is
 //!    checked at the same time: the host's stand-in for `rsqrt.approx` is off by -2 .. +2 ulps,
 //!    and the corrected square root must still be the correctly rounded one. Skipped (with a
 //!    line saying so) where no C++ compiler is found.
-//!    The same program runs the kernels' grid-stride loop (`randn_f32_grid`, both layouts)
-//!    thread by thread on small grids and checks that every value is written once and nothing
-//!    past the tensor.
+//!    The same program runs the kernels' grid-stride loops (`randn_f32_grid`, both layouts, and
+//!    `randn_convert_grid` of the other float dtypes) thread by thread on small grids and checks
+//!    that every value is written once and nothing past the tensor.
 //! 2. Where NVRTC can be loaded (e.g. `LD_LIBRARY_PATH` naming a CUDA toolkit's lib64, or the
 //!    `nvidia-cuda-nvrtc` wheel's lib folder), the production and benchmark sources are
 //!    compiled for sm_90 exactly as on the GPU machine. Skipped otherwise.
@@ -19,8 +19,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use super::{self as bench, Transform, VARIANTS};
-use gpumem::device::cuda::nvrtc;
-use gpumem::device::kernels;
+use gpumem::device::bench::{self as kernels, nvrtc};
 
 /// The host stand-ins for CUDA's types and intrinsics.
 const SHIM: &str = r#"
@@ -127,6 +126,36 @@ static int check_grid(unsigned long long n, unsigned grid, unsigned threads, uns
     return failures;
 }
 
+// The same for randn_convert_grid (the float64, float16 and bfloat16 kernels' loop), storing
+// doubles: every value once, equal to the float32 value converted, nothing past n.
+struct ToDouble { double operator()(float x) const { return (double)x; } };
+static int check_convert_grid(unsigned long long n, unsigned grid, unsigned threads, unsigned long long block0) {
+    PhiloxKeys key;
+    for (int r = 0; r < PHILOX_MAX_ROUNDS; ++r) { key.k[2 * r] = 91u + r; key.k[2 * r + 1] = 3u * r; }
+    key.m0 = PHILOX_M0; key.m1 = PHILOX_M1;
+    const unsigned long long slots = n + 64;
+    double* out = new double[slots];
+    const double untouched = -1234.5;
+    for (unsigned long long j = 0; j < slots; ++j) out[j] = untouched;
+    gridDim.x = grid; blockDim.x = threads;
+    for (unsigned b = 0; b < grid; ++b)
+        for (unsigned t = 0; t < threads; ++t) {
+            blockIdx.x = b; threadIdx.x = t;
+            randn_convert_grid(out, n, block0, key, HostGen<7, false, 2>(), ToDouble());
+        }
+    int failures = 0;
+    for (unsigned long long j = 0; j < slots; ++j) {
+        const float4 v = variant_normal4<7, false, 2>(block0 + j / 4, key);
+        const float lanes[4] = {v.x, v.y, v.z, v.w};
+        const double want = j < n ? (double)lanes[j % 4] : untouched;
+        if (out[j] != want && failures++ < 3)
+            std::printf("convert grid n=%llu grid=%u threads=%u: value %llu is %g, want %g\n", n, grid,
+                        threads, j, out[j], want);
+    }
+    delete[] out;
+    return failures;
+}
+
 #define CASE(R, H, T) if (rounds == R && hilo == H && transform == T) v = run<R, H != 0, T>(seed, block);
 int main(int argc, char** argv) {
     if (argc > 1 && std::strcmp(argv[1], "grid") == 0) {
@@ -136,10 +165,12 @@ int main(int argc, char** argv) {
             for (const auto& g : geometry) {
                 failures += check_grid<1>(n, g[0], g[1], 5);
                 failures += check_grid<2>(n, g[0], g[1], 5);
+                failures += check_convert_grid(n, g[0], g[1], 5);
             }
         for (unsigned long long n : {4099ull, 65536ull, 100003ull}) {
             failures += check_grid<1>(n, 13, 64, 0xFFFFFFF0ull);
             failures += check_grid<2>(n, 13, 64, 0xFFFFFFF0ull);
+            failures += check_convert_grid(n, 13, 64, 0xFFFFFFF0ull);
         }
         std::printf("grid failures %d\n", failures);
         return failures != 0;

@@ -6,7 +6,7 @@
 //! reproducibility.
 //!
 //! The candidates ([`VARIANTS`]) are compiled from their own source ([`source`]:
-//! `device::kernels::RANDN_SOURCE` followed by `variants.cu` and one line per candidate), only
+//! `device::cuda::kernels::RANDN_SOURCE` followed by `variants.cu` and one line per candidate), only
 //! by this benchmark; their twins are in [`twins`]. Each is timed in [`PASSES`] passes of
 //! `reps` launches after a warm-up, passes interleaved across the candidates, and reported as
 //! the median pass with the spread of all passes (a difference between two candidates smaller
@@ -24,9 +24,10 @@ use std::path::Path;
 use std::process::Command;
 use std::rc::Rc;
 
-use gpumem::device::cuda::driver::Event;
-use gpumem::device::cuda::{CudaGpu, Current, DevicePtr};
-use gpumem::device::kernels::{RandnKernel, RANDN_LAYOUT, RANDN_SOURCE};
+use gpumem::device::bench::{
+    self as driver, Current, Event, RandnFormat, RandnKernel, RANDN_LAYOUT, RANDN_SOURCE,
+};
+use gpumem::device::cuda::CudaGpu;
 use gpumem::device::DeviceError;
 use gpumem::tensor::backend::{BinaryOp, Reduction};
 use gpumem::tensor::ops::Arg;
@@ -51,7 +52,7 @@ const SEED: u64 = 1234;
 /// the tensor's last four, the values `tensor::philox`'s pinned test holds for the twin.
 const PINNED_HEAD: usize = 8;
 const PINNED_TAIL: usize = 4;
-/// The candidates' CUDA source, compiled after `device::kernels::RANDN_SOURCE`.
+/// The candidates' CUDA source, compiled after `device::cuda::kernels::RANDN_SOURCE`.
 pub const VARIANTS_SOURCE: &str = include_str!("variants.cu");
 
 /// One candidate kernel of the benchmark.
@@ -388,20 +389,22 @@ pub fn randn(
 
     runtime.manual_seed(SEED);
     let tensor = Tensor::randn(runtime, &SHAPE, DType::Float32).map_err(bench_error)?;
-    let n = tensor.numel() as u64;
     let bytes = tensor.nbytes();
-    let ptr = DevicePtr(tensor.data_ptr());
+    // The tensor's memory, borrowed for every launch below.
+    let memory = tensor.span().map_err(bench_error)?.memory();
     out.push(format!("tensor: randn({SHAPE:?}) float32, {bytes} bytes"));
 
-    let current = gpu.activate().map_err(bench_error)?;
-    let kernels = gpu.kernels().map_err(bench_error)?;
+    let current = driver::activate(&gpu).map_err(bench_error)?;
+    let production_kernel = driver::production_randn(&gpu).map_err(bench_error)?;
     // The candidates; without them (a bug) the production kernel is still measured.
-    let candidates = gpu
-        .compile_module(&source(), "randn_variants.cu")
-        .and_then(|module| {
+    let candidates =
+        driver::compile_module(&gpu, &source(), "randn_variants.cu").and_then(|module| {
             VARIANTS
                 .iter()
-                .map(|v| RandnKernel::new(module.function(v.name)?, gpu.multiprocessors()))
+                .map(|v| {
+                    let function = module.function(v.name)?;
+                    RandnKernel::new(function, RandnFormat::F32, gpu.multiprocessors())
+                })
                 .collect::<Result<Vec<_>, DeviceError>>()
         });
     let (variant_kernels, candidates_compiled) = match candidates {
@@ -419,7 +422,7 @@ pub fn randn(
     let mut timed = vec![Timed {
         label: "randn_f32".to_string(),
         about: format!("production kernel (same code as {production_label})"),
-        kernel: kernels.randn_f32(),
+        kernel: production_kernel,
         passes: Vec::new(),
     }];
     for (variant, kernel) in VARIANTS.iter().zip(&variant_kernels) {
@@ -433,7 +436,7 @@ pub fn randn(
     // Passes interleaved across kernels, each kernel warmed up before its timed launches.
     for _ in 0..PASSES {
         for entry in &mut timed {
-            let launch = |current: &Current<'_>| entry.kernel.launch(current, ptr, n, SEED, 0);
+            let launch = |current: &Current<'_>| entry.kernel.launch(current, memory, SEED, 0);
             launch(&current).map_err(bench_error)?;
             let ms = time_launches(&current, reps, &launch).map_err(bench_error)?;
             entry.passes.push(ms);
@@ -450,7 +453,7 @@ pub fn randn(
     for (position, entry) in timed.iter().enumerate() {
         entry
             .kernel
-            .launch(&current, ptr, n, SEED, 0)
+            .launch(&current, memory, SEED, 0)
             .map_err(bench_error)?;
         let gpu_values = values(&tensor, 0, TWIN_VALUES)?;
         let comparison = match position.checked_sub(1).and_then(|i| VARIANTS.get(i)) {
@@ -483,9 +486,8 @@ pub fn randn(
     }
 
     // The tensor as randn leaves it, for the remaining checks.
-    kernels
-        .randn_f32()
-        .launch(&current, ptr, n, SEED, 0)
+    production_kernel
+        .launch(&current, memory, SEED, 0)
         .map_err(bench_error)?;
     let mean = tensor.reduce(Reduction::Mean).map_err(bench_error)?;
     let std = tensor.reduce(Reduction::Std).map_err(bench_error)?;
@@ -539,7 +541,7 @@ pub fn randn(
     ));
     out.push(format!(
         "compilations: {} (the production kernels and the candidates)",
-        gpu.compiles()
+        driver::compiles(&gpu)
     ));
     out.push(format!("mean={mean:.6} std={std:.6}"));
     out.push(format!("twin_not_identical={}", production.not_identical));

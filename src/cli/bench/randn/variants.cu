@@ -1,8 +1,9 @@
 // `gpumem bench randn`'s candidate kernels, compiled only by the benchmark (never part of the
-// production module): src/device/kernels/randn.cu is compiled in front of this file, and the
-// benchmark appends one RANDN_VARIANT line per candidate (bench::randn::VARIANTS). Each
-// candidate's CPU twin is in src/bench/randn/twins.rs; tests/randn_twins.rs compiles the
-// transforms below as host C++ (GPUMEM_HOST_CHECK) and checks them against those twins.
+// production module): src/device/cuda/kernels/randn.cu is compiled in front of this file, and the
+// benchmark appends one RANDN_VARIANT line per candidate (cli::bench::randn::VARIANTS). Each
+// candidate's CPU twin is in src/cli/bench/randn/twins.rs; src/cli/bench/randn/host_check.rs
+// compiles the transforms below as host C++ (GPUMEM_HOST_CHECK) and checks them against those
+// twins.
 
 // ---------------------------------------------------------------------------------------------
 // Transform 1: the previous production Box-Muller ("v1"), kept as the baseline. u = w0 2^-32 +
@@ -10,6 +11,12 @@
 // (pi/2) x in [0, pi/2) from C(x) +- S(x) with C, S scaled by 1/sqrt(2) (degrees 8 and 7); w1's
 // bits 31 and 30 are the signs of the two outputs.
 
+// The polynomial's coefficients are the production neg2_log's (randn.cu) written out again on
+// purpose: this is the benchmark's frozen baseline, the production kernel as it was before
+// issue 8, and it must keep measuring that kernel even if the production polynomial changes.
+// Its CPU twin (twins.rs) reads the production coefficients (tensor::philox::LOG_POLY): should
+// those change, the host check shows the two apart, and the twin then takes its own copy of
+// these.
 __device__ __forceinline__ float neg2_log_v1(float u) {
     const u32 bits = __float_as_uint(u);
     const int e = (int)(bits - 0x3F3504F3u) >> 23;

@@ -96,7 +96,7 @@ __device__ __forceinline__ float sqrt_rn_normal(float y) {
 // -2 ln u: u = 2^e * m with m in [sqrt(1/2), sqrt(2)) by bit operations; -2 ln m = f * P(f),
 // f = m - 1 exact (Sterbenz); -2 ln u = e * NEG2LN2 + f * P(f). P: degree 8 minimax of
 // -2 ln(1+f)/f on [sqrt(1/2)-1, sqrt(2)-1], max relative error 3.0e-8 with these float32
-// coefficients (src/device/kernels/fit_randn_poly.py). NEG2LN2 is -2 ln 2 rounded to float32
+// coefficients (src/device/cuda/kernels/fit_randn_poly.py). NEG2LN2 is -2 ln 2 rounded to float32
 // (relative error 2.7e-9, a thirtieth of an ulp).
 // The angle: x in [-1/2, 1/2) from w1's low 23 bits exactly, theta = (pi/2) x in [-pi/4, pi/4);
 // cos(theta) = C(x^2) (degree 6, C(0) = 1, max relative error 3.9e-8) and sin(theta) = x S(x^2)
@@ -228,5 +228,20 @@ __device__ __forceinline__ void randn_f32_grid(float* out, u64 n, u64 block0, co
         const float4 v = gen(block0 + full, key);
         const float lanes[4] = {v.x, v.y, v.z, v.w};
         for (u64 j = 4 * full; j < n; ++j) out[j] = lanes[j - 4 * full];
+    }
+}
+
+// The same grid-stride loop for the other float dtypes: each block of four values is generated
+// in float32 exactly as randn_f32's, then stored one element at a time through `convert` (T's
+// natural alignment is enough). Every randn kernel is launched the same way
+// (kernels::RandnKernel::launch).
+template <typename T, typename Gen, typename Convert>
+__device__ __forceinline__ void randn_convert_grid(T* out, u64 n, u64 block0, const PhiloxKeys& key, Gen gen,
+                                                   Convert convert) {
+    const u64 blocks = (n + 3) / 4, threads = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < blocks; i += threads) {
+        const float4 v = gen(block0 + i, key);
+        const float lanes[4] = {v.x, v.y, v.z, v.w};
+        for (u64 j = 4 * i; j < n && j < 4 * i + 4; ++j) out[j] = convert(lanes[j - 4 * i]);
     }
 }

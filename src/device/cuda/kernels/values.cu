@@ -1,8 +1,9 @@
 // gpumem's value kernels, compiled at run time with NVRTC for the device's architecture.
-// Every kernel takes plain device addresses (the caching allocator's blocks) and element
-// counts; no kernel allocates.
+// Every kernel takes plain device addresses (the caching allocator's blocks, checked on the Rust
+// side to be live memory of this device holding the counts passed) and element counts; no kernel
+// allocates.
 
-// randn (src/device/kernels/randn.cu, compiled in front of this file, holds the generator). The
+// randn (src/device/cuda/kernels/randn.cu, compiled in front of this file, holds the generator). The
 // Rust side defines the production configuration in front of both (kernels::production_source):
 // GPUMEM_PHILOX_ROUNDS (Philox4x32 rounds; the CPU twin's tensor::philox::PHILOX_ROUNDS),
 // GPUMEM_PHILOX_HILO (multiply form), GPUMEM_RANDN_PER_THREAD (blocks per loop iteration) and
@@ -31,15 +32,11 @@ __device__ __forceinline__ u16 to_bfloat16(float x) {
     return (u16)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
-// Other float dtypes: generated in float32 exactly as randn_f32, then converted per element; one
-// thread per block of four values.
+// Other float dtypes: generated in float32 exactly as randn_f32, then converted per element, in
+// randn.cu's grid-stride loop (randn_convert_grid), launched as randn_f32 is.
 template <typename T, typename Convert>
 __device__ __forceinline__ void randn_other(T* out, u64 n, u64 block0, const PhiloxKeys& key, Convert convert) {
-    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (4 * i >= n) return;
-    const float4 v = ProductionNormals()(block0 + i, key);
-    const float lanes[4] = {v.x, v.y, v.z, v.w};
-    for (u64 j = 4 * i; j < n && j < 4 * i + 4; ++j) out[j] = convert(lanes[j - 4 * i]);
+    randn_convert_grid(out, n, block0, key, ProductionNormals(), convert);
 }
 
 struct ToDouble { __device__ double operator()(float x) const { return (double)x; } };

@@ -6,17 +6,18 @@
 //! step on disk between runs.
 //!
 //! Only the kernels tensors use are here; `gpumem bench randn` compiles its candidate kernels
-//! from its own source (`src/bench/randn/variants.cu`, in front of which it puts
+//! from its own source (`src/cli/bench/randn/variants.cu`, in front of which it puts
 //! [`RANDN_SOURCE`]).
 //!
-//! Everything here takes device addresses ([`DevicePtr`]) and element counts: the device layer
-//! knows nothing of tensors or dtypes beyond the store formats listed in [`RandnFormat`].
+//! Every launch takes the memory it writes and reads as [`DeviceSpan`]s, borrowed from their
+//! owner for the call: element counts come from the spans' lengths, and a span of another
+//! device's memory is refused before anything is launched. The device layer knows nothing of
+//! tensors or dtypes beyond the store formats listed in [`RandnFormat`].
 
 use std::sync::{Arc, Mutex};
 
-use super::cuda::driver::{param, Current, DevicePtr, Function, Module};
-use super::DeviceError;
-use crate::tensor::philox::PHILOX_ROUNDS;
+use super::driver::{param, Current, Function, Module};
+use crate::device::{DeviceError, DevicePtr, DeviceSpan};
 
 /// The generator's CUDA source (device functions shared by the production kernels and the
 /// benchmark's candidates).
@@ -25,6 +26,18 @@ pub const RANDN_SOURCE: &str = include_str!("randn.cu");
 pub const VALUES_SOURCE: &str = include_str!("values.cu");
 /// The name NVRTC and the logs give the production source.
 pub const SOURCE_NAME: &str = "values.cu";
+
+/// Philox rounds of the production generator. The kernels are compiled with it
+/// (`production_source`), and the tensor layer's CPU twin of the generator uses the same
+/// constant, so changing it here changes both sides together.
+///
+/// 7 is the smallest round count Salmon et al. report as passing TestU01's BigCrush for
+/// Philox4x32 (their "Philox4x32-7"; they recommend 10 for a safety margin, which curand and
+/// PyTorch use). gpumem uses 7 because randn is bound by Philox's 32×32→64-bit multiplies on the
+/// GPU: 7 rounds make it about a quarter faster (README, "randn"). 10 is supported as well
+/// (pinned values and statistical tests cover both). `PhiloxKeys` holds keys for at most 10.
+pub const PHILOX_ROUNDS: usize = 7;
+const _: () = assert!(PHILOX_ROUNDS >= 1 && PHILOX_ROUNDS <= 10);
 
 /// Threads per block for every launch (a multiple of the warp size that lets the randn kernels
 /// keep every multiprocessor full: 2048 threads per multiprocessor on Hopper = 8 blocks).
@@ -59,7 +72,7 @@ pub const RANDN_LAYOUT: RandnLayout = RandnLayout {
 };
 
 /// The production source: the configuration ([`PHILOX_ROUNDS`], [`RANDN_LAYOUT`]) as
-/// `#define`s, then [`RANDN_SOURCE`] and [`VALUES_SOURCE`].
+/// `#define`s, then [`RANDN_SOURCE`] and `VALUES_SOURCE`.
 pub fn production_source() -> String {
     format!(
         "#define GPUMEM_PHILOX_ROUNDS {}\n#define GPUMEM_PHILOX_HILO {}\n#define GPUMEM_RANDN_PER_THREAD {}\n#define GPUMEM_RANDN_STREAMING {}\n{RANDN_SOURCE}\n{VALUES_SOURCE}",
@@ -117,6 +130,36 @@ pub enum RandnFormat {
     BF16,
 }
 
+impl RandnFormat {
+    /// Bytes per stored value.
+    pub fn width(self) -> u64 {
+        match self {
+            RandnFormat::F32 => 4,
+            RandnFormat::F64 => 8,
+            RandnFormat::F16 | RandnFormat::BF16 => 2,
+        }
+    }
+
+    /// The alignment the kernel's stores need: float32 values go out four at a time
+    /// (`float4`, 16 bytes); the others one at a time.
+    fn alignment(self) -> u64 {
+        match self {
+            RandnFormat::F32 => 16,
+            other => other.width(),
+        }
+    }
+
+    /// The production kernel's name in `values.cu`.
+    fn kernel(self) -> &'static str {
+        match self {
+            RandnFormat::F32 => "randn_f32",
+            RandnFormat::F64 => "randn_f64",
+            RandnFormat::F16 => "randn_f16",
+            RandnFormat::BF16 => "randn_bf16",
+        }
+    }
+}
+
 /// Elementwise operation codes shared with `values.cu`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ElementwiseOp {
@@ -132,31 +175,68 @@ pub enum ElementwiseOp {
 
 /// Where the operands of [`Kernels::binary_f32`] come from.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Operands {
+pub enum Operands<'a> {
     /// Two tensors `a ⊕ b`.
-    Tensors(DevicePtr, DevicePtr),
+    Tensors(DeviceSpan<'a>, DeviceSpan<'a>),
     /// Tensor and number `a ⊕ s`.
-    TensorScalar(DevicePtr, f32),
+    TensorScalar(DeviceSpan<'a>, f32),
     /// Number and tensor `s ⊕ b`.
-    ScalarTensor(f32, DevicePtr),
+    ScalarTensor(f32, DeviceSpan<'a>),
 }
 
-/// A float32 randn kernel (`(float* out, u64 n, u64 block0, PhiloxKeys key)`, a grid-stride
-/// loop) with the grid that fills the device once.
+/// The kernel-parameter address of `span`, checked to be memory of `current`'s device and to
+/// hold at least `bytes` bytes (`what` names the launch in errors).
+fn operand(
+    current: &Current<'_>,
+    span: DeviceSpan<'_>,
+    bytes: u64,
+    what: &str,
+) -> Result<u64, DeviceError> {
+    let address = span.address_in(current.space(), what)?;
+    if span.bytes() < bytes {
+        return Err(DeviceError::InvalidArgument(format!(
+            "{what}: an operand of {} bytes is shorter than the {bytes} bytes written",
+            span.bytes()
+        )));
+    }
+    Ok(address)
+}
+
+/// The number of `width`-byte elements in `span`; an error when it is not a whole number.
+fn elements(span: DeviceSpan<'_>, width: u64, what: &str) -> Result<u64, DeviceError> {
+    if width == 0 || !span.bytes().is_multiple_of(width) {
+        return Err(DeviceError::InvalidArgument(format!(
+            "{what}: {} bytes are not whole {width}-byte elements",
+            span.bytes()
+        )));
+    }
+    Ok(span.bytes() / width)
+}
+
+/// A randn kernel (`(T* out, u64 n, u64 block0, PhiloxKeys key)`, a grid-stride loop over the
+/// blocks of four values) with the grid that fills the device once. Every randn launch goes
+/// through [`RandnKernel::launch`]: the production kernels of each [`RandnFormat`] and the
+/// benchmark's float32 candidates.
 #[derive(Debug, Clone)]
 pub struct RandnKernel {
     function: Function,
+    format: RandnFormat,
     grid: u32,
 }
 
 impl RandnKernel {
-    /// `function` of a loaded module, which must have randn_f32's parameters and loop over the
-    /// tensor; its grid is sized to the device's `multiprocessors`.
-    pub fn new(function: Function, multiprocessors: u32) -> Result<RandnKernel, DeviceError> {
+    /// `function` of a loaded module, which must have randn's parameters, store `format` and
+    /// loop over the tensor; its grid is sized to the device's `multiprocessors`.
+    pub fn new(
+        function: Function,
+        format: RandnFormat,
+        multiprocessors: u32,
+    ) -> Result<RandnKernel, DeviceError> {
         let per_multiprocessor = function.resident_blocks_per_multiprocessor(THREADS)?;
         Ok(RandnKernel {
             function,
-            grid: multiprocessors.saturating_mul(per_multiprocessor),
+            format,
+            grid: multiprocessors.saturating_mul(per_multiprocessor).max(1),
         })
     }
 
@@ -165,36 +245,38 @@ impl RandnKernel {
         self.function.name()
     }
 
-    /// Writes stream values `offset .. offset + n` of the generator keyed by `seed` at `ptr`.
-    /// `offset` must be a multiple of 4 and `ptr` 16-byte aligned.
+    /// Fills `out` with stream values `offset ..` of the generator keyed by `seed`, one per
+    /// element. `offset` must be a multiple of 4 and `out` aligned for the kernel's stores.
     pub fn launch(
         &self,
         current: &Current<'_>,
-        ptr: DevicePtr,
-        n: u64,
+        out: DeviceSpan<'_>,
         seed: u64,
         offset: u64,
     ) -> Result<(), DeviceError> {
-        check_randn(ptr, offset, 16)?;
+        let n = elements(out, self.format.width(), self.name())?;
+        check_randn(out.start(), offset, self.format.alignment())?;
         if n == 0 {
             return Ok(());
         }
+        let address = operand(current, out, out.bytes(), self.name())?;
         // Never more threads than blocks of four values.
         let needed = n.div_ceil(4).div_ceil(u64::from(THREADS));
         let grid = u32::try_from(needed.min(u64::from(self.grid)))
             .unwrap_or(self.grid)
             .max(1);
-        let (mut ptr, mut n, mut block0) = (ptr, n, offset / 4);
+        let (mut out, mut n, mut block0) = (address, n, offset / 4);
         let mut keys = PhiloxKeys::new(seed);
         let mut params = [
-            param(&mut ptr),
+            param(&mut out),
             param(&mut n),
             param(&mut block0),
             param(&mut keys),
         ];
-        // SAFETY: (float* out, u64 n, u64 block0, PhiloxKeys key) with DevicePtr
-        // #[repr(transparent)] over the address and PhiloxKeys #[repr(C)] as the kernel's struct
-        // of 22 u32; the caller's `ptr` holds n floats.
+        // SAFETY: (T* out, u64 n, u64 block0, PhiloxKeys key) with the address as a u64 and
+        // PhiloxKeys #[repr(C)] as the kernel's struct of 22 u32; `out` is this device's live
+        // memory holding exactly n elements of the kernel's format (checked above), and the
+        // kernel writes elements 0..n only.
         unsafe { self.function.launch(current, grid, THREADS, &mut params) }
     }
 }
@@ -219,16 +301,16 @@ fn check_randn(ptr: DevicePtr, offset: u64, align: u64) -> Result<(), DeviceErro
 
 /// The loaded production kernels.
 pub struct Kernels {
-    randn_f32: RandnKernel,
-    randn_f64: Function,
-    randn_f16: Function,
-    randn_bf16: Function,
+    /// The randn kernel of each [`RandnFormat`], in the order of [`Kernels::RANDN_FORMATS`].
+    randn: [RandnKernel; 4],
     fills: [Function; 4],
     binary_f32: Function,
     moments_f32: Function,
     moments_finish: Function,
-    /// The module's `moments_scratch` (two doubles).
-    scratch: DevicePtr,
+    /// The module's `moments_scratch` (two doubles): its address and size.
+    scratch: (DevicePtr, u64),
+    /// Keeps the module loaded, so `scratch` stays valid (every Function holds it too).
+    _module: Arc<Module>,
     /// Held from the first reduction launch until its result is copied back: the module (so
     /// `moments_partials` and `moments_scratch`) is shared by every thread of the process, and
     /// two reductions at once would overwrite each other's partial sums.
@@ -241,15 +323,24 @@ fn grid_for(n: u64) -> u32 {
 }
 
 impl Kernels {
+    /// The formats of [`Kernels`]' randn kernels, in order.
+    const RANDN_FORMATS: [RandnFormat; 4] = [
+        RandnFormat::F32,
+        RandnFormat::F64,
+        RandnFormat::F16,
+        RandnFormat::BF16,
+    ];
+
     /// The production kernels of `module` (compiled from [`production_source`]);
-    /// `multiprocessors` sizes the randn grid.
+    /// `multiprocessors` sizes the randn grids.
     pub fn load(module: &Arc<Module>, multiprocessors: u32) -> Result<Kernels, DeviceError> {
-        let (scratch, _) = module.global("moments_scratch")?;
+        let (scratch, scratch_bytes) = module.global("moments_scratch")?;
+        let randn = |format: RandnFormat| {
+            RandnKernel::new(module.function(format.kernel())?, format, multiprocessors)
+        };
+        let [f32, f64, f16, bf16] = Self::RANDN_FORMATS;
         Ok(Kernels {
-            randn_f32: RandnKernel::new(module.function("randn_f32")?, multiprocessors)?,
-            randn_f64: module.function("randn_f64")?,
-            randn_f16: module.function("randn_f16")?,
-            randn_bf16: module.function("randn_bf16")?,
+            randn: [randn(f32)?, randn(f64)?, randn(f16)?, randn(bf16)?],
             fills: [
                 module.function("fill_u8")?,
                 module.function("fill_u16")?,
@@ -259,24 +350,30 @@ impl Kernels {
             binary_f32: module.function("binary_f32")?,
             moments_f32: module.function("moments_f32")?,
             moments_finish: module.function("moments_finish")?,
-            scratch,
+            scratch: (scratch, scratch_bytes as u64),
+            _module: Arc::clone(module),
             reducing: Mutex::new(()),
         })
     }
 
-    /// The float32 randn kernel.
-    pub fn randn_f32(&self) -> &RandnKernel {
-        &self.randn_f32
+    /// The randn kernel storing `format`.
+    pub fn randn_kernel(&self, format: RandnFormat) -> &RandnKernel {
+        let index = match format {
+            RandnFormat::F32 => 0,
+            RandnFormat::F64 => 1,
+            RandnFormat::F16 => 2,
+            RandnFormat::BF16 => 3,
+        };
+        &self.randn[index]
     }
 
-    /// Sets `n` elements of `width` bytes (1, 2, 4 or 8) at `ptr` to the low bytes of
+    /// Sets every `width`-byte element (1, 2, 4 or 8 bytes) of `out` to the low bytes of
     /// `pattern`.
     pub fn fill(
         &self,
         current: &Current<'_>,
-        ptr: DevicePtr,
-        n: u64,
-        width: usize,
+        out: DeviceSpan<'_>,
+        width: u64,
         pattern: u64,
     ) -> Result<(), DeviceError> {
         let f = match width {
@@ -290,72 +387,59 @@ impl Kernels {
                 )))
             }
         };
+        let n = elements(out, width, f.name())?;
         if n == 0 {
             return Ok(());
         }
-        let (mut ptr, mut n, mut pattern) = (ptr, n, pattern);
-        let mut params = [param(&mut ptr), param(&mut n), param(&mut pattern)];
-        // SAFETY: (T* out, u64 n, u64 pattern); `ptr` holds n elements of `width` bytes.
+        let address = operand(current, out, out.bytes(), f.name())?;
+        let (mut out, mut n, mut pattern) = (address, n, pattern);
+        let mut params = [param(&mut out), param(&mut n), param(&mut pattern)];
+        // SAFETY: (T* out, u64 n, u64 pattern); `out` is this device's live memory holding
+        // exactly n elements of `width` bytes (checked above).
         unsafe { f.launch(current, grid_for(n), THREADS, &mut params) }
     }
 
-    /// Writes stream values `offset .. offset + n` of the generator keyed by `seed` at `ptr`.
-    /// `offset` must be a multiple of 4; for float32 `ptr` must be 16-byte aligned.
+    /// Writes stream values `offset ..` of the generator keyed by `seed` into `out`, one per
+    /// element, stored as `format` ([`RandnKernel::launch`]).
     pub fn randn(
         &self,
         current: &Current<'_>,
         format: RandnFormat,
-        ptr: DevicePtr,
-        n: u64,
+        out: DeviceSpan<'_>,
         seed: u64,
         offset: u64,
     ) -> Result<(), DeviceError> {
-        let f = match format {
-            RandnFormat::F32 => return self.randn_f32.launch(current, ptr, n, seed, offset),
-            RandnFormat::F64 => &self.randn_f64,
-            RandnFormat::F16 => &self.randn_f16,
-            RandnFormat::BF16 => &self.randn_bf16,
-        };
-        check_randn(ptr, offset, 1)?;
-        if n == 0 {
-            return Ok(());
-        }
-        // One thread per block of four values.
-        let grid = u32::try_from(n.div_ceil(4).div_ceil(u64::from(THREADS))).map_err(|_| {
-            DeviceError::InvalidArgument(format!("randn: {n} elements are too many for one launch"))
-        })?;
-        let (mut ptr, mut n, mut block0) = (ptr, n, offset / 4);
-        let mut keys = PhiloxKeys::new(seed);
-        let mut params = [
-            param(&mut ptr),
-            param(&mut n),
-            param(&mut block0),
-            param(&mut keys),
-        ];
-        // SAFETY: (T* out, u64 n, u64 block0, PhiloxKeys key) as in RandnKernel::launch; `ptr`
-        // holds n elements.
-        unsafe { f.launch(current, grid, THREADS, &mut params) }
+        self.randn_kernel(format).launch(current, out, seed, offset)
     }
 
-    /// `out = a op b` over `n` float32 elements.
+    /// `out = a op b` over the float32 elements of `out`; tensor operands hold at least as
+    /// many.
     pub fn binary_f32(
         &self,
         current: &Current<'_>,
         op: ElementwiseOp,
-        operands: Operands,
-        out: DevicePtr,
-        n: u64,
+        operands: Operands<'_>,
+        out: DeviceSpan<'_>,
     ) -> Result<(), DeviceError> {
+        let what = self.binary_f32.name();
+        let n = elements(out, 4, what)?;
         if n == 0 {
             return Ok(());
         }
-        let null = DevicePtr(0);
+        let bytes = out.bytes();
+        let null = DevicePtr::NULL.addr();
         let (mut a, mut b, mut mode, mut scalar) = match operands {
-            Operands::Tensors(a, b) => (a, b, 0i32, 0f32),
-            Operands::TensorScalar(a, s) => (a, null, 1, s),
-            Operands::ScalarTensor(s, b) => (null, b, 2, s),
+            Operands::Tensors(a, b) => (
+                operand(current, a, bytes, what)?,
+                operand(current, b, bytes, what)?,
+                0i32,
+                0f32,
+            ),
+            Operands::TensorScalar(a, s) => (operand(current, a, bytes, what)?, null, 1, s),
+            Operands::ScalarTensor(s, b) => (null, operand(current, b, bytes, what)?, 2, s),
         };
-        let (mut out, mut n, mut op) = (out, n, op as i32);
+        let address = operand(current, out, bytes, what)?;
+        let (mut out, mut n, mut op) = (address, n, op as i32);
         let mut params = [
             param(&mut a),
             param(&mut b),
@@ -366,31 +450,39 @@ impl Kernels {
             param(&mut scalar),
         ];
         // SAFETY: (const float* a, const float* b, float* out, u64 n, int op, int mode,
-        // float scalar); the kernel reads only the tensor operands `mode` names.
+        // float scalar); `out` and the tensor operands `mode` names are this device's live
+        // memory of at least n floats (checked above); the kernel reads only those operands.
         unsafe {
             self.binary_f32
                 .launch(current, grid_for(n), THREADS, &mut params)
         }
     }
 
-    /// `(Σ (x − shift), Σ (x − shift)²)` over `n` float32 elements, accumulated in double in
-    /// a fixed order (the same input always gives the same bits).
+    /// `(Σ (x − shift), Σ (x − shift)²)` over the float32 elements of `x`, accumulated in
+    /// double in a fixed order (the same input always gives the same bits).
     pub fn moments_f32(
         &self,
         current: &Current<'_>,
-        ptr: DevicePtr,
-        n: u64,
+        x: DeviceSpan<'_>,
         shift: f64,
     ) -> Result<(f64, f64), DeviceError> {
+        let what = self.moments_f32.name();
+        let n = elements(x, 4, what)?;
+        let address = if n == 0 {
+            DevicePtr::NULL.addr()
+        } else {
+            operand(current, x, x.bytes(), what)?
+        };
         let mut blocks = n.div_ceil(u64::from(THREADS)).clamp(1, MOMENTS_MAX_BLOCKS);
-        let (mut ptr, mut n, mut shift) = (ptr, n, shift);
+        let (mut x, mut n, mut shift) = (address, n, shift);
         // No data behind the lock: a panic elsewhere cannot leave the scratch inconsistent.
         let _reducing = self
             .reducing
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut params = [param(&mut ptr), param(&mut n), param(&mut shift)];
-        // SAFETY: (const float* x, u64 n, double shift); `ptr` holds n floats; at most
+        let mut params = [param(&mut x), param(&mut n), param(&mut shift)];
+        // SAFETY: (const float* x, u64 n, double shift); `x` is this device's live memory
+        // holding n floats (checked above; with n = 0 nothing is read); at most
         // MOMENTS_MAX_BLOCKS blocks, the size of the partials array.
         unsafe {
             self.moments_f32
@@ -399,9 +491,12 @@ impl Kernels {
         let mut params = [param(&mut blocks)];
         // SAFETY: (u64 blocks); reads the partials the previous launch wrote.
         unsafe { self.moments_finish.launch(current, 1, THREADS, &mut params) }?;
+        let (scratch, scratch_bytes) = self.scratch;
+        // SAFETY: the module's `moments_scratch` global, which stays allocated while the
+        // module is loaded; `self` holds the module for the span's borrow of `self`.
+        let scratch = unsafe { DeviceSpan::new(scratch, scratch_bytes) };
         let mut bytes = [0u8; 16];
-        // SAFETY: the module's 16-byte scratch; the copy waits for the kernels on the stream.
-        unsafe { current.copy_to_host(&mut bytes, self.scratch) }?;
+        current.copy_to_host(&mut bytes, scratch)?;
         let (sum, squares) = bytes.split_at(8);
         let value = |half: &[u8]| f64::from_ne_bytes(half.try_into().unwrap_or([0; 8]));
         Ok((value(sum), value(squares)))
@@ -411,7 +506,6 @@ impl Kernels {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::philox;
 
     #[test]
     fn round_keys_follow_the_weyl_sequence() {
@@ -428,28 +522,6 @@ mod tests {
     }
 
     #[test]
-    fn round_keys_give_the_twins_philox() {
-        // Philox with the host's key schedule, round by round as randn.cu runs it, equals the
-        // CPU twin's Philox (which derives the keys itself), for every supported round count.
-        let seed = 0x0123_4567_89AB_CDEF;
-        let keys = PhiloxKeys::new(seed);
-        for rounds in philox::SUPPORTED_ROUNDS {
-            let mut c = [7u32, 9, 0, 0];
-            for round in keys.k.chunks_exact(2).take(rounds) {
-                let p0 = u64::from(keys.m0) * u64::from(c[0]);
-                let p1 = u64::from(keys.m1) * u64::from(c[2]);
-                c = [
-                    (p1 >> 32) as u32 ^ c[1] ^ round[0],
-                    p1 as u32,
-                    (p0 >> 32) as u32 ^ c[3] ^ round[1],
-                    p0 as u32,
-                ];
-            }
-            assert_eq!(c, philox::block_words(seed, 7 | (9 << 32), rounds));
-        }
-    }
-
-    #[test]
     fn the_production_source_carries_its_configuration() {
         let source = production_source();
         assert!(source.starts_with(&format!("#define GPUMEM_PHILOX_ROUNDS {PHILOX_ROUNDS}\n")));
@@ -460,13 +532,34 @@ mod tests {
     }
 
     #[test]
+    fn launch_sizes_come_from_the_spans() {
+        // SAFETY: simulated memory; only the arithmetic of the checks is exercised.
+        let span = unsafe { DeviceSpan::new(DevicePtr::simulated(4096), 44) };
+        assert_eq!(elements(span, 4, "fill_u32"), Ok(11));
+        assert_eq!(
+            elements(span, 8, "fill_u64").map_err(|e| e.to_string()),
+            Err("fill_u64: 44 bytes are not whole 8-byte elements".to_string())
+        );
+        assert!(elements(span, 0, "none").is_err());
+        let widths: Vec<(u64, u64)> = Kernels::RANDN_FORMATS
+            .iter()
+            .map(|format| (format.width(), format.alignment()))
+            .collect();
+        assert_eq!(widths, [(4, 16), (8, 8), (2, 2), (2, 2)]);
+        let names: Vec<&str> = Kernels::RANDN_FORMATS.iter().map(|f| f.kernel()).collect();
+        for name in names {
+            assert!(production_source().contains(&format!("extern \"C\" __global__ void {name}(")));
+        }
+    }
+
+    #[test]
     fn randn_arguments_are_checked_before_launching() {
-        assert!(check_randn(DevicePtr(512), 8, 16).is_ok());
+        assert!(check_randn(DevicePtr::simulated(512), 8, 16).is_ok());
         assert!(matches!(
-            check_randn(DevicePtr(512), 6, 16),
+            check_randn(DevicePtr::simulated(512), 6, 16),
             Err(DeviceError::InvalidArgument(_))
         ));
-        let error = check_randn(DevicePtr(520), 0, 16).unwrap_err();
+        let error = check_randn(DevicePtr::simulated(520), 0, 16).unwrap_err();
         assert_eq!(
             error.to_string(),
             "randn: address 0x208 is not 16-byte aligned"

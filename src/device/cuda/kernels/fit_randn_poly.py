@@ -1,4 +1,4 @@
-"""Derives the polynomial coefficients of gpumem's randn (src/device/kernels/randn.cu and its
+"""Derives the polynomial coefficients of gpumem's randn (src/device/cuda/kernels/randn.cu and its
 CPU twin src/tensor/philox.rs): -2 ln(1+f)/f (degree 8), sin(pi x/2)/x (degree 7 in x) and
 cos(pi x/2) (degree 6 in x, constant term fixed to 1).
 
@@ -7,7 +7,7 @@ Chebyshev points), then each coefficient is rounded to float32, lowest order fir
 remaining ones refitted. Prints each polynomial's max relative error with the float32
 coefficients (evaluated in float64) and the coefficients, highest order last.
 
-    pip install numpy mpmath && python3 src/device/kernels/fit_randn_poly.py
+    pip install numpy mpmath && python3 src/device/cuda/kernels/fit_randn_poly.py
 """
 import mpmath as mp
 import numpy as np
