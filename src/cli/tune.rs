@@ -234,7 +234,7 @@ pub fn render(ranking: &TuneRanking, seconds: f64) -> String {
         say!();
     }
     if !ranking.skipped.is_empty() {
-        say!("not replayed ({}):", ranking.skipped.len());
+        say!("not ranked ({}):", ranking.skipped.len());
         for skipped in &ranking.skipped {
             say!("  {}: {}", skipped.alloc_conf, skipped.reason);
         }

@@ -302,13 +302,13 @@ impl TuneRow {
     }
 }
 
-/// A config of the grid that was not replayed, and why.
+/// A config of the grid that is not ranked, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Skipped {
     /// The config as the grid gave it.
     pub alloc_conf: String,
-    /// Why it was not replayed (PyTorch's reason for refusing it, an inert setting, a
-    /// duplicate).
+    /// Why it is not ranked (PyTorch's reason for refusing it, an inert setting, a duplicate,
+    /// or the error its replay stopped at).
     pub reason: String,
 }
 
@@ -325,11 +325,12 @@ pub struct TuneRanking {
     pub events: u64,
     /// Worker threads used.
     pub threads: usize,
-    /// Replays run: the grid's configs that were not skipped, and the job's own.
+    /// Replays run: the job's own, and the grid's configs not left out beforehand (a config
+    /// whose replay fails is run, then listed in `skipped`).
     pub replays: usize,
     /// The configs, best first.
     pub configs: Vec<TuneRow>,
-    /// Configs of the grid not replayed.
+    /// Configs of the grid not ranked: left out beforehand, or whose replay failed, with why.
     pub skipped: Vec<Skipped>,
     /// What the grid did on its own.
     pub notes: Vec<String>,
@@ -407,7 +408,8 @@ pub fn tune(
                     }
                 });
                 progress(file_bytes.saturating_sub(told));
-                if result.is_err() {
+                // The job's own replay failing means the file does: stop the others.
+                if result.is_err() && task.position.is_none() {
                     failed.store(true, Atomic::Relaxed);
                 }
                 if let Ok(mut slot) = results[index].lock() {
@@ -418,12 +420,20 @@ pub fn tune(
     });
     let mut reports = Vec::with_capacity(tasks.len());
     for (task, slot) in tasks.iter().zip(results) {
-        match slot.into_inner().ok().flatten() {
-            Some(Ok(report)) => reports.push((task, report)),
-            Some(Err(error)) => return Err(error),
-            // Left when another replay failed: its error comes first in task order, or later
-            // in this loop.
-            None => {}
+        match (slot.into_inner().ok().flatten(), task.position) {
+            (Some(Ok(report)), _) => reports.push((task, report)),
+            // The file itself cannot be replayed (the job's own config runs first).
+            (Some(Err(error)), None) => return Err(error),
+            // The file replays under its own config, so this config is what fails.
+            (Some(Err(error)), Some(position)) => skipped.push((
+                position,
+                Skipped {
+                    alloc_conf: task.text.clone(),
+                    reason: format!("its replay failed: {error}"),
+                },
+            )),
+            // Left when the job's own replay failed, whose error comes first in task order.
+            (None, _) => {}
         }
     }
     let Some(own) = reports
@@ -481,10 +491,15 @@ pub fn tune(
     })
 }
 
-/// The tasks for a grid: its configs PyTorch accepts and that act, first seen first, then the
-/// file's own config; and the configs left out, with their grid positions.
+/// The tasks for a grid: the file's own config first (its failure is the file's), then the
+/// grid's configs PyTorch accepts and that act, first seen first; and the configs left out,
+/// with their grid positions.
 fn plan(grid: &Grid) -> (Vec<Task>, Vec<(usize, Skipped)>) {
-    let mut tasks: Vec<Task> = Vec::new();
+    let mut tasks: Vec<Task> = vec![Task {
+        position: None,
+        conf: None,
+        text: String::new(),
+    }];
     let mut skipped = Vec::new();
     for (position, text) in grid.configs.iter().enumerate() {
         let skip = |reason: String| {
@@ -526,11 +541,6 @@ fn plan(grid: &Grid) -> (Vec<Task>, Vec<(usize, Skipped)>) {
             text: text.clone(),
         });
     }
-    tasks.push(Task {
-        position: None,
-        conf: None,
-        text: String::new(),
-    });
     (tasks, skipped)
 }
 
@@ -629,9 +639,9 @@ mod tests {
         assert_eq!(
             tasks.iter().map(|t| t.text.as_str()).collect::<Vec<_>>(),
             [
+                "",
                 "roundup_power2_divisions:1",
-                "expandable_segments:False",
-                ""
+                "expandable_segments:False"
             ]
         );
     }
@@ -662,5 +672,29 @@ mod tests {
         assert_eq!(names, ["e:1", "d:1", "b:1,c:2", "", "a:1"]);
         assert_eq!(rows[4].env_line(), "PYTORCH_CUDA_ALLOC_CONF='a:1'");
         assert!(rows[3].env_line().starts_with("unset"));
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_replayed_is_the_error_not_a_skipped_config() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/replay/fixtures/convnet.default.pickle");
+        let bytes = std::fs::read(&fixture).expect("the fixture");
+        let truncated = std::env::temp_dir().join(format!(
+            "gpumem-tune-truncated-{}.pickle",
+            std::process::id()
+        ));
+        std::fs::write(&truncated, &bytes[..bytes.len() / 2]).expect("written");
+        let options = TuneOptions {
+            replay: ReplayOptions::default(),
+            grid: Grid::parse("expandable_segments = none, True", "").expect("a grid"),
+            threads: Some(2),
+        };
+        let result = tune(&truncated, &options, &|_| {});
+        let _ = std::fs::remove_file(&truncated);
+        assert!(result.is_err(), "{result:?}");
+        let whole = tune(&fixture, &options, &|_| {}).expect("the fixture replays");
+        assert_eq!(whole.configs.len(), 2);
+        assert!(whole.skipped.is_empty());
+        assert_eq!(whole.replays, 3);
     }
 }
