@@ -2,11 +2,15 @@
 //! and without expandable segments) keep the allocator consistent — no overlaps, segments and
 //! reserved ranges tiled exactly, every counter equal to a recount, reserved bytes equal to
 //! what the device handed out — and freeing everything then `empty_cache()` returns every
-//! segment, page and reserved range.
+//! segment, page and reserved range. Allocations are also used on other streams
+//! (`record_stream`) while those streams work, wait for each other and synchronise: a block
+//! freed that way stays active and is never handed out again before its streams' events
+//! complete. Two private pools are made active (for every stream or for one), left and
+//! released at random: their segments stay theirs, and are returned once they are freeable.
 
-use gpumem::alloc::{AllocConf, AllocError, Allocation, CachingAllocator};
+use gpumem::alloc::{AllocConf, AllocError, Allocation, CachingAllocator, MemPoolId, PoolFilter};
 use gpumem::device::sim::SimDevice;
-use gpumem::device::{DeviceError, DeviceMemory, DevicePtr};
+use gpumem::device::{DeviceError, DeviceMemory, DevicePtr, StreamEvent};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
@@ -17,6 +21,30 @@ enum Op {
     Free { slot: usize },
     EmptyCache,
     ResetPeak,
+    RecordStream { slot: usize, stream: u64 },
+    Work { stream: u64 },
+    SyncStream { stream: u64 },
+    SyncAll,
+    WaitStream { stream: u64, other: u64 },
+    UsePool { pool: usize, stream: Option<u64> },
+    EndPool { pool: usize },
+    ReleasePool { pool: usize },
+}
+
+/// The two private pools the sequences use: a `MemPool`'s id and a graph pool's.
+const POOLS: [MemPoolId; 2] = [
+    MemPoolId {
+        first: 0,
+        second: 1,
+    },
+    MemPoolId {
+        first: 1,
+        second: 0,
+    },
+];
+
+fn stream_strategy() -> impl Strategy<Value = u64> {
+    prop_oneof![4 => Just(0_u64), 1 => Just(1), 1 => Just(7), 1 => Just(9)]
 }
 
 fn size_strategy() -> impl Strategy<Value = u64> {
@@ -36,6 +64,14 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         4 => (0_usize..16).prop_map(|slot| Op::Free { slot }),
         1 => Just(Op::EmptyCache),
         1 => Just(Op::ResetPeak),
+        2 => (0_usize..16, stream_strategy()).prop_map(|(slot, stream)| Op::RecordStream { slot, stream }),
+        2 => stream_strategy().prop_map(|stream| Op::Work { stream }),
+        1 => stream_strategy().prop_map(|stream| Op::SyncStream { stream }),
+        1 => Just(Op::SyncAll),
+        1 => (stream_strategy(), stream_strategy()).prop_map(|(stream, other)| Op::WaitStream { stream, other }),
+        1 => (0_usize..2, proptest::option::of(stream_strategy())).prop_map(|(pool, stream)| Op::UsePool { pool, stream }),
+        1 => (0_usize..2).prop_map(|pool| Op::EndPool { pool }),
+        1 => (0_usize..2).prop_map(|pool| Op::ReleasePool { pool }),
     ]
 }
 
@@ -135,6 +171,27 @@ impl DeviceMemory for Tracked {
         self.outstanding.borrow_mut().mapped_bytes -= bytes;
         Ok(())
     }
+    fn record_event(&mut self, stream: u64) -> Result<StreamEvent, DeviceError> {
+        self.inner.record_event(stream)
+    }
+    fn query_event(&self, event: StreamEvent) -> Result<bool, DeviceError> {
+        self.inner.query_event(event)
+    }
+    fn synchronize_event(&mut self, event: StreamEvent) -> Result<(), DeviceError> {
+        self.inner.synchronize_event(event)
+    }
+    fn synchronize_stream(&mut self, stream: u64) -> Result<(), DeviceError> {
+        self.inner.synchronize_stream(stream)
+    }
+    fn synchronize_device(&mut self) -> Result<(), DeviceError> {
+        self.inner.synchronize_device()
+    }
+    fn wait_stream(&mut self, stream: u64, other: u64) -> Result<(), DeviceError> {
+        self.inner.wait_stream(stream, other)
+    }
+    fn sleep(&mut self, stream: u64, millis: u64) -> Result<(), DeviceError> {
+        self.inner.sleep(stream, millis)
+    }
 }
 
 proptest! {
@@ -180,6 +237,29 @@ proptest! {
                 }
                 Op::EmptyCache => allocator.empty_cache().expect("empty_cache"),
                 Op::ResetPeak => allocator.reset_peak_stats(),
+                Op::RecordStream { slot, stream } => {
+                    if let Some(allocation) = slots[slot] {
+                        allocator.record_stream(allocation, stream).expect("record_stream");
+                    }
+                }
+                Op::Work { stream } => allocator.device_mut().sleep(stream, 1).expect("sleep"),
+                Op::SyncStream { stream } => allocator.synchronize_stream(stream).expect("sync"),
+                Op::SyncAll => allocator.synchronize_device().expect("sync"),
+                Op::WaitStream { stream, other } => {
+                    allocator.wait_stream(stream, other).expect("wait_stream");
+                }
+                // Misuse (a pool active twice, released twice, ended when not active) is
+                // refused as PyTorch refuses it, and must change nothing.
+                Op::UsePool { pool, stream } => {
+                    let filter = stream.map_or(PoolFilter::AllStreams, PoolFilter::Stream);
+                    let _ = allocator.begin_allocate_to_pool(POOLS[pool], filter);
+                }
+                Op::EndPool { pool } => {
+                    let _ = allocator.end_allocate_to_pool(POOLS[pool]);
+                }
+                Op::ReleasePool { pool } => {
+                    let _ = allocator.release_pool(POOLS[pool]);
+                }
             }
             if let Err(violation) = allocator.check_invariants() {
                 prop_assert!(false, "after {op:?}: {violation}");
@@ -191,7 +271,24 @@ proptest! {
                     prop_assert!(a_at + a.size <= b_at || b_at + b.size <= a_at, "{a:?} overlaps {b:?}");
                 }
             }
+            // Memory whose free waits for other streams is never handed out meanwhile.
+            let pending: Vec<(u64, u64)> = allocator
+                .blocks()
+                .filter(|block| block.pending_free)
+                .map(|block| (block.ptr, block.size))
+                .collect();
+            for a in &live {
+                for &(ptr, size) in &pending {
+                    prop_assert!(a.ptr.addr() + a.size <= ptr || ptr + size <= a.ptr.addr(), "{a:?} overlaps a pending free at {ptr:#x}");
+                }
+            }
             let stats = allocator.stats();
+            let pending_bytes: u64 = pending.iter().map(|&(_, size)| size).sum();
+            prop_assert_eq!(
+                stats.active_bytes.all.current,
+                stats.allocated_bytes.all.current + pending_bytes as i64,
+                "active = allocated + pending frees"
+            );
             prop_assert!(stats.allocated_bytes.all.peak >= stats.allocated_bytes.all.current);
             prop_assert!(stats.reserved_bytes.all.current >= stats.allocated_bytes.all.current);
             let out = outstanding.borrow();
@@ -216,7 +313,21 @@ proptest! {
                 allocator.free(allocation).expect("final free");
             }
         }
+        // Leave every pool and drop every use, so that empty_cache may release them.
+        for (id, _) in allocator.active_pools() {
+            allocator.end_allocate_to_pool(id).expect("end");
+        }
+        for id in POOLS {
+            while allocator.release_pool(id).is_ok() {}
+        }
         allocator.empty_cache().expect("final empty_cache");
+        if !expandable {
+            // PyTorch forgets a freeable pool when its cudaMalloc_count is 0, which it counts
+            // per map and unmap with expandable segments (they need not balance).
+            prop_assert!(allocator.private_pools().is_empty(), "freeable pools are forgotten once empty");
+        }
+        prop_assert_eq!(allocator.pending_frees().blocks, 0, "empty_cache waits for every event");
+        prop_assert_eq!(allocator.stats().active.all.current, 0);
         prop_assert_eq!(allocator.stats().reserved_bytes.all.current, 0);
         prop_assert_eq!(allocator.stats().segment.all.current, 0);
         {
@@ -231,6 +342,8 @@ proptest! {
             // one unmap may return pages mapped by several maps.
             prop_assert_eq!(allocator.stats().num_device_alloc, allocator.stats().num_device_free);
         }
-        prop_assert!(allocator.check_invariants().is_ok());
+        if let Err(violation) = allocator.check_invariants() {
+            prop_assert!(false, "at the end: {violation}");
+        }
     }
 }

@@ -309,7 +309,6 @@ fn peers_stay_peers_and_data_flows_downhill() {
 }
 
 #[test]
-#[ignore = "two loops in snapshot/ remain until the reader branch lands (lead, issue 15 §4)"]
 fn no_import_loops_between_modules_of_one_folder() {
     let loops = Crate::read().sibling_loops();
     assert!(loops.is_empty(), "import loops:\n{}", loops.join("\n"));

@@ -1,5 +1,6 @@
 //! Parity with PyTorch 2.11 where gpumem used to differ: the `size_t` wrap in the
-//! `max_non_split_rounding_mb` rule and the float-only `set_per_process_memory_fraction`.
+//! `max_non_split_rounding_mb` rule, the float-only `set_per_process_memory_fraction`, and
+//! `large_segment_size_mb` (a 2.11 key gpumem used to refuse as unknown).
 
 mod common;
 
@@ -46,4 +47,43 @@ fn memory_fraction_must_be_a_float_as_in_pytorch() {
     )
     .expect("a float is fine");
     assert_eq!(output.borrow().as_str(), "1.0\n");
+}
+
+/// `large_segment_size_mb` is a PyTorch 2.11 key (`AcceleratorAllocatorConfig`): accepted from
+/// `--alloc-conf` and the environment, read before the other keys, and refused only where 2.11
+/// refuses it.
+#[test]
+fn large_segment_size_is_accepted_and_checked_as_in_pytorch_2_11() {
+    let dir = common::scratch("large-segment");
+    let script = common::write(
+        &dir,
+        "five.rhai",
+        "let x = empty(5 * 1024 * 1024, \"uint8\"); print(memory_reserved());",
+    );
+    let script = script.to_str().expect("utf-8 path");
+    let run = |env: &[(&str, &str)], conf: Option<&str>| {
+        let mut args = vec!["--device", "sim"];
+        if let Some(conf) = conf {
+            args.extend(["--alloc-conf", conf]);
+        }
+        args.extend(["run", script]);
+        common::outcome(&common::gpumem_with(None, env, &args, ""))
+    };
+    let (stdout, stderr, code) = run(&[], Some("large_segment_size_mb:40"));
+    assert_eq!((stdout.trim(), code), ("41943040", 0), "{stderr}");
+    let (stdout, stderr, code) = run(
+        &[(
+            "PYTORCH_CUDA_ALLOC_CONF",
+            "max_split_size_mb:30,large_segment_size_mb:40",
+        )],
+        None,
+    );
+    assert_eq!(code, 2, "{stdout}");
+    assert!(
+        stderr.contains("PYTORCH_CUDA_ALLOC_CONF") && stderr.contains("must be >= 40"),
+        "{stderr}"
+    );
+    let (_, stderr, code) = run(&[], Some("large_segment_size_mb:10"));
+    assert_eq!(code, 2);
+    assert!(stderr.contains("must be > 10 MB"), "{stderr}");
 }

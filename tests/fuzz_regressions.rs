@@ -41,12 +41,18 @@ fn alloc_conf_regressions() {
 }
 
 #[test]
+fn snapshot_regressions() {
+    assert!(replay("snapshot", targets::snapshot) > 0);
+}
+
+#[test]
 #[ignore]
 fn replay_dir() {
     let dir = std::env::var("REPLAY_DIR").expect("REPLAY_DIR");
     let target: fn(&[u8]) = match std::env::var("REPLAY_TARGET").as_deref() {
         Ok("script") => targets::script,
         Ok("alloc") => targets::alloc_ops,
+        Ok("snapshot") => targets::snapshot,
         _ => targets::alloc_conf,
     };
     let mut seen = std::collections::BTreeSet::new();

@@ -96,10 +96,7 @@ fn a_pickle_that_is_not_a_snapshot_is_refused() {
     dict.insert(key("weights"), Value::List(vec![Value::F64(0.5)]));
     let dict = serde_pickle::value_to_vec(&Value::Dict(dict), SerOptions::new()).expect("pickles");
     let path = write(&dir, "dict.pickle", &dict);
-    refused(
-        &path,
-        &["not a PyTorch memory snapshot", "no 'device_traces'"],
-    );
+    refused(&path, &["not a PyTorch memory snapshot", "no 'segments'"]);
     // A pickled Python object (`collections.OrderedDict()`, protocol 2).
     let path = write(
         &dir,
@@ -158,4 +155,43 @@ fn a_missing_file_and_a_cuda_device_are_usage_errors() {
     let (_, stderr, code) = common::outcome(&output);
     assert_eq!(code, 2);
     assert!(stderr.contains("simulated device"), "{stderr}");
+}
+
+#[test]
+fn the_file_that_overflowed_the_stack_is_refused_with_exit_2() {
+    // Issue 21: 2,000,000 empty lists, each appended to the one before (4 MB), aborted
+    // `gpumem replay` with a stack overflow (exit 134, no message).
+    let dir = common::scratch("bad-deep");
+    let mut bytes = vec![0x80, 4];
+    bytes.extend(std::iter::repeat_n(b']', 2_000_000));
+    bytes.extend(std::iter::repeat_n(b'a', 1_999_999));
+    bytes.push(b'.');
+    let path = write(&dir, "deep.pickle", &bytes);
+    let stderr = refused(&path, &["deep.pickle", "refused at byte", "limit"]);
+    assert!(!stderr.contains("overflow"), "{stderr}");
+    // Nesting that costs no memory stops at the depth limit, at the byte that went too deep.
+    let mut tuples = vec![0x80, 4, b'N'];
+    tuples.extend(std::iter::repeat_n(0x85, 100_000));
+    tuples.push(b'.');
+    let path = write(&dir, "tuples.pickle", &tuples);
+    refused(
+        &path,
+        &["refused at byte 68:", "nested more than 64 levels"],
+    );
+}
+
+#[test]
+fn a_length_longer_than_the_file_is_refused_with_exit_2() {
+    let dir = common::scratch("bad-length");
+    let mut bytes = vec![0x80, 4, 0x8d];
+    bytes.extend_from_slice(&(1_u64 << 40).to_le_bytes());
+    bytes.extend_from_slice(b"abc.");
+    let path = write(&dir, "long.pickle", &bytes);
+    refused(
+        &path,
+        &[
+            "refused at byte 11:",
+            "1099511627776 bytes is declared, but only 4 bytes are left",
+        ],
+    );
 }

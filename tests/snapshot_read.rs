@@ -36,7 +36,7 @@ fn every_fixture_streams_its_recorded_events() {
         let mut last_index = None;
         let rest = pickle::stream_file(&dir.join(format!("{name}.pickle")), |emitted| {
             *actions
-                .entry(emitted.event.action.name().to_string())
+                .entry(emitted.entry.action_name().to_string())
                 .or_default() += 1;
             assert_eq!(emitted.index, last_index.map_or(0, |i| i + 1));
             last_index = Some(emitted.index);
@@ -64,11 +64,11 @@ fn every_fixture_streams_its_recorded_events() {
             name.ends_with("expandable"),
             "{name}"
         );
-        let reserved: i64 = rest.segments.iter().map(|s| s.total_size).sum();
+        let reserved: u64 = rest.segments.iter().map(|s| s.total_size).sum();
         assert_eq!(
             reserved,
             expected["memory_stats"]["reserved_bytes.all.current"]
-                .as_i64()
+                .as_u64()
                 .expect("reserved"),
             "{name}: segments add up to the reserved bytes"
         );

@@ -1,6 +1,6 @@
-//! The three fuzz targets' bodies, as plain functions: the `afl` binaries in `src/bin/` feed
-//! them AFL's inputs, and the main crate's `tests/fuzz_regressions.rs` replays minimized
-//! crashers through the same code paths.
+//! The fuzz targets' bodies, as plain functions: the `afl` binaries in `src/bin/` feed them
+//! AFL's inputs, and the main crate's `tests/fuzz_regressions.rs` replays minimized crashers
+//! through the same code paths.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -8,6 +8,11 @@ use std::rc::Rc;
 use gpumem::alloc::{AllocConf, Allocation, CachingAllocator, MIB};
 use gpumem::device::sim::SimDevice;
 use gpumem::script::{on_script_stack, Host, Limits, PrintSink, ScriptError};
+use gpumem::snapshot::pickle::{self, ReadLimits, Remainder, Trace};
+use gpumem::snapshot::replay::device::{Hints, ReplayDevice};
+use gpumem::snapshot::replay::engine::LiveLimit;
+use gpumem::snapshot::replay::{Engine, PoolRoutes};
+use gpumem::snapshot::SnapshotError;
 use gpumem::tensor::Runtime;
 
 /// Small limits, so every input finishes in milliseconds.
@@ -174,4 +179,62 @@ pub fn alloc_conf(data: &[u8]) {
             );
         }
     }
+}
+
+/// The simulated device snapshot inputs replay on: small, so that recorded sizes run it out of
+/// memory and the OOM paths are taken too.
+pub const SNAPSHOT_DEVICE: u64 = 1 << 30;
+
+/// Target 4: arbitrary bytes as a snapshot file, read and replayed as `gpumem replay` does
+/// (under the recorded config when the file has one, which means a second pass). Every input
+/// must either replay or be refused with one of the reader's or the replay's clean errors;
+/// either way the allocator passes `check_invariants()` afterwards.
+pub fn snapshot(data: &[u8]) {
+    let first = replay_snapshot(data, AllocConf::default());
+    let Ok(remainder) = first else {
+        return;
+    };
+    if let Some(settings) = remainder.settings {
+        if let Ok(conf) = settings.to_conf() {
+            let _ = replay_snapshot(data, conf);
+        }
+    }
+}
+
+/// One pass of [`snapshot`] under `conf`; panics when the property does not hold.
+fn replay_snapshot(data: &[u8], conf: AllocConf) -> Result<Remainder, SnapshotError> {
+    let hints = Hints::default();
+    let device = ReplayDevice::new(SimDevice::new(SNAPSHOT_DEVICE), hints.clone());
+    let Ok(allocator) = CachingAllocator::new(Box::new(device), conf) else {
+        // A recorded config gpumem cannot start under (a bad fraction): refused cleanly too.
+        return Err(SnapshotError::NotASnapshot("config".into()));
+    };
+    let mut engine = Engine::new(allocator, Some(hints), PoolRoutes::default())
+        .with_live_limit(LiveLimit::default(), data.len() as u64);
+    let mut last = 0;
+    let limits = ReadLimits::default();
+    let read = pickle::stream_limited(data, limits, Some(data.len() as u64), |emitted| {
+        // As `gpumem replay`: device traces only, never pinned host memory.
+        if !matches!(emitted.trace, Trace::Device(_)) {
+            return Ok(());
+        }
+        last = emitted.index;
+        engine.handle(emitted)
+    });
+    let outcome = read.and_then(|remainder| engine.finish(last).map(|()| remainder));
+    if let Err(violation) = engine.allocator().check_invariants() {
+        panic!("invariant broken after the replay ({outcome:?}): {violation}");
+    }
+    match &outcome {
+        Ok(_) => {}
+        Err(SnapshotError::Io { message, .. }) => panic!("an I/O error from memory: {message}"),
+        Err(SnapshotError::Write(message)) => panic!("a write error while reading: {message}"),
+        Err(
+            SnapshotError::Corrupt { .. }
+            | SnapshotError::Limit { .. }
+            | SnapshotError::NotASnapshot(_)
+            | SnapshotError::Event { .. },
+        ) => {}
+    }
+    outcome
 }

@@ -21,6 +21,13 @@ pub type SegmentId = u32;
 /// "Not in an expandable segment": the block belongs to a `cudaMalloc` segment.
 pub const NO_SEGMENT: SegmentId = SegmentId::MAX;
 
+/// Which pools a block belongs to: 0 for the default pools, from 1 a private pool
+/// ([`super::pools`]).
+pub type PoolOwner = u32;
+
+/// The default pools' [`PoolOwner`].
+pub const DEFAULT_OWNER: PoolOwner = 0;
+
 /// A CUDA stream as the allocator knows it: an opaque id, 0 for the default stream. Pools are
 /// ordered by it as PyTorch orders them by the `cudaStream_t` value.
 pub type StreamId = u64;
@@ -55,10 +62,19 @@ pub struct Block {
     pub size: u64,
     /// Bytes the user asked for when this block was last handed out.
     pub requested_size: u64,
-    /// The pool the block's segment belongs to.
+    /// The kind of pool (small or large) the block's segment belongs to.
     pub pool: Pool,
+    /// Whose pool: the default pools ([`DEFAULT_OWNER`]) or a private pool.
+    pub owner: PoolOwner,
     /// Whether the block is handed out to a user.
     pub allocated: bool,
+    /// Whether the user freed the block but it is not back in its pool yet: it waits for the
+    /// events recorded on the streams it was used on (`record_stream`), or for a capture to end
+    /// before they are recorded. Such a block is still active and never merged or reused
+    /// (PyTorch: `!allocated && (event_count > 0 || !stream_uses.empty())`).
+    pub pending_free: bool,
+    /// Events still outstanding for a pending free (PyTorch's `Block::event_count`).
+    pub event_count: u32,
     /// Whether physical memory backs the range: false only for the unmapped ranges of
     /// expandable segments (PyTorch's `Block::mapped`).
     pub mapped: bool,
@@ -84,6 +100,19 @@ impl Block {
     #[inline]
     pub fn is_expandable(&self) -> bool {
         self.segment != NO_SEGMENT
+    }
+
+    /// Whether the block is free in its pool: neither handed out nor waiting for a pending
+    /// free to complete.
+    #[inline]
+    pub fn is_free(&self) -> bool {
+        !self.allocated && !self.pending_free
+    }
+
+    /// Whether the block counts as active: handed out, or freed and waiting for its streams.
+    #[inline]
+    pub fn is_active(&self) -> bool {
+        self.allocated || self.pending_free
     }
 }
 

@@ -4,7 +4,7 @@
 
 use thiserror::Error;
 
-use super::{LARGE_BUFFER, MIB};
+use super::{LARGE_BUFFER, MIB, MIN_LARGE_ALLOC};
 
 /// Number of `roundup_power2_divisions` intervals: one per power of two from 1 MiB to 64 GiB
 /// (PyTorch's `kRoundUpPowerOfTwoIntervals`).
@@ -57,9 +57,14 @@ pub struct AllocConf {
     /// them (`max_split_size_mb`). `u64::MAX` = unlimited, PyTorch's default (`SIZE_MAX`).
     pub max_split_size: u64,
     /// A request of at least `max_split_size` may use a cached block only if the block is
-    /// smaller than the request plus this (`max_non_split_rounding_mb`, default 20 MiB). The
-    /// sum wraps modulo 2^64 as PyTorch's `size_t` addition does.
+    /// smaller than the request plus this (`max_non_split_rounding_mb`; by default the large
+    /// segment size, 20 MiB). The sum wraps modulo 2^64 as PyTorch's `size_t` addition does.
     pub max_non_split_rounding_size: u64,
+    /// The segment size of large requests below 10 MiB and the page size of the large pool's
+    /// expandable segments (`large_segment_size_mb`, PyTorch 2.11's
+    /// `AcceleratorAllocatorConfig::large_segment_size`; 20 MiB by default). It is also the
+    /// smallest `max_split_size_mb` and `max_non_split_rounding_mb` accepted.
+    pub large_segment_size: u64,
     /// Divisions per power-of-two interval for size rounding; 0 or 1 = plain 512-byte rounding.
     pub roundup_power2_divisions: [u64; ROUNDUP_POWER2_INTERVALS],
     /// Fraction of the allowed memory above which cached blocks are garbage-collected before
@@ -79,6 +84,7 @@ impl Default for AllocConf {
         AllocConf {
             max_split_size: u64::MAX,
             max_non_split_rounding_size: LARGE_BUFFER,
+            large_segment_size: LARGE_BUFFER,
             roundup_power2_divisions: [0; ROUNDUP_POWER2_INTERVALS],
             garbage_collection_threshold: 0.0,
             expandable_segments: false,
@@ -88,8 +94,10 @@ impl Default for AllocConf {
     }
 }
 
-/// Keys PyTorch 2.11's device-generic parser (`AcceleratorAllocatorConfig`) reads.
-pub const COMMON_KEYS: [&str; 6] = [
+/// Keys PyTorch 2.11's device-generic parser (`AcceleratorAllocatorConfig`) reads
+/// (`getMutableKeys`).
+pub const COMMON_KEYS: [&str; 7] = [
+    "large_segment_size_mb",
     "max_split_size_mb",
     "max_non_split_rounding_mb",
     "garbage_collection_threshold",
@@ -296,10 +304,47 @@ impl AllocConf {
             ..AllocConf::default()
         };
         let tokens = tokenize(text);
+        conf.parse_large_segment_size(&tokens)?;
         for cuda_pass in [false, true] {
             conf.parse_pass(&tokens, cuda_pass)?;
         }
         Ok(conf)
+    }
+
+    /// PyTorch 2.11's first loop of `AcceleratorAllocatorConfig::parseArgs`: before any other
+    /// key, every token equal to `large_segment_size_mb` is read with its value (the last one
+    /// wins), because the other size options are checked against it; then
+    /// `max_non_split_rounding_size` takes its value as its default. This loop looks at every
+    /// token, separators and values included, and checks nothing else.
+    fn parse_large_segment_size(&mut self, all: &[String]) -> Result<(), ConfigError> {
+        const KEY: &str = "large_segment_size_mb";
+        let mut i = 0;
+        while i < all.len() {
+            if all[i] == KEY {
+                let tokens = Tokens {
+                    tokens: all,
+                    key: KEY,
+                };
+                tokens.at(i + 1, "':' and a value")?;
+                i += 2;
+                let megabytes = tokens.size_t(i, KEY)?;
+                // PyTorch's parseLargeSegmentSize: more than kMinLargeAlloc (10 MiB), capped
+                // at SIZE_MAX / MiB so the byte count fits.
+                let minimum = MIN_LARGE_ALLOC / MIB;
+                if megabytes <= minimum {
+                    return Err(ConfigError::BadValue {
+                        key: KEY,
+                        reason: format!(
+                            "CachingAllocator option large_segment_size_mb must be > {minimum} MB (got {megabytes})"
+                        ),
+                    });
+                }
+                self.large_segment_size = megabytes.min(u64::MAX / MIB) * MIB;
+            }
+            i += 1;
+        }
+        self.max_non_split_rounding_size = self.large_segment_size;
+        Ok(())
     }
 
     /// One of PyTorch's two loops over the tokens (`AcceleratorAllocatorConfig::parseArgs`,
@@ -335,13 +380,22 @@ impl AllocConf {
     fn parse_option(&mut self, tokens: &Tokens<'_>, i: usize) -> Result<usize, ConfigError> {
         tokens.at(i + 1, "':' and a value")?;
         let value = i + 2;
+        let large_segment_size = self.large_segment_size;
         match tokens.key {
+            // Read before every other key (`parse_large_segment_size`); skipped here as
+            // PyTorch's second loop skips it.
+            "large_segment_size_mb" => return tokens.skip_value(i),
             "max_split_size_mb" => {
-                self.max_split_size = split_limit(tokens, value, "max_split_size_mb")?;
+                self.max_split_size =
+                    split_limit(tokens, value, "max_split_size_mb", large_segment_size)?;
             }
             "max_non_split_rounding_mb" => {
-                self.max_non_split_rounding_size =
-                    split_limit(tokens, value, "max_non_split_rounding_mb")?;
+                self.max_non_split_rounding_size = split_limit(
+                    tokens,
+                    value,
+                    "max_non_split_rounding_mb",
+                    large_segment_size,
+                )?;
             }
             "garbage_collection_threshold" => {
                 let threshold = tokens.double(value, "garbage_collection_threshold")?;
@@ -436,10 +490,17 @@ impl AllocConf {
     pub fn canonical(&self) -> String {
         let defaults = AllocConf::default();
         let mut parts = Vec::new();
+        if self.large_segment_size != defaults.large_segment_size {
+            parts.push(format!(
+                "large_segment_size_mb:{}",
+                self.large_segment_size / MIB
+            ));
+        }
         if self.max_split_size != defaults.max_split_size {
             parts.push(format!("max_split_size_mb:{}", self.max_split_size / MIB));
         }
-        if self.max_non_split_rounding_size != defaults.max_non_split_rounding_size {
+        // Its default is the large segment size.
+        if self.max_non_split_rounding_size != self.large_segment_size {
             parts.push(format!(
                 "max_non_split_rounding_mb:{}",
                 self.max_non_split_rounding_size / MIB
@@ -492,11 +553,18 @@ impl AllocConf {
     }
 }
 
-/// `max_split_size_mb` and `max_non_split_rounding_mb`: megabytes, at least 20 (the large
-/// segment size, `kLargeBuffer`), capped at `SIZE_MAX / MiB` so the byte count fits.
-fn split_limit(tokens: &Tokens<'_>, i: usize, key: &'static str) -> Result<u64, ConfigError> {
+/// `max_split_size_mb` and `max_non_split_rounding_mb`: megabytes, at least the large segment
+/// size (20 by default; PyTorch 2.11's `parseMaxSplitSize` and `parseMaxNonSplitRoundingSize`
+/// compare with `large_segment_size_ / kMB`), capped at `SIZE_MAX / MiB` so the byte count
+/// fits.
+fn split_limit(
+    tokens: &Tokens<'_>,
+    i: usize,
+    key: &'static str,
+    large_segment_size: u64,
+) -> Result<u64, ConfigError> {
     let megabytes = tokens.size_t(i, key)?;
-    let minimum = LARGE_BUFFER / MIB;
+    let minimum = large_segment_size / MIB;
     if megabytes < minimum {
         return Err(ConfigError::BadValue {
             key,
@@ -712,6 +780,8 @@ mod tests {
             "max_split_size_mb:64,max_non_split_rounding_mb:40",
             "roundup_power2_divisions:[256:1,512:2,>:8],garbage_collection_threshold:0.6",
             "per_process_memory_fraction:0.25,roundup_power2_divisions:4",
+            "large_segment_size_mb:40,max_split_size_mb:64",
+            "large_segment_size_mb:12,max_non_split_rounding_mb:20",
         ] {
             let conf = AllocConf::parse(text).expect(text);
             let again = AllocConf::parse(&conf.canonical()).expect("canonical parses");
@@ -727,6 +797,51 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn large_segment_size_is_read_first_and_bounds_the_split_options() {
+        let conf = AllocConf::parse("large_segment_size_mb:40").expect("valid");
+        assert_eq!(conf.large_segment_size, 40 * MIB);
+        assert_eq!(
+            conf.max_non_split_rounding_size,
+            40 * MIB,
+            "max_non_split_rounding_mb defaults to the large segment size"
+        );
+        assert_eq!(
+            AllocConf::parse("large_segment_size_mb:11").map(|c| c.large_segment_size),
+            Ok(11 * MIB)
+        );
+        // The last one wins, wherever the other keys are.
+        let conf = AllocConf::parse(
+            "large_segment_size_mb:40,max_split_size_mb:12,large_segment_size_mb:12",
+        )
+        .expect("12 >= 12");
+        assert_eq!(
+            (conf.large_segment_size, conf.max_split_size),
+            (12 * MIB, 12 * MIB)
+        );
+        let err = |text| AllocConf::parse(text).expect_err(text).to_string();
+        assert!(err("large_segment_size_mb:10").contains("must be > 10 MB"));
+        assert!(err("large_segment_size_mb:x").contains("non-negative integer"));
+        assert!(err("large_segment_size_mb").contains("config ends"));
+        // Read before max_split_size_mb even when written after it.
+        assert!(err("max_split_size_mb:30,large_segment_size_mb:40").contains("must be >= 40"));
+        assert!(err("large_segment_size_mb:40,max_non_split_rounding_mb:30")
+            .contains("max_non_split_rounding_mb too small, must be >= 40"));
+        // Its errors come before any other key's, an unknown key's included.
+        assert!(err("bogus:1,large_segment_size_mb:5").contains("must be > 10 MB"));
+        // A smaller large segment lowers the other options' minimum.
+        assert_eq!(
+            AllocConf::parse("large_segment_size_mb:12,max_non_split_rounding_mb:12")
+                .map(|c| c.max_non_split_rounding_size),
+            Ok(12 * MIB)
+        );
+        assert_eq!(
+            AllocConf::parse("large_segment_size_mb:18446744073709551615")
+                .map(|c| c.large_segment_size),
+            Ok(u64::MAX / MIB * MIB)
+        );
     }
 
     #[test]

@@ -270,7 +270,7 @@ impl CachingAllocator {
         segment: u64,
     ) -> OomDiagnosis {
         let pool = Self::pool_for(rounded);
-        let page = super::expandable::page_size(pool);
+        let page = self.page_size(pool);
         let (mut largest_free, mut cached_free, mut cached_free_all, mut free_pages) = (0, 0, 0, 0);
         // Free blocks with memory behind them (unmapped ranges of expandable segments are
         // blocks too, but hold nothing).

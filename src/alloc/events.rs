@@ -13,6 +13,7 @@
 //! (`CachingAllocator::emit`, crate-private).
 
 use super::block::{Pool, StreamId};
+use super::pools::MemPoolId;
 
 /// What happened. The first nine are PyTorch's `TraceEntry::Action`s, the ones a snapshot file
 /// holds ([`EventKind::PYTORCH`], named by [`EventKind::name`]); the rest are gpumem's own and
@@ -178,8 +179,11 @@ pub struct MemoryEvent {
     pub bytes: u64,
     /// The stream of the block or segment concerned (0 for snapshots and `empty_cache`).
     pub stream: StreamId,
-    /// The pool of the block or segment concerned.
+    /// The kind of pool (small or large) of the block or segment concerned.
     pub pool: Pool,
+    /// The memory pool of the block or segment concerned: (0, 0) for the default pools, else
+    /// a private pool's id (a CUDA graph's, a `MemPool`'s).
+    pub pool_id: MemPoolId,
     /// The caller-supplied context in force ([`super::CachingAllocator::set_trace_context`]):
     /// the script layer maps it to a source location.
     pub context: u32,
@@ -316,6 +320,7 @@ mod tests {
             bytes: 512,
             stream: 0,
             pool: Pool::Small,
+            pool_id: MemPoolId::DEFAULT,
             context: 0,
         };
         observers.tell(&event);

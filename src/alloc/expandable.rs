@@ -3,8 +3,9 @@
 //!
 //! Instead of one `cudaMalloc` per segment, the allocator reserves one large virtual range per
 //! (stream, pool) and maps physical pages into it as needed: whole pages of 2 MiB
-//! ([`SMALL_BUFFER`]) for the small pool and 20 MiB ([`LARGE_BUFFER`], PyTorch's
-//! `large_segment_size`) for the large pool. PyTorch takes these page sizes from its own
+//! ([`SMALL_BUFFER`]) for the small pool and the large segment size (PyTorch's
+//! `large_segment_size`: 20 MiB, [`super::LARGE_BUFFER`], unless `large_segment_size_mb` says
+//! otherwise) for the large pool. PyTorch takes these page sizes from its own
 //! constants; the device's allocation granularity does not enter (a page that is not a multiple
 //! of it makes `cuMemCreate`, here [`DeviceMemory::map_pages`], fail; gpumem checks it before
 //! reserving a range, to say so clearly).
@@ -12,17 +13,17 @@
 //! This module keeps the page bookkeeping of one segment; the allocator's rules that use it
 //! (finding room, mapping, unmapping, releasing) are in the crate-private `alloc::vmm`.
 
-use super::block::{Pool, SegmentId, StreamId};
-use super::{LARGE_BUFFER, SMALL_BUFFER};
+use super::block::{Pool, PoolOwner, SegmentId, StreamId, DEFAULT_OWNER};
+use super::SMALL_BUFFER;
 use crate::device::{DeviceError, DeviceMemory, DevicePtr};
 
-/// The page size of a pool's expandable segments: PyTorch passes `kSmallBuffer` (2 MiB) for
-/// the small pool and `large_segment_size` (20 MiB unless `large_segment_size_mb` is set, which
-/// gpumem does not parse) for the large pool.
-pub fn page_size(pool: Pool) -> u64 {
+/// The page size of a pool's expandable segments: PyTorch's `find_expandable_block` passes
+/// `kSmallBuffer` (2 MiB) for the small pool and `large_segment_size` (20 MiB unless
+/// `large_segment_size_mb` is set) for the large pool.
+pub fn page_size(pool: Pool, large_segment_size: u64) -> u64 {
     match pool {
         Pool::Small => SMALL_BUFFER,
-        Pool::Large => LARGE_BUFFER,
+        Pool::Large => large_segment_size,
     }
 }
 
@@ -69,6 +70,9 @@ pub struct ExpandableSegment {
     pub stream: StreamId,
     /// The pool the segment serves.
     pub pool: Pool,
+    /// Whose pool: the default pools or a private pool (set after [`ExpandableSegment::new`],
+    /// which makes a default-pool segment).
+    pub owner: PoolOwner,
     /// Which pages are mapped, from page 0; trailing unmapped pages are trimmed (PyTorch's
     /// `handles_` after `trimHandles`).
     mapped: Vec<bool>,
@@ -85,6 +89,7 @@ impl ExpandableSegment {
             pages,
             stream,
             pool,
+            owner: DEFAULT_OWNER,
             mapped: Vec::new(),
             mapped_bytes: 0,
         }
@@ -336,8 +341,10 @@ mod tests {
 
     #[test]
     fn page_sizes_and_reserve_follow_pytorch() {
-        assert_eq!(page_size(Pool::Small), 2 * MIB);
-        assert_eq!(page_size(Pool::Large), 20 * MIB);
+        assert_eq!(page_size(Pool::Small, 20 * MIB), 2 * MIB);
+        assert_eq!(page_size(Pool::Large, 20 * MIB), 20 * MIB);
+        assert_eq!(page_size(Pool::Small, 40 * MIB), 2 * MIB);
+        assert_eq!(page_size(Pool::Large, 40 * MIB), 40 * MIB);
         // The H200: 150109880320 + 18763735040 = 168873615360 bytes; 8053 pages of 20 MiB
         // (8052.52 rounded up), 80526 of 2 MiB (80525.21 rounded up).
         assert_eq!(reserved_pages(150_109_880_320, 20 * MIB), 8053);

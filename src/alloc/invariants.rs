@@ -1,7 +1,7 @@
 //! Consistency checks of the allocator's state, recomputed from the blocks themselves. Used by
 //! property tests and debugging; cheap enough to call after every operation in tests.
 
-use super::block::{BlockId, Pool, StreamId, NIL, NO_SEGMENT};
+use super::block::{BlockId, Pool, PoolOwner, StreamId, DEFAULT_OWNER, NIL, NO_SEGMENT};
 use super::expandable::PageRange;
 use super::{CachingAllocator, Stat};
 
@@ -10,6 +10,8 @@ use super::{CachingAllocator, Stat};
 struct Recount {
     allocation: i64,
     allocated_bytes: i64,
+    active: i64,
+    active_bytes: i64,
     requested_bytes: i64,
     segment: i64,
     reserved_bytes: i64,
@@ -24,6 +26,7 @@ struct Region {
     base: u64,
     size: u64,
     pool: Pool,
+    owner: PoolOwner,
     stream: StreamId,
     /// The expandable segment's id and page size, `None` for a `cudaMalloc` segment.
     expandable: Option<(u32, u64)>,
@@ -67,6 +70,10 @@ impl CachingAllocator {
                 if block.allocated {
                     count.allocation += 1;
                     count.allocated_bytes += block.size as i64;
+                }
+                if block.is_active() {
+                    count.active += 1;
+                    count.active_bytes += block.size as i64;
                     count.requested_bytes += block.requested_size as i64;
                 } else if block.mapped && split && region.expandable.is_none() {
                     count.inactive_split += 1;
@@ -129,16 +136,24 @@ impl CachingAllocator {
         }
         let free_blocks = blocks
             .iter()
-            .filter(|(_, block)| !block.allocated && block.mapped)
+            .filter(|(_, block)| block.is_free() && block.mapped)
             .count();
-        if free_blocks != self.small.len() + self.large.len() {
+        let mut cached = self.small.len() + self.large.len();
+        let mut unmapped = self.small.unmapped_len() + self.large.unmapped_len();
+        for (_, pool) in self.pools.iter() {
+            cached += pool.small.len() + pool.large.len();
+            unmapped += pool.small.unmapped_len() + pool.large.unmapped_len();
+        }
+        if free_blocks != cached {
             return Err("the free sets hold blocks that do not exist".into());
         }
-        if unmapped_blocks != self.small.unmapped_len() + self.large.unmapped_len() {
+        if unmapped_blocks != unmapped {
             return Err("the unmapped sets hold blocks that do not exist".into());
         }
+        self.check_pools(&regions)?;
         self.check_counters(&recount)?;
         self.check_oversize(&blocks)?;
+        self.check_pending(&blocks)?;
         let held: i64 = recount.iter().map(|count| count.reserved_bytes).sum();
         if held != self.total_allocated_memory as i64 {
             return Err(format!(
@@ -158,6 +173,7 @@ impl CachingAllocator {
                 base,
                 size: segment.size,
                 pool: segment.pool,
+                owner: segment.owner,
                 stream: segment.stream,
                 expandable: None,
             })
@@ -173,6 +189,7 @@ impl CachingAllocator {
                 base: segment.base.addr(),
                 size: segment.size(),
                 pool: segment.pool,
+                owner: segment.owner,
                 stream: segment.stream,
                 expandable: Some((id, segment.page)),
             });
@@ -210,9 +227,12 @@ impl CachingAllocator {
                     "block {at:#x}: the previous block's next link is wrong"
                 ));
             }
-            if block.pool != region.pool || block.stream != region.stream {
+            if block.pool != region.pool
+                || block.owner != region.owner
+                || block.stream != region.stream
+            {
                 return Err(format!(
-                    "block {at:#x}: pool or stream differs from its segment"
+                    "block {at:#x}: pool, owner or stream differs from its segment"
                 ));
             }
             let segment = region.expandable.map_or(NO_SEGMENT, |(id, _)| id);
@@ -224,7 +244,7 @@ impl CachingAllocator {
             }
             if previous != NIL {
                 let before = self.blocks.at(previous);
-                if !before.allocated && !block.allocated && before.mapped == block.mapped {
+                if before.is_free() && block.is_free() && before.mapped == block.mapped {
                     return Err(format!(
                         "blocks {:#x} and {at:#x}: adjacent free blocks were not merged",
                         before.ptr
@@ -236,7 +256,7 @@ impl CachingAllocator {
                 let Some((_, page)) = region.expandable else {
                     return Err(format!("block {at:#x}: unmapped in a cudaMalloc segment"));
                 };
-                if block.allocated
+                if !block.is_free()
                     || !(at - base).is_multiple_of(page)
                     || !block.size.is_multiple_of(page)
                 {
@@ -258,12 +278,19 @@ impl CachingAllocator {
         Ok(())
     }
 
-    /// A block is in the free set iff free and mapped, in the unmapped set iff unmapped.
+    /// A block is in the free set iff free (not allocated, no pending free) and mapped, in the
+    /// unmapped set iff unmapped.
     fn check_cached(&self, block: &super::Block, id: BlockId) -> Result<(), String> {
-        let pool = self.pool_ref(block.pool);
+        if block.owner != DEFAULT_OWNER && self.pools.get(block.owner).is_none() {
+            return Err(format!(
+                "block {:#x} names pool {}, which does not exist",
+                block.ptr, block.owner
+            ));
+        }
+        let pool = self.pool_ref(block.owner, block.pool);
         let free = pool.contains(block.stream, block.size, block.ptr, id);
         let unmapped = pool.contains_unmapped(block.stream, block.ptr, id);
-        let expected = (!block.allocated && block.mapped, !block.mapped);
+        let expected = (block.is_free() && block.mapped, !block.mapped);
         if (free, unmapped) != expected {
             return Err(format!(
                 "block {:#x} (allocated {}, mapped {}): in free set {free}, in unmapped set {unmapped}",
@@ -280,6 +307,8 @@ impl CachingAllocator {
             let actual = Recount {
                 allocation: stats.allocation.pool(pool).current,
                 allocated_bytes: stats.allocated_bytes.pool(pool).current,
+                active: count.active,
+                active_bytes: count.active_bytes,
                 requested_bytes: stats.requested_bytes.pool(pool).current,
                 segment: stats.segment.pool(pool).current,
                 reserved_bytes: stats.reserved_bytes.pool(pool).current,
@@ -292,12 +321,16 @@ impl CachingAllocator {
                     pool.name()
                 ));
             }
-            if stats.active.pool(pool).current != count.allocation
-                || stats.active_bytes.pool(pool).current != count.allocated_bytes
+            if stats.active.pool(pool).current != count.active
+                || stats.active_bytes.pool(pool).current != count.active_bytes
             {
                 return Err(format!(
-                    "{} pool active counters differ from allocated",
-                    pool.name()
+                    "{} pool active counters ({}, {} bytes) differ from the allocated and pending-free blocks ({}, {} bytes)",
+                    pool.name(),
+                    stats.active.pool(pool).current,
+                    stats.active_bytes.pool(pool).current,
+                    count.active,
+                    count.active_bytes
                 ));
             }
         }
@@ -342,6 +375,146 @@ impl CachingAllocator {
             || self.stats.oversize_segments.current != oversize_segments
         {
             return Err("oversize counters differ from the recount".into());
+        }
+        Ok(())
+    }
+
+    /// Pending frees: a block waits for exactly the queued events naming it, is never
+    /// allocated while it waits, and only pending blocks have events; the streams recorded
+    /// for an allocation are its own blocks', without its own stream or repeats; every queued
+    /// event sits in its stream's queue.
+    fn check_pending(&self, blocks: &[(BlockId, &super::Block)]) -> Result<(), String> {
+        let mut queued: std::collections::BTreeMap<BlockId, u32> = Default::default();
+        for (&stream, queue) in &self.cuda_events {
+            if queue.is_empty() {
+                return Err(format!("stream {stream}: an empty event queue is kept"));
+            }
+            for (event, id) in queue {
+                if event.stream != stream {
+                    return Err(format!(
+                        "an event of stream {} sits in stream {stream}'s queue",
+                        event.stream
+                    ));
+                }
+                *queued.entry(*id).or_default() += 1;
+            }
+        }
+        for &(id, block) in blocks {
+            let events = queued.remove(&id).unwrap_or(0);
+            if block.event_count != events {
+                return Err(format!(
+                    "block {:#x}: event_count {} but {events} queued events",
+                    block.ptr, block.event_count
+                ));
+            }
+            let deferred = self.deferred_blocks.contains(&id);
+            if deferred && (block.event_count > 0 || !self.stream_uses.contains_key(&id)) {
+                return Err(format!(
+                    "block {:#x}: deferred until the capture ends, but with {} events or no streams",
+                    block.ptr, block.event_count
+                ));
+            }
+            if block.pending_free != (block.event_count > 0 || deferred)
+                || (block.allocated && block.pending_free)
+            {
+                return Err(format!(
+                    "block {:#x}: pending_free {} with {} events (allocated {})",
+                    block.ptr, block.pending_free, block.event_count, block.allocated
+                ));
+            }
+        }
+        if let Some((id, _)) = queued.into_iter().next() {
+            return Err(format!(
+                "events queued for block {id}, which does not exist"
+            ));
+        }
+        for (&id, uses) in &self.stream_uses {
+            let Some(block) = self
+                .blocks
+                .get(id)
+                .filter(|block| block.allocated || self.deferred_blocks.contains(&id))
+            else {
+                return Err(format!(
+                    "stream uses kept for block {id}, which is neither allocated nor deferred"
+                ));
+            };
+            let mut sorted = uses.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            if uses.is_empty() || sorted.len() != uses.len() || uses.contains(&block.stream) {
+                return Err(format!(
+                    "block {:#x}: stream uses {uses:?} (own stream {})",
+                    block.ptr, block.stream
+                ));
+            }
+        }
+        for id in self.capture_stream_uses.keys() {
+            if !self.stream_uses.contains_key(id) {
+                return Err(format!(
+                    "streams recorded during a capture kept for block {id}, which has no stream uses"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Private pools: every block names the default pools or a live pool; a pool's
+    /// `cudaMalloc_count` equals its live `cudaMalloc` segments (with expandable segments on,
+    /// PyTorch counts maps and unmaps, which need not balance); freeable pools are exactly the
+    /// unused ones; active, `use_on_oom` and `no_split` pools are live, each active once.
+    fn check_pools(&self, regions: &[Region]) -> Result<(), String> {
+        for block in self.blocks() {
+            if block.owner != DEFAULT_OWNER && self.pools.get(block.owner).is_none() {
+                return Err(format!(
+                    "block {:#x} names pool {}, which does not exist",
+                    block.ptr, block.owner
+                ));
+            }
+        }
+        for (owner, pool) in self.pools.iter() {
+            if self.pools.owner(pool.id) != Some(owner) {
+                return Err(format!("pool {} is not found by its id", pool.id));
+            }
+            let segments = regions
+                .iter()
+                .filter(|region| region.owner == owner && region.expandable.is_none())
+                .count() as u32;
+            if !self.config.expandable_segments && pool.cuda_malloc_count != segments {
+                return Err(format!(
+                    "pool {}: cudaMalloc_count {} but {segments} segments",
+                    pool.id, pool.cuda_malloc_count
+                ));
+            }
+            if (pool.use_count == 0) != self.pools.freeable.contains(&pool.id) {
+                return Err(format!(
+                    "pool {}: use count {} but freeable {}",
+                    pool.id,
+                    pool.use_count,
+                    self.pools.freeable.contains(&pool.id)
+                ));
+            }
+        }
+        let mut active: Vec<_> = self
+            .pools
+            .captures_underway
+            .iter()
+            .map(|(id, _)| *id)
+            .collect();
+        active.sort_unstable();
+        let count = active.len();
+        active.dedup();
+        if active.len() != count {
+            return Err("a pool is active twice".into());
+        }
+        for id in active
+            .iter()
+            .chain(&self.pools.freeable)
+            .chain(&self.pools.use_on_oom)
+            .chain(&self.pools.no_split)
+        {
+            if self.pools.owner(*id).is_none() {
+                return Err(format!("pool {id} is named but does not exist"));
+            }
         }
         Ok(())
     }

@@ -19,6 +19,9 @@ pub mod format;
 mod invariants;
 pub mod measure;
 mod oom;
+pub mod outlook;
+pub mod pending;
+pub mod pools;
 mod release;
 pub mod snapshot;
 pub mod stats;
@@ -27,17 +30,21 @@ pub mod trace;
 mod trial;
 mod vmm;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use thiserror::Error;
 
-use crate::device::{DeviceError, DeviceMemory, DevicePtr};
-pub use block::{Block, BlockId, Pool, SegmentId, StreamId, NIL, NO_SEGMENT};
+use crate::device::{DeviceError, DeviceMemory, DevicePtr, StreamEvent};
+pub use block::{
+    Block, BlockId, Pool, PoolOwner, SegmentId, StreamId, DEFAULT_OWNER, NIL, NO_SEGMENT,
+};
 use block::{BlockArena, BlockPool};
 pub use config::{AllocConf, ConfigError};
 pub use events::{EventKind, EventLog, MemoryEvent, MemoryObserver, Subscription};
 use expandable::SegmentTable;
+pub use pending::PendingFrees;
+pub use pools::{MemPoolId, PoolFilter, PrivatePoolInfo};
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot};
 pub use stats::{DeviceStats, ScopeMark, ScopeReport, Stat, StatArray};
 pub use trace::{TraceEntry, TraceRecorder};
@@ -55,7 +62,8 @@ pub const SMALL_BUFFER: u64 = 2 * MIB;
 pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
 /// Large requests from 10 MiB up get their own segment rounded up to this (`kRoundLarge`).
 pub const ROUND_LARGE: u64 = 2 * MIB;
-/// Segment size for large requests below 10 MiB (`kLargeBuffer`, 20 MiB); also the default
+/// Segment size for large requests below 10 MiB by default (`kLargeBuffer`, 20 MiB; PyTorch
+/// 2.11's default `large_segment_size`, which `large_segment_size_mb` changes); also the default
 /// `max_non_split_rounding_mb` and the smallest allowed `max_split_size_mb`.
 pub const LARGE_BUFFER: u64 = 20 * MIB;
 /// Requests of this size or more are refused outright (PyTorch: "Tried to allocate more than
@@ -126,19 +134,29 @@ pub enum AllocError {
     /// `free` of something that is not a live allocation of this allocator.
     #[error("invalid free: {0}")]
     InvalidFree(String),
+    /// Another call (`record_stream`) about something that is not a live allocation.
+    #[error("{0}")]
+    UnknownAllocation(String),
+    /// A private-pool call PyTorch refuses (an unknown pool, one released twice, a pool made
+    /// active twice).
+    #[error("memory pool: {0}")]
+    Pool(String),
     /// `set_per_process_memory_fraction` outside [0, 1].
     #[error("set_per_process_memory_fraction: fraction must be between 0 and 1, got {0}")]
     InvalidFraction(f64),
 }
 
-/// What a malloc looks for: the stream, the rounded size, its pool and the segment size a miss
-/// needs (PyTorch's `AllocParams`).
+/// What a malloc looks for: the stream, the rounded size, its pool (kind and owner), the
+/// segment size a miss needs and whether new memory comes from expandable segments
+/// (PyTorch's `AllocParams`).
 #[derive(Debug, Clone, Copy)]
 struct Request {
     stream: StreamId,
     size: u64,
     pool: Pool,
+    owner: PoolOwner,
     alloc_size: u64,
+    expandable: bool,
 }
 
 /// What `free` read from the block it frees, handed to `free_block` so the block is read once.
@@ -146,6 +164,7 @@ struct Request {
 struct Freed {
     id: BlockId,
     pool: Pool,
+    owner: PoolOwner,
     size: u64,
     requested: u64,
     ptr: u64,
@@ -155,12 +174,14 @@ struct Freed {
     expandable: bool,
 }
 
-/// A `cudaMalloc` segment: its address as the device handed it out, its size, pool and stream.
+/// A `cudaMalloc` segment: its address as the device handed it out, its size, pool (kind and
+/// owner) and stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct DeviceSegment {
     base: DevicePtr,
     size: u64,
     pool: Pool,
+    owner: PoolOwner,
     stream: StreamId,
 }
 
@@ -179,6 +200,8 @@ pub struct ExpandableInfo {
     pub stream: StreamId,
     /// The pool it serves.
     pub pool: Pool,
+    /// The memory pool it belongs to ((0, 0) for the default pools).
+    pub pool_id: MemPoolId,
 }
 
 /// Hands every allocator a distinct [`CachingAllocator::id`].
@@ -193,6 +216,8 @@ pub struct CachingAllocator {
     blocks: BlockArena,
     small: BlockPool,
     large: BlockPool,
+    /// The private pools (graph pools, `MemPool`s) and which of them allocations go to.
+    pools: pools::PrivatePools,
     stats: DeviceStats,
     /// Bytes currently held from the device (PyTorch's `total_allocated_memory`): `cudaMalloc`
     /// segments plus mapped pages.
@@ -213,6 +238,19 @@ pub struct CachingAllocator {
     listening: bool,
     /// The caller-supplied context stamped on every event ([`CachingAllocator::set_trace_context`]).
     context: u32,
+    /// The streams other than its own each allocated block was used on (`record_stream`;
+    /// PyTorch's `Block::stream_uses`), for the blocks that have any.
+    stream_uses: BTreeMap<BlockId, Vec<StreamId>>,
+    /// Outstanding events by stream, oldest first, each with the block whose free it holds
+    /// back (PyTorch's `cuda_events`). PyTorch keeps the streams in a hash map; gpumem walks
+    /// them in stream order.
+    cuda_events: BTreeMap<StreamId, VecDeque<(StreamEvent, BlockId)>>,
+    /// Blocks freed with recorded streams while a private pool was active, whose events are
+    /// recorded once none is (PyTorch's `deferred_blocks`), in the order freed.
+    deferred_blocks: Vec<BlockId>,
+    /// The streams recorded for a block while a private pool was active (PyTorch's
+    /// `block_to_cudagraph_stream_uses`).
+    capture_stream_uses: BTreeMap<BlockId, Vec<StreamId>>,
 }
 
 impl CachingAllocator {
@@ -227,6 +265,7 @@ impl CachingAllocator {
             blocks: BlockArena::default(),
             small: BlockPool::default(),
             large: BlockPool::default(),
+            pools: pools::PrivatePools::default(),
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
             segments: BTreeMap::new(),
@@ -235,6 +274,10 @@ impl CachingAllocator {
             observers: events::Observers::default(),
             listening: false,
             context: 0,
+            stream_uses: BTreeMap::new(),
+            cuda_events: BTreeMap::new(),
+            deferred_blocks: Vec::new(),
+            capture_stream_uses: BTreeMap::new(),
         };
         if let Some(fraction) = allocator.config.per_process_memory_fraction {
             allocator.set_memory_fraction(fraction)?;
@@ -256,6 +299,12 @@ impl CachingAllocator {
     /// The device segments come from.
     pub fn device(&self) -> &dyn DeviceMemory {
         self.device.as_ref()
+    }
+
+    /// Mutable access to the device: queueing work on its streams (`sleep`), as a job keeps a
+    /// stream busy while a freed block waits for it.
+    pub fn device_mut(&mut self) -> &mut dyn DeviceMemory {
+        self.device.as_mut()
     }
 
     /// The counters (`torch.cuda.memory_stats()`).
@@ -321,6 +370,7 @@ impl CachingAllocator {
     /// Emits one event (see [`MemoryEvent`] for what `addr`, `size` and `bytes` mean per
     /// kind). While nothing listens this is one predictable branch; the rest is kept out of
     /// line.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn emit(
         &mut self,
@@ -330,23 +380,29 @@ impl CachingAllocator {
         bytes: u64,
         stream: StreamId,
         pool: Pool,
+        owner: PoolOwner,
     ) {
         if self.listening {
-            self.tell(MemoryEvent {
-                kind,
-                addr,
-                size,
-                bytes,
-                stream,
-                pool,
-                context: self.context,
-            });
+            self.tell(
+                MemoryEvent {
+                    kind,
+                    addr,
+                    size,
+                    bytes,
+                    stream,
+                    pool,
+                    pool_id: MemPoolId::DEFAULT,
+                    context: self.context,
+                },
+                owner,
+            );
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn tell(&mut self, event: MemoryEvent) {
+    fn tell(&mut self, mut event: MemoryEvent, owner: PoolOwner) {
+        event.pool_id = self.pool_id(owner);
         self.trace.record(&event);
         self.observers.tell(&event);
     }
@@ -415,26 +471,39 @@ impl CachingAllocator {
     }
 
     /// Bytes requested from the device when no cached block fits a rounded `size`
-    /// (PyTorch's `get_allocation_size`). With expandable segments only the memory-fraction
-    /// check and the OOM message use it; pages are mapped for the rounded size itself.
-    pub fn allocation_size(size: u64) -> u64 {
-        if size <= SMALL_SIZE {
-            SMALL_BUFFER
-        } else if size < MIN_LARGE_ALLOC {
-            LARGE_BUFFER
-        } else {
-            size.div_ceil(ROUND_LARGE) * ROUND_LARGE
-        }
+    /// (PyTorch's `get_allocation_size`): 2 MiB for the small pool, the large segment size
+    /// (`large_segment_size_mb`, 20 MiB by default) for large requests below 10 MiB, else the
+    /// size rounded up to 2 MiB. With expandable segments only the memory-fraction check and
+    /// the OOM message use it; pages are mapped for the rounded size itself.
+    pub fn allocation_size(&self, size: u64) -> u64 {
+        allocation_size(size, self.config.large_segment_size)
     }
 
-    fn pool_mut(&mut self, pool: Pool) -> &mut BlockPool {
+    /// The page size of a pool's expandable segments under this config
+    /// ([`expandable::page_size`]).
+    pub fn page_size(&self, pool: Pool) -> u64 {
+        expandable::page_size(pool, self.config.large_segment_size)
+    }
+
+    /// The free blocks of one pool: the default pools' small or large set, or a private
+    /// pool's (PyTorch's `BlockPool`).
+    #[inline]
+    fn pool_mut(&mut self, owner: PoolOwner, pool: Pool) -> &mut BlockPool {
+        if owner != DEFAULT_OWNER {
+            return self.pools.at_mut(owner).blocks_mut(pool);
+        }
         match pool {
             Pool::Small => &mut self.small,
             Pool::Large => &mut self.large,
         }
     }
 
-    fn pool_ref(&self, pool: Pool) -> &BlockPool {
+    /// [`CachingAllocator::pool_mut`] to read.
+    #[inline]
+    fn pool_ref(&self, owner: PoolOwner, pool: Pool) -> &BlockPool {
+        if owner != DEFAULT_OWNER {
+            return self.pools.at(owner).blocks(pool);
+        }
         match pool {
             Pool::Small => &self.small,
             Pool::Large => &self.large,
@@ -446,10 +515,17 @@ impl CachingAllocator {
     }
 
     /// Whether new memory comes from expandable segments (PyTorch's
-    /// `is_expandable_segments_active`: the option is on; gpumem has no private pools).
+    /// `is_expandable_segments_active`: the option is on and the pool has no allocator of its
+    /// own, which gpumem's private pools never have).
     #[inline]
     fn expandable_active(&self) -> bool {
         self.config.expandable_segments
+    }
+
+    /// Whether a private pool is active: PyTorch's `captures_underway` is not empty.
+    #[inline]
+    fn capture_underway(&self) -> bool {
+        !self.pools.captures_underway.is_empty()
     }
 
     /// [`CachingAllocator::malloc_on`] on the default stream (0).
@@ -476,13 +552,21 @@ impl CachingAllocator {
                 diagnosis: Box::new(self.diagnose(stream, orig_size, orig_size, orig_size)),
             }));
         }
+        // Frees held back by record_stream whose events completed go back to their pools
+        // first (PyTorch's `process_events`); not while a private pool is active, when
+        // PyTorch may not query events (graph capture).
+        if !self.capture_underway() {
+            self.process_events()?;
+        }
         let size = self.round_size(orig_size);
         let pool = Self::pool_for(size);
-        let request = Request {
+        let mut request = Request {
             stream,
             size,
             pool,
-            alloc_size: Self::allocation_size(size),
+            owner: self.pools.route(stream),
+            alloc_size: self.allocation_size(size),
+            expandable: self.expandable_active(),
         };
 
         // PyTorch also runs the free-memory callbacks and searches again here; the only one
@@ -493,11 +577,22 @@ impl CachingAllocator {
                 self.garbage_collect_cached_blocks()?;
             }
             found = self.alloc_block(request, false)?;
+            if found.is_none() {
+                if let Some((owner, block)) = self.try_mempool_fallback(request)? {
+                    // Served from the pool that had a cached block: its kind of request, its
+                    // owner, and no expandable growth (PyTorch's `mempool_params`).
+                    request.owner = owner;
+                    request.expandable = false;
+                    found = Some(block);
+                }
+            }
             if found.is_none() && self.release_available_cached_blocks(request)? {
                 found = self.alloc_block(request, false)?;
             }
-            if found.is_none() {
-                self.release_cached_blocks()?;
+            // The last resort is skipped while a private pool is active (PyTorch: only when
+            // `captures_underway` is empty): no flush, no retry.
+            if found.is_none() && !self.capture_underway() {
+                self.release_cached_blocks(MemPoolId::DEFAULT)?;
                 found = self.alloc_block(request, true)?;
             }
         }
@@ -512,22 +607,32 @@ impl CachingAllocator {
     /// that keep oversize blocks for oversize requests.
     fn get_free_block(&mut self, request: Request) -> Option<BlockId> {
         let gc = self.garbage_collection_enabled();
-        let max_split_size = self.config.max_split_size;
-        let expandable = self.expandable_active();
-        let pool = self.pool_mut(request.pool);
+        let pool = self.pool_mut(request.owner, request.pool);
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
-        if max_split_size == u64::MAX && !expandable {
-            // No split limit and no expandable block, so no rule applies: take the best fit
-            // in one traversal.
-            return pool.take_best_fit(request.stream, request.size);
+        if self.config.max_split_size == u64::MAX && !self.config.expandable_segments {
+            // No split limit and (without expandable segments in the config) no expandable
+            // block, so no rule applies: take the best fit in one traversal.
+            return self
+                .pool_mut(request.owner, request.pool)
+                .take_best_fit(request.stream, request.size);
         }
+        let (_, block_size, ptr, id) = self.find_free_block(request)?;
+        self.pool_mut(request.owner, request.pool)
+            .remove(request.stream, block_size, ptr, id);
+        Some(id)
+    }
+
+    /// The block [`CachingAllocator::get_free_block`] would take, without taking it.
+    fn find_free_block(&self, request: Request) -> Option<block::FreeKey> {
+        let max_split_size = self.config.max_split_size;
+        let pool = self.pool_ref(request.owner, request.pool);
         let mut key = pool.best_fit(request.stream, request.size)?;
         if self.blocks.at(key.3).is_expandable() {
-            key = self.expandable_best_fit(request, key, expandable)?;
+            key = self.expandable_best_fit(request, key, request.expandable)?;
         }
-        let (_, block_size, ptr, id) = key;
+        let block_size = key.1;
         // Do not return an oversized block for a small request.
         if request.size < max_split_size && block_size >= max_split_size {
             return None;
@@ -542,9 +647,7 @@ impl CachingAllocator {
         {
             return None;
         }
-        self.pool_mut(request.pool)
-            .remove(request.stream, block_size, ptr, id);
-        Some(id)
+        Some(key)
     }
 
     /// The expandable part of `get_free_block`, starting from the best fit `first`, which lies
@@ -558,7 +661,7 @@ impl CachingAllocator {
         first: block::FreeKey,
         active: bool,
     ) -> Option<block::FreeKey> {
-        let pool = self.pool_ref(request.pool);
+        let pool = self.pool_ref(request.owner, request.pool);
         let mut candidates = pool.from_key(first).skip(1);
         if !active {
             return candidates
@@ -603,14 +706,19 @@ impl CachingAllocator {
                 return Ok(None);
             }
         }
-        if self.expandable_active() {
-            return self.try_allocate_expandable_block(request);
+        if request.expandable {
+            let block = self.try_allocate_expandable_block(request)?;
+            if block.is_some() {
+                self.count_private_malloc(request.owner);
+            }
+            return Ok(block);
         }
         let base = match self.device.malloc(size) {
             Ok(base) => base,
             Err(DeviceError::OutOfMemory) => return Ok(None),
             Err(other) => return Err(other.into()),
         };
+        self.count_private_malloc(request.owner);
         let ptr = base.addr();
         self.total_allocated_memory += size;
         let pool = request.pool;
@@ -627,6 +735,7 @@ impl CachingAllocator {
             size,
             request.stream,
             pool,
+            request.owner,
         );
         self.segments.insert(
             ptr,
@@ -634,6 +743,7 @@ impl CachingAllocator {
                 base,
                 size,
                 pool,
+                owner: request.owner,
                 stream: request.stream,
             },
         );
@@ -643,7 +753,10 @@ impl CachingAllocator {
             size,
             requested_size: 0,
             pool,
+            owner: request.owner,
             allocated: false,
+            pending_free: false,
+            event_count: 0,
             mapped: true,
             segment: NO_SEGMENT,
             prev: NIL,
@@ -652,12 +765,37 @@ impl CachingAllocator {
         })))
     }
 
-    /// Whether a found block is carved up (PyTorch's `should_split`): with expandable segments
-    /// on, or in the small pool, when at least 512 bytes would remain; in the large pool when
-    /// the request is below `max_split_size` and more than 1 MiB would remain.
-    fn should_split(&self, block: &Block, size: u64) -> bool {
+    /// A private pool's segment count (PyTorch's `cudaMalloc_count`) goes up by one.
+    #[inline]
+    fn count_private_malloc(&mut self, owner: PoolOwner) {
+        if owner != DEFAULT_OWNER {
+            self.pools.at_mut(owner).cuda_malloc_count += 1;
+        }
+    }
+
+    /// A private pool's segment count goes down by one (PyTorch asserts it is positive; with
+    /// expandable segments its count of maps and unmaps need not balance, so gpumem stops at
+    /// zero).
+    #[inline]
+    fn uncount_private_malloc(&mut self, owner: PoolOwner) {
+        if owner != DEFAULT_OWNER {
+            let pool = self.pools.at_mut(owner);
+            pool.cuda_malloc_count = pool.cuda_malloc_count.saturating_sub(1);
+        }
+    }
+
+    /// Whether a found block is carved up (PyTorch's `should_split`): never in a pool marked
+    /// `no_split`; with expandable segments active for the request, or in the small pool, when
+    /// at least 512 bytes would remain; in the large pool when the request is below
+    /// `max_split_size` and more than 1 MiB would remain.
+    fn should_split(&self, block: &Block, size: u64, expandable: bool) -> bool {
+        if !self.pools.no_split.is_empty()
+            && self.pools.no_split.contains(&self.pool_id(block.owner))
+        {
+            return false;
+        }
         let remaining = block.size - size;
-        if block.pool == Pool::Small || self.expandable_active() {
+        if block.pool == Pool::Small || expandable {
             remaining >= MIN_BLOCK_SIZE
         } else {
             size < self.config.max_split_size && remaining > SMALL_SIZE
@@ -679,7 +817,7 @@ impl CachingAllocator {
         let block = self.blocks.at(id);
         let already_split = block.is_split();
         let counts_split = !block.is_expandable();
-        let split = self.should_split(block, size);
+        let split = self.should_split(block, size, request.expandable);
         let handed_size = if split { size } else { block.size };
         let address = match self.device_address(block, handed_size) {
             Ok(address) => address,
@@ -691,12 +829,13 @@ impl CachingAllocator {
         let handed_out = if split {
             // The allocated piece takes the low end; the remainder keeps the old block's id
             // and goes back to the pool.
-            let (front, before, stream, segment, whole) = (
+            let (front, before, stream, segment, whole, owner) = (
                 block.ptr,
                 block.prev,
                 block.stream,
                 block.segment,
                 block.size,
+                block.owner,
             );
             let piece = self.blocks.insert(Block {
                 stream,
@@ -704,7 +843,10 @@ impl CachingAllocator {
                 size,
                 requested_size: 0,
                 pool,
+                owner,
                 allocated: false,
+                pending_free: false,
+                event_count: 0,
                 mapped: true,
                 segment,
                 prev: before,
@@ -719,7 +861,7 @@ impl CachingAllocator {
             rest.prev = piece;
             rest.ptr = rest_ptr;
             rest.size = rest_size;
-            self.insert_free_at(id, stream, rest_size, rest_ptr, pool);
+            self.insert_free_at(id, stream, rest_size, rest_ptr, pool, owner);
             if counts_split {
                 if already_split {
                     self.stats.inactive_split_bytes.decrease(pool, size as i64);
@@ -745,8 +887,16 @@ impl CachingAllocator {
         let block = self.blocks.at_mut(handed_out);
         block.allocated = true;
         block.requested_size = orig_size;
-        let (ptr, block_size, stream) = (block.ptr, block.size, block.stream);
-        self.emit(EventKind::Alloc, ptr, orig_size, block_size, stream, pool);
+        let (ptr, block_size, stream, owner) = (block.ptr, block.size, block.stream, block.owner);
+        self.emit(
+            EventKind::Alloc,
+            ptr,
+            orig_size,
+            block_size,
+            stream,
+            pool,
+            owner,
+        );
         let stats = &mut self.stats;
         stats.allocation.increase(pool, 1);
         stats.allocated_bytes.increase(pool, block_size as i64);
@@ -798,15 +948,24 @@ impl CachingAllocator {
     #[inline]
     fn insert_free(&mut self, id: BlockId) {
         let block = self.blocks.at(id);
-        let (stream, size, ptr, pool) = (block.stream, block.size, block.ptr, block.pool);
-        self.insert_free_at(id, stream, size, ptr, pool);
+        let (stream, size, ptr, pool, owner) =
+            (block.stream, block.size, block.ptr, block.pool, block.owner);
+        self.insert_free_at(id, stream, size, ptr, pool, owner);
     }
 
     /// [`CachingAllocator::insert_free`] for a caller that has the block's key at hand (the
     /// hot paths: reading back fields just written costs a store-forwarding stall).
     #[inline]
-    fn insert_free_at(&mut self, id: BlockId, stream: StreamId, size: u64, ptr: u64, pool: Pool) {
-        let pool = self.pool_mut(pool);
+    fn insert_free_at(
+        &mut self,
+        id: BlockId,
+        stream: StreamId,
+        size: u64,
+        ptr: u64,
+        pool: Pool,
+        owner: PoolOwner,
+    ) {
+        let pool = self.pool_mut(owner, pool);
         let clock = pool.get_free_blocks_call_count;
         pool.insert(stream, size, ptr, id);
         self.blocks.at_mut(id).gc_count_base = clock;
@@ -821,10 +980,11 @@ impl CachingAllocator {
             size,
             ptr,
             pool,
+            owner,
             mapped,
             ..
         } = self.blocks.at(id);
-        let pool = self.pool_mut(pool);
+        let pool = self.pool_mut(owner, pool);
         if mapped {
             pool.remove(stream, size, ptr, id);
         } else {
@@ -832,34 +992,56 @@ impl CachingAllocator {
         }
     }
 
-    /// Returns a block to the cache, merging it with free neighbours of its segment (PyTorch's
-    /// `free` followed at once by `free_block`, as without `record_stream`). Nothing goes back
-    /// to the device.
+    /// Frees an allocation (PyTorch's `free`): `allocation` and `allocated_bytes` fall at once
+    /// (`free_requested`). Without `record_stream` the block then merges with the free
+    /// neighbours of its segment and goes back to its pool (`free_block`, `free_completed`);
+    /// with it, one event is recorded on each stream it was used on and the block stays active
+    /// until they complete ([`pending`]). Nothing goes back to the device.
     pub fn free(&mut self, allocation: Allocation) -> Result<(), AllocError> {
         if allocation.is_null() {
             return Ok(());
         }
-        let freed = match self.blocks.get_mut(allocation.id) {
-            Some(block) if block.allocated && block.ptr == allocation.ptr.addr() => {
-                block.allocated = false;
-                Freed {
-                    id: allocation.id,
-                    pool: block.pool,
-                    size: block.size,
-                    requested: block.requested_size,
-                    ptr: block.ptr,
-                    stream: block.stream,
-                    prev: block.prev,
-                    next: block.next,
-                    expandable: block.is_expandable(),
-                }
+        let live = matches!(
+            self.blocks.get(allocation.id),
+            Some(block) if block.allocated && block.ptr == allocation.ptr.addr()
+        );
+        if !live {
+            return Err(AllocError::InvalidFree(format!(
+                "no live allocation at {:#x}",
+                allocation.ptr
+            )));
+        }
+        // Record the events before changing anything, so a device failure leaves the block
+        // allocated. While a private pool is active (a capture underway), PyTorch records
+        // none yet: the block waits for the capture to end, its streams kept.
+        let deferred = self.capture_underway() && self.stream_uses.contains_key(&allocation.id);
+        let events = if deferred {
+            None
+        } else {
+            match self.take_stream_uses(allocation.id) {
+                Some(uses) => match self.record_events(&uses) {
+                    Ok(events) => Some(events),
+                    Err(error) => {
+                        self.stream_uses.insert(allocation.id, uses);
+                        return Err(error);
+                    }
+                },
+                None => None,
             }
-            _ => {
-                return Err(AllocError::InvalidFree(format!(
-                    "no live allocation at {:#x}",
-                    allocation.ptr
-                )))
-            }
+        };
+        let block = self.blocks.at_mut(allocation.id);
+        block.allocated = false;
+        let freed = Freed {
+            id: allocation.id,
+            pool: block.pool,
+            owner: block.owner,
+            size: block.size,
+            requested: block.requested_size,
+            ptr: block.ptr,
+            stream: block.stream,
+            prev: block.prev,
+            next: block.next,
+            expandable: block.is_expandable(),
         };
         let pool = freed.pool;
         self.stats.allocation.decrease(pool, 1);
@@ -871,12 +1053,28 @@ impl CachingAllocator {
             freed.size,
             freed.stream,
             pool,
+            freed.owner,
         );
         if freed.size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
-        self.free_block(freed);
+        match events {
+            _ if deferred => self.defer_until_no_capture(allocation.id),
+            Some(events) => self.hold_until(allocation.id, events),
+            None => self.free_block(freed),
+        }
         Ok(())
+    }
+
+    /// The streams recorded for block `id`, taken away (PyTorch's `insert_events` moves them
+    /// out of the block). One branch while no block has any.
+    #[inline]
+    fn take_stream_uses(&mut self, id: BlockId) -> Option<Vec<StreamId>> {
+        if self.stream_uses.is_empty() {
+            return None;
+        }
+        self.capture_stream_uses.remove(&id);
+        self.stream_uses.remove(&id)
     }
 
     /// Merges a freed block with its free neighbours and caches it (PyTorch's `free_block`).
@@ -885,6 +1083,7 @@ impl CachingAllocator {
         let Freed {
             id,
             pool,
+            owner,
             size: orig_size,
             requested,
             ptr,
@@ -900,6 +1099,7 @@ impl CachingAllocator {
             orig_size,
             stream,
             pool,
+            owner,
         );
         let mut net_count: i64 = 0;
         let mut net_bytes: i64 = 0;
@@ -912,7 +1112,7 @@ impl CachingAllocator {
                 base = merged_base;
             }
         }
-        self.insert_free_at(id, stream, size, base, pool);
+        self.insert_free_at(id, stream, size, base, pool, owner);
         if self.blocks.at(id).is_split() {
             net_count += 1;
             net_bytes += size as i64;
@@ -933,13 +1133,13 @@ impl CachingAllocator {
     #[inline(always)]
     fn try_merge(&mut self, id: BlockId, neighbour: BlockId, mapped: bool) -> Option<(u64, u64)> {
         let other = self.blocks.get(neighbour)?;
-        if other.allocated || other.mapped != mapped {
+        if !other.is_free() || other.mapped != mapped {
             return None;
         }
-        let (other_ptr, other_size, other_stream, other_pool) =
-            (other.ptr, other.size, other.stream, other.pool);
+        let (other_ptr, other_size, other_stream, other_pool, other_owner) =
+            (other.ptr, other.size, other.stream, other.pool, other.owner);
         let (other_prev, other_next) = (other.prev, other.next);
-        let pool = self.pool_mut(other_pool);
+        let pool = self.pool_mut(other_owner, other_pool);
         if mapped {
             pool.remove(other_stream, other_size, other_ptr, neighbour);
         } else {
@@ -979,6 +1179,14 @@ impl CachingAllocator {
             .map(|(&ptr, segment)| (ptr, segment.size, segment.pool))
     }
 
+    /// Every `cudaMalloc` segment's memory pool, by address, as (base address, pool id): (0, 0)
+    /// for the default pools.
+    pub fn segment_pool_ids(&self) -> impl Iterator<Item = (u64, MemPoolId)> + '_ {
+        self.segments
+            .iter()
+            .map(|(&ptr, segment)| (ptr, self.pool_id(segment.owner)))
+    }
+
     /// Every `cudaMalloc` segment's stream, by address, as (base address, stream).
     pub fn segment_streams(&self) -> impl Iterator<Item = (u64, StreamId)> + '_ {
         self.segments
@@ -998,13 +1206,14 @@ impl CachingAllocator {
                 mapped: segment.mapped_bytes(),
                 stream: segment.stream,
                 pool: segment.pool,
+                pool_id: self.pool_id(segment.owner),
             })
             .collect();
         list.sort_unstable_by_key(|info| info.base);
         list
     }
 
-    /// Number of free blocks cached in each pool: (small, large).
+    /// Number of free blocks cached in each of the default pools: (small, large).
     pub fn cached_block_counts(&self) -> (usize, usize) {
         (self.small.len(), self.large.len())
     }
@@ -1025,6 +1234,18 @@ impl Drop for CachingAllocator {
         for segment in self.expandable.drain() {
             let _ = segment.release(self.device.as_mut());
         }
+    }
+}
+
+/// Bytes PyTorch's `get_allocation_size` asks the device for when no cached block fits a
+/// rounded `size`, with `large_segment_size` as the config sets it.
+pub fn allocation_size(size: u64, large_segment_size: u64) -> u64 {
+    if size <= SMALL_SIZE {
+        SMALL_BUFFER
+    } else if size < MIN_LARGE_ALLOC {
+        large_segment_size
+    } else {
+        size.div_ceil(ROUND_LARGE) * ROUND_LARGE
     }
 }
 

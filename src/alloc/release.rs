@@ -3,33 +3,119 @@
 //! (PyTorch's `release_cached_blocks`, `release_blocks`, `release_block`,
 //! `release_available_cached_blocks`, `garbage_collect_cached_blocks`).
 
-use super::block::{Block, BlockId, FreeKey, NIL};
-use super::{AllocError, CachingAllocator, EventKind, Pool, Request};
+use super::block::{Block, BlockId, FreeKey, PoolOwner, DEFAULT_OWNER, NIL};
+use super::{AllocError, CachingAllocator, EventKind, MemPoolId, Pool, Request};
 
 impl CachingAllocator {
-    /// `torch.cuda.empty_cache()`: returns every completely free `cudaMalloc` segment to the
-    /// device and unmaps every whole free page of expandable segments. Pieces of segments that
-    /// still hold an allocation stay cached.
+    /// `torch.cuda.empty_cache()` (PyTorch's `emptyCache` of the default pool id): waits for
+    /// every outstanding event and completes the frees they held back, returns every
+    /// completely free `cudaMalloc` segment of the default pools to the device and unmaps
+    /// every whole free page of their expandable segments; then does the same for every
+    /// private pool no longer in use. Pieces of segments that still hold an allocation stay
+    /// cached, and so does all memory of private pools still in use. While a private pool is
+    /// active only the freeable private pools are released (PyTorch skips the rest then).
     pub fn empty_cache(&mut self) -> Result<(), AllocError> {
-        self.emit(EventKind::EmptyCache, 0, 0, 0, 0, Pool::Large);
-        self.release_cached_blocks()
+        self.emit(
+            EventKind::EmptyCache,
+            0,
+            0,
+            0,
+            0,
+            Pool::Large,
+            DEFAULT_OWNER,
+        );
+        self.release_cached_blocks(MemPoolId::DEFAULT)
     }
 
-    /// PyTorch's `release_cached_blocks`: synchronise (`num_sync_all_streams` +1), then release
-    /// the large pool's cached memory and then the small pool's, on every stream.
-    pub(super) fn release_cached_blocks(&mut self) -> Result<(), AllocError> {
-        self.stats.num_sync_all_streams += 1;
-        self.release_blocks(Pool::Large)?;
-        self.release_blocks(Pool::Small)
+    /// PyTorch's `emptyCache(mempool_id)` for a private pool (what a `MemPool` does when it
+    /// goes away): if the pool `id` is no longer in use, waits for its blocks' outstanding
+    /// events and releases its whole free segments (and forgets it once none is left);
+    /// otherwise nothing happens. The default id is [`CachingAllocator::empty_cache`].
+    pub fn empty_cache_pool(&mut self, id: MemPoolId) -> Result<(), AllocError> {
+        if id.is_default() {
+            return self.empty_cache();
+        }
+        self.emit(
+            EventKind::EmptyCache,
+            0,
+            0,
+            0,
+            0,
+            Pool::Large,
+            DEFAULT_OWNER,
+        );
+        self.release_cached_blocks(id)
+    }
+
+    /// PyTorch's `release_cached_blocks(mempool_id)`. For the default id with no private pool
+    /// active: wait for every outstanding event and complete the frees they held back
+    /// (`synchronize_and_free_events`, `num_sync_all_streams` +1), then release the default
+    /// large pool's cached memory and then the small pool's, on every stream. Then, for every
+    /// freeable private pool (for a private `id`, only that one, after waiting for its own
+    /// blocks' events): release its small pool and then its large pool, and forget it once
+    /// no segment of it is left (PyTorch: `cudaMalloc_count` 0). PyTorch walks the freeable
+    /// pools in hash order; gpumem in id order.
+    pub(super) fn release_cached_blocks(&mut self, id: MemPoolId) -> Result<(), AllocError> {
+        if id.is_default() && !self.capture_underway() {
+            self.synchronize_and_free_events(None)?;
+            self.release_blocks(DEFAULT_OWNER, Pool::Large)?;
+            self.release_blocks(DEFAULT_OWNER, Pool::Small)?;
+        }
+        let freeable: Vec<MemPoolId> = self.pools.freeable.iter().copied().collect();
+        for pool_id in freeable {
+            if !id.is_default() && pool_id != id {
+                continue;
+            }
+            let Some(owner) = self.pools.owner(pool_id) else {
+                continue;
+            };
+            if !id.is_default() {
+                if self.capture_underway() {
+                    // PyTorch asserts no capture is underway before synchronising.
+                    return Err(AllocError::Pool(format!(
+                        "cannot empty the cache of pool {id} while a private pool is active"
+                    )));
+                }
+                self.synchronize_and_free_events(Some(owner))?;
+            }
+            self.release_blocks(owner, Pool::Small)?;
+            self.release_blocks(owner, Pool::Large)?;
+            let pool = self.pool_id_active(pool_id);
+            if self.pools.at(owner).cuda_malloc_count == 0
+                && !self.pool_holds_blocks(owner)
+                && !pool
+            {
+                self.pools.forget(pool_id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the pool `id` is active (allocations go to it).
+    fn pool_id_active(&self, id: MemPoolId) -> bool {
+        self.pools
+            .captures_underway
+            .iter()
+            .any(|(active, _)| *active == id)
+    }
+
+    /// Whether any block (so any segment) belongs to the pool `owner`. PyTorch forgets a
+    /// freeable pool once its `cudaMalloc_count` is 0; gpumem also keeps one whose
+    /// expandable segments still hold pages (their count of maps and unmaps need not
+    /// balance), and one still active (released while in use: PyTorch would then fail an
+    /// internal assertion at the next malloc routed to it), so no block or active pool ever
+    /// names a forgotten pool.
+    fn pool_holds_blocks(&self, owner: PoolOwner) -> bool {
+        self.blocks().any(|block| block.owner == owner)
     }
 
     /// PyTorch's `release_blocks`: in pool order, frees every cached block that is a whole
     /// `cudaMalloc` segment; then unmaps the whole pages of every free expandable block, and
     /// releases an expandable segment whose range became entirely unmapped.
-    fn release_blocks(&mut self, pool: Pool) -> Result<(), AllocError> {
+    fn release_blocks(&mut self, owner: PoolOwner, pool: Pool) -> Result<(), AllocError> {
         let mut whole = Vec::new();
         let mut to_unmap = Vec::new();
-        for (_, _, _, id) in self.pool_ref(pool).iter() {
+        for (_, _, _, id) in self.pool_ref(owner, pool).iter() {
             let block = self.blocks.at(id);
             if block.is_expandable() {
                 to_unmap.push(id);
@@ -54,7 +140,8 @@ impl CachingAllocator {
     /// `release_block`).
     pub(super) fn release_block(&mut self, id: BlockId) -> Result<(), AllocError> {
         let block = self.blocks.at(id);
-        let (ptr, size, pool, stream) = (block.ptr, block.size, block.pool, block.stream);
+        let (ptr, size, pool, stream, owner) =
+            (block.ptr, block.size, block.pool, block.stream, block.owner);
         let Some(segment) = self.segments.get(&ptr) else {
             return Err(AllocError::Internal(format!(
                 "the cached block at {ptr:#x} is not a whole segment"
@@ -62,15 +149,16 @@ impl CachingAllocator {
         };
         let base = segment.base;
         self.stats.num_device_free += 1;
-        self.emit(EventKind::SegmentFree, ptr, size, size, stream, pool);
+        self.emit(EventKind::SegmentFree, ptr, size, size, stream, pool, owner);
         self.device.free(base)?;
+        self.uncount_private_malloc(owner);
         self.total_allocated_memory -= size;
         self.stats.segment.decrease(pool, 1);
         self.stats.reserved_bytes.decrease(pool, size as i64);
         if size >= self.config.max_split_size {
             self.stats.oversize_segments.decrease(1);
         }
-        self.pool_mut(pool).remove(stream, size, ptr, id);
+        self.pool_mut(owner, pool).remove(stream, size, ptr, id);
         self.blocks.remove(id);
         self.segments.remove(&ptr);
         Ok(())
@@ -90,7 +178,10 @@ impl CachingAllocator {
         let max_split_size = self.config.max_split_size;
         let target = request.size.max(max_split_size);
         let key: FreeKey = (request.stream, target, 0, 0);
-        let found = self.pool_ref(request.pool).from_key(key).next();
+        let found = self
+            .pool_ref(request.owner, request.pool)
+            .from_key(key)
+            .next();
         if let Some((stream, _, _, id)) = found {
             if stream == request.stream && !self.blocks.at(id).is_expandable() {
                 self.release_block(id)?;
@@ -98,7 +189,10 @@ impl CachingAllocator {
             }
         }
         // No single block is large enough: free oversize blocks from the largest down.
-        let candidates: Vec<FreeKey> = self.pool_ref(request.pool).before_key(key).collect();
+        let candidates: Vec<FreeKey> = self
+            .pool_ref(request.owner, request.pool)
+            .before_key(key)
+            .collect();
         let mut released = 0;
         for (stream, size, _, id) in candidates {
             if released >= target || size < max_split_size || stream != request.stream {
@@ -115,7 +209,8 @@ impl CachingAllocator {
     /// With a memory fraction and `garbage_collection_threshold` set: when the bytes held pass
     /// the threshold, free the oldest unsplit cached large segments (of every stream) until
     /// back under it (PyTorch's `garbage_collect_cached_blocks`). Expandable blocks count
-    /// towards the average age when unsplit, as in PyTorch, but are never freed here.
+    /// towards the average age when unsplit, as in PyTorch, but are never freed here. Only
+    /// the default large pool is collected, whichever pool the request is for.
     pub(super) fn garbage_collect_cached_blocks(&mut self) -> Result<(), AllocError> {
         let Some(allowed) = self.allowed_memory_maximum else {
             return Ok(());

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::{CachingAllocator, EventKind, Pool};
+use super::{CachingAllocator, EventKind, MemPoolId, Pool, DEFAULT_OWNER};
 
 /// A block's state as PyTorch names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -11,6 +11,8 @@ use super::{CachingAllocator, EventKind, Pool};
 pub enum BlockState {
     /// Handed out to a user (`"active_allocated"`).
     ActiveAllocated,
+    /// Freed by the user, waiting for the streams it was used on (`"active_pending_free"`).
+    ActivePendingFree,
     /// Cached, free (`"inactive"`).
     Inactive,
 }
@@ -20,6 +22,7 @@ impl BlockState {
     pub fn name(self) -> &'static str {
         match self {
             BlockState::ActiveAllocated => "active_allocated",
+            BlockState::ActivePendingFree => "active_pending_free",
             BlockState::Inactive => "inactive",
         }
     }
@@ -35,7 +38,7 @@ pub struct BlockSnapshot {
     /// Bytes asked for when the block was last handed out (kept after it is freed, as PyTorch
     /// keeps it).
     pub requested_size: u64,
-    /// Allocated or cached.
+    /// Allocated, pending free, or cached.
     pub state: BlockState,
 }
 
@@ -49,7 +52,8 @@ pub struct SegmentSnapshot {
     pub total_size: u64,
     /// Bytes of allocated blocks.
     pub allocated_size: u64,
-    /// Bytes of active blocks (equal to allocated without `record_stream`).
+    /// Bytes of active blocks: allocated, or freed and waiting for their streams
+    /// (`record_stream`).
     pub active_size: u64,
     /// Requested bytes of active blocks.
     pub requested_size: u64,
@@ -57,6 +61,8 @@ pub struct SegmentSnapshot {
     pub stream: u64,
     /// `"small"` or `"large"`.
     pub segment_type: &'static str,
+    /// The memory pool owning the segment (`segment_pool_id`): (0, 0) for the default pools.
+    pub segment_pool_id: MemPoolId,
     /// Whether the range lies in an expandable segment.
     pub is_expandable: bool,
     /// The blocks, lowest address first.
@@ -77,7 +83,15 @@ impl CachingAllocator {
     /// Emits the `snapshot` event PyTorch's `_snapshot()` records, with the bytes of active
     /// blocks, for callers that build the snapshot's segments themselves.
     pub fn record_snapshot_event(&mut self, active_bytes: u64) {
-        self.emit(EventKind::Snapshot, 0, active_bytes, 0, 0, Pool::Large);
+        self.emit(
+            EventKind::Snapshot,
+            0,
+            active_bytes,
+            0,
+            0,
+            Pool::Large,
+            DEFAULT_OWNER,
+        );
     }
 
     /// The segments of [`CachingAllocator::snapshot`], without recording a trace entry.
@@ -101,17 +115,22 @@ impl CachingAllocator {
                 requested_size: 0,
                 stream: block.stream,
                 segment_type: block.pool.name(),
+                segment_pool_id: self.pool_id(block.owner),
                 is_expandable: block.is_expandable(),
                 blocks: Vec::new(),
             };
             let mut cursor = Some(block);
             while let Some(block) = cursor.filter(|block| block.mapped) {
                 segment.total_size += block.size;
-                let state = if block.allocated {
-                    segment.allocated_size += block.size;
+                if block.is_active() {
                     segment.active_size += block.size;
                     segment.requested_size += block.requested_size;
+                }
+                let state = if block.allocated {
+                    segment.allocated_size += block.size;
                     BlockState::ActiveAllocated
+                } else if block.pending_free {
+                    BlockState::ActivePendingFree
                 } else {
                     BlockState::Inactive
                 };

@@ -80,15 +80,55 @@ fn rounds_like_pytorch() {
 
 #[test]
 fn segment_sizes_follow_the_pools() {
-    assert_eq!(CachingAllocator::allocation_size(512), SMALL_BUFFER);
-    assert_eq!(CachingAllocator::allocation_size(MIB), SMALL_BUFFER);
-    assert_eq!(CachingAllocator::allocation_size(MIB + 512), LARGE_BUFFER);
+    let a = allocator("");
+    assert_eq!(a.allocation_size(512), SMALL_BUFFER);
+    assert_eq!(a.allocation_size(MIB), SMALL_BUFFER);
+    assert_eq!(a.allocation_size(MIB + 512), LARGE_BUFFER);
+    assert_eq!(a.allocation_size(10 * MIB - 512), LARGE_BUFFER);
+    assert_eq!(a.allocation_size(10 * MIB), 10 * MIB);
+    assert_eq!(a.allocation_size(11 * MIB + 512), 12 * MIB);
+}
+
+/// `large_segment_size_mb` (PyTorch 2.11): the segment of a large request below 10 MiB and
+/// the large pool's expandable page; requests from 10 MiB up keep their 2 MiB rounding.
+#[test]
+fn large_segment_size_sets_the_shared_segment_and_the_large_page() {
+    let mut a = allocator("large_segment_size_mb:40");
+    assert_eq!(a.allocation_size(MIB + 512), 40 * MIB);
+    assert_eq!(a.allocation_size(10 * MIB), 10 * MIB);
+    assert_eq!(a.allocation_size(MIB), SMALL_BUFFER);
+    let x = a.malloc(5 * MIB).expect("5 MiB");
     assert_eq!(
-        CachingAllocator::allocation_size(10 * MIB - 512),
-        LARGE_BUFFER
+        get(&a, "reserved_bytes.large_pool.current"),
+        40 * MIB as i64
     );
-    assert_eq!(CachingAllocator::allocation_size(10 * MIB), 10 * MIB);
-    assert_eq!(CachingAllocator::allocation_size(11 * MIB + 512), 12 * MIB);
+    assert_eq!(
+        get(&a, "inactive_split_bytes.large_pool.current"),
+        35 * MIB as i64
+    );
+    // The 35 MiB rest takes a 30 MiB request (below 30 + 40 MiB: no max_split_size here).
+    let y = a.malloc(30 * MIB).expect("30 MiB");
+    assert_eq!(get(&a, "num_device_alloc"), 1);
+    a.free(x).expect("free");
+    a.free(y).expect("free");
+    a.check_invariants().expect("consistent");
+
+    let mut e = allocator("expandable_segments:True,large_segment_size_mb:40");
+    assert_eq!(e.page_size(Pool::Large), 40 * MIB);
+    assert_eq!(e.page_size(Pool::Small), SMALL_BUFFER);
+    let x = e.malloc(5 * MIB).expect("5 MiB");
+    assert_eq!(
+        get(&e, "reserved_bytes.large_pool.current"),
+        40 * MIB as i64
+    );
+    let y = e.malloc(50 * MIB).expect("50 MiB");
+    assert_eq!(
+        get(&e, "reserved_bytes.large_pool.current"),
+        80 * MIB as i64
+    );
+    e.free(x).expect("free");
+    e.free(y).expect("free");
+    e.check_invariants().expect("consistent");
 }
 
 #[test]
@@ -528,6 +568,49 @@ fn expandable_segments_need_the_devices_virtual_memory_calls() {
     assert!(err
         .to_string()
         .contains("granularity of 3145728 bytes does not divide"));
+}
+
+/// `release_cached_blocks` (`empty_cache()` and a malloc's last resort) releases the large
+/// pool before the small one, each walked in PyTorch's (stream, size, address) order; split
+/// free pieces stay.
+#[test]
+fn release_cached_blocks_walks_large_then_small_in_pool_order() {
+    let mut a = allocator("");
+    a.record_history(true, 1000);
+    let sizes = [
+        (1, 30 * MIB),
+        (0, 40 * MIB),
+        (0, 12 * MIB),
+        (1, 1000),
+        (0, 1000),
+    ];
+    let blocks: Vec<Allocation> = sizes
+        .iter()
+        .map(|&(stream, size)| a.malloc_on(stream, size).expect("alloc"))
+        .collect();
+    let kept = a.malloc(5 * MIB).expect("a 20 MiB segment kept split");
+    for block in blocks {
+        a.free(block).expect("free");
+    }
+    let mark = a.trace().len();
+    a.empty_cache().expect("empty");
+    let released: Vec<(u64, u64)> = a.trace().entries()[mark..]
+        .iter()
+        .map(|entry| (entry.stream, entry.size))
+        .collect();
+    assert_eq!(
+        released,
+        [
+            (0, 12 * MIB),
+            (0, 40 * MIB),
+            (1, 30 * MIB),
+            (0, 2 * MIB),
+            (1, 2 * MIB)
+        ]
+    );
+    assert_eq!(get(&a, "reserved_bytes.all.current"), 20 * MIB as i64);
+    a.free(kept).expect("free");
+    a.check_invariants().expect("consistent");
 }
 
 #[test]

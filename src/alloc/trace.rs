@@ -196,6 +196,7 @@ mod tests {
             bytes: size,
             stream,
             pool: crate::alloc::Pool::Large,
+            pool_id: crate::alloc::MemPoolId::DEFAULT,
             context,
         }
     }

@@ -10,8 +10,8 @@
 //! `num_device_free` per unmap call; `segment`, `oversize_segments` and the inactive-split
 //! counters never change for expandable memory.
 
-use super::block::{Block, BlockId, Pool, SegmentId, NIL};
-use super::expandable::{page_size, reserved_pages, ExpandableSegment, SegmentTable};
+use super::block::{Block, BlockId, Pool, PoolOwner, SegmentId, NIL};
+use super::expandable::{reserved_pages, ExpandableSegment, SegmentTable};
 use super::{AllocError, CachingAllocator, EventKind, Request};
 use crate::device::DeviceError;
 
@@ -60,13 +60,14 @@ impl CachingAllocator {
     /// blocks in a row hold at least `request.size` bytes; else a new segment, whose whole
     /// range is one unmapped block.
     fn find_expandable_block(&mut self, request: Request) -> Result<BlockId, AllocError> {
+        // PyTorch's `allocatable`: neither handed out nor waiting for a pending free.
         let available = |allocator: &Self, id: BlockId| {
             allocator
                 .blocks
                 .get(id)
-                .is_some_and(|block| !block.allocated)
+                .is_some_and(|block| block.is_free())
         };
-        let pool = self.pool_ref(request.pool);
+        let pool = self.pool_ref(request.owner, request.pool);
         for unmapped in pool.unmapped_of(request.stream) {
             let mut start = unmapped;
             let prev = self.blocks.at(unmapped).prev;
@@ -84,13 +85,18 @@ impl CachingAllocator {
                 return Ok(start);
             }
         }
-        self.new_expandable_segment(request.stream, request.pool)
+        self.new_expandable_segment(request.stream, request.pool, request.owner)
     }
 
-    /// Reserves a new expandable segment for (stream, pool) and records its whole range as one
-    /// unmapped block.
-    fn new_expandable_segment(&mut self, stream: u64, pool: Pool) -> Result<BlockId, AllocError> {
-        let page = page_size(pool);
+    /// Reserves a new expandable segment for (stream, pool, owner) and records its whole range
+    /// as one unmapped block.
+    fn new_expandable_segment(
+        &mut self,
+        stream: u64,
+        pool: Pool,
+        owner: PoolOwner,
+    ) -> Result<BlockId, AllocError> {
+        let page = self.page_size(pool);
         // PyTorch does not consult the granularity: a page it does not divide makes the first
         // cuMemCreate fail. Checking first gives that failure a clear message.
         let granularity = self.device.allocation_granularity()?;
@@ -110,24 +116,35 @@ impl CachingAllocator {
             })?;
         let range = self.device.reserve_address_range(bytes)?;
         let base = range.addr();
-        let segment = self
-            .expandable
-            .insert(ExpandableSegment::new(range, page, pages, stream, pool));
+        let mut new_segment = ExpandableSegment::new(range, page, pages, stream, pool);
+        new_segment.owner = owner;
+        let segment = self.expandable.insert(new_segment);
         let id = self.blocks.insert(Block {
             stream,
             ptr: base,
             size: bytes,
             requested_size: 0,
             pool,
+            owner,
             allocated: false,
+            pending_free: false,
+            event_count: 0,
             mapped: false,
             segment,
             prev: NIL,
             next: NIL,
             gc_count_base: 0,
         });
-        self.pool_mut(pool).insert_unmapped(stream, base, id);
-        self.emit(EventKind::RangeReserve, base, bytes, page, stream, pool);
+        self.pool_mut(owner, pool).insert_unmapped(stream, base, id);
+        self.emit(
+            EventKind::RangeReserve,
+            base,
+            bytes,
+            page,
+            stream,
+            pool,
+            owner,
+        );
         Ok(id)
     }
 
@@ -142,13 +159,14 @@ impl CachingAllocator {
             segment: segment_id,
             stream,
             pool,
+            owner,
             ..
         } = self.blocks.at(id);
         let segment = segment_of(&mut self.expandable, segment_id, ptr)?;
         let Some((mapped_ptr, mapped)) = segment.map(self.device.as_mut(), ptr, size)? else {
             return Ok(false);
         };
-        self.pool_mut(pool).remove_unmapped(stream, ptr, id);
+        self.pool_mut(owner, pool).remove_unmapped(stream, ptr, id);
         self.blocks.at_mut(id).mapped = true;
         if mapped < block_size {
             // The unmapped rest becomes its own block right after this one.
@@ -159,7 +177,10 @@ impl CachingAllocator {
                 size: block_size - mapped,
                 requested_size: 0,
                 pool,
+                owner,
                 allocated: false,
+                pending_free: false,
+                event_count: 0,
                 mapped: false,
                 segment: segment_id,
                 prev: id,
@@ -172,7 +193,7 @@ impl CachingAllocator {
             let block = self.blocks.at_mut(id);
             block.next = rest;
             block.size = mapped;
-            self.pool_mut(pool)
+            self.pool_mut(owner, pool)
                 .insert_unmapped(stream, ptr + mapped, rest);
         }
         let (prev, next) = (self.blocks.at(id).prev, self.blocks.at(id).next);
@@ -189,6 +210,7 @@ impl CachingAllocator {
             mapped,
             stream,
             pool,
+            owner,
         );
         Ok(true)
     }
@@ -204,6 +226,7 @@ impl CachingAllocator {
             segment: segment_id,
             stream,
             pool,
+            owner,
             ..
         } = self.blocks.at(id);
         let segment = segment_of(&mut self.expandable, segment_id, ptr)?;
@@ -211,7 +234,7 @@ impl CachingAllocator {
         if unmapped == 0 {
             return Ok(());
         }
-        self.pool_mut(pool).remove(stream, size, ptr, id);
+        self.pool_mut(owner, pool).remove(stream, size, ptr, id);
         let before = unmapped_ptr - ptr;
         if before > 0 {
             let prev = self.blocks.at(id).prev;
@@ -240,9 +263,10 @@ impl CachingAllocator {
         self.try_merge(id, prev, false);
         self.try_merge(id, next, false);
         let ptr = self.blocks.at(id).ptr;
-        self.pool_mut(pool).insert_unmapped(stream, ptr, id);
+        self.pool_mut(owner, pool).insert_unmapped(stream, ptr, id);
         self.total_allocated_memory -= unmapped;
         self.stats.reserved_bytes.decrease(pool, unmapped as i64);
+        self.uncount_private_malloc(owner);
         self.stats.num_device_free += 1;
         self.emit(
             EventKind::SegmentUnmap,
@@ -251,6 +275,7 @@ impl CachingAllocator {
             unmapped,
             stream,
             pool,
+            owner,
         );
         Ok(())
     }
@@ -272,7 +297,10 @@ impl CachingAllocator {
             size,
             requested_size: 0,
             pool: model.pool,
+            owner: model.owner,
             allocated: false,
+            pending_free: false,
+            event_count: 0,
             mapped: true,
             segment: model.segment,
             prev,
@@ -286,12 +314,13 @@ impl CachingAllocator {
     /// whole segment; forget both and free the segment's reserved range.
     pub(super) fn release_expandable_segment(&mut self, id: BlockId) -> Result<(), AllocError> {
         let block = self.blocks.at(id);
-        let (ptr, size, segment_id, stream, pool, mapped) = (
+        let (ptr, size, segment_id, stream, pool, owner, mapped) = (
             block.ptr,
             block.size,
             block.segment,
             block.stream,
             block.pool,
+            block.owner,
             block.mapped,
         );
         let whole = self
@@ -303,12 +332,20 @@ impl CachingAllocator {
                 "expandable segment at {ptr:#x}: the block disagrees with the segment"
             )));
         }
-        self.pool_mut(pool).remove_unmapped(stream, ptr, id);
+        self.pool_mut(owner, pool).remove_unmapped(stream, ptr, id);
         self.blocks.remove(id);
         if let Some(segment) = self.expandable.remove(segment_id) {
             let page = segment.page;
             segment.release(self.device.as_mut())?;
-            self.emit(EventKind::RangeRelease, ptr, size, page, stream, pool);
+            self.emit(
+                EventKind::RangeRelease,
+                ptr,
+                size,
+                page,
+                stream,
+                pool,
+                owner,
+            );
         }
         Ok(())
     }

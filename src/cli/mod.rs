@@ -179,10 +179,15 @@ enum Command {
         /// search in 2 MiB steps), for each config.
         #[arg(long)]
         min_capacity: bool,
-        /// Where segments are placed: where PyTorch's driver put them (recorded), or the
-        /// simulator's own model (model).
-        #[arg(long, value_enum, default_value_t = PlacementArg::Recorded)]
+        /// Where segments are placed: where PyTorch's driver put them (recorded), the
+        /// simulator's own model (model), or recorded when the replay follows the recorded
+        /// config and the model under any other (auto).
+        #[arg(long, value_enum, default_value_t = PlacementArg::Auto)]
         placement: PlacementArg,
+        /// Replay device N's trace (its position in the file's `device_traces`); by default
+        /// the first device with entries. The report lists every device the file holds.
+        #[arg(long, value_name = "N")]
+        device_index: Option<u32>,
         /// Also draw the replay's allocated and reserved memory over its events to FILE (.svg
         /// or .png).
         #[arg(long, value_name = "FILE")]
@@ -228,7 +233,7 @@ enum Command {
         #[arg(long, value_name = "SIZE", value_parser = parse_capacity)]
         capacity: Option<u64>,
         /// Where segments are placed (as for replay).
-        #[arg(long, value_enum, default_value_t = PlacementArg::Recorded)]
+        #[arg(long, value_enum, default_value_t = PlacementArg::Auto)]
         placement: PlacementArg,
     },
     /// Measure gpumem itself (for comparisons with PyTorch; see benches/compare/).
@@ -239,6 +244,9 @@ enum Command {
 /// `--placement`.
 #[derive(Clone, Copy, ValueEnum)]
 enum PlacementArg {
+    /// Recorded when the replay follows the recorded config (the memory fraction aside, which
+    /// PyTorch does not record), the model otherwise.
+    Auto,
     /// Where PyTorch's driver placed the same segment, when the trace shows it.
     Recorded,
     /// The simulator's placement model.
@@ -248,6 +256,7 @@ enum PlacementArg {
 impl From<PlacementArg> for gpumem::snapshot::replay::Placement {
     fn from(arg: PlacementArg) -> Self {
         match arg {
+            PlacementArg::Auto => gpumem::snapshot::replay::Placement::Auto,
             PlacementArg::Recorded => gpumem::snapshot::replay::Placement::Recorded,
             PlacementArg::Model => gpumem::snapshot::replay::Placement::Model,
         }
@@ -388,6 +397,7 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
             threads,
             capacity,
             placement,
+            device_index,
             report,
             ..
         }) => tune::command(&tune::TuneArgs {
@@ -395,6 +405,7 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
                 capacity: tune::capacity(cli.device.as_ref(), capacity)?,
                 conf: None,
                 placement: placement.into(),
+                device_index,
             },
             base: cli.alloc_conf.unwrap_or_default(),
             file,
@@ -422,6 +433,7 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
                     None => None,
                 },
                 placement: placement.into(),
+                device_index: None,
             },
             a,
             b,
@@ -434,6 +446,7 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
             compare,
             min_capacity,
             placement,
+            device_index,
             timeline,
             report,
             capacity,
@@ -457,6 +470,7 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
             min_capacity,
             json,
             placement: placement.into(),
+            device_index,
         }),
         Some(Command::Bench(BenchTarget::Replay { events, file, keep })) => {
             replay::bench(events, file.as_deref(), keep)

@@ -56,8 +56,10 @@ pub struct ReplayArgs {
     pub min_capacity: bool,
     /// `--json`.
     pub json: bool,
-    /// `--placement model`.
+    /// `--placement`.
     pub placement: Placement,
+    /// `--device-index N`.
+    pub device_index: Option<u32>,
     /// `--timeline` and `--report`.
     pub outputs: super::Outputs,
 }
@@ -129,11 +131,11 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         capacity,
         conf: conf.clone(),
         placement: args.placement,
+        device_index: args.device_index,
     };
     let report = run_one(args, &options)?;
-    let sites =
-        gpumem::snapshot::replay::peaks::sites_at_peaks(&args.file, &report, args.placement)
-            .map_err(|error| replay_error(&args.file, error))?;
+    let sites = gpumem::snapshot::replay::peaks::sites_at_peaks(&args.file, &report)
+        .map_err(|error| replay_error(&args.file, error))?;
     if args.outputs.wanted() {
         let recorder = Rc::new(RefCell::new(Recorder::empty(
             args.file.display().to_string(),
@@ -142,7 +144,6 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         gpumem::snapshot::replay::replay_observed(
             &args.file,
             &report,
-            args.placement,
             vec![Box::new(Rc::clone(&recorder))],
         )
         .map_err(|error| replay_error(&args.file, error))?;
@@ -161,7 +162,7 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         if !args.min_capacity {
             return Ok(None);
         }
-        min_capacity(&args.file, capacity, conf)
+        min_capacity(&args.file, capacity, conf, args.device_index)
             .map(Some)
             .map_err(|error| replay_error(&args.file, error))
     };
@@ -173,6 +174,7 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
             capacity,
             conf: Some(conf.clone()),
             placement: args.placement,
+            device_index: args.device_index,
         };
         let row = run_one(args, &options)?;
         let row_search = search(Some(conf))?;

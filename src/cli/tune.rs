@@ -152,13 +152,7 @@ fn write_report(
         args.file.display().to_string(),
         report.capacity,
     )));
-    replay_observed(
-        &args.file,
-        &report,
-        options.placement,
-        vec![Box::new(Rc::clone(&recorder))],
-    )
-    .map_err(failed)?;
+    replay_observed(&args.file, &report, vec![Box::new(Rc::clone(&recorder))]).map_err(failed)?;
     let timeline = recorder.borrow().timeline(Vec::new());
     let outputs = Outputs {
         timeline: None,

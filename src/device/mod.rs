@@ -22,10 +22,12 @@ pub(crate) mod nvml;
 pub mod sim;
 mod span;
 pub mod spec;
+pub mod streams;
 
 pub use address::{DevicePtr, MemorySpace};
 pub use span::DeviceSpan;
 pub use spec::DeviceSpec;
+pub use streams::StreamEvent;
 
 use thiserror::Error;
 
@@ -315,5 +317,60 @@ pub trait DeviceMemory {
     ) -> Result<(), DeviceError> {
         let _ = (address, bytes, page);
         Err(vmm_unsupported())
+    }
+
+    // Streams and events (see [`streams`]). The allocator records an event on every stream a
+    // freed block was used on (`record_stream`) and reuses the block once they completed.
+    // The default bodies describe a device whose work is done by the time each call returns:
+    // every event is complete once recorded and synchronising has nothing to wait for. The
+    // simulated device queues work ([`streams::StreamWork`]); a CUDA device is to record real
+    // events (with streams in scripts). Stream ids are the allocator's (0 = the default
+    // stream).
+
+    /// Records an event on `stream` after the work queued on it so far (`cudaEventRecord` of
+    /// an event from PyTorch's event pool).
+    fn record_event(&mut self, stream: u64) -> Result<StreamEvent, DeviceError> {
+        Ok(StreamEvent { stream, ticket: 0 })
+    }
+
+    /// Whether the work `event` follows has completed (`cudaEventQuery`: `cudaSuccess` or
+    /// `cudaErrorNotReady`). Never waits.
+    fn query_event(&self, event: StreamEvent) -> Result<bool, DeviceError> {
+        let _ = event;
+        Ok(true)
+    }
+
+    /// Waits until `event` has completed (`cudaEventSynchronize`).
+    fn synchronize_event(&mut self, event: StreamEvent) -> Result<(), DeviceError> {
+        let _ = event;
+        Ok(())
+    }
+
+    /// Waits until everything queued on `stream` has completed (`cudaStreamSynchronize`).
+    fn synchronize_stream(&mut self, stream: u64) -> Result<(), DeviceError> {
+        let _ = stream;
+        Ok(())
+    }
+
+    /// Waits until everything queued on every stream has completed (`cudaDeviceSynchronize`).
+    fn synchronize_device(&mut self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
+    /// Makes work queued on `stream` from now on wait for the work queued on `other` so far
+    /// (`torch.cuda.Stream.wait_stream`: an event recorded on `other`, waited for by `stream`).
+    fn wait_stream(&mut self, stream: u64, other: u64) -> Result<(), DeviceError> {
+        let _ = (stream, other);
+        Ok(())
+    }
+
+    /// Queues work that keeps `stream` busy for about `millis` milliseconds (`gpu_sleep`'s
+    /// kernel). The simulated device keeps the stream busy until the next synchronisation
+    /// point instead (it has no clock). Refused by default.
+    fn sleep(&mut self, stream: u64, millis: u64) -> Result<(), DeviceError> {
+        let _ = (stream, millis);
+        Err(DeviceError::Unsupported(
+            "this device cannot queue work on a stream".into(),
+        ))
     }
 }

@@ -7,6 +7,7 @@
 use std::cell::Cell;
 use std::collections::BTreeMap;
 
+use super::streams::{StreamEvent, StreamWork};
 use super::{DeviceError, DeviceMemory, DevicePtr, DriverMemory, MemorySpace, ProcessMemory};
 
 const MIB: u64 = 1 << 20;
@@ -283,6 +284,9 @@ pub struct SimDevice {
     addresses: AddressSpace,
     /// Mapped pages of reserved ranges: page address → page size.
     pages: BTreeMap<u64, u64>,
+    /// What is queued on each stream ([`StreamWork`]'s rule: work completes at the next
+    /// synchronisation point).
+    streams: StreamWork,
 }
 
 impl SimDevice {
@@ -306,6 +310,7 @@ impl SimDevice {
             segments: BTreeMap::new(),
             addresses: AddressSpace::new(),
             pages: BTreeMap::new(),
+            streams: StreamWork::default(),
         }
     }
 
@@ -438,6 +443,8 @@ impl DeviceMemory for SimDevice {
     fn free(&mut self, segment: DevicePtr) -> Result<(), DeviceError> {
         self.touch_context();
         let address = segment.addr_in(MemorySpace::Simulated, "cudaFree")?;
+        // cudaFree synchronises the device.
+        self.streams.synchronize_all();
         let Some(bytes) = self.segments.remove(&address) else {
             return Err(DeviceError::InvalidArgument(format!(
                 "cudaFree of {address:#x}, which is not a segment"
@@ -565,6 +572,46 @@ impl DeviceMemory for SimDevice {
         Ok(())
     }
 
+    // Streams: idle unless `sleep` queued work; work completes at the next synchronisation
+    // point (`StreamWork`). Unmapping pages is one in CUDA too, but only for the segment's own
+    // stream (PyTorch synchronises it first), which this call does not know: it completes
+    // nothing here.
+
+    fn record_event(&mut self, stream: u64) -> Result<StreamEvent, DeviceError> {
+        self.touch_context();
+        Ok(self.streams.record(stream))
+    }
+
+    fn query_event(&self, event: StreamEvent) -> Result<bool, DeviceError> {
+        Ok(self.streams.is_complete(event))
+    }
+
+    fn synchronize_event(&mut self, event: StreamEvent) -> Result<(), DeviceError> {
+        self.streams.synchronize_event(event);
+        Ok(())
+    }
+
+    fn synchronize_stream(&mut self, stream: u64) -> Result<(), DeviceError> {
+        self.streams.synchronize_stream(stream);
+        Ok(())
+    }
+
+    fn synchronize_device(&mut self) -> Result<(), DeviceError> {
+        self.streams.synchronize_all();
+        Ok(())
+    }
+
+    fn wait_stream(&mut self, stream: u64, other: u64) -> Result<(), DeviceError> {
+        self.streams.wait(stream, other);
+        Ok(())
+    }
+
+    fn sleep(&mut self, stream: u64, _millis: u64) -> Result<(), DeviceError> {
+        self.touch_context();
+        self.streams.queue(stream);
+        Ok(())
+    }
+
     /// The model's account: the H200's driver reservation (at most a sixteenth of a smaller
     /// simulated device), the context, and the segments' pages; no other processes. The
     /// context's share NVML does not attribute to the process stays in "used" unattributed.
@@ -596,6 +643,28 @@ mod tests {
     /// addresses, which the allocator never derives).
     fn at(base: DevicePtr, offset: u64) -> DevicePtr {
         DevicePtr::simulated(base.addr() + offset)
+    }
+
+    #[test]
+    fn streams_are_idle_until_work_is_queued_and_cuda_free_synchronises() {
+        let mut sim = SimDevice::new(1 << 30);
+        let idle = sim.record_event(1).expect("record");
+        assert_eq!(sim.query_event(idle), Ok(true));
+        sim.sleep(1, 10).expect("sleep");
+        let busy = sim.record_event(1).expect("record");
+        assert_eq!(sim.query_event(busy), Ok(false));
+        let segment = sim.malloc(2 << 20).expect("room");
+        assert_eq!(
+            sim.query_event(busy),
+            Ok(false),
+            "cudaMalloc waits for nothing"
+        );
+        sim.free(segment).expect("free");
+        assert_eq!(sim.query_event(busy), Ok(true), "cudaFree synchronises");
+        sim.sleep(2, 10).expect("sleep");
+        let busy = sim.record_event(2).expect("record");
+        sim.synchronize_device().expect("sync");
+        assert_eq!(sim.query_event(busy), Ok(true));
     }
 
     #[test]

@@ -8,12 +8,12 @@ use std::rc::Rc;
 use rhai::Engine;
 
 use super::{
-    device_api, memory_api, oom_error, progress_api, sandbox, snapshot_api, tensor_api, values_api,
-    viz_api,
+    device_api, mem_pool_api, memory_api, oom_error, progress_api, sandbox, snapshot_api,
+    tensor_api, values_api, viz_api,
 };
 use crate::tensor::Devices;
 
-/// Registers the tensor, device, memory, snapshot and visualisation bindings; `map_settings` is
+/// Registers the tensor, device, memory, private pool, snapshot and visualisation bindings; `map_settings` is
 /// how `memory_map()` draws by default, `paths` where scripts may read and write files.
 pub fn register(
     engine: &mut Engine,
@@ -24,6 +24,7 @@ pub fn register(
     tensor_api::register(engine, devices);
     device_api::register(engine, devices);
     memory_api::register(engine, devices);
+    mem_pool_api::register(engine, devices);
     snapshot_api::register(engine, devices, paths);
     values_api::register(engine);
     viz_api::register(engine, devices, map_settings);

@@ -12,6 +12,8 @@ pub enum Kind {
     Property,
     /// A field or method of a caught out-of-memory error: `e.why`.
     Error,
+    /// A property or method of a private pool made by `mem_pool()`: `pool.id`.
+    Pool,
 }
 
 /// A binding's documentation.
@@ -45,7 +47,7 @@ const fn doc(
     }
 }
 
-use Kind::{Error, Function, Method, Property};
+use Kind::{Error, Function, Method, Pool, Property};
 
 /// An example on a caught out-of-memory error `e` (a request of 1 EiB always fails).
 macro_rules! on_oom {
@@ -108,6 +110,10 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("get_per_process_memory_fraction", Function, "get_per_process_memory_fraction([device])", "the cap in force (1.0 when none)", "get_per_process_memory_fraction()"),
     doc("mem_get_info", Function, "mem_get_info([device])", "[free, total] bytes as the driver reports them (creates the device's CUDA context, as cudaMemGetInfo does)", "mem_get_info()"),
     doc("with_allocator_conf", Function, "with_allocator_conf(conf, || { ... })", "run the closure against a second allocator under config conf (a fresh simulated GPU of this size, or the same CUDA GPU); returns its value", "with_allocator_conf(\"expandable_segments:True\", || { let x = empty(5000000, \"uint8\"); memory_reserved() })"),
+    doc("mem_pool", Function, "mem_pool()", "a private pool of the current device (torch.cuda.MemPool()): id (0, n), one use; when the last reference goes, its wholly free segments go back to the device", "mem_pool().id"),
+    doc("use_mem_pool", Function, "use_mem_pool(pool, || { ... })", "run the closure with every allocation going to pool (with torch.cuda.use_mem_pool(pool)); returns its value; memory_stats() counts the pool's memory, memory_map() marks its segments", "{ let p = mem_pool(); use_mem_pool(p, || { let x = empty([1000], \"uint8\"); memory_allocated() }) }"),
+    doc("id", Pool, "pool.id", "a pool's id as [first, second] (PyTorch's MemPool.id: [0, n] for mem_pool())", "mem_pool().id"),
+    doc("use_count", Pool, "pool.use_count()", "a pool's uses (MemPool.use_count()): 1 for the pool, 1 more inside use_mem_pool", "mem_pool().use_count()"),
     doc("memory_map", Function, "memory_map([device[, width]])", "every segment drawn as cells: allocated, free in a used segment, free segment", "memory_map(current_device(), 60)"),
     doc("fragmentation", Function, "fragmentation()", "per pool (all, small, large): cached_free, largest_free, free_blocks, releasable (what empty_cache() would return), external (1 - largest_free / cached_free)", "fragmentation().all.external"),
     doc("measure", Function, "measure(|| { ... })", "run a closure; its peak_allocated, peak_reserved, device_allocations, ... and result", "measure(|| randn(8)).peak_allocated"),

@@ -11,6 +11,7 @@ pub mod docs;
 pub mod errors;
 pub mod history;
 pub mod limits;
+pub mod mem_pool_api;
 pub mod memory_api;
 pub mod oom_error;
 pub mod progress_api;

@@ -31,7 +31,10 @@ fn convert_segment(segment: &SegmentSnapshot, device: usize, frames_of: &FramesO
         requested_size: int(segment.requested_size),
         stream: int(segment.stream),
         segment_type: segment.segment_type.to_string(),
-        segment_pool_id: (0, 0),
+        segment_pool_id: (
+            int(segment.segment_pool_id.first),
+            int(segment.segment_pool_id.second),
+        ),
         is_expandable: segment.is_expandable,
         frames: Vec::new(),
         blocks: segment

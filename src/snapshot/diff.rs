@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::model::Frame;
 use super::replay::peaks::{sites_at_peaks, SitesAtPeaks};
-use super::replay::{replay, Placement, ReplayError, ReplayOptions, ReplayReport};
+use super::replay::{replay, ReplayError, ReplayOptions, ReplayReport};
 use super::sites::{Site, SiteBytes};
 
 /// One job's figures.
@@ -231,10 +231,9 @@ pub struct DiffOptions {
 
 /// Replays `a` and `b` (in parallel) and compares them.
 pub fn diff(a: &Path, b: &Path, options: &DiffOptions) -> Result<DiffReport, DiffError> {
-    let placement = options.replay.placement;
     let (a_job, b_job) = std::thread::scope(|scope| {
-        let a_job = scope.spawn(|| job(a, &options.replay, placement));
-        let b_job = job(b, &options.replay, placement);
+        let a_job = scope.spawn(|| job(a, &options.replay));
+        let b_job = job(b, &options.replay);
         let a_job = a_job
             .join()
             .unwrap_or_else(|_| Err(ReplayError::Allocator("the replay of A panicked".into())));
@@ -268,13 +267,9 @@ pub enum DiffError {
 }
 
 /// One job replayed with its sites.
-fn job(
-    path: &Path,
-    options: &ReplayOptions,
-    placement: Placement,
-) -> Result<JobFigures, ReplayError> {
+fn job(path: &Path, options: &ReplayOptions) -> Result<JobFigures, ReplayError> {
     let report = replay(path, options, &mut |_, _| {})?;
-    let sites = sites_at_peaks(path, &report, placement)?;
+    let sites = sites_at_peaks(path, &report)?;
     Ok(JobFigures::of(&report, sites))
 }
 

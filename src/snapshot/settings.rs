@@ -49,7 +49,8 @@ impl AllocatorSettings {
     pub fn from_conf(conf: &AllocConf) -> AllocatorSettings {
         let mut divisions = [0_i64; ROUNDUP_POWER2_INTERVALS];
         for (slot, value) in divisions.iter_mut().zip(conf.roundup_power2_divisions) {
-            *slot = super::model::int(value);
+            // Saturating, as the model's integers do (no division count comes near it).
+            *slot = i64::try_from(value).unwrap_or(i64::MAX);
         }
         AllocatorSettings {
             alloc_conf: conf.source.clone(),
@@ -178,6 +179,19 @@ mod tests {
             settings.to_conf().map(|conf| conf.max_split_size),
             Ok(100 << 20)
         );
+    }
+
+    /// PyTorch records no value for `large_segment_size_mb`: it comes back from the recorded
+    /// config text.
+    #[test]
+    fn large_segment_size_comes_back_from_the_recorded_text() {
+        let settings = AllocatorSettings {
+            alloc_conf: "large_segment_size_mb:40".into(),
+            ..AllocatorSettings::default()
+        };
+        let conf = settings.to_conf().expect("a 2.11 key");
+        assert_eq!(conf.large_segment_size, 40 << 20);
+        assert_eq!(conf.max_non_split_rounding_size, 40 << 20);
     }
 
     #[test]

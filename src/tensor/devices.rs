@@ -213,7 +213,11 @@ impl Devices {
     pub fn for_allocation(&self) -> Result<Rc<Runtime>, TensorError> {
         let activation = self.step(Selection::settle);
         self.activate(activation)?;
-        Ok(self.current())
+        // The device the tensor goes to needs its context even when nothing was deferred (a
+        // fresh process on device 0) and nothing will be allocated (0 bytes).
+        let current = self.current();
+        current.ensure_context()?;
+        Ok(current)
     }
 
     /// `t.to(index)`: `tensor` itself when it is on device `index` already (PyTorch returns

@@ -9,6 +9,7 @@ pub mod cuda_backend;
 pub mod devices;
 pub mod dtype;
 pub mod interrupt;
+pub mod mem_pool;
 pub mod ops;
 pub mod philox;
 mod selection;
@@ -280,6 +281,29 @@ impl Runtime {
             orphans.remove(index);
         }
         Ok(())
+    }
+
+    /// Runs `f` on the allocator whose [`CachingAllocator::id`] is `owner`: the current one,
+    /// one swapped out by [`Runtime::with_allocator_swapped`], or an orphan; `None` when that
+    /// allocator is gone (swapped in and out with nothing left allocated in it).
+    fn with_owner_allocator<R>(
+        &self,
+        owner: u64,
+        f: impl FnOnce(&mut CachingAllocator) -> R,
+    ) -> Result<Option<R>, String> {
+        let busy = |_| "the allocator was busy".to_string();
+        let mut current = self.allocator.try_borrow_mut().map_err(busy)?;
+        if current.id() == owner {
+            return Ok(Some(f(&mut current)));
+        }
+        drop(current);
+        let mut swapped_out = self.swapped_out.try_borrow_mut().map_err(busy)?;
+        if let Some(allocator) = swapped_out.iter_mut().find(|a| a.id() == owner) {
+            return Ok(Some(f(allocator)));
+        }
+        drop(swapped_out);
+        let mut orphans = self.orphans.try_borrow_mut().map_err(busy)?;
+        Ok(orphans.iter_mut().find(|a| a.id() == owner).map(f))
     }
 
     /// The device's label (`sim`, `sim:1` on a machine of several simulated devices,

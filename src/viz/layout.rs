@@ -3,7 +3,7 @@
 //! first frame ([`super::report`]). Built from the allocator's snapshot, so nothing here
 //! reaches into the allocator's internals.
 
-use crate::alloc::{Block, BlockState, CachingAllocator, Pool, SegmentSnapshot};
+use crate::alloc::{Block, BlockState, CachingAllocator, MemPoolId, Pool, SegmentSnapshot};
 
 /// What a stretch of a segment holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -65,6 +65,9 @@ pub struct SegmentLayout {
     pub size: u64,
     /// The pool the segment serves.
     pub pool: Pool,
+    /// The memory pool it belongs to: (0, 0) for the default pools, else a private pool's id
+    /// (a CUDA graph's, a `MemPool`'s).
+    pub pool_id: MemPoolId,
     /// The spans, tiling `address..address + size`.
     pub spans: Vec<Span>,
 }
@@ -106,6 +109,7 @@ impl SegmentLayout {
             address,
             size,
             pool,
+            pool_id: MemPoolId::DEFAULT,
             spans,
         }
     }
@@ -129,7 +133,7 @@ impl MemoryLayout {
                 } else {
                     Pool::Large
                 };
-                SegmentLayout::from_blocks(
+                let mut layout = SegmentLayout::from_blocks(
                     segment.address,
                     segment.total_size,
                     pool,
@@ -137,10 +141,13 @@ impl MemoryLayout {
                         (
                             block.address,
                             block.size,
-                            block.state == BlockState::ActiveAllocated,
+                            // A block waiting for its streams is in use too.
+                            block.state != BlockState::Inactive,
                         )
                     }),
-                )
+                );
+                layout.pool_id = segment.segment_pool_id;
+                layout
             })
             .collect();
         segments.sort_by_key(|segment| segment.address);
@@ -160,15 +167,19 @@ impl MemoryLayout {
             let stop = blocks.partition_point(|block| block.ptr < end);
             blocks[start..stop].iter().copied()
         };
+        let pool_ids: std::collections::BTreeMap<u64, MemPoolId> =
+            allocator.segment_pool_ids().collect();
         let mut segments: Vec<SegmentLayout> = allocator
             .segments()
             .map(|(base, size, pool)| {
-                SegmentLayout::from_blocks(
+                let mut layout = SegmentLayout::from_blocks(
                     base,
                     size,
                     pool,
-                    blocks_in(base, base + size).map(|b| (b.ptr, b.size, b.allocated)),
-                )
+                    blocks_in(base, base + size).map(|b| (b.ptr, b.size, b.is_active())),
+                );
+                layout.pool_id = pool_ids.get(&base).copied().unwrap_or_default();
+                layout
             })
             .collect();
         for info in allocator.expandable_segments() {
@@ -183,7 +194,7 @@ impl MemoryLayout {
             };
             let mut spans = Vec::new();
             for block in inside.iter().filter(|block| block.ptr < end) {
-                if block.allocated {
+                if block.is_active() {
                     spans.push(Span {
                         address: block.ptr,
                         size: block.size,
@@ -203,8 +214,23 @@ impl MemoryLayout {
                 address: info.base,
                 size: end - info.base,
                 pool: info.pool,
+                pool_id: info.pool_id,
                 spans,
             });
+        }
+        // A private pool still in use keeps its free segments through empty_cache().
+        let in_use: Vec<MemPoolId> = allocator
+            .private_pools()
+            .iter()
+            .filter(|pool| !pool.freeable)
+            .map(|pool| pool.id)
+            .collect();
+        for segment in segments.iter_mut().filter(|s| in_use.contains(&s.pool_id)) {
+            for span in &mut segment.spans {
+                if span.region == Region::CachedFree {
+                    span.region = Region::SplitFree;
+                }
+            }
         }
         segments.sort_by_key(|segment| segment.address);
         MemoryLayout { segments }

@@ -188,9 +188,15 @@ pub fn render(layout: &MemoryLayout, options: &MapOptions) -> String {
         "address", "size", "allocated"
     );
     for (position, segment) in segments.iter().enumerate() {
+        // A private pool's segment names it after the row.
+        let private = if segment.pool_id.is_default() {
+            String::new()
+        } else {
+            format!(" private pool {}", segment.pool_id)
+        };
         let _ = writeln!(
             text,
-            "  {:<address_w$}  {:>size_w$}  {:<5}  {:>used_w$} |{}|",
+            "  {:<address_w$}  {:>size_w$}  {:<5}  {:>used_w$} |{}|{private}",
             addresses[position],
             sizes[position],
             segment.pool.name(),
@@ -252,8 +258,48 @@ mod tests {
             address,
             size: at - address,
             pool: Pool::Large,
+            pool_id: crate::alloc::MemPoolId::DEFAULT,
             spans,
         }
+    }
+
+    /// A private pool's segments name the pool, and while the pool is in use its free
+    /// segments are not what `empty_cache()` returns.
+    #[test]
+    fn private_pool_segments_are_named_and_kept() {
+        use crate::alloc::{AllocConf, CachingAllocator, PoolFilter};
+        use crate::device::sim::SimDevice;
+        let mut allocator =
+            CachingAllocator::new(Box::new(SimDevice::h200()), AllocConf::default())
+                .expect("allocator");
+        let id = allocator.new_mem_pool_id();
+        allocator
+            .begin_allocate_to_pool(id, PoolFilter::AllStreams)
+            .expect("use");
+        let pooled = allocator.malloc(12 << 20).expect("alloc");
+        allocator.end_allocate_to_pool(id).expect("end");
+        allocator.free(pooled).expect("free");
+        let plain = allocator.malloc(12 << 20).expect("alloc");
+        allocator.free(plain).expect("free");
+        let layout = MemoryLayout::of(&allocator);
+        let text = render(&layout, &MapOptions::default());
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|line| line.contains("12 MiB"))
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(
+            lines
+                .iter()
+                .any(|line| line.ends_with("| private pool (0, 1)") && line.contains("|------")),
+            "{text}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|line| line.ends_with("|") && line.contains("|......")),
+            "{text}"
+        );
     }
 
     #[test]

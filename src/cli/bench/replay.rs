@@ -237,9 +237,10 @@ mod tests {
         assert_eq!(streamed, written);
         let report = replay(&path, &ReplayOptions::default(), &mut |_, _| {}).expect("replays");
         let _ = std::fs::remove_file(&path);
-        let reserved: i64 = rest.segments.iter().map(|s| s.total_size).sum();
-        let allocated: Vec<&gpumem::snapshot::Block> = rest
-            .segments
+        let segments: Vec<gpumem::snapshot::Segment> =
+            rest.segments.iter().map(|s| s.to_model()).collect();
+        let reserved: i64 = segments.iter().map(|s| s.total_size).sum();
+        let allocated: Vec<&gpumem::snapshot::Block> = segments
             .iter()
             .flat_map(|s| &s.blocks)
             .filter(|b| b.state == "active_allocated")

@@ -78,6 +78,7 @@ pub fn help() -> String {
         ("Functions", Kind::Function),
         ("Tensor properties", Kind::Property),
         ("Tensor methods", Kind::Method),
+        ("Private pools (`let pool = mem_pool();`)", Kind::Pool),
         (
             "Out-of-memory errors (`catch (e)`; print(e) shows PyTorch's text and the why line)",
             Kind::Error,

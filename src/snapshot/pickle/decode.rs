@@ -1,58 +1,74 @@
-//! What is left of a snapshot once its trace events have been streamed out: the top-level
-//! dict checked for a memory snapshot's shape, its segments and allocator settings read into
-//! the model's types.
+//! What is left of a snapshot once its trace entries have been streamed out: the top-level
+//! value checked for a memory snapshot's shape (a dict, or PyTorch 2.0's bare list of
+//! segments), its segments (records already), its traces per device, pinned host memory,
+//! allocator settings and annotations.
 
+use super::frames::Stacks;
+use super::records::SegmentRecord;
 use super::value::Value;
-use crate::snapshot::model::{Block, Segment};
+use crate::snapshot::model::Annotation;
 use crate::snapshot::settings::{interval_index, AllocatorSettings};
 
 /// The non-trace parts of a snapshot.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct Remainder {
     /// Per device (position in `device_traces`): the id of its trace list and how many
-    /// events it held.
+    /// entries it held.
     pub traces: Vec<(u32, u64)>,
-    /// The segments at the time of the snapshot (frames left empty).
-    pub segments: Vec<Segment>,
-    /// `allocator_settings`, when present (older PyTorch versions do not write it).
+    /// Whether the file has `device_traces` at all (PyTorch 2.0's bare list of segments does
+    /// not).
+    pub has_device_traces: bool,
+    /// `host_traces` (pinned host memory, PyTorch 2.13): per list, its id and entries.
+    pub host_traces: Vec<(u32, u64)>,
+    /// The segments at the time of the snapshot.
+    pub segments: Vec<SegmentRecord>,
+    /// `host_segments`: pinned host memory's segments.
+    pub host_segments: Vec<SegmentRecord>,
+    /// `allocator_settings`, when present (PyTorch before 2.3 does not write it).
     pub settings: Option<AllocatorSettings>,
+    /// `external_annotations` (PyTorch 2.5 and later).
+    pub annotations: Vec<Annotation>,
+    /// Every distinct frame and stack of the file: resolves the stack ids of entries,
+    /// segments and blocks.
+    pub stacks: Stacks,
+}
+
+impl Remainder {
+    /// Entries of every device's trace.
+    pub fn device_entries(&self) -> u64 {
+        self.traces.iter().map(|(_, entries)| entries).sum()
+    }
 }
 
 /// Reads the top-level value, or says why it is not a memory snapshot.
-pub fn remainder(top: &Value) -> Result<Remainder, String> {
-    let Value::Dict(_) = top else {
-        return Err(format!(
+pub fn remainder(top: &Value, stacks: Stacks) -> Result<Remainder, String> {
+    match top {
+        Value::Dict(_) => snapshot(top, stacks),
+        Value::List(list) => Ok(Remainder {
+            segments: segments(&list.items, "segment").map_err(|message| {
+                format!("the pickle holds a list, {message} (a bare list of segments is what PyTorch 2.0 and before pickled)")
+            })?,
+            stacks,
+            ..Remainder::default()
+        }),
+        other => Err(format!(
             "the pickle holds a {}, not a dict with 'segments' and 'device_traces'",
-            top.type_name()
-        ));
+            other.type_name()
+        )),
+    }
+}
+
+fn snapshot(top: &Value, stacks: Stacks) -> Result<Remainder, String> {
+    let (traces, has_device_traces) = match top.get("device_traces") {
+        Some(value) => (traces(value, "device_traces")?, true),
+        None => (Vec::new(), false),
     };
-    let traces = match top.get("device_traces") {
-        Some(Value::List(devices)) => devices
-            .items
-            .iter()
-            .map(|item| match item {
-                Value::List(list) => Ok((list.id, list.streamed)),
-                other => Err(format!(
-                    "device_traces holds a {}, expected one list per device",
-                    other.type_name()
-                )),
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-        Some(other) => {
-            return Err(format!(
-                "'device_traces' is a {}, expected a list",
-                other.type_name()
-            ))
-        }
-        None => return Err("the dict has no 'device_traces' (no trace was recorded)".into()),
+    let host_traces = match top.get("host_traces") {
+        Some(value) => self::traces(value, "host_traces")?,
+        None => Vec::new(),
     };
     let segments = match top.get("segments") {
-        Some(Value::List(list)) => list
-            .items
-            .iter()
-            .enumerate()
-            .map(|(index, value)| segment(value).map_err(|e| format!("segment {index}: {e}")))
-            .collect::<Result<Vec<_>, _>>()?,
+        Some(Value::List(list)) => self::segments(&list.items, "segment")?,
         Some(other) => {
             return Err(format!(
                 "'segments' is a {}, expected a list",
@@ -61,15 +77,89 @@ pub fn remainder(top: &Value) -> Result<Remainder, String> {
         }
         None => return Err("the dict has no 'segments'".into()),
     };
+    let host_segments = match top.get("host_segments") {
+        Some(Value::List(list)) => self::segments(&list.items, "host segment")?,
+        Some(other) => {
+            return Err(format!(
+                "'host_segments' is a {}, expected a list",
+                other.type_name()
+            ))
+        }
+        None => Vec::new(),
+    };
     let settings = match top.get("allocator_settings") {
         Some(value) => Some(settings(value).map_err(|e| format!("allocator_settings: {e}"))?),
         None => None,
     };
+    let annotations = match top.get("external_annotations") {
+        Some(Value::List(list)) => list
+            .items
+            .iter()
+            .enumerate()
+            .map(|(index, item)| {
+                annotation(item).map_err(|e| format!("external_annotations[{index}]: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(other) => {
+            return Err(format!(
+                "'external_annotations' is a {}, expected a list",
+                other.type_name()
+            ))
+        }
+        None => Vec::new(),
+    };
     Ok(Remainder {
         traces,
+        has_device_traces,
+        host_traces,
         segments,
+        host_segments,
         settings,
+        annotations,
+        stacks,
     })
+}
+
+/// The trace lists of `device_traces` (one list per device) or `host_traces` (the same, or
+/// one flat list of entries).
+fn traces(value: &Value, key: &str) -> Result<Vec<(u32, u64)>, String> {
+    let Value::List(outer) = value else {
+        return Err(format!(
+            "'{key}' is a {}, expected a list",
+            value.type_name()
+        ));
+    };
+    if outer.streamed > 0 {
+        return Ok(vec![(outer.id, outer.streamed)]);
+    }
+    outer
+        .items
+        .iter()
+        .map(|item| match item {
+            Value::List(list) => Ok((list.id, list.streamed)),
+            // A memoized empty list referenced again (one object for several devices).
+            Value::Elided => Ok((u32::MAX, 0)),
+            other => Err(format!(
+                "{key} holds a {}, expected one list per device",
+                other.type_name()
+            )),
+        })
+        .collect()
+}
+
+/// The records of a list of segments (each read as it was appended).
+fn segments(items: &[Value], what: &str) -> Result<Vec<SegmentRecord>, String> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| match item {
+            Value::Segment(record) => Ok((**record).clone()),
+            other => Err(format!(
+                "{what} {index} is a {}, expected a dict",
+                other.type_name()
+            )),
+        })
+        .collect()
 }
 
 fn int(value: &Value, key: &str) -> Result<i64, String> {
@@ -103,47 +193,22 @@ fn flag(value: &Value, key: &str, default: bool) -> Result<bool, String> {
     }
 }
 
-fn segment(value: &Value) -> Result<Segment, String> {
-    let blocks = match value.get("blocks") {
-        Some(Value::List(list)) => list
-            .items
-            .iter()
-            .map(|block| {
-                Ok(Block {
-                    address: int(block, "address").unwrap_or(0),
-                    size: int(block, "size")?,
-                    requested_size: int(block, "requested_size").unwrap_or(0),
-                    state: text(block, "state")?,
-                    frames: Vec::new(),
-                })
-            })
-            .collect::<Result<Vec<_>, String>>()?,
-        _ => return Err("no list of 'blocks'".into()),
+fn annotation(value: &Value) -> Result<Annotation, String> {
+    let Value::Dict(_) = value else {
+        return Err(format!("a {}, expected a dict", value.type_name()));
     };
-    let pool_id = match value.get("segment_pool_id") {
-        Some(Value::Tuple(items)) if items.len() == 2 => (
-            items[0].as_int().unwrap_or(0),
-            items[1].as_int().unwrap_or(0),
-        ),
-        _ => (0, 0),
-    };
-    Ok(Segment {
+    Ok(Annotation {
+        stage: text(value, "stage")?,
+        name: text(value, "name")?,
         device: int(value, "device").unwrap_or(0),
-        address: int(value, "address")?,
-        total_size: int(value, "total_size")?,
-        allocated_size: int(value, "allocated_size").unwrap_or(0),
-        active_size: int(value, "active_size").unwrap_or(0),
-        requested_size: int(value, "requested_size").unwrap_or(0),
-        stream: int(value, "stream").unwrap_or(0),
-        segment_type: text(value, "segment_type").unwrap_or_else(|_| "large".into()),
-        segment_pool_id: pool_id,
-        is_expandable: flag(value, "is_expandable", false)?,
-        frames: Vec::new(),
-        blocks,
+        time_us: int(value, "time_us").unwrap_or(0),
     })
 }
 
 fn settings(value: &Value) -> Result<AllocatorSettings, String> {
+    let Value::Dict(_) = value else {
+        return Err(format!("a {}, expected a dict", value.type_name()));
+    };
     let defaults = AllocatorSettings::default();
     let optional_int = |key: &str, default: i64| match value.get(key) {
         Some(_) => int(value, key),
@@ -158,16 +223,32 @@ fn settings(value: &Value) -> Result<AllocatorSettings, String> {
         None => 0.0,
     };
     let mut divisions = defaults.roundup_power2_divisions;
-    if let Some(Value::Dict(entries)) = value.get("roundup_power2_divisions") {
-        for (key, divisions_value) in entries {
-            let index = key
-                .as_str()
-                .and_then(interval_index)
-                .ok_or_else(|| format!("roundup_power2_divisions has a key {key:?}"))?;
-            divisions[index] = divisions_value
-                .as_int()
-                .ok_or_else(|| "roundup_power2_divisions holds a non-integer".to_string())?;
+    match value.get("roundup_power2_divisions") {
+        Some(Value::Dict(entries)) => {
+            for (key, count) in entries {
+                let slot = key
+                    .as_str()
+                    .and_then(interval_index)
+                    .and_then(|index| divisions.get_mut(index))
+                    .ok_or_else(|| match key.as_str() {
+                        Some(key) => format!("roundup_power2_divisions has a key '{key}', not a power of 2 from 1 to 32768"),
+                        None => format!("roundup_power2_divisions has a key that is a {}", key.type_name()),
+                    })?;
+                *slot = count.as_int().ok_or_else(|| {
+                    format!(
+                        "roundup_power2_divisions holds a {}, expected an int",
+                        count.type_name()
+                    )
+                })?;
+            }
         }
+        Some(other) => {
+            return Err(format!(
+                "'roundup_power2_divisions' is a {}, expected a dict",
+                other.type_name()
+            ))
+        }
+        None => {}
     }
     Ok(AllocatorSettings {
         alloc_conf: match value.get("PYTORCH_CUDA_ALLOC_CONF") {

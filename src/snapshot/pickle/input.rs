@@ -1,11 +1,18 @@
 //! The byte source the unpickler reads from: a large buffer refilled from any reader, with
 //! the byte offset of every position (for error messages) and a guaranteed look-ahead window
 //! that lets the trace-event fast path parse one event from a slice and back out cleanly.
+//!
+//! When the stream's size is known (a file), a length the pickle declares is checked against
+//! the bytes left before anything is allocated for it; when it is not, a long argument is read
+//! piece by piece, so memory follows the bytes that really are there.
 
 use std::io::Read;
 
 /// Bytes kept in memory at once.
 const BUFFER: usize = 1 << 20;
+
+/// The smallest buffer: room for any fixed-size argument twice over.
+const SMALLEST_BUFFER: usize = 64;
 
 /// Why reading stopped.
 #[derive(Debug)]
@@ -14,6 +21,15 @@ pub enum InputError {
     Eof {
         /// Offset at which more bytes were needed.
         offset: u64,
+    },
+    /// The pickle declares an argument longer than what is left of the file.
+    TooLong {
+        /// Offset of the argument's first byte.
+        offset: u64,
+        /// Bytes declared.
+        declared: u64,
+        /// Bytes left in the file.
+        left: u64,
     },
     /// The reader failed.
     Io(std::io::Error),
@@ -31,22 +47,53 @@ pub struct Input<R> {
     base: u64,
     /// Whether the reader has reported its end.
     exhausted: bool,
-    /// A long argument (a string larger than the window) is copied here.
-    scratch: Vec<u8>,
+    /// The stream's size, when known.
+    size: Option<u64>,
 }
 
 impl<R: Read> Input<R> {
-    /// Reads from `reader`.
+    /// Reads from `reader`, whose size is not known.
     pub fn new(reader: R) -> Input<R> {
+        Input::with_size(reader, None)
+    }
+
+    /// Reads from `reader`, which holds `size` bytes when that is known.
+    pub fn with_size(reader: R, size: Option<u64>) -> Input<R> {
         Input {
             reader,
-            buffer: vec![0; BUFFER],
+            buffer: Vec::new(),
             at: 0,
             end: 0,
             base: 0,
             exhausted: false,
-            scratch: Vec::new(),
+            size,
         }
+    }
+
+    /// Tells the input the stream's size (`None`: unknown).
+    pub fn set_size(&mut self, size: Option<u64>) {
+        self.size = size;
+    }
+
+    /// The stream's size, when known.
+    pub fn size(&self) -> Option<u64> {
+        self.size
+    }
+
+    /// Refuses an argument of `count` bytes longer than what is left of a stream of known size.
+    fn check_declared(&self, count: usize) -> Result<(), InputError> {
+        let Some(size) = self.size else {
+            return Ok(());
+        };
+        let left = size.saturating_sub(self.offset());
+        if count as u64 > left {
+            return Err(InputError::TooLong {
+                offset: self.offset(),
+                declared: count as u64,
+                left,
+            });
+        }
+        Ok(())
     }
 
     /// Offset of the next unread byte.
@@ -69,9 +116,24 @@ impl<R: Read> Input<R> {
         self.at += count;
     }
 
+    /// The buffer's length: [`BUFFER`], or less for a stream known to be smaller (the whole
+    /// of it then fits).
+    fn buffer_len(&self) -> usize {
+        match self.size {
+            Some(size) => usize::try_from(size)
+                .unwrap_or(BUFFER)
+                .saturating_add(1)
+                .clamp(SMALLEST_BUFFER, BUFFER),
+            None => BUFFER,
+        }
+    }
+
     /// Moves the unread bytes to the front and reads until the buffer is full or the stream
     /// ends.
     fn refill(&mut self) -> Result<(), InputError> {
+        if self.buffer.is_empty() {
+            self.buffer = vec![0; self.buffer_len()];
+        }
         self.buffer.copy_within(self.at..self.end, 0);
         self.base += self.at as u64;
         self.end -= self.at;
@@ -103,36 +165,38 @@ impl<R: Read> Input<R> {
         Ok(byte)
     }
 
-    /// The next byte, or `None` at the end of the stream.
-    pub fn byte_or_end(&mut self) -> Result<Option<u8>, InputError> {
-        match self.byte() {
-            Ok(byte) => Ok(Some(byte)),
-            Err(InputError::Eof { .. }) => Ok(None),
-            Err(other) => Err(other),
-        }
-    }
-
-    /// The next `count` bytes.
+    /// The next `count` bytes, borrowed; `count` must be at most half the buffer (the fixed
+    /// arguments of opcodes and short strings).
     pub fn take(&mut self, count: usize) -> Result<&[u8], InputError> {
-        if self.end - self.at >= count {
-            let start = self.at;
-            self.at += count;
-            return Ok(&self.buffer[start..start + count]);
-        }
-        if count <= self.buffer.len() / 2 {
+        if self.end - self.at < count {
+            if count > self.buffer_len() / 2 {
+                return Err(InputError::TooLong {
+                    offset: self.offset(),
+                    declared: count as u64,
+                    left: 0,
+                });
+            }
             self.refill()?;
             if self.end - self.at < count {
                 return Err(InputError::Eof {
                     offset: self.base + self.end as u64,
                 });
             }
-            let start = self.at;
-            self.at += count;
-            return Ok(&self.buffer[start..start + count]);
         }
-        // Longer than the window: copy piece by piece.
-        self.scratch.clear();
-        while self.scratch.len() < count {
+        let start = self.at;
+        self.at += count;
+        Ok(&self.buffer[start..start + count])
+    }
+
+    /// The next `count` bytes, owned: a length the pickle declared, checked against what is
+    /// left of the stream first; a long one is read piece by piece.
+    pub fn take_vec(&mut self, count: usize) -> Result<Vec<u8>, InputError> {
+        self.check_declared(count)?;
+        if count <= self.buffer_len() / 2 {
+            return self.take(count).map(<[u8]>::to_vec);
+        }
+        let mut bytes = Vec::new();
+        while bytes.len() < count {
             if self.at == self.end {
                 self.refill()?;
                 if self.at == self.end {
@@ -141,12 +205,35 @@ impl<R: Read> Input<R> {
                     });
                 }
             }
-            let piece = (count - self.scratch.len()).min(self.end - self.at);
-            self.scratch
-                .extend_from_slice(&self.buffer[self.at..self.at + piece]);
+            let piece = (count - bytes.len()).min(self.end - self.at);
+            bytes.extend_from_slice(&self.buffer[self.at..self.at + piece]);
             self.at += piece;
         }
-        Ok(&self.scratch)
+        Ok(bytes)
+    }
+
+    /// Skips the next `count` bytes (an argument the reader does not keep), checked against
+    /// what is left of the stream first.
+    pub fn skip(&mut self, count: u64) -> Result<(), InputError> {
+        let declared = usize::try_from(count).unwrap_or(usize::MAX);
+        self.check_declared(declared)?;
+        let mut left = count;
+        while left > 0 {
+            if self.at == self.end {
+                self.refill()?;
+                if self.at == self.end {
+                    return Err(InputError::Eof {
+                        offset: self.offset(),
+                    });
+                }
+            }
+            let piece = usize::try_from(left)
+                .unwrap_or(usize::MAX)
+                .min(self.end - self.at);
+            self.at += piece;
+            left -= piece as u64;
+        }
+        Ok(())
     }
 
     /// The next `N` bytes as an array.
@@ -178,13 +265,39 @@ mod tests {
         let data: Vec<u8> = (0..=255).cycle().take(3 * BUFFER + 17).collect();
         let mut input = Input::new(&data[..]);
         assert_eq!(input.byte().ok(), Some(0));
-        let long = input.take(2 * BUFFER).map(|s| s.len()).ok();
+        let long = input.take_vec(2 * BUFFER).map(|s| s.len()).ok();
         assert_eq!(long, Some(2 * BUFFER));
         assert_eq!(input.offset(), 2 * BUFFER as u64 + 1);
-        let rest = input.take(BUFFER + 16).map(|s| s.to_vec()).ok();
-        assert_eq!(rest.map(|r| r.len()), Some(BUFFER + 16));
+        assert!(input.skip(10).is_ok());
+        let rest = input.take_vec(BUFFER + 6).map(|s| s.to_vec()).ok();
+        assert_eq!(rest.map(|r| r.len()), Some(BUFFER + 6));
         assert!(matches!(input.byte(), Err(InputError::Eof { .. })));
-        assert!(matches!(input.byte_or_end(), Ok(None)));
+    }
+
+    #[test]
+    fn a_declared_length_past_the_end_is_refused_before_reading() {
+        let data = [7_u8; 100];
+        let mut input = Input::with_size(&data[..], Some(100));
+        assert!(input.skip(10).is_ok());
+        match input.take_vec(usize::MAX / 2) {
+            Err(InputError::TooLong {
+                offset,
+                declared,
+                left,
+            }) => assert_eq!((offset, declared, left), (10, usize::MAX as u64 / 2, 90)),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            input.skip(91),
+            Err(InputError::TooLong { left: 90, .. })
+        ));
+        assert_eq!(input.take_vec(90).map(|v| v.len()).ok(), Some(90));
+        // A stream of unknown size reads what is there and then reports the end.
+        let mut input = Input::new(&data[..]);
+        assert!(matches!(
+            input.take_vec(3 * BUFFER),
+            Err(InputError::Eof { offset: 100 })
+        ));
     }
 
     #[test]

@@ -7,11 +7,20 @@
 //! reads them all.
 //!
 //! Reading streams ([`vm`]): trace events go to a handler as they are decoded, so a trace of
-//! any length is read in memory proportional to the rest of the snapshot.
+//! any length is read in memory proportional to the rest of the snapshot. A file is untrusted
+//! input: the reader's [`limits`] bound nesting, the memo, memory and work in proportion to its
+//! size, and a refusal ([`SnapshotError::Limit`]) names the byte offset and the limit.
 
 pub mod decode;
-pub mod event;
-pub mod input;
+mod entry;
+mod fast;
+pub mod frames;
+mod from_dict;
+mod input;
+pub mod limits;
+mod opcodes;
+pub mod records;
+mod shape;
 pub mod value;
 pub mod vm;
 
@@ -21,7 +30,10 @@ use std::path::Path;
 use thiserror::Error;
 
 pub use decode::Remainder;
-pub use event::RawEvent;
+pub use entry::{Entry, Marker, MarkerKind, RawEvent, Trace};
+pub use frames::{SharedFrame, StackId, Stacks};
+pub use limits::ReadLimits;
+pub use records::{BlockRecord, BlockState, SegmentRecord};
 pub use vm::Emitted;
 
 use super::model::Snapshot;
@@ -44,6 +56,17 @@ pub enum SnapshotError {
         /// Where.
         offset: u64,
         /// What.
+        message: String,
+        /// Trace events read before it.
+        events: u64,
+    },
+    /// The file asks the reader for more than its limits allow (nesting, memo, memory, work,
+    /// or a length longer than the file).
+    #[error("refused at byte {offset}: {message} (after {events} trace events)")]
+    Limit {
+        /// Where.
+        offset: u64,
+        /// Which limit, with its value.
         message: String,
         /// Trace events read before it.
         events: u64,
@@ -82,54 +105,32 @@ pub fn dump(path: &Path, snapshot: &Snapshot) -> Result<(), SnapshotError> {
     writer.flush().map_err(io)
 }
 
-/// Reads a snapshot from `reader`, handing every trace event to `handler` in order, and
-/// returns the rest. `handler` may stop the reading with an error of its own.
+/// Reads a snapshot from `reader` (of unknown size, under the default limits), handing every
+/// trace event to `handler` in order, and returns the rest. `handler` may stop the reading
+/// with an error of its own.
 pub fn stream(
     reader: impl Read,
     handler: impl FnMut(Emitted) -> Result<(), SnapshotError>,
 ) -> Result<Remainder, SnapshotError> {
-    let mut unpickler = Unpickler::new(reader, handler);
-    let top = match unpickler.run() {
-        Ok(top) => top,
-        Err(StreamError::Pickle {
-            offset,
-            message,
-            events,
-        }) => {
-            return Err(SnapshotError::Corrupt {
-                offset,
-                message,
-                events,
-            })
-        }
-        Err(StreamError::Event { index, message }) => {
-            return Err(SnapshotError::Event { index, message })
-        }
-        Err(StreamError::Handler(error)) => return Err(error),
-        Err(StreamError::Io(error)) => {
-            return Err(SnapshotError::Io {
-                path: "snapshot".into(),
-                message: error.to_string(),
-            })
-        }
-    };
-    decode::remainder(&top).map_err(SnapshotError::NotASnapshot)
+    stream_limited(reader, ReadLimits::default(), None, handler)
 }
 
-/// Reads the whole pickle at `path` into values, trace events included and shared objects
-/// resolved (what Python's `pickle.load` gives). For files that fit in memory: tests and
-/// tools that compare snapshots; a replay streams instead.
-pub fn load(path: &Path) -> Result<value::Value, SnapshotError> {
-    let io = |error: std::io::Error| SnapshotError::Io {
-        path: path.display().to_string(),
-        message: error.to_string(),
-    };
-    let file = std::fs::File::open(path).map_err(io)?;
-    let mut unpickler = Unpickler::whole(
-        std::io::BufReader::new(file),
-        |_: Emitted| -> Result<(), SnapshotError> { Ok(()) },
-    );
-    unpickler.run().map_err(|error| match error {
+/// [`stream`] under `limits`, from a reader of `size` bytes when that is known (declared
+/// lengths are then checked against it, and the allowances follow it).
+pub fn stream_limited(
+    reader: impl Read,
+    limits: ReadLimits,
+    size: Option<u64>,
+    handler: impl FnMut(Emitted) -> Result<(), SnapshotError>,
+) -> Result<Remainder, SnapshotError> {
+    let mut unpickler = Unpickler::new(reader, handler).with_limits(limits, size);
+    let top = unpickler.run().map_err(from_stream)?;
+    decode::remainder(&top, unpickler.take_stacks()).map_err(SnapshotError::NotASnapshot)
+}
+
+/// A reading error as the caller sees it (an I/O error names no file yet).
+fn from_stream(error: StreamError<SnapshotError>) -> SnapshotError {
+    match error {
         StreamError::Pickle {
             offset,
             message,
@@ -139,27 +140,67 @@ pub fn load(path: &Path) -> Result<value::Value, SnapshotError> {
             message,
             events,
         },
+        StreamError::Limit {
+            offset,
+            message,
+            events,
+        } => SnapshotError::Limit {
+            offset,
+            message,
+            events,
+        },
+        StreamError::Shape(message) => SnapshotError::NotASnapshot(message),
         StreamError::Event { index, message } => SnapshotError::Event { index, message },
         StreamError::Handler(error) => error,
-        StreamError::Io(error) => io(error),
-    })
+        StreamError::Io(error) => SnapshotError::Io {
+            path: "snapshot".into(),
+            message: error.to_string(),
+        },
+    }
 }
 
-/// [`stream`] from the file `path`.
-pub fn stream_file(
-    path: &Path,
-    handler: impl FnMut(Emitted) -> Result<(), SnapshotError>,
-) -> Result<Remainder, SnapshotError> {
+/// Opens `path` and learns its size.
+fn open(path: &Path) -> Result<(std::fs::File, Option<u64>), SnapshotError> {
     let io = |error: std::io::Error| SnapshotError::Io {
         path: path.display().to_string(),
         message: error.to_string(),
     };
     let file = std::fs::File::open(path).map_err(io)?;
-    stream(file, handler).map_err(|error| match error {
+    let size = file.metadata().map_err(io)?.len();
+    Ok((file, Some(size)))
+}
+
+/// Gives an I/O error the file's name.
+fn naming(path: &Path, error: SnapshotError) -> SnapshotError {
+    match error {
         SnapshotError::Io { message, .. } => SnapshotError::Io {
             path: path.display().to_string(),
             message,
         },
         other => other,
-    })
+    }
+}
+
+/// Reads the whole pickle at `path` into values, trace events included and shared objects
+/// resolved (what Python's `pickle.load` gives), under the default limits. For files that fit
+/// in memory: tests and tools that compare snapshots; a replay streams instead.
+pub fn load(path: &Path) -> Result<value::Value, SnapshotError> {
+    let (file, size) = open(path)?;
+    let mut unpickler = Unpickler::whole(
+        std::io::BufReader::new(file),
+        |_: Emitted| -> Result<(), SnapshotError> { Ok(()) },
+    )
+    .with_limits(ReadLimits::default(), size);
+    unpickler
+        .run()
+        .map_err(|error| naming(path, from_stream(error)))
+}
+
+/// [`stream`] from the file `path`, whose size sets the limits' allowances.
+pub fn stream_file(
+    path: &Path,
+    handler: impl FnMut(Emitted) -> Result<(), SnapshotError>,
+) -> Result<Remainder, SnapshotError> {
+    let (file, size) = open(path)?;
+    stream_limited(file, ReadLimits::default(), size, handler).map_err(|error| naming(path, error))
 }

@@ -1,19 +1,75 @@
 //! A streaming unpickler for memory snapshots: Python's pickle machine (protocols 0 to 5,
 //! without the opcodes that build arbitrary Python objects), except that a dict with an
-//! `action` key appended to a list is a trace event and is handed to the caller as soon as it
-//! is complete instead of being kept. Memory stays in proportion to what is not a trace
-//! event (segments, settings), whatever the trace's length.
+//! `action` key appended to a list is a trace entry and is handed to the caller as soon as it
+//! is complete instead of being kept, with the trace it belongs to (the list's place in the
+//! file: `device_traces[n]`, `host_traces`). Frames are interned ([`Stacks`]), and segments
+//! and blocks become compact records as soon as they are complete, so memory stays in
+//! proportion to the file's distinct stacks and live state, whatever the trace's length.
+//!
+//! Every value on the machine's stack carries its nesting depth and the memory it holds, so
+//! the limits of [`ReadLimits`] hold as the values are built: no input nests deeper than the
+//! depth limit (values are dropped and compared recursively), holds more memory than its
+//! allowance, or makes the machine copy or scan more than its work allowance.
 
+use std::collections::HashMap;
 use std::io::Read;
 use std::rc::Rc;
 
-use super::event::{event_from_dict, fast_event, long, RawEvent};
+use super::entry::{Entry, Trace};
+use super::fast::fast_event;
+use super::frames::{FrameId, SharedFrame, StackId, Stacks};
+use super::from_dict;
 use super::input::{Input, InputError};
-use super::value::{List, Memo, Value};
+use super::limits::{Budget, ReadLimits, Refusal};
+use super::opcodes::{self as op, long, unsigned_long};
+use super::records::{BlockRecord, SegmentRecord};
+use super::shape::{frame_bytes, frame_of, holds_segments, stack_items, take_blocks, trace_of};
+use super::value::{List, Memo, MemoEntry, Place, Section, Value};
 
 /// Look-ahead the event fast path wants in the buffer: events larger than this are parsed
 /// generically.
 const EVENT_WINDOW: usize = 64 << 10;
+
+/// Bytes the reader's accounting charges for one value wherever it is (a stack slot, an item
+/// of a container, half a dict entry): twice a stack slot's size, for the spare capacity of
+/// the vector that holds it.
+const VALUE_BYTES: u64 = 2 * std::mem::size_of::<Slot>() as u64;
+
+/// Bytes charged for a memo entry, its value included but not what the value points to: the
+/// hash table's bucket (key, entry and control byte) four times over. A hash table grows by
+/// doubling when 7/8 full, and while it moves its entries the old table and the new one, twice
+/// as large, are both allocated: 3.4 buckets per entry at that moment (measured: a flood of
+/// memoized strings took twice what two buckets per entry allowed).
+const MEMO_ENTRY_BYTES: u64 = 4 * (std::mem::size_of::<(u32, MemoEntry)>() as u64 + 1);
+
+/// Bytes a string holds beside its text: the two reference counts of its `Rc<str>`, and the
+/// memory allocator's header and rounding (a short string takes a 32-byte chunk).
+const STRING_HEADER_BYTES: u64 = 32;
+
+/// The memory a memo entry holds: the entry, and what its value holds beyond a slot (an
+/// entry's cost is that of a copy on the stack).
+fn memo_bytes(entry: &MemoEntry) -> u64 {
+    MEMO_ENTRY_BYTES + entry.cost.saturating_sub(VALUE_BYTES)
+}
+
+/// Bytes charged for one MARK, or for one memoized container waiting to be complete (its
+/// place in two tables).
+const MARK_BYTES: u64 = 48;
+
+/// Bytes charged for one block record (twice its size, for the spare capacity of the vector
+/// holding it).
+const BLOCK_BYTES: u64 = 2 * std::mem::size_of::<BlockRecord>() as u64;
+
+/// Bytes a segment record holds beside its blocks.
+const SEGMENT_BYTES: u64 = VALUE_BYTES + std::mem::size_of::<SegmentRecord>() as u64;
+
+/// Work units per byte hashed when a frame is interned (hashing is cheap next to building a
+/// value).
+const HASHED_BYTES_PER_UNIT: u64 = 64;
+
+/// The longest integer argument (`LONG1`/`LONG4`) whose bytes are read: anything longer is
+/// far outside 64 bits, skipped and read as [`Value::BigInt`].
+const LONGEST_INT: u64 = 16;
 
 /// Why unpickling stopped.
 #[derive(Debug)]
@@ -27,6 +83,18 @@ pub enum StreamError<E> {
         /// Trace events handed out before it.
         events: u64,
     },
+    /// The file asks for more than the reader's limits allow.
+    Limit {
+        /// Byte offset where a limit was reached.
+        offset: u64,
+        /// Which limit, with its value.
+        message: String,
+        /// Trace events handed out before it.
+        events: u64,
+    },
+    /// The pickle is not laid out as a memory snapshot (a segment or block that cannot be
+    /// read, with its index).
+    Shape(String),
     /// A trace event is malformed.
     Event {
         /// Its index among all trace events (0-based).
@@ -40,114 +108,85 @@ pub enum StreamError<E> {
     Io(std::io::Error),
 }
 
-/// What the reader reports per trace event: the list it belongs to (its creation number),
-/// the event's index among all events, and the event.
-pub struct Emitted {
-    /// The trace list's id ([`List::id`]).
+/// What the reader reports per trace entry: the trace it belongs to, its index among all
+/// entries, the entry, and the stacks its frames are resolved in.
+pub struct Emitted<'a> {
+    /// The trace list's id ([`List::id`], its creation number in the pickle).
     pub list: u32,
-    /// Index among all trace events so far (0-based).
+    /// Which trace of the file: a device's (`device_traces[n]`), pinned host memory's, or
+    /// neither.
+    pub trace: Trace,
+    /// Index among all trace entries of the file so far (0-based, every trace counted).
     pub index: u64,
     /// Bytes of the pickle read so far (for progress reports).
     pub offset: u64,
-    /// The event.
-    pub event: RawEvent,
+    /// The entry.
+    pub entry: Entry,
+    /// Every distinct stack read so far: [`Stacks::frames`] of [`Entry::stack`] gives the
+    /// entry's frames (filename, line, name), and any stack id handed out earlier stays valid
+    /// (the table is also returned with the rest of the snapshot).
+    pub stacks: &'a Stacks,
 }
 
-/// Pickle opcodes (Python's `pickletools` names); the event fast path (`event.rs`) reads a
-/// subset of them.
-pub(super) mod op {
-    pub const MARK: u8 = b'(';
-    pub const STOP: u8 = b'.';
-    pub const POP: u8 = b'0';
-    pub const POP_MARK: u8 = b'1';
-    pub const DUP: u8 = b'2';
-    pub const FLOAT: u8 = b'F';
-    pub const INT: u8 = b'I';
-    pub const BININT: u8 = b'J';
-    pub const BININT1: u8 = b'K';
-    pub const LONG: u8 = b'L';
-    pub const BININT2: u8 = b'M';
-    pub const NONE: u8 = b'N';
-    pub const STRING: u8 = b'S';
-    pub const BINSTRING: u8 = b'T';
-    pub const SHORT_BINSTRING: u8 = b'U';
-    pub const UNICODE: u8 = b'V';
-    pub const BINUNICODE: u8 = b'X';
-    pub const APPEND: u8 = b'a';
-    pub const DICT: u8 = b'd';
-    pub const EMPTY_DICT: u8 = b'}';
-    pub const APPENDS: u8 = b'e';
-    pub const GET: u8 = b'g';
-    pub const BINGET: u8 = b'h';
-    pub const LONG_BINGET: u8 = b'j';
-    pub const LIST: u8 = b'l';
-    pub const EMPTY_LIST: u8 = b']';
-    pub const PUT: u8 = b'p';
-    pub const BINPUT: u8 = b'q';
-    pub const LONG_BINPUT: u8 = b'r';
-    pub const SETITEM: u8 = b's';
-    pub const TUPLE: u8 = b't';
-    pub const EMPTY_TUPLE: u8 = b')';
-    pub const SETITEMS: u8 = b'u';
-    pub const BINFLOAT: u8 = b'G';
-    pub const PROTO: u8 = 0x80;
-    pub const TUPLE1: u8 = 0x85;
-    pub const TUPLE2: u8 = 0x86;
-    pub const TUPLE3: u8 = 0x87;
-    pub const NEWTRUE: u8 = 0x88;
-    pub const NEWFALSE: u8 = 0x89;
-    pub const LONG1: u8 = 0x8a;
-    pub const LONG4: u8 = 0x8b;
-    pub const BINBYTES: u8 = b'B';
-    pub const SHORT_BINBYTES: u8 = b'C';
-    pub const SHORT_BINUNICODE: u8 = 0x8c;
-    pub const BINUNICODE8: u8 = 0x8d;
-    pub const BINBYTES8: u8 = 0x8e;
-    pub const MEMOIZE: u8 = 0x94;
-    pub const FRAME: u8 = 0x95;
-    /// Opcodes that build Python objects by calling code: never in a memory snapshot.
-    pub const OBJECT_OPCODES: [(u8, &str); 18] = [
-        (b'c', "GLOBAL"),
-        (0x93, "STACK_GLOBAL"),
-        (b'R', "REDUCE"),
-        (b'b', "BUILD"),
-        (b'i', "INST"),
-        (b'o', "OBJ"),
-        (0x81, "NEWOBJ"),
-        (0x92, "NEWOBJ_EX"),
-        (b'P', "PERSID"),
-        (b'Q', "BINPERSID"),
-        (0x82, "EXT1"),
-        (0x83, "EXT2"),
-        (0x84, "EXT4"),
-        (0x8f, "EMPTY_SET"),
-        (0x90, "ADDITEMS"),
-        (0x91, "FROZENSET"),
-        (0x96, "BYTEARRAY8"),
-        (0x97, "NEXT_BUFFER"),
-    ];
+/// A value on the machine's stack, with what the limits need to know of it.
+#[derive(Debug, Clone)]
+struct Slot {
+    value: Value,
+    /// Levels of containers in it: 0 for a scalar or a string, 1 for a container of those.
+    depth: u32,
+    /// Bytes of memory it holds by the reader's accounting, held in the budget while the slot
+    /// lives.
+    cost: u64,
+}
+
+/// Bytes a value holds beside its slot: a string's text, a list's box, an event's box.
+fn payload(value: &Value) -> u64 {
+    match value {
+        Value::Str(text) => text.len() as u64 + STRING_HEADER_BYTES,
+        Value::List(_) => std::mem::size_of::<List>() as u64,
+        Value::Event(_) => std::mem::size_of::<Entry>() as u64,
+        _ => 0,
+    }
+}
+
+/// Whether a value is a container (it nests one level).
+fn is_container(value: &Value) -> bool {
+    matches!(value, Value::List(_) | Value::Dict(_) | Value::Tuple(_))
+}
+
+/// Values copied or scanned when a value costing `cost` is copied or scanned whole (every
+/// value costs at least [`VALUE_BYTES`]).
+fn nodes(cost: u64) -> u64 {
+    cost / VALUE_BYTES + 1
 }
 
 /// The pickle machine.
 pub struct Unpickler<R, F> {
     input: Input<R>,
-    stack: Vec<Value>,
+    stack: Vec<Slot>,
     marks: Vec<usize>,
     memo: Memo,
     /// Containers on the stack that were memoized while empty: (stack position, memo id).
     /// When one leaves the stack, complete, the memo learns what it held.
     pending: Vec<(usize, u32)>,
+    /// The same, by memo id: a reference to a container still on the stack reads what it
+    /// holds so far (a frame referenced again inside the `frames` list being built).
+    pending_at: HashMap<u32, usize>,
     next_list: u32,
     events: u64,
     handler: F,
     /// Whether trace events stay in their lists as dicts (reading a whole pickle).
     whole: bool,
+    budget: Budget,
+    /// Every distinct frame and stack read so far (a streaming read interns them).
+    stacks: Stacks,
 }
 
 type Step<E> = Result<(), StreamError<E>>;
 
-impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
-    /// An unpickler reading `reader` and handing each trace event to `handler`.
+impl<R: Read, E, F: FnMut(Emitted<'_>) -> Result<(), E>> Unpickler<R, F> {
+    /// An unpickler reading `reader` (of unknown size, under the default limits) and handing
+    /// each trace event to `handler`.
     pub fn new(reader: R, handler: F) -> Self {
         Unpickler {
             input: Input::new(reader),
@@ -155,10 +194,13 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
             marks: Vec::new(),
             memo: Memo::default(),
             pending: Vec::new(),
+            pending_at: HashMap::new(),
             next_list: 0,
             events: 0,
             handler,
             whole: false,
+            budget: Budget::new(ReadLimits::default(), None),
+            stacks: Stacks::default(),
         }
     }
 
@@ -171,6 +213,14 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
         unpickler
     }
 
+    /// The same unpickler under `limits`, reading a stream of `size` bytes when that is known
+    /// (declared lengths are then checked against it, and the allowances follow it).
+    pub fn with_limits(mut self, limits: ReadLimits, size: Option<u64>) -> Self {
+        self.input.set_size(size);
+        self.budget = Budget::new(limits, size);
+        self
+    }
+
     /// Trace events handed out so far.
     pub fn events(&self) -> u64 {
         self.events
@@ -181,12 +231,30 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
         self.input.offset()
     }
 
+    /// The memory and work spent so far, by the reader's accounting.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// The stacks read, taken out (once the machine has stopped).
+    pub fn take_stacks(&mut self) -> Stacks {
+        std::mem::take(&mut self.stacks)
+    }
+
     fn corrupt<T>(&self, message: impl Into<String>) -> Result<T, StreamError<E>> {
         Err(StreamError::Pickle {
             offset: self.input.offset(),
             message: message.into(),
             events: self.events,
         })
+    }
+
+    fn refused(&self, refusal: Refusal) -> StreamError<E> {
+        StreamError::Limit {
+            offset: refusal.offset,
+            message: refusal.message,
+            events: self.events,
+        }
     }
 
     fn input_error(&self, error: InputError) -> StreamError<E> {
@@ -196,161 +264,597 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
                 message: "the pickle ends early (the file is truncated)".into(),
                 events: self.events,
             },
+            InputError::TooLong {
+                offset,
+                declared,
+                left,
+            } => StreamError::Limit {
+                offset,
+                message: format!(
+                    "an argument of {declared} bytes is declared, but only {left} bytes are left in the file"
+                ),
+                events: self.events,
+            },
             InputError::Io(error) => StreamError::Io(error),
         }
     }
 
-    fn pop(&mut self) -> Result<Value, StreamError<E>> {
+    /// Holds `bytes` more of memory in the budget.
+    fn hold(&mut self, bytes: u64) -> Step<E> {
+        let offset = self.input.offset();
+        self.budget
+            .hold(bytes, offset)
+            .map_err(|refusal| self.refused(refusal))
+    }
+
+    /// Spends `units` of work in the budget.
+    fn spend(&mut self, units: u64) -> Step<E> {
+        let offset = self.input.offset();
+        self.budget
+            .spend(units, offset)
+            .map_err(|refusal| self.refused(refusal))
+    }
+
+    /// Refuses a container `depth` levels deep when that is over the limit.
+    fn check_depth(&self, depth: u32) -> Step<E> {
+        self.budget
+            .check_depth(depth, self.input.offset())
+            .map_err(|refusal| self.refused(refusal))
+    }
+
+    /// Pushes a value that holds no other value (a scalar, a string, an empty container).
+    fn push(&mut self, value: Value) -> Step<E> {
+        let cost = VALUE_BYTES + payload(&value);
+        self.hold(cost)?;
+        let depth = u32::from(is_container(&value));
+        self.stack.push(Slot { value, depth, cost });
+        Ok(())
+    }
+
+    /// Pushes a container made of `items` (whose memory is held already).
+    fn push_built(&mut self, items: Vec<Slot>, build: impl FnOnce(Vec<Value>) -> Value) -> Step<E> {
+        let mut depth = 1;
+        let mut cost = VALUE_BYTES;
+        for item in &items {
+            depth = depth.max(item.depth.saturating_add(1));
+            cost = cost.saturating_add(item.cost);
+        }
+        self.check_depth(depth)?;
+        self.hold(VALUE_BYTES)?;
+        let value = build(items.into_iter().map(|slot| slot.value).collect());
+        self.stack.push(Slot { value, depth, cost });
+        Ok(())
+    }
+
+    fn pop(&mut self) -> Result<Slot, StreamError<E>> {
         let floor = self.marks.last().copied().unwrap_or(0);
         if self.stack.len() <= floor {
             return self.corrupt("an opcode needs a value and the stack has none");
         }
         let position = self.stack.len() - 1;
-        self.settle(position);
+        self.settle(position)?;
         match self.stack.pop() {
-            Some(value) => Ok(value),
+            Some(slot) => Ok(slot),
             None => self.corrupt("stack underflow"),
         }
     }
 
+    /// Pops a value and drops it, giving its memory back.
+    fn pop_and_drop(&mut self) -> Step<E> {
+        let slot = self.pop()?;
+        self.budget.release(slot.cost);
+        Ok(())
+    }
+
     /// Values since the last MARK, which is removed.
-    fn pop_mark(&mut self) -> Result<Vec<Value>, StreamError<E>> {
+    fn pop_mark(&mut self) -> Result<Vec<Slot>, StreamError<E>> {
         let Some(mark) = self.marks.pop() else {
             return self.corrupt("an opcode needs a MARK and there is none");
         };
-        self.settle(mark);
+        self.budget.release(MARK_BYTES);
+        self.settle(mark)?;
         Ok(self.stack.split_off(mark))
     }
 
     /// Tells the memo what the memoized containers at stack positions `from` and above hold
     /// now that they are complete.
-    fn settle(&mut self, from: usize) {
+    fn settle(&mut self, from: usize) -> Step<E> {
         while let Some(&(position, id)) = self.pending.last() {
             if position < from {
                 break;
             }
             self.pending.pop();
-            if let Some(value) = self.stack.get(position) {
-                self.memo.put(id, value);
+            if self.pending_at.get(&id) == Some(&position) {
+                self.pending_at.remove(&id);
             }
+            self.budget.release(MARK_BYTES);
+            self.remember(id, position)?;
         }
+        Ok(())
     }
 
-    fn top(&mut self) -> Result<&mut Value, StreamError<E>> {
+    /// Takes the slot on top of the stack (above the last MARK) off the stack to change it,
+    /// without settling its memo entry: [`Unpickler::put_back`] returns it to its place.
+    fn take_top(&mut self) -> Result<Slot, StreamError<E>> {
         let floor = self.marks.last().copied().unwrap_or(0);
         if self.stack.len() <= floor {
-            return Err(StreamError::Pickle {
-                offset: self.input.offset(),
-                message: "an opcode needs a value and the stack has none".into(),
-                events: self.events,
-            });
+            return self.corrupt("an opcode needs a value and the stack has none");
         }
-        match self.stack.last_mut() {
-            Some(value) => Ok(value),
-            None => unreachable!("the stack is longer than its floor"),
+        match self.stack.pop() {
+            Some(slot) => Ok(slot),
+            None => self.corrupt("stack underflow"),
         }
     }
 
-    fn memoize(&mut self, id: u32) -> Step<E> {
-        let position = self.stack.len().wrapping_sub(1);
-        let Some(value) = self.stack.last() else {
-            return self.corrupt("memoize with an empty stack");
+    fn put_back(&mut self, slot: Slot) {
+        self.stack.push(slot);
+    }
+
+    /// Records the value at stack position `position` under memo id `id`, as the memo keeps
+    /// it.
+    fn remember(&mut self, id: u32, position: usize) -> Step<E> {
+        let entry = self.memo_entry_at(position)?;
+        self.keep(id, entry)
+    }
+
+    /// What the memo keeps of the value at stack position `position` (a streaming read
+    /// interns a frame dict or a list of frames first), the copy or the scan charged to the
+    /// budget.
+    fn memo_entry_at(&mut self, position: usize) -> Result<Option<MemoEntry>, StreamError<E>> {
+        let Some(slot) = self.stack.get(position) else {
+            return Ok(None);
         };
-        self.memo.put(id, value);
-        if matches!(value, Value::List(_) | Value::Dict(_)) {
-            self.pending.push((position, id));
-        }
-        Ok(())
-    }
-
-    fn get(&mut self, id: u32) -> Step<E> {
-        match self.memo.get(id) {
-            Some(value) => {
-                self.stack.push(value);
-                Ok(())
-            }
-            None => self.corrupt(format!("a memo reference to {id}, which was never stored")),
-        }
-    }
-
-    /// Appends `items` to the list on top of the stack, handing trace events out.
-    fn extend_list(&mut self, items: Vec<Value>) -> Step<E> {
-        if self.whole {
-            return match self.top()? {
-                Value::List(list) => {
-                    list.items.extend(items);
-                    Ok(())
-                }
-                other => {
-                    let kind = other.type_name();
-                    self.corrupt(format!("APPEND to a {kind}, not a list"))
-                }
-            };
-        }
-        let mut kept = Vec::new();
-        let mut emitted = Vec::new();
-        for item in items {
-            match item {
-                Value::Event(event) => emitted.push(*event),
-                Value::Dict(entries) if is_event(&entries) => {
-                    let index = self.events + emitted.len() as u64;
-                    match event_from_dict(&entries) {
-                        Ok(event) => emitted.push(event),
-                        Err(message) => return Err(StreamError::Event { index, message }),
+        let (depth, cost) = (slot.depth, slot.cost);
+        let whole = self.memo.keeps_containers();
+        let work = match &slot.value {
+            // A copy of the whole value.
+            _ if whole => nodes(cost),
+            // A look at its entries or items (for a frame, or a list of frames).
+            Value::Dict(entries) => 1 + entries.len() as u64,
+            Value::List(list) => 1 + list.items.len() as u64,
+            _ => 1,
+        };
+        self.spend(work)?;
+        let interned = if whole {
+            None
+        } else {
+            self.interned_form(position)?
+        };
+        Ok(match interned {
+            Some(value) => Some(MemoEntry {
+                value,
+                depth: 0,
+                cost: VALUE_BYTES,
+            }),
+            None => self.stack.get(position).and_then(|slot| {
+                self.memo.form(&slot.value).map(|value| {
+                    let kept_whole = whole && depth > 0;
+                    MemoEntry {
+                        cost: if kept_whole {
+                            cost
+                        } else {
+                            VALUE_BYTES + payload(&value)
+                        },
+                        depth: if kept_whole { depth } else { 0 },
+                        value,
                     }
-                }
-                other => kept.push(other),
-            }
-        }
-        let list = match self.top()? {
-            Value::List(list) => list,
-            other => {
-                let kind = other.type_name();
-                return self.corrupt(format!("APPEND to a {kind}, not a list"));
-            }
-        };
-        list.items.extend(kept);
-        list.streamed += emitted.len() as u64;
-        let id = list.id;
-        for event in emitted {
-            self.emit(id, event)?;
-        }
-        Ok(())
-    }
-
-    fn set_items(&mut self, items: Vec<Value>) -> Step<E> {
-        if !items.len().is_multiple_of(2) {
-            return self.corrupt("SETITEMS with an odd number of values");
-        }
-        let entries = match self.top()? {
-            Value::Dict(entries) => entries,
-            other => {
-                let kind = other.type_name();
-                return self.corrupt(format!("SETITEM on a {kind}, not a dict"));
-            }
-        };
-        let mut items = items.into_iter();
-        while let (Some(key), Some(value)) = (items.next(), items.next()) {
-            match entries.iter_mut().find(|(k, _)| *k == key) {
-                Some(entry) => entry.1 = value,
-                None => entries.push((key, value)),
-            }
-        }
-        Ok(())
-    }
-
-    fn new_list(&mut self, items: Vec<Value>) -> Value {
-        let id = self.next_list;
-        self.next_list = self.next_list.wrapping_add(1);
-        Value::List(List {
-            id,
-            items,
-            streamed: 0,
+                })
+            }),
         })
     }
 
-    fn string(&self, bytes: &[u8]) -> Result<Value, StreamError<E>> {
-        match std::str::from_utf8(bytes) {
+    /// The interned form of the value at stack position `position` when it is a frame dict
+    /// ([`Value::Frame`]) or a non-empty list of frames ([`Value::Stack`]).
+    fn interned_form(&mut self, position: usize) -> Result<Option<Value>, StreamError<E>> {
+        match self.stack.get(position).map(|slot| &slot.value) {
+            Some(value @ Value::Dict(_)) => match frame_of(value) {
+                Some(frame) => {
+                    let id = self.intern_frame(frame)?;
+                    Ok(Some(Value::Frame(id)))
+                }
+                None => Ok(None),
+            },
+            Some(Value::List(list)) if !list.is_empty() => match stack_items(list) {
+                Some(frames) => {
+                    let id = self.intern_stack(&frames)?;
+                    Ok(Some(Value::Stack(id)))
+                }
+                None => Ok(None),
+            },
+            _ => Ok(None),
+        }
+    }
+
+    /// Interns a frame, charging the hashing to the work budget and the table's growth to the
+    /// memory budget.
+    fn intern_frame(&mut self, frame: SharedFrame) -> Result<FrameId, StreamError<E>> {
+        self.spend(1 + frame_bytes(&frame) / HASHED_BYTES_PER_UNIT)?;
+        let Some((id, grew)) = self.stacks.frame(frame) else {
+            return Err(StreamError::Shape(
+                "more distinct frames than the reader can number".into(),
+            ));
+        };
+        self.hold(grew)?;
+        Ok(id)
+    }
+
+    /// Interns a stack (its frames innermost first), charging it as [`Unpickler::intern_frame`].
+    fn intern_stack(&mut self, frames: &[FrameId]) -> Result<StackId, StreamError<E>> {
+        self.spend(1 + frames.len() as u64 / 16)?;
+        let Some((id, grew)) = self.stacks.stack(frames) else {
+            return Err(StreamError::Shape(
+                "more distinct stacks than the reader can number".into(),
+            ));
+        };
+        self.hold(grew)?;
+        Ok(id)
+    }
+
+    /// Puts `entry` in the memo under `id`, holding its memory and giving back what it
+    /// replaces.
+    fn keep(&mut self, id: u32, entry: Option<MemoEntry>) -> Step<E> {
+        if let Some(entry) = &entry {
+            self.hold(memo_bytes(entry))?;
+        }
+        if let Some(old) = self.memo.put(id, entry) {
+            self.budget.release(memo_bytes(&old));
+        }
+        self.budget
+            .check_memo(self.memo.len(), self.input.offset())
+            .map_err(|refusal| self.refused(refusal))
+    }
+
+    fn memoize(&mut self, id: u32) -> Step<E> {
+        let Some(slot) = self.stack.last() else {
+            return self.corrupt("memoize with an empty stack");
+        };
+        let container = matches!(slot.value, Value::List(_) | Value::Dict(_));
+        let position = self.stack.len() - 1;
+        self.remember(id, position)?;
+        if container {
+            self.hold(MARK_BYTES)?;
+            self.pending.push((position, id));
+            self.pending_at.insert(id, position);
+        } else {
+            self.pending_at.remove(&id);
+        }
+        Ok(())
+    }
+
+    /// Pushes a copy of what the memo holds under `id`; for a container still on the stack,
+    /// of what it holds so far.
+    fn get(&mut self, id: u32) -> Step<E> {
+        if let Some(&position) = self.pending_at.get(&id) {
+            let entry = self.memo_entry_at(position)?;
+            let (value, depth, cost) = match entry {
+                Some(entry) => (entry.value, entry.depth, entry.cost.max(VALUE_BYTES)),
+                None => (Value::Elided, 0, VALUE_BYTES),
+            };
+            self.hold(cost)?;
+            self.stack.push(Slot { value, depth, cost });
+            return Ok(());
+        }
+        let Some((depth, cost)) = self
+            .memo
+            .peek(id)
+            .map(|(depth, cost)| (depth, cost.max(VALUE_BYTES)))
+        else {
+            return self.corrupt(format!("a memo reference to {id}, which was never stored"));
+        };
+        self.spend(nodes(cost))?;
+        self.hold(cost)?;
+        let value = self.memo.value(id).unwrap_or(Value::Elided);
+        self.stack.push(Slot { value, depth, cost });
+        Ok(())
+    }
+
+    /// Pushes a copy of the value on top of the stack.
+    fn dup(&mut self) -> Step<E> {
+        let top = self.take_top()?;
+        let (depth, cost) = (top.depth, top.cost);
+        let copy = top.value.clone();
+        self.put_back(top);
+        self.spend(nodes(cost))?;
+        self.hold(cost)?;
+        self.stack.push(Slot {
+            value: copy,
+            depth,
+            cost,
+        });
+        Ok(())
+    }
+
+    /// Makes `item`, complete, part of the container `parent`: the parent's depth and memory
+    /// include it from now on.
+    fn absorb(&self, parent: &mut Slot, item: &Slot) -> Step<E> {
+        let depth = item.depth.saturating_add(1);
+        self.check_depth(depth)?;
+        parent.depth = parent.depth.max(depth);
+        parent.cost = parent.cost.saturating_add(item.cost);
+        Ok(())
+    }
+
+    /// Appends `items` to the list on top of the stack, handing trace entries out.
+    fn extend_list(&mut self, items: Vec<Slot>) -> Step<E> {
+        let mut parent = self.take_top()?;
+        let (id, place) = match &parent.value {
+            Value::List(list) => (list.id, list.place),
+            other => {
+                let kind = other.type_name();
+                self.put_back(parent);
+                return self.corrupt(format!("APPEND to a {kind}, not a list"));
+            }
+        };
+        let result = self.extend_into(&mut parent, place, items);
+        if let (Value::List(list), Ok(entries)) = (&mut parent.value, &result) {
+            list.streamed += entries.len() as u64;
+        }
+        self.put_back(parent);
+        let trace = trace_of(place);
+        for entry in result? {
+            self.emit(id, trace, entry)?;
+        }
+        Ok(())
+    }
+
+    /// Puts the items that are not trace entries into `parent` (a list at `place`), in the
+    /// reader's compact forms where it has one, and returns the entries.
+    fn extend_into(
+        &mut self,
+        parent: &mut Slot,
+        place: Place,
+        items: Vec<Slot>,
+    ) -> Result<Vec<Entry>, StreamError<E>> {
+        let mut emitted = Vec::new();
+        for item in items {
+            let item = if self.whole {
+                item
+            } else {
+                match &item.value {
+                    Value::Event(entry) => {
+                        emitted.push(**entry);
+                        self.budget.release(item.cost);
+                        continue;
+                    }
+                    Value::Dict(entries) if is_event(entries) => {
+                        let index = self.events + emitted.len() as u64;
+                        let entry = from_dict::event(&item.value)
+                            .map_err(|message| StreamError::Event { index, message })?;
+                        emitted.push(entry);
+                        self.budget.release(item.cost);
+                        continue;
+                    }
+                    Value::Dict(_) if place == Place::Under(Section::Blocks) => {
+                        self.append_block(parent, item)?;
+                        continue;
+                    }
+                    Value::Dict(_) if holds_segments(place) => {
+                        let index = match &parent.value {
+                            Value::List(list) => list.items.len(),
+                            _ => 0,
+                        };
+                        self.segment_record(item, place, index)?
+                    }
+                    Value::Dict(_) => match frame_of(&item.value) {
+                        Some(frame) => {
+                            let id = self.intern_frame(frame)?;
+                            self.replace(item, Value::Frame(id))?
+                        }
+                        None => item,
+                    },
+                    _ => item,
+                }
+            };
+            self.absorb(parent, &item)?;
+            if let Value::List(list) = &mut parent.value {
+                list.items.push(item.value);
+            }
+        }
+        Ok(emitted)
+    }
+
+    /// A slot holding `value` (which holds no other value) in place of `old`, whose memory is
+    /// given back.
+    fn replace(&mut self, old: Slot, value: Value) -> Result<Slot, StreamError<E>> {
+        self.budget.release(old.cost);
+        let cost = VALUE_BYTES + payload(&value);
+        self.hold(cost)?;
+        Ok(Slot {
+            value,
+            depth: 0,
+            cost,
+        })
+    }
+
+    /// Reads a block dict appended to a segment's `blocks` into a record kept in the list; the
+    /// first that cannot be read is remembered, for the segment to report.
+    fn append_block(&mut self, parent: &mut Slot, item: Slot) -> Step<E> {
+        let record = from_dict::block(&item.value);
+        self.budget.release(item.cost);
+        let Value::List(list) = &mut parent.value else {
+            return Ok(());
+        };
+        match record {
+            Ok(record) => {
+                let offset = self.input.offset();
+                self.budget
+                    .hold(BLOCK_BYTES, offset)
+                    .map_err(|refusal| StreamError::Limit {
+                        offset: refusal.offset,
+                        message: refusal.message,
+                        events: self.events,
+                    })?;
+                parent.cost = parent.cost.saturating_add(BLOCK_BYTES);
+                list.blocks.push(record);
+            }
+            Err(message) => {
+                if list.bad_block.is_none() {
+                    list.bad_block = Some((list.blocks.len(), message));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads segment `index` of the list at `place` (a dict whose blocks are records already)
+    /// into a record.
+    fn segment_record(
+        &mut self,
+        item: Slot,
+        place: Place,
+        index: usize,
+    ) -> Result<Slot, StreamError<E>> {
+        let what = if place == Place::Under(Section::HostSegments) {
+            "host segment"
+        } else {
+            "segment"
+        };
+        let cost = item.cost;
+        let mut dict = item.value;
+        let record = take_blocks(&mut dict)
+            .and_then(|blocks| from_dict::segment(&dict, blocks))
+            .map_err(|message| StreamError::Shape(format!("{what} {index}: {message}")))?;
+        self.budget.release(cost);
+        let cost = SEGMENT_BYTES + record.blocks.len() as u64 * BLOCK_BYTES;
+        self.hold(cost)?;
+        Ok(Slot {
+            value: Value::Segment(Box::new(record)),
+            depth: 0,
+            cost,
+        })
+    }
+
+    /// A `frames` value as an interned stack: a list of frames, an empty list, or a shared
+    /// container the memo did not keep (read as no frames). Anything else is left for the
+    /// entry's reader to refuse.
+    fn as_stack(&mut self, slot: Slot) -> Result<Slot, StreamError<E>> {
+        let id = match &slot.value {
+            Value::List(list) if list.is_empty() => Some(StackId::EMPTY),
+            Value::List(list) => match stack_items(list) {
+                Some(frames) => Some(self.intern_stack(&frames)?),
+                None => None,
+            },
+            Value::Elided => Some(StackId::EMPTY),
+            _ => None,
+        };
+        match id {
+            Some(id) => self.replace(slot, Value::Stack(id)),
+            None => Ok(slot),
+        }
+    }
+
+    /// Sets `items` (keys and values, alternating) in the dict on top of the stack. A key set
+    /// twice keeps both entries; lookups read the last, as Python's dict does (this keeps
+    /// every SETITEMS linear in its items). A streaming read interns a `frames` value.
+    fn set_items(&mut self, items: Vec<Slot>) -> Step<E> {
+        if !items.len().is_multiple_of(2) {
+            return self.corrupt("SETITEMS with an odd number of values");
+        }
+        let mut parent = self.take_top()?;
+        if !matches!(parent.value, Value::Dict(_)) {
+            let kind = parent.value.type_name();
+            self.put_back(parent);
+            return self.corrupt(format!("SETITEM on a {kind}, not a dict"));
+        }
+        let mut items = items.into_iter();
+        let mut result = Ok(());
+        while let (Some(key), Some(value)) = (items.next(), items.next()) {
+            let value = if !self.whole && key.value.as_str() == Some("frames") {
+                match self.as_stack(value) {
+                    Ok(value) => value,
+                    Err(error) => {
+                        result = Err(error);
+                        break;
+                    }
+                }
+            } else {
+                value
+            };
+            result = self
+                .absorb(&mut parent, &key)
+                .and_then(|()| self.absorb(&mut parent, &value));
+            if result.is_err() {
+                break;
+            }
+            if let Value::Dict(entries) = &mut parent.value {
+                entries.push((key.value, value.value));
+            }
+        }
+        self.put_back(parent);
+        result
+    }
+
+    /// Where a list created now sits: from what the stack holds below it (the container it
+    /// will be added to and, for a dict, its key). Python's pickler and PyTorch's C++ writer
+    /// add items in MARK batches (`APPENDS`, `SETITEMS`), or one at a time (`APPEND`,
+    /// `SETITEM`) for a container of one item and in protocols 0 and 1.
+    fn place_of_new_list(&self) -> Place {
+        let stack = &self.stack;
+        let len = stack.len();
+        let item_of = |list: &List, position: usize| match list.place {
+            Place::Under(section) => {
+                Place::ItemOf(section, u32::try_from(position).unwrap_or(u32::MAX))
+            }
+            _ => Place::Other,
+        };
+        let key = |slot: &Slot| {
+            slot.value
+                .as_str()
+                .map(|key| Place::Under(Section::of_key(key)))
+        };
+        if let Some(&mark) = self.marks.last() {
+            if let Some(below) = mark.checked_sub(1).and_then(|at| stack.get(at)) {
+                let in_batch = len.saturating_sub(mark);
+                match &below.value {
+                    Value::List(list) if mark <= len => {
+                        return item_of(list, list.items.len().saturating_add(in_batch))
+                    }
+                    _ if in_batch % 2 == 1 => {
+                        if let Some(place) = stack.last().and_then(key) {
+                            return place;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        match stack.last().map(|slot| &slot.value) {
+            Some(Value::List(list)) => return item_of(list, list.items.len()),
+            Some(Value::Str(_)) => {
+                if let (
+                    Some(top),
+                    Some(Slot {
+                        value: Value::Dict(_),
+                        ..
+                    }),
+                ) = (
+                    stack.last(),
+                    len.checked_sub(2).and_then(|at| stack.get(at)),
+                ) {
+                    if let Some(place) = key(top) {
+                        return place;
+                    }
+                }
+            }
+            None if self.marks.is_empty() => return Place::Root,
+            _ => {}
+        }
+        Place::Other
+    }
+
+    fn new_list(&mut self) -> Step<E> {
+        let id = self.next_list;
+        self.next_list = self.next_list.wrapping_add(1);
+        let place = self.place_of_new_list();
+        self.push(Value::List(Box::new(List {
+            id,
+            place,
+            ..List::default()
+        })))
+    }
+
+    fn string(&self, bytes: Vec<u8>) -> Result<Value, StreamError<E>> {
+        match String::from_utf8(bytes) {
             Ok(text) => Ok(Value::Str(Rc::from(text))),
             Err(_) => self.corrupt("a string that is not UTF-8"),
         }
@@ -367,72 +871,119 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
         self.read(|input| input.array::<4>().map(u32::from_le_bytes))
     }
 
-    fn length_prefixed(&mut self, wide: bool) -> Result<Vec<u8>, StreamError<E>> {
-        let length = if wide {
-            let length = self.read(|input| input.array::<8>().map(u64::from_le_bytes))?;
-            usize::try_from(length).unwrap_or(usize::MAX)
+    /// The length argument of a `BINUNICODE`-like opcode: 4 bytes, or 8 when `wide`.
+    fn length(&mut self, wide: bool) -> Result<u64, StreamError<E>> {
+        if wide {
+            self.read(|input| input.array::<8>().map(u64::from_le_bytes))
         } else {
-            self.u32()? as usize
-        };
-        if length > 1 << 31 {
-            return self.corrupt(format!("an argument of {length} bytes"));
+            self.u32().map(u64::from)
         }
-        self.read(|input| input.take(length).map(<[u8]>::to_vec))
     }
 
-    /// An `EMPTY_DICT`: a whole trace event through the fast path when the bytes are one,
+    /// A string of `length` declared bytes, its memory held before it is read.
+    fn text(&mut self, length: u64) -> Result<Value, StreamError<E>> {
+        let offset = self.input.offset();
+        let end = offset.saturating_add(length);
+        if let Some(size) = self.input.size() {
+            if end > size {
+                return Err(self.input_error(InputError::TooLong {
+                    offset,
+                    declared: length,
+                    left: size.saturating_sub(offset),
+                }));
+            }
+        }
+        // Held while the bytes become a string; the string's own cost is held again when it
+        // is pushed. (The one more copy made on the way is the "2 ×" of the memory bound.)
+        let transient = length;
+        self.budget
+            .hold_expecting(transient, offset, end)
+            .map_err(|refusal| self.refused(refusal))?;
+        let count = usize::try_from(length).unwrap_or(usize::MAX);
+        let bytes = self.read(|input| input.take_vec(count));
+        self.budget.release(transient);
+        self.string(bytes?)
+    }
+
+    /// An `EMPTY_DICT`: a whole trace entry through the fast path when the bytes are one,
     /// else an empty dict to be filled by the opcodes that follow.
     fn empty_dict(&mut self) -> Step<E> {
         if self.whole {
-            self.stack.push(Value::Dict(Vec::new()));
-            return Ok(());
+            return self.push(Value::Dict(Vec::new()));
         }
         let fast = match self.input.window(EVENT_WINDOW) {
             Ok(window) => fast_event(window, &self.memo),
             Err(error) => return Err(self.input_error(error)),
         };
-        if let Some((event, used, puts)) = fast {
-            self.input.advance(used);
-            for (id, value) in puts {
-                self.memo.put(id, &value);
-            }
-            // Inside a MARK batch of a list with nothing else pending (how picklers write a
-            // trace), the event goes out at once; otherwise it waits for its APPEND.
-            if let Some(list) = self.batch_list() {
-                let id = list.id;
-                list.streamed += 1;
-                return self.emit(id, event);
-            }
-            self.stack.push(Value::Event(Box::new(event)));
-        } else {
-            self.stack.push(Value::Dict(Vec::new()));
+        let Some((entry, used, puts)) = fast else {
+            return self.push(Value::Dict(Vec::new()));
+        };
+        self.input.advance(used);
+        for (id, value) in puts {
+            let entry = self.memo.form(&value).map(|value| MemoEntry {
+                cost: VALUE_BYTES + payload(&value),
+                depth: 0,
+                value,
+            });
+            self.keep(id, entry)?;
         }
-        Ok(())
+        // Inside a MARK batch of a list with nothing else pending (how picklers write a
+        // trace), the entry goes out at once; otherwise it waits for its APPEND.
+        if let Some((id, place)) = self.batch_list() {
+            return self.emit(id, trace_of(place), entry);
+        }
+        self.push(Value::Event(Box::new(entry)))
     }
 
-    /// The list being filled by the current MARK batch, when the batch holds nothing yet.
-    fn batch_list(&mut self) -> Option<&mut List> {
+    /// The list being filled by the current MARK batch, when the batch holds nothing yet: its
+    /// id and place, one more entry counted as streamed to it.
+    fn batch_list(&mut self) -> Option<(u32, Place)> {
         let &mark = self.marks.last()?;
         if self.stack.len() != mark || mark == 0 {
             return None;
         }
         match self.stack.get_mut(mark - 1) {
-            Some(Value::List(list)) => Some(list),
+            Some(Slot {
+                value: Value::List(list),
+                ..
+            }) => {
+                list.streamed += 1;
+                Some((list.id, list.place))
+            }
             _ => None,
         }
     }
 
-    /// Hands one event of list `list` to the handler.
-    fn emit(&mut self, list: u32, event: RawEvent) -> Step<E> {
+    /// Hands one entry of list `list` (of `trace`) to the handler.
+    fn emit(&mut self, list: u32, trace: Trace, mut entry: Entry) -> Step<E> {
         let index = self.events;
         self.events += 1;
+        if let Entry::Memory(event) = &mut entry {
+            event.empty_cache_frame = self.stacks.mentions_empty_cache(event.stack);
+        }
         (self.handler)(Emitted {
             list,
+            trace,
             index,
             offset: self.input.offset(),
-            event,
+            entry,
+            stacks: &self.stacks,
         })
         .map_err(StreamError::Handler)
+    }
+
+    /// An integer of `length` little-endian bytes (`LONG1`/`LONG4`).
+    fn long_int(&mut self, length: u64) -> Step<E> {
+        if length > LONGEST_INT {
+            self.read(|input| input.skip(length))?;
+            return self.push(Value::BigInt);
+        }
+        let bytes = self.read(|input| input.take_vec(length as usize))?;
+        let value = match long(&bytes) {
+            Some(value) => Value::Int(value),
+            None => unsigned_long(&bytes).map_or(Value::BigInt, Value::Unsigned),
+        };
+        self.push(value)
     }
 
     /// Runs the machine to `STOP` and returns the top-level value (with trace events taken
@@ -441,7 +992,7 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
         loop {
             let opcode = self.read(Input::byte)?;
             match opcode {
-                op::STOP => return self.pop(),
+                op::STOP => return self.pop().map(|slot| slot.value),
                 op::PROTO => {
                     let version = self.read(Input::byte)?;
                     if version > 5 {
@@ -452,122 +1003,89 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
                 op::FRAME => {
                     self.read(|input| input.array::<8>())?;
                 }
-                op::MARK => self.marks.push(self.stack.len()),
-                op::POP => {
-                    self.pop()?;
+                op::MARK => {
+                    self.hold(MARK_BYTES)?;
+                    self.marks.push(self.stack.len());
                 }
+                op::POP => self.pop_and_drop()?,
                 op::POP_MARK => {
-                    self.pop_mark()?;
+                    for slot in self.pop_mark()? {
+                        self.budget.release(slot.cost);
+                    }
                 }
-                op::DUP => {
-                    let top = self.top()?.clone();
-                    self.stack.push(top);
-                }
-                op::NONE => self.stack.push(Value::None),
-                op::NEWTRUE => self.stack.push(Value::Bool(true)),
-                op::NEWFALSE => self.stack.push(Value::Bool(false)),
+                op::DUP => self.dup()?,
+                op::NONE => self.push(Value::None)?,
+                op::NEWTRUE => self.push(Value::Bool(true))?,
+                op::NEWFALSE => self.push(Value::Bool(false))?,
                 op::BININT1 => {
                     let value = self.read(Input::byte)?;
-                    self.stack.push(Value::Int(i64::from(value)));
+                    self.push(Value::Int(i64::from(value)))?;
                 }
                 op::BININT2 => {
                     let value = self.read(|input| input.array::<2>().map(u16::from_le_bytes))?;
-                    self.stack.push(Value::Int(i64::from(value)));
+                    self.push(Value::Int(i64::from(value)))?;
                 }
                 op::BININT => {
                     let value = self.read(|input| input.array::<4>().map(i32::from_le_bytes))?;
-                    self.stack.push(Value::Int(i64::from(value)));
+                    self.push(Value::Int(i64::from(value)))?;
                 }
-                op::LONG1 | op::LONG4 => {
-                    let length = if opcode == op::LONG1 {
-                        usize::from(self.read(Input::byte)?)
-                    } else {
-                        self.u32()? as usize
-                    };
-                    let bytes = self.read(|input| input.take(length).map(<[u8]>::to_vec))?;
-                    self.stack
-                        .push(long(&bytes).map_or(Value::BigInt, Value::Int));
+                op::LONG1 => {
+                    let length = self.read(Input::byte)?;
+                    self.long_int(u64::from(length))?;
+                }
+                op::LONG4 => {
+                    let length = self.u32()?;
+                    self.long_int(u64::from(length))?;
                 }
                 op::INT | op::LONG => {
                     let line = self.read(Input::line)?;
-                    let text = String::from_utf8_lossy(&line);
-                    let text = text.trim_end_matches('L');
-                    let value = match text {
-                        "00" => Value::Bool(false),
-                        "01" => Value::Bool(true),
-                        _ => match text.parse::<i64>() {
-                            Ok(value) => Value::Int(value),
-                            Err(_)
-                                if !text.is_empty()
-                                    && text
-                                        .trim_start_matches('-')
-                                        .bytes()
-                                        .all(|b| b.is_ascii_digit()) =>
-                            {
-                                Value::BigInt
-                            }
-                            Err(_) => {
-                                return self.corrupt(format!("an integer written as '{text}'"))
-                            }
-                        },
+                    let Some(value) = decimal(&line) else {
+                        let text = String::from_utf8_lossy(&line).into_owned();
+                        return self.corrupt(format!("an integer written as '{text}'"));
                     };
-                    self.stack.push(value);
+                    self.push(value)?;
                 }
                 op::BINFLOAT => {
                     let value = self.read(|input| input.array::<8>().map(f64::from_be_bytes))?;
-                    self.stack.push(Value::Float(value));
+                    self.push(Value::Float(value))?;
                 }
                 op::FLOAT => {
                     let line = self.read(Input::line)?;
                     match String::from_utf8_lossy(&line).parse::<f64>() {
-                        Ok(value) => self.stack.push(Value::Float(value)),
+                        Ok(value) => self.push(Value::Float(value))?,
                         Err(_) => return self.corrupt("a float that is not a number"),
                     }
                 }
-                op::SHORT_BINUNICODE => {
-                    let length = usize::from(self.read(Input::byte)?);
-                    let bytes = self.read(|input| input.take(length).map(<[u8]>::to_vec))?;
-                    let value = self.string(&bytes)?;
-                    self.stack.push(value);
+                op::SHORT_BINUNICODE | op::SHORT_BINSTRING => {
+                    let length = self.read(Input::byte)?;
+                    let value = self.text(u64::from(length))?;
+                    self.push(value)?;
                 }
-                op::BINUNICODE | op::BINUNICODE8 => {
-                    let bytes = self.length_prefixed(opcode == op::BINUNICODE8)?;
-                    let value = self.string(&bytes)?;
-                    self.stack.push(value);
+                op::BINUNICODE | op::BINUNICODE8 | op::BINSTRING => {
+                    let length = self.length(opcode == op::BINUNICODE8)?;
+                    let value = self.text(length)?;
+                    self.push(value)?;
                 }
                 op::UNICODE | op::STRING => {
                     let line = self.read(Input::line)?;
                     let text = String::from_utf8_lossy(&line);
                     let text = text.trim_matches(|c| c == '\'' || c == '"');
-                    self.stack.push(Value::Str(Rc::from(text)));
+                    self.push(Value::Str(Rc::from(text)))?;
                 }
-                op::SHORT_BINSTRING | op::SHORT_BINBYTES => {
-                    let length = usize::from(self.read(Input::byte)?);
-                    let bytes = self.read(|input| input.take(length).map(<[u8]>::to_vec))?;
-                    let value = if opcode == op::SHORT_BINSTRING {
-                        self.string(&bytes)?
-                    } else {
-                        Value::Bytes
-                    };
-                    self.stack.push(value);
+                op::SHORT_BINBYTES => {
+                    let length = self.read(Input::byte)?;
+                    self.read(|input| input.skip(u64::from(length)))?;
+                    self.push(Value::Bytes)?;
                 }
-                op::BINSTRING | op::BINBYTES | op::BINBYTES8 => {
-                    let bytes = self.length_prefixed(opcode == op::BINBYTES8)?;
-                    let value = if opcode == op::BINSTRING {
-                        self.string(&bytes)?
-                    } else {
-                        Value::Bytes
-                    };
-                    self.stack.push(value);
+                op::BINBYTES | op::BINBYTES8 => {
+                    let length = self.length(opcode == op::BINBYTES8)?;
+                    self.read(|input| input.skip(length))?;
+                    self.push(Value::Bytes)?;
                 }
-                op::EMPTY_LIST => {
-                    let list = self.new_list(Vec::new());
-                    self.stack.push(list);
-                }
+                op::EMPTY_LIST => self.new_list()?,
                 op::LIST => {
                     let items = self.pop_mark()?;
-                    let list = self.new_list(Vec::new());
-                    self.stack.push(list);
+                    self.new_list()?;
                     self.extend_list(items)?;
                 }
                 op::APPEND => {
@@ -581,7 +1099,7 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
                 op::EMPTY_DICT => self.empty_dict()?,
                 op::DICT => {
                     let items = self.pop_mark()?;
-                    self.stack.push(Value::Dict(Vec::new()));
+                    self.push(Value::Dict(Vec::new()))?;
                     self.set_items(items)?;
                 }
                 op::SETITEM => {
@@ -593,10 +1111,10 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
                     let items = self.pop_mark()?;
                     self.set_items(items)?;
                 }
-                op::EMPTY_TUPLE => self.stack.push(Value::Tuple(Vec::new())),
+                op::EMPTY_TUPLE => self.push(Value::Tuple(Vec::new()))?,
                 op::TUPLE => {
                     let items = self.pop_mark()?;
-                    self.stack.push(Value::Tuple(items));
+                    self.push_built(items, Value::Tuple)?;
                 }
                 op::TUPLE1 | op::TUPLE2 | op::TUPLE3 => {
                     let count = usize::from(opcode - op::TUPLE1 + 1);
@@ -605,7 +1123,7 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
                         items.push(self.pop()?);
                     }
                     items.reverse();
-                    self.stack.push(Value::Tuple(items));
+                    self.push_built(items, Value::Tuple)?;
                 }
                 op::MEMOIZE => {
                     let id = self.memo.next_id();
@@ -658,6 +1176,23 @@ impl<R: Read, E, F: FnMut(Emitted) -> Result<(), E>> Unpickler<R, F> {
             }
         }
     }
+}
+
+/// A protocol-0 integer (`INT`/`LONG`): `00`/`01` are booleans, a number that does not fit
+/// 64 bits is a [`Value::BigInt`]; `None` when the text is not a number.
+fn decimal(line: &[u8]) -> Option<Value> {
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim_end_matches('L');
+    match text {
+        "00" => return Some(Value::Bool(false)),
+        "01" => return Some(Value::Bool(true)),
+        _ => {}
+    }
+    if let Ok(value) = text.parse::<i64>() {
+        return Some(Value::Int(value));
+    }
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then_some(Value::BigInt)
 }
 
 /// Whether a dict is a trace event: it has an `action` key.

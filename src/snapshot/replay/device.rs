@@ -5,15 +5,23 @@
 //! Addresses decide best-fit ties between equal-size cached blocks, so a replay that placed
 //! segments by the simulator's model of a different process's address space would split other
 //! blocks and drift away from the recording. The recorded address is used only when it does
-//! not overlap a live segment; otherwise the simulator's own placement applies.
+//! not overlap a live segment; otherwise the simulator's own placement applies, and should that
+//! one overlap a segment placed at a recorded address, the segment goes just above the highest
+//! live one. A placement never fails: capacity alone decides whether a segment fits.
+//!
+//! Streams from [`DEFERRED_STREAMS`] up are the replay's own, one per free the trace shows
+//! deferred by `record_stream`: an event recorded on one completes only when the replay says so
+//! (`synchronize_stream`, at the recorded completion) or when the allocator waits for it
+//! (`synchronize_event`, its OOM path or `empty_cache()`) — never because the simulated device
+//! synchronised (a `cudaFree`), so the completions come in the order the trace recorded them.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 
 use crate::device::sim::SimDevice;
 use crate::device::{
-    DeviceError, DeviceMemory, DevicePtr, DriverMemory, MemorySpace, ProcessMemory,
+    DeviceError, DeviceMemory, DevicePtr, DriverMemory, MemorySpace, ProcessMemory, StreamEvent,
 };
 
 /// Recorded `segment_alloc`s (address, size) waiting for the malloc that follows them.
@@ -38,9 +46,9 @@ impl Hints {
     }
 }
 
-/// How many of the simulator's addresses a segment tries before the replay gives up on placing
-/// it beside the live segments that took recorded addresses.
-const PLACEMENT_TRIES: usize = 64;
+/// The first of the streams a replay makes up for deferred frees: above every address a
+/// process can hold, so no recorded stream (a `cudaStream_t` value) is one.
+pub const DEFERRED_STREAMS: u64 = 1 << 63;
 
 /// A [`SimDevice`] that puts segments at recorded addresses when it can.
 ///
@@ -52,6 +60,8 @@ pub struct ReplayDevice {
     hints: Hints,
     /// Live segments by the address handed out: (size, the simulator's own segment).
     live: BTreeMap<u64, (u64, DevicePtr)>,
+    /// The made-up streams whose work is done.
+    done: BTreeSet<u64>,
 }
 
 impl ReplayDevice {
@@ -61,7 +71,20 @@ impl ReplayDevice {
             inner,
             hints,
             live: BTreeMap::new(),
+            done: BTreeSet::new(),
         }
+    }
+
+    /// The first 2 MiB boundary above every live segment.
+    fn above_everything(&self) -> u64 {
+        const ALIGN: u64 = 2 << 20;
+        let top = self
+            .live
+            .iter()
+            .map(|(&start, &(bytes, _))| start.saturating_add(bytes))
+            .max()
+            .unwrap_or(0);
+        top.div_ceil(ALIGN).saturating_mul(ALIGN)
     }
 
     fn overlaps(&self, address: u64, size: u64) -> bool {
@@ -71,36 +94,25 @@ impl ReplayDevice {
     }
 }
 
+/// Whether a recorded address can hold a segment of `bytes`: not null, aligned as every
+/// `cudaMalloc` result is (512 bytes at least), and not wrapping past the end of the address
+/// space. A snapshot file is untrusted: anything else is left to the simulator's placement.
+fn plausible(address: u64, bytes: u64) -> bool {
+    address != 0 && address.is_multiple_of(512) && address.checked_add(bytes).is_some()
+}
+
 impl DeviceMemory for ReplayDevice {
     fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
-        let hinted = self
-            .hints
-            .take(bytes)
-            .filter(|&recorded| !self.overlaps(recorded, bytes));
-        // The simulator's own address may collide with a recorded one still live (a replay
-        // under another config than the recording's diverges from it): ask the simulator for
-        // another, holding the colliding ones until an address is found.
-        let mut collided = Vec::new();
-        let placed = loop {
-            let own = match self.inner.malloc(bytes) {
-                Ok(own) => own,
-                Err(error) => break Err(error),
-            };
-            let address = hinted.unwrap_or(own.addr());
-            if !self.overlaps(address, bytes) {
-                break Ok((address, own));
+        let own = self.inner.malloc(bytes)?;
+        let address = match self.hints.take(bytes) {
+            Some(recorded) if plausible(recorded, bytes) && !self.overlaps(recorded, bytes) => {
+                recorded
             }
-            collided.push(own);
-            if collided.len() >= PLACEMENT_TRIES {
-                break Err(DeviceError::InvalidArgument(format!(
-                    "replay placement: {PLACEMENT_TRIES} addresses for {bytes} bytes all overlap live segments placed at recorded addresses"
-                )));
-            }
+            _ if !self.overlaps(own.addr(), bytes) => own.addr(),
+            // The simulator's own address collides with a segment placed at a recorded
+            // address: above the highest live segment, on a 2 MiB boundary, nothing is.
+            _ => self.above_everything(),
         };
-        for own in collided {
-            self.inner.free(own)?;
-        }
-        let (address, own) = placed?;
         self.live.insert(address, (bytes, own));
         Ok(DevicePtr::simulated(address))
     }
@@ -172,11 +184,104 @@ impl DeviceMemory for ReplayDevice {
     ) -> Result<(), DeviceError> {
         self.inner.unmap_pages(address, bytes, page)
     }
+
+    // Streams and events: the simulator's, but for the made-up streams of deferred frees.
+
+    fn record_event(&mut self, stream: u64) -> Result<StreamEvent, DeviceError> {
+        if stream >= DEFERRED_STREAMS {
+            return Ok(StreamEvent { stream, ticket: 1 });
+        }
+        self.inner.record_event(stream)
+    }
+
+    fn query_event(&self, event: StreamEvent) -> Result<bool, DeviceError> {
+        if event.stream >= DEFERRED_STREAMS {
+            return Ok(self.done.contains(&event.stream));
+        }
+        self.inner.query_event(event)
+    }
+
+    fn synchronize_event(&mut self, event: StreamEvent) -> Result<(), DeviceError> {
+        if event.stream >= DEFERRED_STREAMS {
+            self.done.insert(event.stream);
+            return Ok(());
+        }
+        self.inner.synchronize_event(event)
+    }
+
+    fn synchronize_stream(&mut self, stream: u64) -> Result<(), DeviceError> {
+        if stream >= DEFERRED_STREAMS {
+            self.done.insert(stream);
+            return Ok(());
+        }
+        self.inner.synchronize_stream(stream)
+    }
+
+    fn synchronize_device(&mut self) -> Result<(), DeviceError> {
+        self.inner.synchronize_device()
+    }
+
+    fn wait_stream(&mut self, stream: u64, other: u64) -> Result<(), DeviceError> {
+        self.inner.wait_stream(stream, other)
+    }
+
+    fn sleep(&mut self, stream: u64, millis: u64) -> Result<(), DeviceError> {
+        if stream >= DEFERRED_STREAMS {
+            // A made-up stream is busy until the replay says otherwise.
+            return Ok(());
+        }
+        self.inner.sleep(stream, millis)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Recorded addresses and the model's mix: when the model's address for a segment is
+    /// taken by one placed at a recorded address, the segment goes above every live one —
+    /// never an error ("replay placement: ... overlaps a live segment" was one).
+    #[test]
+    fn a_placement_never_fails_for_overlap() {
+        // The model's first two addresses, in a device of the same size.
+        let mut probe = SimDevice::new(1 << 30);
+        let _first = probe.malloc(4 << 20).expect("room");
+        let second = probe.malloc(2 << 20).expect("room");
+        let hints = Hints::default();
+        let mut device = ReplayDevice::new(SimDevice::new(1 << 30), hints.clone());
+        // The trace put a 4 MiB segment where the model puts the next 2 MiB one.
+        hints.push(second.addr(), 4 << 20);
+        let recorded = device.malloc(4 << 20).expect("room");
+        assert_eq!(recorded.addr(), second.addr());
+        let next = device
+            .malloc(2 << 20)
+            .expect("capacity decides, not placement");
+        assert!(
+            next.addr() >= recorded.addr() + (4 << 20),
+            "{:#x} must not overlap the recorded segment at {:#x}",
+            next.addr(),
+            recorded.addr()
+        );
+        assert!(next.addr().is_multiple_of(2 << 20));
+        let mut placed = vec![recorded, next];
+        for _ in 0..4 {
+            placed.push(device.malloc(2 << 20).expect("room"));
+        }
+        let sizes: BTreeMap<u64, u64> = device.live.iter().map(|(&a, &(b, _))| (a, b)).collect();
+        let mut sorted: Vec<u64> = placed.iter().map(|address| address.addr()).collect();
+        sorted.sort_unstable();
+        for pair in sorted.windows(2) {
+            assert!(pair[0] + sizes[&pair[0]] <= pair[1], "{pair:?} overlap");
+        }
+        for address in placed {
+            device.free(address).expect("free");
+        }
+        assert_eq!(
+            device.mem_get_info().ok(),
+            SimDevice::new(1 << 30).mem_get_info().ok(),
+            "every segment went back"
+        );
+    }
 
     #[test]
     fn takes_a_recorded_address_of_the_same_size_once() {
@@ -224,5 +329,17 @@ mod tests {
             before,
             "the collided address was given back"
         );
+    }
+
+    #[test]
+    fn an_implausible_recorded_address_is_not_used() {
+        let hints = Hints::default();
+        let mut device = ReplayDevice::new(SimDevice::new(1 << 30), hints.clone());
+        for address in [0, 0x7000_0000_0100, u64::MAX - (1 << 20) + 1] {
+            hints.push(address, 2 << 20);
+            let placed = device.malloc(2 << 20).expect("room").addr();
+            assert_ne!(placed, address);
+            assert!(placed.checked_add(2 << 20).is_some());
+        }
     }
 }

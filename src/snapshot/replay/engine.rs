@@ -1,21 +1,66 @@
 //! Replaying one trace event at a time through gpumem's allocator: `alloc` allocates,
-//! `free_completed` frees, device-level events are compared, recorded OOMs are retried, and
-//! `empty_cache()` is called where the trace shows PyTorch's did.
+//! `free_requested` frees, device-level events are compared, recorded OOMs are retried, and
+//! `empty_cache()` is called where the trace shows PyTorch's was.
+//!
+//! # Frees deferred by `record_stream`
+//!
+//! PyTorch records `free_requested` when a tensor dies and `free_completed` when its block goes
+//! back to the cache: at once for a block used on its own stream only, later (at a malloc or an
+//! `empty_cache()`) for one used on other streams (`record_stream`). The trace does not record
+//! the streams, so the replay looks one event ahead: a `free_completed` of the same address
+//! right after the `free_requested` is an immediate free; otherwise the free was deferred. A
+//! deferred free is replayed as PyTorch made it: the allocation is recorded on a stream of its
+//! own whose work is still running (`record_stream` on one of the replay device's made-up
+//! streams, [`super::device::DEFERRED_STREAMS`]), and freed —
+//! `allocated_bytes` falls at once, the block stays active. Its completion then follows the
+//! allocator's own rules: a recorded `free_completed` marks that stream's work done, so the
+//! next malloc's `process_events` takes the block back, where PyTorch took it; and the OOM path
+//! and `empty_cache()` wait for every pending free (`synchronize_and_free_events`), wherever
+//! the replayed config makes them happen. A recorded completion that PyTorch made on its OOM
+//! path is left to the replayed malloc's OOM path; if the malloc takes another path (another
+//! config), the stream's work is marked done right after it. PyTorch made it on its OOM path
+//! when a release of the same malloc comes before it in the trace, or when the malloc found
+//! nothing cached (the trace shows new memory or an OOM) and the releases its OOM path would
+//! make with the block still pending are the recorded ones — unless the completion came right
+//! after its `free_requested` and the malloc, the free made at once, would make the same
+//! releases: the trace reads the same, and the free made at once is the likelier
+//! (docs/allocator.md, "Replaying deferred frees").
+//!
+//! # Releases and `empty_cache()`
+//!
+//! Segment releases (and the completions of deferred frees) come in runs. A run followed by
+//! the `alloc` or `oom` of a malloc is that malloc's own (garbage collection, the OOM path) —
+//! unless the malloc, replayed on the state before the run, would not release exactly those
+//! segments ([`CachingAllocator::malloc_outlook`]): then an `empty_cache()` came first. A run
+//! followed by anything else (a free, a snapshot, the end) was an `empty_cache()`; so is any
+//! run in which a release's frames name `empty_cache`. Where the malloc would release the same
+//! itself, the trace cannot tell whether an `empty_cache()` came first: the replay takes the
+//! releases as the malloc's, and `num_sync_all_streams` (and, for a malloc that then
+//! succeeds, `num_alloc_retries`) may differ from the recording's by one.
+//!
+//! # Private pools
+//!
+//! A 2.11 trace names no pool, but the file's segments do (`segment_pool_id`). Given the
+//! segments of private pools that still existed at the end (and the index of the
+//! `segment_alloc` that made each one), the replay routes every allocation that lies in one of
+//! them, after it was made, to that pool, as a capture or `use_mem_pool` did.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 
 use serde::Serialize;
 
 use super::compare::{DeviceEvent, SegmentComparison};
-use super::device::Hints;
+use super::device::{Hints, DEFERRED_STREAMS};
+use crate::alloc::outlook::MallocOutlook;
 use crate::alloc::{
-    AllocError, Allocation, CachingAllocator, EventLog, MemoryObserver, Subscription,
+    AllocError, Allocation, CachingAllocator, EventLog, MemPoolId, MemoryObserver, PoolFilter,
+    StreamId, Subscription,
 };
 use crate::snapshot::model::Action;
-use crate::snapshot::pickle::{Emitted, RawEvent, SnapshotError};
+use crate::snapshot::pickle::{Emitted, Entry, RawEvent, SnapshotError};
 
 /// A hasher for device addresses: one multiplication, enough for keys that are already
 /// spread out (the standard hasher costs more than the allocator's own work here).
@@ -67,7 +112,11 @@ pub struct Counts {
     pub allocs: u64,
     /// `free_completed` events.
     pub frees: u64,
-    /// `free_requested` events never completed by the end: blocks kept alive (`record_stream`).
+    /// Frees whose `free_completed` did not follow their `free_requested` at once: blocks
+    /// used on other streams (`record_stream`).
+    pub deferred_frees: u64,
+    /// Blocks still waiting for their streams at the end (`free_requested` never completed,
+    /// or completed only in the recording).
     pub pending_frees: u64,
     /// Allocations that failed in the replay (each skipped along with its free).
     pub ooms: u64,
@@ -79,15 +128,120 @@ pub struct Counts {
     pub snapshots: u64,
     /// `empty_cache()` calls inferred from the trace.
     pub empty_cache_calls: u64,
+    /// Allocations routed to a private pool (they lie in a segment the file's segments give
+    /// to one).
+    pub pooled_allocs: u64,
     /// Events of other devices' traces (not replayed).
     pub other_device_events: u64,
+}
+
+/// Bytes in a mebibyte.
+const MIB: u64 = 1 << 20;
+
+/// How many allocations a replay may keep live at once, in proportion to the file's size: a
+/// snapshot is untrusted input, and a crafted file of 20-byte `alloc` entries that are never
+/// freed would otherwise make the replay hold far more memory than the file's size (issue 21:
+/// 64 MiB + 2 × the file's size for the whole process, the reader's share included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveLimit {
+    /// Bytes of live-allocation state the replay may hold, whatever the file's size.
+    pub base_memory: u64,
+    /// And this many more per byte of the file.
+    pub memory_per_byte: u64,
+}
+
+impl LiveLimit {
+    /// What one live allocation costs the replay, measured: the engine's entry for its
+    /// recorded address and the allocator's block, with the spare capacity of their tables
+    /// (about 150 bytes in `gpumem replay` on 1.2 million live allocations).
+    pub const BYTES_PER_ALLOCATION: u64 = 192;
+
+    /// The most allocations live at once for a file of `file_size` bytes.
+    pub fn allocations(&self, file_size: u64) -> u64 {
+        self.base_memory
+            .saturating_add(file_size.saturating_mul(self.memory_per_byte))
+            / Self::BYTES_PER_ALLOCATION
+    }
+}
+
+impl Default for LiveLimit {
+    /// What `gpumem replay` uses: 16 MiB + 1 byte per byte of the file (87,381 live
+    /// allocations whatever the size; PyTorch's files take about 70 bytes per trace entry, so
+    /// a real job reaches the limit only with hundreds of thousands of allocations live at
+    /// once and almost none freed).
+    fn default() -> Self {
+        LiveLimit {
+            base_memory: 16 * MIB,
+            memory_per_byte: 1,
+        }
+    }
 }
 
 /// A live allocation: gpumem's block for a recorded address.
 #[derive(Debug, Clone, Copy)]
 struct Live {
     allocation: Allocation,
-    free_requested: bool,
+    /// The stream made up for its deferred free, once freed that way.
+    deferred: Option<StreamId>,
+}
+
+/// Where the allocations of private pools lie: the segments of the file's end state that a
+/// private pool owns, each with the index of the recorded event that made it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolRoutes {
+    /// By base address: (end, pool, index of the `segment_alloc` that made the segment).
+    segments: BTreeMap<u64, (u64, MemPoolId, u64)>,
+}
+
+impl PoolRoutes {
+    /// Routes allocations in `[base, base + size)` made at or after event `made` to `pool`.
+    pub fn add(&mut self, base: u64, size: u64, pool: MemPoolId, made: u64) {
+        self.segments
+            .insert(base, (base.saturating_add(size), pool, made));
+    }
+
+    /// Whether no segment is routed.
+    pub fn is_empty(&self) -> bool {
+        self.segments.is_empty()
+    }
+
+    /// The pool of an allocation at `addr` recorded at event `index`, if any.
+    fn pool_of(&self, addr: u64, index: u64) -> Option<MemPoolId> {
+        let (_, &(end, pool, made)) = self.segments.range(..=addr).next_back()?;
+        (addr < end && index >= made).then_some(pool)
+    }
+}
+
+/// The run of releases (and deferred completions) since the last other event.
+#[derive(Debug, Default)]
+struct Run {
+    /// `segment_free`/`segment_unmap` events in it.
+    releases: u64,
+    /// Their sizes, in order.
+    release_sizes: Vec<u64>,
+    /// `segment_alloc`/`segment_map` events in it.
+    new_memory: u64,
+    /// Deferred completions in it.
+    completions: u64,
+    /// Of those, completions right after their `free_requested` (they read as immediate
+    /// frees, so they are no sign of an `empty_cache()`).
+    adjacent: u64,
+    /// Completions recorded before any release of the run, with their made-up streams: a
+    /// malloc's `process_events` made them, or (when no release came before) its OOM path.
+    leading: Vec<(StreamId, Allocation)>,
+    /// Whether a release's frames name `empty_cache`.
+    empty_cache_frame: bool,
+    /// The made-up streams of completions recorded after a release of the run: PyTorch's OOM
+    /// path completed them; the replayed malloc's should too, else they are done after it.
+    after_release: Vec<StreamId>,
+}
+
+impl Run {
+    /// Whether, ended by no malloc, the run shows an `empty_cache()`: a release, or a
+    /// completion that does not read as an immediate free.
+    fn shows_empty_cache(&self) -> bool {
+        self.releases > 0 || self.completions > self.adjacent
+    }
 }
 
 /// The replay of one trace.
@@ -104,22 +258,44 @@ pub struct Engine {
     /// Where recorded segments go, for the device to place gpumem's alike (`None`: the
     /// simulator's placement model).
     hints: Option<Hints>,
-    /// Recorded segment releases seen since the last other event, not yet explained.
-    release_pending: bool,
-    /// Whether `empty_cache()` was already called for the current run of releases.
-    released: bool,
+    /// A `free_requested` waiting to see whether its `free_completed` follows at once.
+    held: Option<(u64, RawEvent)>,
+    /// A `free_requested` and the `free_completed` right after it, waiting for the next event:
+    /// an immediate free, unless that event starts a malloc's releases or new memory.
+    pair: Option<(u64, RawEvent, RawEvent)>,
+    /// The current run of releases and deferred completions.
+    run: Run,
+    /// The next made-up stream for a deferred free.
+    next_stream: StreamId,
+    /// The private pools' segments, when the file has any.
+    routes: PoolRoutes,
+    /// The private pools made so far.
+    pools: HashSet<MemPoolId>,
+    /// Index of the last `segment_alloc` recorded at each address (for [`PoolRoutes`]).
+    made_at: AddressMap<u64>,
+    /// The index of the event being replayed.
+    index: u64,
     /// What was replayed.
     pub counts: Counts,
     /// The first OOM of the replay.
     pub first_oom: Option<FirstOom>,
     /// Device events compared.
     pub segments: SegmentComparison,
+    /// The most allocations kept live at once (`None`: no limit).
+    max_live: Option<u64>,
+    /// The limit as the refusal states it.
+    live_limit_text: String,
 }
 
 impl Engine {
     /// A replay into `allocator` (fresh, on the device and config to replay under), telling
-    /// recorded segment placements to `hints` when given.
-    pub fn new(mut allocator: CachingAllocator, hints: Option<Hints>) -> Engine {
+    /// recorded segment placements to `hints` when given, and routing allocations to private
+    /// pools by `routes`.
+    pub fn new(
+        mut allocator: CachingAllocator,
+        hints: Option<Hints>,
+        routes: PoolRoutes,
+    ) -> Engine {
         let log = Rc::new(RefCell::new(EventLog::default()));
         allocator.subscribe(Box::new(Rc::clone(&log)));
         Engine {
@@ -129,12 +305,34 @@ impl Engine {
             skipped: AddressSet::default(),
             trace: None,
             log,
-            release_pending: false,
-            released: false,
+            held: None,
+            pair: None,
+            run: Run::default(),
+            next_stream: DEFERRED_STREAMS,
+            routes,
+            pools: HashSet::new(),
+            made_at: AddressMap::default(),
+            index: 0,
             counts: Counts::default(),
             first_oom: None,
             segments: SegmentComparison::default(),
+            max_live: None,
+            live_limit_text: String::new(),
         }
+    }
+
+    /// Refuses, at the entry that would go past it, to keep more allocations live at once
+    /// than `limit` allows for a file of `file_size` bytes ([`LiveLimit`]).
+    pub fn with_live_limit(mut self, limit: LiveLimit, file_size: u64) -> Engine {
+        let most = limit.allocations(file_size);
+        self.max_live = Some(most);
+        self.live_limit_text = format!(
+            "more than {most} allocations live at once (limit: {} MiB + {} byte per byte of this {file_size}-byte file, at {} bytes per allocation)",
+            limit.base_memory / MIB,
+            limit.memory_per_byte,
+            LiveLimit::BYTES_PER_ALLOCATION
+        );
+        self
     }
 
     /// Subscribes `observer` to the replay allocator's event stream (a timeline being
@@ -153,93 +351,288 @@ impl Engine {
         self.trace
     }
 
+    /// The index of the last `segment_alloc` recorded at `addr`, if any.
+    pub fn made_at(&self, addr: u64) -> Option<u64> {
+        self.made_at.get(&addr).copied()
+    }
+
     /// Replays one event from the reader.
     pub fn handle(&mut self, emitted: Emitted) -> Result<(), SnapshotError> {
+        let Entry::Memory(event) = emitted.entry else {
+            // `user_defined` and `annotate` markers change no memory.
+            return Ok(());
+        };
         if *self.trace.get_or_insert(emitted.list) != emitted.list {
             self.counts.other_device_events += 1;
             return Ok(());
         }
         self.counts.events += 1;
         let index = emitted.index;
-        let event = emitted.event;
+        self.index = index;
         let fail = |message: String| SnapshotError::Event { index, message };
-        if !is_release(event.action) {
-            self.explain_releases(event.action, index)?;
+        if event.action == Action::Alloc
+            && self
+                .max_live
+                .is_some_and(|most| self.live.len() as u64 >= most)
+        {
+            return Err(SnapshotError::Limit {
+                offset: emitted.offset,
+                message: self.live_limit_text.clone(),
+                events: index,
+            });
+        }
+        if let Some((held_index, held)) = self.held.take() {
+            if event.action == Action::FreeCompleted && event.addr == held.addr {
+                // An immediate free, unless the next event starts a malloc's releases or new
+                // memory: then its OOM path may have completed a deferred free.
+                self.pair = Some((held_index, held, event));
+                return Ok(());
+            }
+            self.defer_free(&held)
+                .map_err(|message| SnapshotError::Event {
+                    index: held_index,
+                    message,
+                })?;
+            self.observe(held_index);
+        }
+        if let Some((requested_index, requested, completed)) = self.pair.take() {
+            let at = |message: String| SnapshotError::Event {
+                index: requested_index,
+                message,
+            };
+            if matches!(
+                event.action,
+                Action::SegmentFree
+                    | Action::SegmentUnmap
+                    | Action::SegmentAlloc
+                    | Action::SegmentMap
+            ) {
+                self.defer_free(&requested).map_err(at)?;
+                self.counts.deferred_frees -= 1;
+                self.complete_deferred(&completed).map_err(at)?;
+                self.run.adjacent += 1;
+            } else {
+                self.end_run(None).map_err(at)?;
+                self.free_now(&completed).map_err(at)?;
+            }
+            self.observe(requested_index);
         }
         match event.action {
-            Action::Alloc => self.alloc(index, &event).map_err(fail)?,
-            Action::FreeRequested => self.free_requested(&event).map_err(fail)?,
-            Action::FreeCompleted => self.free_completed(&event).map_err(fail)?,
+            Action::SegmentFree | Action::SegmentUnmap => {
+                self.segments.recorded(index, device_event(&event));
+                self.run.releases += 1;
+                self.run.release_sizes.push(event.size.max(0) as u64);
+                self.run.empty_cache_frame |= event.empty_cache_frame;
+            }
             Action::SegmentAlloc | Action::SegmentMap => {
                 self.segments.recorded(index, device_event(&event));
+                self.run.new_memory += 1;
+                if event.action == Action::SegmentAlloc {
+                    self.made_at.insert(event.addr as u64, index);
+                }
                 if let Some(hints) = &self.hints {
                     hints.push(event.addr as u64, event.size.max(0) as u64);
                 }
             }
-            Action::SegmentFree | Action::SegmentUnmap => {
-                self.segments.recorded(index, device_event(&event));
-                if event.empty_cache_frame && !self.released {
-                    self.empty_cache(index).map_err(fail)?;
-                } else if !self.released {
-                    self.release_pending = true;
-                }
+            Action::FreeCompleted if self.is_deferred(&event) => {
+                self.complete_deferred(&event).map_err(fail)?;
             }
-            Action::Oom => self.recorded_oom(index, &event).map_err(fail)?,
-            Action::Snapshot => self.counts.snapshots += 1,
-            // gpumem's own kinds: a file's reader accepts only PyTorch's names (a recorded
-            // `empty_cache()` shows in its segment_free events, which the arm above replays).
+            Action::Alloc => {
+                self.end_run(Some(&event)).map_err(fail)?;
+                self.alloc(index, &event).map_err(fail)?;
+            }
+            Action::Oom => {
+                self.end_run(Some(&event)).map_err(fail)?;
+                self.recorded_oom(&event).map_err(fail)?;
+            }
+            Action::FreeRequested => {
+                self.end_run(None).map_err(fail)?;
+                self.free_requested(index, &event).map_err(fail)?;
+            }
+            Action::FreeCompleted => {
+                self.end_run(None).map_err(fail)?;
+                self.free_now(&event).map_err(fail)?;
+            }
+            Action::Snapshot => {
+                self.end_run(None).map_err(fail)?;
+                self.counts.snapshots += 1;
+            }
+            // gpumem's own kinds: a file's reader accepts only PyTorch's names.
             Action::EmptyCache | Action::RangeReserve | Action::RangeRelease => {}
-        }
-        if matches!(event.action, Action::Alloc | Action::Oom) {
-            if let Some(hints) = &self.hints {
-                hints.clear();
-            }
         }
         self.observe(index);
         Ok(())
     }
 
-    /// Ends the replay: a release run at the very end was `empty_cache()`.
+    /// Ends the replay: a `free_requested` still held was deferred, and a run at the very end
+    /// was an `empty_cache()`.
     pub fn finish(&mut self, last_index: u64) -> Result<(), SnapshotError> {
-        if self.release_pending {
-            self.empty_cache(last_index)
-                .map_err(|message| SnapshotError::Event {
-                    index: last_index,
-                    message,
-                })?;
-            self.observe(last_index);
+        let fail = |message: String| SnapshotError::Event {
+            index: last_index,
+            message,
+        };
+        if let Some((_, held)) = self.held.take() {
+            self.defer_free(&held).map_err(fail)?;
         }
-        self.counts.pending_frees = self.live.values().filter(|l| l.free_requested).count() as u64;
+        if let Some((_, _, completed)) = self.pair.take() {
+            self.end_run(None).map_err(fail)?;
+            self.free_now(&completed).map_err(fail)?;
+        }
+        self.end_run(None).map_err(fail)?;
+        self.observe(last_index);
+        self.counts.pending_frees = self.allocator.pending_frees().blocks;
         self.segments.finish();
         Ok(())
     }
 
-    /// Before an event that is not a segment release: a run of recorded releases that no
-    /// malloc follows was an `empty_cache()` (a malloc's own releases come right before its
-    /// `segment_alloc`/`alloc`/`oom`).
-    fn explain_releases(&mut self, next: Action, index: u64) -> Result<(), SnapshotError> {
-        if self.release_pending
-            && !matches!(
-                next,
-                Action::Alloc | Action::Oom | Action::SegmentAlloc | Action::SegmentMap
-            )
-        {
-            self.empty_cache(index)
-                .map_err(|message| SnapshotError::Event { index, message })?;
-            self.observe(index);
+    /// Whether a `free_completed` completes a deferred free still waiting in the replay.
+    fn is_deferred(&self, event: &RawEvent) -> bool {
+        self.live
+            .get(&(event.addr as u64))
+            .is_some_and(|live| live.deferred.is_some())
+    }
+
+    /// Before an event that is not part of a run of releases: decides whether the run was an
+    /// `empty_cache()` (see the module documentation) and replays it if so. `malloc` is the
+    /// `alloc` or `oom` event that ends the run, if one does.
+    fn end_run(&mut self, malloc: Option<&RawEvent>) -> Result<(), String> {
+        let mut run = std::mem::take(&mut self.run);
+        // Completions before any release: PyTorch's `process_events` made them (the blocks
+        // were back in the cache when the malloc looked), or, when the malloc found nothing
+        // cached (the trace shows new memory or an OOM), possibly its OOM path — if that path,
+        // with those blocks still pending, reaches `release_cached_blocks` and makes the
+        // recorded releases (with expandable segments, whose releases are not predicted: if a
+        // completed block would have served the malloc).
+        let missed = run.new_memory > 0 || malloc.is_some_and(|event| event.action == Action::Oom);
+        let on_oom_path = match malloc {
+            Some(event) if missed && !run.leading.is_empty() => {
+                let size = non_negative(event.size, "size")?;
+                match self.outlook(event)? {
+                    // Unless every completion comes right after its `free_requested` and the
+                    // malloc, had they been frees made at once, would make the same releases:
+                    // the trace reads the same, and a free made at once is the likelier.
+                    MallocOutlook::Release {
+                        released: Some(sizes),
+                        flush: true,
+                    } => {
+                        sizes == run.release_sizes
+                            && (run.adjacent < run.leading.len() as u64
+                                || !self.releases_if_completed(event, &run)?)
+                    }
+                    MallocOutlook::Release {
+                        released: None,
+                        flush: true,
+                    } => run.leading.iter().any(|&(_, allocation)| {
+                        self.allocator.pending_block_would_serve(
+                            allocation,
+                            event.stream as u64,
+                            size,
+                        )
+                    }),
+                    _ => false,
+                }
+            }
+            _ => false,
+        };
+        for (stream, _) in std::mem::take(&mut run.leading) {
+            if on_oom_path {
+                run.after_release.push(stream);
+            } else {
+                // Completed one by one, in the recorded order (PyTorch walks its streams in
+                // an order of its own; the trace shows it).
+                self.allocator
+                    .synchronize_stream(stream)
+                    .and_then(|()| self.allocator.complete_finished_frees())
+                    .map_err(|error| format!("the allocator failed: {error}"))?;
+            }
         }
-        self.release_pending = false;
-        self.released = false;
+        let empty_cache = match malloc {
+            _ if run.empty_cache_frame => true,
+            None => run.shows_empty_cache(),
+            Some(event) => {
+                run.releases > 0
+                    && run.after_release.is_empty()
+                    && matches!(event.action, Action::Alloc | Action::Oom)
+                    && !self.malloc_releases(event, &run.release_sizes)?
+            }
+        };
+        if empty_cache {
+            self.allocator
+                .empty_cache()
+                .map_err(|error| format!("empty_cache failed: {error}"))?;
+            self.counts.empty_cache_calls += 1;
+        }
+        // Keep what the malloc's OOM path is to complete (see `after_malloc`); without a
+        // malloc the run was an empty_cache(), which completed every pending free.
+        if malloc.is_some() {
+            self.run.after_release = run.after_release;
+        }
         Ok(())
     }
 
-    fn empty_cache(&mut self, _index: u64) -> Result<(), String> {
+    /// Whether the malloc of `event`, replayed now, would release exactly the segments
+    /// `released` (their sizes, in order) that the run holds, by garbage collection or on its
+    /// OOM path; any others mean an `empty_cache()` released them. With expandable segments
+    /// (pages, not predicted) any release of the OOM path counts.
+    fn malloc_releases(&mut self, event: &RawEvent, released: &[u64]) -> Result<bool, String> {
+        Ok(match self.outlook(event)? {
+            MallocOutlook::Release { released: None, .. } => true,
+            MallocOutlook::Release {
+                released: Some(sizes),
+                ..
+            }
+            | MallocOutlook::Collect(sizes) => sizes == released,
+            MallocOutlook::Cached | MallocOutlook::NewMemory => false,
+        })
+    }
+
+    /// What the malloc of `event` would do now, routed as it will be, once the frees whose
+    /// events completed are back ([`CachingAllocator::malloc_outlook`]).
+    fn outlook(&mut self, event: &RawEvent) -> Result<MallocOutlook, String> {
+        let size = non_negative(event.size, "size")?;
+        let stream = event.stream as u64;
+        let pool = self.route(event);
         self.allocator
-            .empty_cache()
-            .map_err(|error| format!("empty_cache failed: {error}"))?;
-        self.counts.empty_cache_calls += 1;
-        self.release_pending = false;
-        self.released = true;
+            .complete_finished_frees()
+            .map_err(|error| format!("the allocator failed: {error}"))?;
+        self.enter_pool(pool, stream)?;
+        let outlook = self.allocator.malloc_outlook(stream, size);
+        self.leave_pool(pool)?;
+        Ok(outlook)
+    }
+
+    /// Whether the malloc of `event`, routed as it will be, would make exactly the releases of
+    /// `run` had its leading deferred frees completed just before it
+    /// ([`CachingAllocator::malloc_outlook_if_completed`]).
+    fn releases_if_completed(&mut self, event: &RawEvent, run: &Run) -> Result<bool, String> {
+        let size = non_negative(event.size, "size")?;
+        let stream = event.stream as u64;
+        let pool = self.route(event);
+        let allocations: Vec<Allocation> = run.leading.iter().map(|&(_, a)| a).collect();
+        self.enter_pool(pool, stream)?;
+        let outlook = self
+            .allocator
+            .malloc_outlook_if_completed(stream, size, &allocations);
+        self.leave_pool(pool)?;
+        Ok(match outlook {
+            MallocOutlook::Collect(sizes)
+            | MallocOutlook::Release {
+                released: Some(sizes),
+                ..
+            } => sizes == run.release_sizes,
+            MallocOutlook::Release { released: None, .. } => false,
+            MallocOutlook::Cached | MallocOutlook::NewMemory => run.release_sizes.is_empty(),
+        })
+    }
+
+    /// After a malloc: completions PyTorch made on its OOM path that the replayed malloc did
+    /// not make are done now (their streams' work marked complete, for the next malloc).
+    fn after_malloc(&mut self) -> Result<(), String> {
+        for stream in std::mem::take(&mut self.run.after_release) {
+            self.allocator
+                .synchronize_stream(stream)
+                .map_err(|error| format!("the allocator failed: {error}"))?;
+        }
         Ok(())
     }
 
@@ -255,14 +648,58 @@ impl Engine {
         }
     }
 
-    /// The event's request (its size, on its stream) through the allocator; the size and the
-    /// allocator's answer.
+    /// The private pool an allocation recorded at `event` goes to, if any.
+    fn route(&self, event: &RawEvent) -> Option<MemPoolId> {
+        if self.routes.is_empty() || event.action != Action::Alloc {
+            return None;
+        }
+        self.routes.pool_of(event.addr as u64, self.index)
+    }
+
+    /// Makes `pool` (if any) serve `stream`, creating it with one lasting use the first time
+    /// (the replay never learns when a graph or `MemPool` went away).
+    fn enter_pool(&mut self, pool: Option<MemPoolId>, stream: StreamId) -> Result<(), String> {
+        let Some(pool) = pool else {
+            return Ok(());
+        };
+        let fail = |error: AllocError| format!("the allocator failed: {error}");
+        if self.pools.insert(pool) {
+            self.allocator.create_pool(pool).map_err(fail)?;
+        }
+        self.allocator
+            .begin_allocate_to_pool(pool, PoolFilter::Stream(stream))
+            .map_err(fail)
+    }
+
+    /// Undoes [`Engine::enter_pool`].
+    fn leave_pool(&mut self, pool: Option<MemPoolId>) -> Result<(), String> {
+        let Some(pool) = pool else {
+            return Ok(());
+        };
+        let fail = |error: AllocError| format!("the allocator failed: {error}");
+        self.allocator.end_allocate_to_pool(pool).map_err(fail)?;
+        self.allocator.release_pool(pool).map_err(fail)
+    }
+
+    /// The event's request (its size, on its stream, in its pool) through the allocator; the
+    /// size and the allocator's answer.
     fn malloc(
         &mut self,
         event: &RawEvent,
     ) -> Result<(u64, Result<Allocation, AllocError>), String> {
         let size = non_negative(event.size, "size")?;
-        let result = self.allocator.malloc_on(event.stream as u64, size);
+        let stream = event.stream as u64;
+        let pool = self.route(event);
+        if pool.is_some() {
+            self.counts.pooled_allocs += 1;
+        }
+        self.enter_pool(pool, stream)?;
+        let result = self.allocator.malloc_on(stream, size);
+        self.leave_pool(pool)?;
+        self.after_malloc()?;
+        if let Some(hints) = &self.hints {
+            hints.clear();
+        }
         Ok((size, result))
     }
 
@@ -281,7 +718,7 @@ impl Engine {
                     addr,
                     Live {
                         allocation,
-                        free_requested: false,
+                        deferred: None,
                     },
                 );
                 Ok(())
@@ -311,19 +748,24 @@ impl Engine {
         }
     }
 
-    fn free_requested(&mut self, event: &RawEvent) -> Result<(), String> {
+    /// Holds a `free_requested` until the next event says whether the free was immediate.
+    fn free_requested(&mut self, index: u64, event: &RawEvent) -> Result<(), String> {
         let addr = event.addr as u64;
-        if let Some(live) = self.live.get_mut(&addr) {
-            live.free_requested = true;
-            return Ok(());
+        match self.live.get(&addr) {
+            Some(live) if live.deferred.is_some() => Err(format!(
+                "free_requested of address {addr:#x}, whose free is already requested"
+            )),
+            Some(_) => {
+                self.held = Some((index, *event));
+                Ok(())
+            }
+            None if self.skipped.contains(&addr) => Ok(()),
+            None => Err(never_allocated("free_requested", addr)),
         }
-        if self.skipped.contains(&addr) {
-            return Ok(());
-        }
-        Err(never_allocated("free_requested", addr))
     }
 
-    fn free_completed(&mut self, event: &RawEvent) -> Result<(), String> {
+    /// A free completed at once (or a `free_completed` with no request before it).
+    fn free_now(&mut self, event: &RawEvent) -> Result<(), String> {
         self.counts.frees += 1;
         let addr = event.addr as u64;
         if let Some(live) = self.live.remove(&addr) {
@@ -338,9 +780,50 @@ impl Engine {
         Err(never_allocated("free_completed", addr))
     }
 
+    /// The held `free_requested` was not followed by its completion: the block was used on
+    /// other streams. Freed on a busy stream of its own, it stays active until completed.
+    fn defer_free(&mut self, event: &RawEvent) -> Result<(), String> {
+        let addr = event.addr as u64;
+        let Some(live) = self.live.get_mut(&addr) else {
+            return Ok(());
+        };
+        let stream = self.next_stream;
+        self.next_stream += 1;
+        live.deferred = Some(stream);
+        let allocation = live.allocation;
+        self.counts.deferred_frees += 1;
+        let fail = |error: AllocError| format!("the allocator failed: {error}");
+        self.allocator
+            .record_stream(allocation, stream)
+            .map_err(fail)?;
+        self.allocator.free(allocation).map_err(fail)
+    }
+
+    /// A recorded `free_completed` of a deferred free: its stream's work is done by the end of
+    /// the run ([`Engine::end_run`]), unless a release of the same run came first (then
+    /// PyTorch's OOM path completed it: the replayed malloc's should; see
+    /// [`Engine::after_malloc`]).
+    fn complete_deferred(&mut self, event: &RawEvent) -> Result<(), String> {
+        self.counts.frees += 1;
+        self.run.completions += 1;
+        let addr = event.addr as u64;
+        let Some(live) = self.live.remove(&addr) else {
+            return Ok(());
+        };
+        let Some(stream) = live.deferred else {
+            return Ok(());
+        };
+        if self.run.releases > 0 {
+            self.run.after_release.push(stream);
+        } else {
+            self.run.leading.push((stream, live.allocation));
+        }
+        Ok(())
+    }
+
     /// PyTorch ran out of memory here: try the same request (a failed malloc also flushes
     /// the cache in PyTorch), and give the block back at once if gpumem succeeds.
-    fn recorded_oom(&mut self, _index: u64, event: &RawEvent) -> Result<(), String> {
+    fn recorded_oom(&mut self, event: &RawEvent) -> Result<(), String> {
         self.counts.recorded_ooms += 1;
         match self.malloc(event)?.1 {
             Ok(allocation) => self
@@ -356,10 +839,6 @@ impl Engine {
     }
 }
 
-fn is_release(action: Action) -> bool {
-    matches!(action, Action::SegmentFree | Action::SegmentUnmap)
-}
-
 fn device_event(event: &RawEvent) -> DeviceEvent {
     (event.action, event.addr as u64, event.size.max(0) as u64)
 }
@@ -372,4 +851,41 @@ fn never_allocated(action: &str, addr: u64) -> String {
     format!(
         "{action} of address {addr:#x}, which was never allocated in this trace (or already freed)"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_only_inside_a_segment_made_before() {
+        let mut routes = PoolRoutes::default();
+        let pool = MemPoolId::new(1, 0);
+        routes.add(0x1000, 0x1000, pool, 5);
+        assert_eq!(routes.pool_of(0x1800, 9), Some(pool));
+        assert_eq!(
+            routes.pool_of(0x1800, 4),
+            None,
+            "an earlier segment at that address"
+        );
+        assert_eq!(routes.pool_of(0x2000, 9), None, "past its end");
+        assert_eq!(routes.pool_of(0x0800, 9), None);
+    }
+
+    #[test]
+    fn the_live_limit_grows_with_the_file() {
+        let limit = LiveLimit::default();
+        assert_eq!(limit.allocations(0), (16 << 20) / 192);
+        assert_eq!(
+            limit.allocations(192 * 1000),
+            (16 << 20) / 192 + 1000,
+            "one more allocation per 192 bytes of the file"
+        );
+        let none = LiveLimit {
+            base_memory: 0,
+            memory_per_byte: 0,
+        };
+        assert_eq!(none.allocations(1 << 30), 0);
+        assert_eq!(limit.allocations(u64::MAX), u64::MAX / 192, "saturates");
+    }
 }

@@ -5,7 +5,10 @@
 //! The file is streamed ([`crate::snapshot::pickle::stream_file`]): memory follows the live
 //! blocks, not the trace's length. PyTorch writes `allocator_settings` after the trace, so a
 //! replay under the recorded config starts with PyTorch's defaults and, in the rare case the
-//! file then shows another config, runs once more under it.
+//! file then shows another config, runs once more under it. It also runs once more when the
+//! first pass placed segments the other way than the config calls for ([`Placement::Auto`]),
+//! and when the file's segments show private pools (their allocations are routed to them,
+//! [`engine::PoolRoutes`]).
 //!
 //! ```no_run
 //! use gpumem::snapshot::replay::{replay, ReplayOptions};
@@ -30,13 +33,16 @@ use std::path::Path;
 
 use thiserror::Error;
 
-use crate::alloc::{AllocConf, CachingAllocator, MemoryObserver};
+use crate::alloc::{AllocConf, CachingAllocator, MemPoolId, MemoryObserver};
 use crate::device::sim::{SimDevice, H200_TOTAL_MEMORY};
 use crate::device::DeviceMemory;
-use crate::snapshot::pickle::{self, Emitted, SnapshotError};
+use crate::snapshot::pickle::{self, Emitted, Remainder, SnapshotError, Trace};
 use device::{Hints, ReplayDevice};
-pub use engine::Engine;
-pub use report::{CapacitySource, ConfSource, Fragmentation, ReplayReport};
+use engine::LiveLimit;
+pub use engine::{Engine, PoolRoutes};
+pub use report::{
+    CapacitySource, ConfSource, DeviceTrace, Fragmentation, HostMemory, ReplayReport,
+};
 
 /// Why a replay could not run.
 #[derive(Debug, Error)]
@@ -50,6 +56,12 @@ pub enum ReplayError {
     /// The allocator could not start (e.g. a bad memory fraction in the config).
     #[error("cannot start the allocator: {0}")]
     Allocator(String),
+    /// The file holds no allocator event to replay for the device asked for.
+    #[error("{0}; record the history with torch.cuda.memory._record_memory_history() before the job runs, then save it with torch.cuda.memory._dump_snapshot(path)")]
+    NoHistory(String),
+    /// `--device-index` names a device the file has no trace for.
+    #[error("{0}")]
+    NoSuchDevice(String),
 }
 
 impl ReplayError {
@@ -64,11 +76,18 @@ impl ReplayError {
 }
 
 /// Where the replay's device places segments.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Placement {
+    /// [`Placement::Recorded`] when the replay follows the recorded config (a self-replay:
+    /// the config equals the file's in every setting the file records — the memory fraction
+    /// is not recorded, so it is not compared), else [`Placement::Model`]: another config
+    /// changes the sequence of segments, and the recorded addresses belong to the old one.
+    #[default]
+    Auto,
     /// Where PyTorch's driver placed the same segment, when the trace has one of that size
     /// right before (so best-fit ties break as in the recording); else the simulator's model.
-    #[default]
+    /// A recorded address that would overlap a live segment is never used.
     Recorded,
     /// Always the simulator's placement model (the H200 driver's, as measured in another
     /// process).
@@ -84,6 +103,9 @@ pub struct ReplayOptions {
     pub conf: Option<AllocConf>,
     /// Segment placement.
     pub placement: Placement,
+    /// The device whose trace is replayed (its position in `device_traces`); `None` = the
+    /// first with entries.
+    pub device_index: Option<u32>,
 }
 
 impl ReplayOptions {
@@ -104,10 +126,17 @@ pub fn no_progress(_bytes: u64, _events: u64) {}
 
 /// Told about each trace event of the file before it is replayed (to learn its stack, say:
 /// [`peaks`]).
-pub type Tap<'a> = &'a mut dyn FnMut(&Emitted);
+pub type Tap<'a> = &'a mut dyn FnMut(&Emitted<'_>);
 
 /// How often (in events) progress is reported.
 const PROGRESS_EVERY: u64 = 1 << 16;
+
+/// What a pass learned from the file beyond its trace: the recorded settings and where the
+/// private pools' segments lie.
+struct Learned {
+    settings: Option<crate::snapshot::AllocatorSettings>,
+    routes: PoolRoutes,
+}
 
 /// Replays the snapshot at `path`.
 pub fn replay(
@@ -116,43 +145,71 @@ pub fn replay(
     progress: Progress<'_>,
 ) -> Result<ReplayReport, ReplayError> {
     let (capacity, capacity_source) = options.capacity();
-    if let Some(conf) = &options.conf {
-        let (report, _) = run(
-            path,
-            (capacity, capacity_source, options.placement),
-            conf.clone(),
-            ConfSource::Given,
-            progress,
-        )?;
-        return Ok(report);
-    }
-    let (report, recorded) = run(
+    let given = options.conf.is_some();
+    let first_conf = options.conf.clone().unwrap_or_default();
+    let first_source = if given {
+        ConfSource::Given
+    } else {
+        ConfSource::DefaultNoSettings
+    };
+    // A given config is more often a what-if; without one the recorded config is followed.
+    let first_placement = match options.placement {
+        Placement::Auto if given => Placement::Model,
+        Placement::Auto => Placement::Recorded,
+        placement => placement,
+    };
+    let plan = Plan {
+        capacity,
+        capacity_source,
+        placement: first_placement,
+        routes: PoolRoutes::default(),
+        device_index: options.device_index,
+    };
+    let (report, learned) = run(
         path,
-        (capacity, capacity_source, options.placement),
-        AllocConf::default(),
-        ConfSource::DefaultNoSettings,
+        &plan,
+        first_conf.clone(),
+        first_source,
         &mut *progress,
     )?;
-    let Some(recorded) = recorded else {
-        return Ok(report);
+    let recorded = match &learned.settings {
+        Some(settings) => match settings.to_conf() {
+            Ok(conf) => Some(conf),
+            Err(error) if !given => return Err(ReplayError::RecordedConfig(error.to_string())),
+            // A given config does not need the recorded one; it just cannot be followed.
+            Err(_) => None,
+        },
+        None => Some(AllocConf::default()),
     };
-    let conf = recorded
-        .to_conf()
-        .map_err(|error| ReplayError::RecordedConfig(error.to_string()))?;
-    if same_behaviour(&conf, &AllocConf::default()) {
+    let (conf, conf_source) = match (&options.conf, &recorded, &learned.settings) {
+        (Some(conf), _, _) => (conf.clone(), ConfSource::Given),
+        (None, Some(conf), Some(_)) => (conf.clone(), ConfSource::Recorded),
+        (None, _, _) => (AllocConf::default(), ConfSource::DefaultNoSettings),
+    };
+    let follows = recorded
+        .as_ref()
+        .is_some_and(|recorded| follows_recorded(&conf, recorded));
+    let placement = match options.placement {
+        Placement::Auto if follows => Placement::Recorded,
+        Placement::Auto => Placement::Model,
+        placement => placement,
+    };
+    if same_behaviour(&conf, &first_conf)
+        && placement == first_placement
+        && learned.routes.is_empty()
+    {
         let mut report = report;
-        report.conf_source = ConfSource::Recorded;
+        report.conf_source = conf_source;
         report.alloc_conf.clone_from(&conf.source);
         report.conf = conf;
         return Ok(report);
     }
-    let (report, _) = run(
-        path,
-        (capacity, capacity_source, options.placement),
-        conf,
-        ConfSource::Recorded,
-        progress,
-    )?;
+    let plan = Plan {
+        placement,
+        routes: learned.routes,
+        ..plan
+    };
+    let (report, _) = run(path, &plan, conf, conf_source, progress)?;
     Ok(report)
 }
 
@@ -163,29 +220,43 @@ fn same_behaviour(a: &AllocConf, b: &AllocConf) -> bool {
     a == *b
 }
 
-/// Replays `path` once more under the config and device `report` was made with, with
-/// `observers` subscribed to the replay allocator's event stream from its first event (a
-/// timeline recorder, say: `gpumem replay --report/--timeline`).
+/// Whether replaying under `conf` follows the `recorded` config: equal in everything but the
+/// memory fraction, which PyTorch does not record in `allocator_settings`.
+fn follows_recorded(conf: &AllocConf, recorded: &AllocConf) -> bool {
+    let mut conf = conf.clone();
+    conf.per_process_memory_fraction = recorded.per_process_memory_fraction;
+    same_behaviour(&conf, recorded)
+}
+
+/// Replays `path` once more under the config, device, placement and pool routes `report` was
+/// made with, with `observers` subscribed to the replay allocator's event stream from its
+/// first event (a timeline recorder, say: `gpumem replay --report/--timeline`).
 pub fn replay_observed(
     path: &Path,
     report: &ReplayReport,
-    placement: Placement,
     observers: Vec<Box<dyn MemoryObserver>>,
 ) -> Result<ReplayReport, ReplayError> {
-    replay_tapped(path, report, placement, observers, &mut |_| {})
+    replay_tapped(path, report, observers, &mut |_| {})
 }
 
-/// [`replay_observed`], also telling `tap` about each trace event before it is replayed.
+/// [`replay_observed`], also telling `tap` about each trace event of the replayed device
+/// before it is replayed.
 pub fn replay_tapped(
     path: &Path,
     report: &ReplayReport,
-    placement: Placement,
     observers: Vec<Box<dyn MemoryObserver>>,
     tap: Tap<'_>,
 ) -> Result<ReplayReport, ReplayError> {
+    let plan = Plan {
+        capacity: report.capacity,
+        capacity_source: report.capacity_source,
+        placement: report.placement,
+        routes: report.routes.clone(),
+        device_index: u32::try_from(report.device_index).ok(),
+    };
     let (report, _) = run_observed(
         path,
-        (report.capacity, report.capacity_source, placement),
+        &plan,
         report.conf.clone(),
         report.conf_source,
         &mut no_progress,
@@ -194,17 +265,30 @@ pub fn replay_tapped(
     Ok(report)
 }
 
-/// One pass over the file under `conf`; also returns the settings the file records.
+/// How one pass runs: the device, where it places segments, which allocations go to private
+/// pools.
+#[derive(Debug, Clone)]
+struct Plan {
+    capacity: u64,
+    capacity_source: CapacitySource,
+    /// [`Placement::Recorded`] or [`Placement::Model`].
+    placement: Placement,
+    routes: PoolRoutes,
+    /// The device whose trace is replayed (`--device-index`); `None`: the first with events.
+    device_index: Option<u32>,
+}
+
+/// One pass over the file under `conf`; also returns what it learned of the file.
 fn run(
     path: &Path,
-    device: (u64, CapacitySource, Placement),
+    plan: &Plan,
     conf: AllocConf,
     conf_source: ConfSource,
     progress: Progress<'_>,
-) -> Result<(ReplayReport, Option<crate::snapshot::AllocatorSettings>), ReplayError> {
+) -> Result<(ReplayReport, Learned), ReplayError> {
     run_observed(
         path,
-        device,
+        plan,
         conf,
         conf_source,
         progress,
@@ -216,29 +300,40 @@ fn run(
 /// trace event first.
 fn run_observed(
     path: &Path,
-    (capacity, capacity_source, placement): (u64, CapacitySource, Placement),
+    plan: &Plan,
     conf: AllocConf,
     conf_source: ConfSource,
     progress: Progress<'_>,
     (observers, tap): (Vec<Box<dyn MemoryObserver>>, Tap<'_>),
-) -> Result<(ReplayReport, Option<crate::snapshot::AllocatorSettings>), ReplayError> {
+) -> Result<(ReplayReport, Learned), ReplayError> {
     let alloc_conf = conf.source.clone();
-    let sim = SimDevice::new(capacity);
-    let (device, hints): (Box<dyn DeviceMemory>, _) = match placement {
-        Placement::Recorded => {
-            let hints = Hints::default();
-            (Box::new(ReplayDevice::new(sim, hints.clone())), Some(hints))
-        }
-        Placement::Model => (Box::new(sim), None),
-    };
+    let hints = (plan.placement == Placement::Recorded).then(Hints::default);
+    let device: Box<dyn DeviceMemory> = Box::new(ReplayDevice::new(
+        SimDevice::new(plan.capacity),
+        hints.clone().unwrap_or_default(),
+    ));
     let allocator = CachingAllocator::new(device, conf.clone())
         .map_err(|error| ReplayError::Allocator(error.to_string()))?;
-    let mut engine = Engine::new(allocator, hints);
+    // The file's size bounds what the replay may hold (a missing file is the reader's error).
+    let file_size = std::fs::metadata(path).map_or(0, |meta| meta.len());
+    let mut engine = Engine::new(allocator, hints, plan.routes.clone())
+        .with_live_limit(LiveLimit::default(), file_size);
+    let device_index = plan.device_index;
     for observer in observers {
         engine.subscribe(observer);
     }
     let mut last_index = 0;
+    let mut other_devices = 0;
     let remainder = pickle::stream_file(path, |emitted| {
+        // One device's trace is replayed; pinned host memory never is.
+        match emitted.trace {
+            Trace::Device(index) if device_index.is_none_or(|wanted| wanted == index) => {}
+            Trace::Device(_) => {
+                other_devices += 1;
+                return Ok(());
+            }
+            Trace::Host(_) | Trace::Other => return Ok(()),
+        }
         last_index = emitted.index;
         let offset = emitted.offset;
         tap(&emitted);
@@ -249,10 +344,33 @@ fn run_observed(
         Ok(())
     })?;
     engine.finish(last_index)?;
-    let device_index = engine
-        .trace()
-        .and_then(|id| remainder.traces.iter().position(|(list, _)| *list == id))
-        .unwrap_or(0);
+    engine.counts.other_device_events += other_devices;
+    let devices = device_traces(&remainder);
+    if let Some(wanted) = device_index {
+        if wanted as usize >= remainder.traces.len() {
+            return Err(ReplayError::NoSuchDevice(format!(
+                "the file has no trace for device {wanted}: {}",
+                describe_devices(&devices)
+            )));
+        }
+    }
+    let device_index = match device_index {
+        Some(wanted) => wanted as usize,
+        None => engine
+            .trace()
+            .and_then(|id| remainder.traces.iter().position(|(list, _)| *list == id))
+            .unwrap_or(0),
+    };
+    if engine.counts.events == 0 {
+        return Err(ReplayError::NoHistory(if remainder.has_device_traces {
+            format!(
+                "device {device_index}'s trace holds no allocator event ({})",
+                describe_devices(&devices)
+            )
+        } else {
+            "the file records no trace (no 'device_traces': a snapshot taken without history, or PyTorch 2.0's bare list of segments)".into()
+        }));
+    }
     if engine.trace().is_some()
         && remainder
             .traces
@@ -264,20 +382,64 @@ fn run_observed(
         )
         .into());
     }
+    let mut routes = PoolRoutes::default();
+    for segment in &remainder.segments {
+        let (first, second) = segment.pool;
+        let pool = MemPoolId::new(first as u64, second as u64);
+        if pool.is_default() || segment.device != device_index as i64 {
+            continue;
+        }
+        let base = segment.address;
+        let made = engine.made_at(base).unwrap_or(0);
+        routes.add(base, segment.total_size, pool, made);
+    }
     let stats = engine.allocator().stats();
     let report = ReplayReport {
         file: path.display().to_string(),
         device_index,
-        capacity,
-        capacity_source,
+        capacity: plan.capacity,
+        capacity_source: plan.capacity_source,
         alloc_conf,
         conf,
         conf_source,
+        placement: plan.placement,
+        routes: plan.routes.clone(),
         counts: engine.counts.clone(),
         first_oom: engine.first_oom.clone(),
         final_stats: stats.entries(),
         fragmentation: Fragmentation::of(stats),
         segment_events: engine.segments.clone(),
+        devices,
+        host: HostMemory::of(&remainder),
     };
-    Ok((report, remainder.settings))
+    let learned = Learned {
+        settings: remainder.settings,
+        routes,
+    };
+    Ok((report, learned))
+}
+
+/// Each device's trace in the file and its entries.
+fn device_traces(remainder: &Remainder) -> Vec<DeviceTrace> {
+    remainder
+        .traces
+        .iter()
+        .enumerate()
+        .map(|(index, &(_, entries))| DeviceTrace {
+            index: u32::try_from(index).unwrap_or(u32::MAX),
+            entries,
+        })
+        .collect()
+}
+
+/// "devices 0 (120 entries), 1 (0 entries)", for messages.
+fn describe_devices(devices: &[DeviceTrace]) -> String {
+    if devices.is_empty() {
+        return "the file holds no device trace".into();
+    }
+    let list: Vec<String> = devices
+        .iter()
+        .map(|device| format!("{} ({} entries)", device.index, device.entries))
+        .collect();
+    format!("the file holds devices {}", list.join(", "))
 }

@@ -21,11 +21,11 @@ use std::rc::Rc;
 use serde::Serialize;
 
 use super::engine::AddressHasher;
-use super::{replay_tapped, Placement, ReplayError, ReplayReport};
+use super::{replay_tapped, ReplayError, ReplayReport};
 use crate::alloc::{EventKind, MemoryEvent, MemoryObserver};
 use crate::snapshot::model::Frame;
 use crate::snapshot::sites::{self, Held, SiteBytes};
-use crate::snapshot::stacks::{LoadedStacks, StackKey, StackSource};
+use crate::snapshot::stacks::{SeenStacks, StackKey};
 
 /// Logged changes past which a peak's totals are rebuilt, at least.
 const LOG_MIN: usize = 4096;
@@ -250,39 +250,22 @@ impl SitesAtPeaks {
 }
 
 /// Memory at the peaks of the replay `report` made of `path`, by allocation site: the file is
-/// replayed once more (same config, device and placement) with a [`PeakTracker`]. The frames
-/// come from reading the file whole ([`LoadedStacks`]); when that is not possible, or the file
-/// records no frames, nothing is replayed and the note says why.
-pub fn sites_at_peaks(
-    path: &Path,
-    report: &ReplayReport,
-    placement: Placement,
-) -> Result<SitesAtPeaks, ReplayError> {
-    match LoadedStacks::read(path) {
-        Ok(stacks) if stacks.is_empty() => Ok(SitesAtPeaks::unknown(NO_FRAMES_NOTE)),
-        Ok(stacks) => sites_with(path, report, placement, &stacks),
-        Err(note) => Ok(SitesAtPeaks::unknown(note)),
-    }
-}
-
-/// What [`sites_at_peaks`] says of a file without frames.
-pub const NO_FRAMES_NOTE: &str = "the file records no frames: record the history with Python stacks (torch.cuda.memory._record_memory_history(stacks=\"python\") or \"all\")";
-
-/// [`sites_at_peaks`] with the stacks from `source`.
-pub fn sites_with(
-    path: &Path,
-    report: &ReplayReport,
-    placement: Placement,
-    source: &dyn StackSource,
-) -> Result<SitesAtPeaks, ReplayError> {
+/// replayed once more (same config, device and placement) with a [`PeakTracker`], each event's
+/// stack from the streaming reader ([`SeenStacks`]). A file that records no frames gets no
+/// sites and a note that says how to record them.
+pub fn sites_at_peaks(path: &Path, report: &ReplayReport) -> Result<SitesAtPeaks, ReplayError> {
     let tracker = Rc::new(RefCell::new(PeakTracker::new()));
     let observer: Box<dyn MemoryObserver> = Box::new(Rc::clone(&tracker));
-    replay_tapped(path, report, placement, vec![observer], &mut |emitted| {
-        let stack = source.stack(emitted);
+    let mut stacks = SeenStacks::new();
+    replay_tapped(path, report, vec![observer], &mut |emitted| {
+        let stack = stacks.key(emitted);
         tracker.borrow_mut().begin(emitted.index, stack);
     })?;
+    if stacks.is_empty() {
+        return Ok(SitesAtPeaks::unknown(NO_FRAMES_NOTE));
+    }
     let (reserved, allocated) = tracker.replace(PeakTracker::new()).finish();
-    let frames = |key| source.frames(key);
+    let frames = |key| stacks.frames(key);
     Ok(SitesAtPeaks {
         reserved: PeakSites::of(&reserved, frames),
         allocated: PeakSites::of(&allocated, frames),
@@ -290,6 +273,9 @@ pub fn sites_with(
         frames_note: None,
     })
 }
+
+/// What [`sites_at_peaks`] says of a file without frames.
+pub const NO_FRAMES_NOTE: &str = "the file records no frames: record the history with Python stacks (torch.cuda.memory._record_memory_history(stacks=\"python\") or \"all\")";
 
 #[cfg(test)]
 mod tests {
@@ -304,6 +290,7 @@ mod tests {
             bytes,
             stream: 0,
             pool: Pool::Large,
+            pool_id: crate::alloc::MemPoolId::DEFAULT,
             context: 0,
         }
     }

@@ -6,9 +6,61 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use super::compare::SegmentComparison;
-use super::engine::{Counts, FirstOom};
+use super::engine::{Counts, FirstOom, PoolRoutes};
+use super::Placement;
 use crate::alloc::format::format_size;
 use crate::alloc::{AllocConf, DeviceStats};
+use crate::snapshot::pickle::Remainder;
+
+/// One device's trace in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DeviceTrace {
+    /// Its position in `device_traces` (the device ordinal).
+    pub index: u32,
+    /// Trace entries recorded for it (markers included).
+    pub entries: u64,
+}
+
+/// Pinned host memory the file records (`host_segments`, `host_traces`: PyTorch 2.13 with
+/// `record_pinned_host_memory=True`), reported apart and never replayed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct HostMemory {
+    /// Host segments at the time of the snapshot.
+    pub segments: u64,
+    /// Their bytes.
+    pub reserved: u64,
+    /// Bytes of their allocated blocks.
+    pub allocated: u64,
+    /// Trace entries of the host allocator.
+    pub entries: u64,
+}
+
+impl HostMemory {
+    /// What the file records of pinned host memory.
+    pub fn of(remainder: &Remainder) -> HostMemory {
+        let sum = |of: fn(&crate::snapshot::pickle::SegmentRecord) -> u64| {
+            remainder
+                .host_segments
+                .iter()
+                .fold(0_u64, |total, segment| total.saturating_add(of(segment)))
+        };
+        HostMemory {
+            segments: remainder.host_segments.len() as u64,
+            reserved: sum(|segment| segment.total_size),
+            allocated: sum(|segment| segment.allocated_size),
+            entries: remainder
+                .host_traces
+                .iter()
+                .map(|(_, entries)| entries)
+                .sum(),
+        }
+    }
+
+    /// Whether the file records any.
+    pub fn is_empty(&self) -> bool {
+        self.segments == 0 && self.entries == 0
+    }
+}
 
 /// Where the device capacity of a replay came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -77,6 +129,10 @@ pub struct ReplayReport {
     pub conf: AllocConf,
     /// Where that came from.
     pub conf_source: ConfSource,
+    /// Where segments were placed: [`Placement::Recorded`] or [`Placement::Model`].
+    pub placement: Placement,
+    /// Which allocations went to private pools (from the file's segments).
+    pub routes: PoolRoutes,
     /// What was replayed.
     pub counts: Counts,
     /// The first OOM, if any.
@@ -87,6 +143,10 @@ pub struct ReplayReport {
     pub fragmentation: Fragmentation,
     /// Device events, recorded against replayed.
     pub segment_events: SegmentComparison,
+    /// Every device's trace in the file.
+    pub devices: Vec<DeviceTrace>,
+    /// Pinned host memory in the file (not replayed).
+    pub host: HostMemory,
 }
 
 impl ReplayReport {
@@ -117,12 +177,15 @@ impl ReplayReport {
             "capacity_source": self.capacity_source,
             "alloc_conf": self.alloc_conf,
             "conf_source": self.conf_source,
+            "placement": self.placement,
             "fits": self.fits(),
             "counts": self.counts,
             "first_oom": self.first_oom,
             "final_stats": stats,
             "fragmentation": self.fragmentation,
             "segment_events": self.segment_events,
+            "devices": self.devices,
+            "host": self.host,
         })
     }
 }
@@ -148,18 +211,46 @@ impl fmt::Display for ReplayReport {
             ConfSource::Given => "--alloc-conf",
         };
         let counts = &self.counts;
-        writeln!(f, "replay of {} (device {})", self.file, self.device_index)?;
+        write!(f, "replay of {} (device {}", self.file, self.device_index)?;
+        if self.devices.len() > 1 {
+            let devices: Vec<String> = self
+                .devices
+                .iter()
+                .map(|device| format!("{}: {} entries", device.index, device.entries))
+                .collect();
+            write!(f, "; the file holds devices {}", devices.join(", "))?;
+        }
+        writeln!(f, ")")?;
         writeln!(
             f,
             "  device          {}{capacity_note}",
             format_size(self.capacity)
         )?;
         writeln!(f, "  allocator conf  {conf} ({conf_note})")?;
+        let placement = match self.placement {
+            Placement::Recorded => "recorded addresses (the replay follows the recorded config)",
+            _ => "the simulator's model (a config other than the recorded one)",
+        };
+        writeln!(f, "  placement       {placement}")?;
         writeln!(
             f,
             "  events          {} ({} alloc, {} free_completed, {} still pending at the end)",
             counts.events, counts.allocs, counts.frees, counts.pending_frees
         )?;
+        if counts.deferred_frees > 0 {
+            writeln!(
+                f,
+                "                  {} frees deferred by record_stream (allocated falls at free_requested)",
+                counts.deferred_frees
+            )?;
+        }
+        if counts.pooled_allocs > 0 {
+            writeln!(
+                f,
+                "                  {} allocations in private pools (by the file's segment_pool_id)",
+                counts.pooled_allocs
+            )?;
+        }
         if counts.other_device_events > 0 {
             writeln!(
                 f,
@@ -211,6 +302,16 @@ impl fmt::Display for ReplayReport {
                 f,
                 "  recorded OOMs   {} in the file, {} also refused by gpumem",
                 counts.recorded_ooms, counts.recorded_ooms_reproduced
+            )?;
+        }
+        if !self.host.is_empty() {
+            writeln!(
+                f,
+                "  pinned host     {} segments, {} reserved, {} allocated, {} trace entries (host memory: reported apart, not replayed)",
+                self.host.segments,
+                format_size(self.host.reserved),
+                format_size(self.host.allocated),
+                self.host.entries
             )?;
         }
         let fragmentation = &self.fragmentation;

@@ -27,17 +27,20 @@ pub struct CapacitySearch {
 }
 
 /// Finds the smallest simulated device on which the snapshot at `path` replays without an
-/// OOM under `conf` (`None`: the recorded config). Assumes that fitting is monotone in the
+/// OOM under `conf` (`None`: the recorded config), replaying device `device_index` (`None`: the
+/// first with entries). Assumes that fitting is monotone in the
 /// capacity, which holds unless a smaller device's extra cache flushes happen to lower the
 /// fragmentation later on.
 pub fn min_capacity(
     path: &Path,
     upper: Option<u64>,
     conf: Option<AllocConf>,
+    device_index: Option<u32>,
 ) -> Result<CapacitySearch, ReplayError> {
     let mut options = ReplayOptions {
         capacity: upper,
         conf,
+        device_index,
         ..ReplayOptions::default()
     };
     let (upper, _) = options.capacity();

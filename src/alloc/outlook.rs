@@ -1,0 +1,551 @@
+//! What a malloc would do, found without doing it: whether it would be served from the cache,
+//! by new memory, or only after releasing cached memory. A replay uses it to tell which
+//! releases in a trace belong to the malloc that follows them and which to an `empty_cache()`
+//! called just before it (a trace without frames does not say).
+
+use super::block::{Block, BlockId, FreeKey, Pool, PoolOwner, StreamId, DEFAULT_OWNER, NIL};
+use super::{Allocation, CachingAllocator, Request, MIB};
+
+/// `cudaMalloc` hands out physical memory in pages of this size on current NVIDIA GPUs (the
+/// H200 and the simulated device), so a segment needs its size rounded up to it.
+const DEVICE_PAGE: u64 = 2 * MIB;
+
+/// How a malloc would get its block on the allocator's state now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MallocOutlook {
+    /// A cached block fits (PyTorch's `get_free_block` succeeds): nothing is released.
+    Cached,
+    /// New memory (a segment or pages) fits under the device and the memory fraction, and
+    /// garbage collection would release nothing first.
+    NewMemory,
+    /// Garbage collection would release cached segments of these sizes, in this order, after
+    /// which new memory fits.
+    Collect(Vec<u64>),
+    /// New memory is refused (by the fraction or the device), even after garbage collection:
+    /// the malloc's OOM path runs and releases cached memory.
+    Release {
+        /// The sizes of the segments released, in order (garbage collection's,
+        /// `release_available_cached_blocks`', then `release_cached_blocks`'); `None` where
+        /// gpumem does not predict them (expandable segments, whose pages are unmapped).
+        released: Option<Vec<u64>>,
+        /// Whether the path reaches `release_cached_blocks`, which completes every pending
+        /// free (`synchronize_and_free_events`).
+        flush: bool,
+    },
+}
+
+impl CachingAllocator {
+    /// PyTorch's `process_events`, as a malloc runs it first: frees held back by
+    /// `record_stream` whose events completed go back to their pools (nothing while a private
+    /// pool is active). A replay runs it before asking [`CachingAllocator::malloc_outlook`].
+    pub fn complete_finished_frees(&mut self) -> Result<(), super::AllocError> {
+        if self.capture_underway() {
+            return Ok(());
+        }
+        self.process_events()
+    }
+
+    /// How `malloc_on(stream, size)` would get its block now, routed as it would be, without
+    /// changing anything. Assumes frees whose events completed were already taken back
+    /// ([`CachingAllocator::complete_finished_frees`]). The device is asked for its free
+    /// memory; a request is taken to fit when that many bytes, in the device's 2 MiB pages,
+    /// are free (the simulated device's rule).
+    pub fn malloc_outlook(&self, stream: StreamId, size: u64) -> MallocOutlook {
+        self.outlook_with(stream, size, &[])
+    }
+
+    /// [`CachingAllocator::malloc_outlook`] had the pending frees of `completed` completed
+    /// just now (their blocks back in the cache, merged, as young as a block can be). A replay
+    /// asks it to tell a free made just before a malloc from a deferred free that the malloc
+    /// completed itself (the trace reads the same; the retry and synchronisation counts, and
+    /// the order of completions, differ).
+    pub fn malloc_outlook_if_completed(
+        &self,
+        stream: StreamId,
+        size: u64,
+        completed: &[Allocation],
+    ) -> MallocOutlook {
+        if completed
+            .iter()
+            .any(|&allocation| self.pending_block_would_serve(allocation, stream, size))
+        {
+            return MallocOutlook::Cached;
+        }
+        self.outlook_with(stream, size, completed)
+    }
+
+    /// The outlook, with the pending frees of `completed` taken as completed.
+    fn outlook_with(&self, stream: StreamId, size: u64, completed: &[Allocation]) -> MallocOutlook {
+        if size == 0 || size >= super::ONE_EXABYTE {
+            return MallocOutlook::Cached;
+        }
+        let rounded = self.round_size(size);
+        let request = Request {
+            stream,
+            size: rounded,
+            pool: Self::pool_for(rounded),
+            owner: self.pools.route(stream),
+            alloc_size: self.allocation_size(rounded),
+            expandable: self.expandable_active(),
+        };
+        if self.find_free_block(request).is_some() {
+            return MallocOutlook::Cached;
+        }
+        let young: Vec<FreeKey> = completed
+            .iter()
+            .filter_map(|&allocation| self.whole_segment_once_completed(allocation))
+            .collect();
+        // get_free_block ticks the clock of the request's pool before the collector reads
+        // the default large pool's.
+        let tick = u64::from(request.owner == DEFAULT_OWNER && request.pool == Pool::Large);
+        let mut released: Vec<(BlockId, u64)> = if self.garbage_collection_enabled() {
+            self.collection_plan(tick, &young)
+        } else {
+            Vec::new()
+        };
+        let sizes = |released: &[(BlockId, u64)]| released.iter().map(|&(_, size)| size).collect();
+        if self.new_memory_fits(request, &released) {
+            return if released.is_empty() {
+                MallocOutlook::NewMemory
+            } else {
+                MallocOutlook::Collect(sizes(&released))
+            };
+        }
+        if request.expandable {
+            return MallocOutlook::Release {
+                released: None,
+                flush: !self.capture_underway(),
+            };
+        }
+        if self.available_release_plan(request, &young, &mut released)
+            && self.new_memory_fits(request, &released)
+        {
+            return MallocOutlook::Release {
+                released: Some(sizes(&released)),
+                flush: false,
+            };
+        }
+        let flush = !self.capture_underway();
+        if flush {
+            self.flush_plan(&mut released);
+        }
+        MallocOutlook::Release {
+            released: Some(sizes(&released)),
+            flush,
+        }
+    }
+
+    /// Whether new memory for `request` fits once the segments `released` are gone: under
+    /// the memory fraction, and in the device's free memory (in its 2 MiB pages).
+    fn new_memory_fits(&self, request: Request, released: &[(BlockId, u64)]) -> bool {
+        let gone: u64 = released.iter().map(|&(_, size)| size).sum();
+        let held = self.total_allocated_memory.saturating_sub(gone);
+        if let Some(allowed) = self.allowed_memory_maximum {
+            if held + request.alloc_size > allowed {
+                return false;
+            }
+        }
+        let needed = if request.expandable {
+            self.bytes_to_map(request)
+        } else {
+            request.alloc_size.div_ceil(DEVICE_PAGE) * DEVICE_PAGE
+        };
+        let free = self.device.mem_get_info().map_or(0, |(free, _)| free) + gone;
+        needed <= free
+    }
+
+    /// What `release_available_cached_blocks` would release (added to `released`), and
+    /// whether it reports success: with `max_split_size_mb` set, the smallest cached oversize
+    /// block of the request's stream covering the request, else the largest ones in turn.
+    /// `young` are whole default large-pool segments taken to be cached too (pending frees
+    /// read as completed).
+    fn available_release_plan(
+        &self,
+        request: Request,
+        young: &[FreeKey],
+        released: &mut Vec<(BlockId, u64)>,
+    ) -> bool {
+        if !self.config.has_split_limit() {
+            return false;
+        }
+        let max_split_size = self.config.max_split_size;
+        let target = request.size.max(max_split_size);
+        let key: FreeKey = (request.stream, target, 0, 0);
+        let gone = |id: BlockId, released: &[(BlockId, u64)]| {
+            released.iter().any(|&(other, _)| other == id)
+        };
+        // The pool's free blocks in its (stream, size, address) order, the young ones among
+        // them, less those released already.
+        let in_pool = request.owner == DEFAULT_OWNER && request.pool == Pool::Large;
+        let mut keys: Vec<FreeKey> = self
+            .pool_ref(request.owner, request.pool)
+            .iter()
+            .chain(young.iter().copied().filter(|_| in_pool))
+            .filter(|&(_, _, _, id)| !gone(id, released))
+            .collect();
+        keys.sort_unstable();
+        let first_at_or_above = keys.partition_point(|&other| other < key);
+        if let Some(&(stream, size, _, id)) = keys.get(first_at_or_above) {
+            if stream == request.stream && !self.blocks.at(id).is_expandable() {
+                released.push((id, size));
+                return true;
+            }
+        }
+        let mut total = 0;
+        for &(stream, size, _, id) in keys[..first_at_or_above].iter().rev() {
+            if total >= target || size < max_split_size || stream != request.stream {
+                break;
+            }
+            if !self.blocks.at(id).is_expandable() {
+                total += size;
+                released.push((id, size));
+            }
+        }
+        total >= target
+    }
+
+    /// What `release_cached_blocks` would release (added to `released`): after the pending
+    /// frees complete, every `cudaMalloc` segment of the default pools with nothing allocated
+    /// (large pool first, each in (stream, size, address) order), then those of the freeable
+    /// private pools (small pool first).
+    fn flush_plan(&self, released: &mut Vec<(BlockId, u64)>) {
+        // Whole segments once the pending frees complete: no block allocated. Keyed by the
+        // head block (the merged block would take its place).
+        let mut whole: Vec<(PoolOwner, Pool, StreamId, u64, u64, BlockId)> = Vec::new();
+        for (id, block) in self.blocks.iter() {
+            if block.prev != NIL || block.is_expandable() {
+                continue;
+            }
+            let (mut cursor, mut size, mut in_use) = (id, 0, false);
+            while let Some(piece) = self.blocks.get(cursor) {
+                size += piece.size;
+                in_use |= piece.allocated;
+                cursor = piece.next;
+            }
+            if !in_use && !released.iter().any(|&(other, _)| other == id) {
+                whole.push((block.owner, block.pool, block.stream, size, block.ptr, id));
+            }
+        }
+        let mut order = |owner: PoolOwner, pool: Pool| {
+            let mut mine: Vec<_> = whole
+                .iter()
+                .filter(|w| w.0 == owner && w.1 == pool)
+                .map(|w| (w.2, w.3, w.4, w.5))
+                .collect();
+            mine.sort_unstable();
+            released.extend(mine.into_iter().map(|(_, size, _, id)| (id, size)));
+        };
+        order(DEFAULT_OWNER, Pool::Large);
+        order(DEFAULT_OWNER, Pool::Small);
+        for id in &self.pools.freeable {
+            if let Some(owner) = self.pools.owner(*id) {
+                order(owner, Pool::Small);
+                order(owner, Pool::Large);
+            }
+        }
+    }
+
+    /// Whether the block of `allocation` — freed, its free waiting for its streams — would
+    /// serve `malloc_on(stream, size)` from the cache once the free completed: the same stream
+    /// and pool, at least the rounded size once merged with its free neighbours, and allowed by
+    /// the `max_split_size_mb` rules. `false` for anything but such a pending block.
+    pub fn pending_block_would_serve(
+        &self,
+        allocation: Allocation,
+        stream: StreamId,
+        size: u64,
+    ) -> bool {
+        let Some(block) = self
+            .blocks
+            .get(allocation.id)
+            .filter(|block| block.pending_free && block.ptr == allocation.ptr.addr())
+        else {
+            return false;
+        };
+        let rounded = self.round_size(size);
+        if block.stream != stream
+            || block.pool != Self::pool_for(rounded)
+            || block.owner != self.pools.route(stream)
+        {
+            return false;
+        }
+        let neighbour = |id| {
+            self.blocks
+                .get(id)
+                .filter(|other| other.is_free() && other.mapped == block.mapped)
+                .map_or(0, |other| other.size)
+        };
+        let merged = block.size + neighbour(block.prev) + neighbour(block.next);
+        let max_split_size = self.config.max_split_size;
+        merged >= rounded
+            && !(rounded < max_split_size && merged >= max_split_size)
+            && !(rounded >= max_split_size
+                && merged >= rounded.wrapping_add(self.config.max_non_split_rounding_size))
+    }
+
+    /// The key (stream, size, address, block) the block of `allocation`, a pending free in the
+    /// default large pool, would have in its pool once completed and merged — when that makes
+    /// a whole, unsplit segment that garbage collection could release.
+    fn whole_segment_once_completed(&self, allocation: Allocation) -> Option<FreeKey> {
+        let block = self
+            .blocks
+            .get(allocation.id)
+            .filter(|block| block.pending_free && block.ptr == allocation.ptr.addr())?;
+        if block.owner != DEFAULT_OWNER || block.pool != Pool::Large || block.is_expandable() {
+            return None;
+        }
+        let (mut size, mut base, mut head) = (block.size, block.ptr, allocation.id);
+        for neighbour in [block.prev, block.next] {
+            if neighbour == NIL {
+                continue;
+            }
+            let other = self.blocks.get(neighbour)?;
+            let outer = if neighbour == block.prev {
+                other.prev
+            } else {
+                other.next
+            };
+            if !other.is_free() || !other.mapped || outer != NIL {
+                return None;
+            }
+            size += other.size;
+            if neighbour == block.prev {
+                (base, head) = (other.ptr, neighbour);
+            }
+        }
+        // Keyed by the segment's head block, as the merged block would be known.
+        Some((block.stream, size, base, head))
+    }
+
+    /// The sizes of the segments `garbage_collect_cached_blocks` would release now, in its
+    /// order, with the default large pool's clock `tick` lookups ahead: its passes over the
+    /// unsplit, non-expandable cached large blocks, each freeing those at least as old as the
+    /// average, until the bytes held fall under the threshold. `young` are whole segments
+    /// taken to have just come back to the cache (age `tick`), in their place in the pool's
+    /// (stream, size, address) order.
+    fn collection_plan(&self, tick: u64, young: &[FreeKey]) -> Vec<(BlockId, u64)> {
+        let Some(allowed) = self.allowed_memory_maximum else {
+            return Vec::new();
+        };
+        let threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
+        if self.total_allocated_memory <= threshold {
+            return Vec::new();
+        }
+        let target = self.total_allocated_memory - threshold;
+        let clock = self.large.get_free_blocks_call_count + tick;
+        let age = |block: &Block| clock.saturating_sub(block.gc_count_base) as f64;
+        // In the pool's order: (key, age, expandable); expandable blocks count towards the
+        // average but are never freed.
+        let mut candidates: Vec<(FreeKey, f64, bool)> = self
+            .large
+            .iter()
+            .map(|key| (key, self.blocks.at(key.3)))
+            .filter(|(_, block)| !block.is_split())
+            .map(|(key, block)| (key, age(block), block.is_expandable()))
+            .chain(young.iter().map(|&key| (key, tick as f64, false)))
+            .collect();
+        candidates.sort_unstable_by_key(|candidate| candidate.0);
+        let mut total_age: f64 = candidates.iter().map(|candidate| candidate.1).sum();
+        let mut freeable = candidates.len();
+        let (mut released, mut reclaimed) = (Vec::new(), 0);
+        let mut freed_any = true;
+        while reclaimed < target && freed_any && freeable > 0 {
+            let average = total_age / freeable as f64;
+            freed_any = false;
+            candidates.retain(|&((_, size, _, id), age, expandable)| {
+                if expandable || age < average {
+                    return true;
+                }
+                freed_any = true;
+                reclaimed += size;
+                total_age -= age;
+                freeable -= 1;
+                released.push((id, size));
+                false
+            });
+        }
+        released
+    }
+
+    /// Bytes of pages an expandable allocation would map: from the lowest place with room
+    /// (as `find_expandable_block` finds it), the request less the free mapped bytes it starts
+    /// with, in whole pages; a whole new segment's pages when no place has room.
+    fn bytes_to_map(&self, request: Request) -> u64 {
+        let page = self.page_size(request.pool);
+        let pool = self.pool_ref(request.owner, request.pool);
+        for unmapped in pool.unmapped_of(request.stream) {
+            let mut start = unmapped;
+            let prev = self.blocks.at(unmapped).prev;
+            if self.blocks.get(prev).is_some_and(Block::is_free) {
+                start = prev;
+            }
+            let mut bytes = 0;
+            let mut mapped_free = 0;
+            let mut cursor = start;
+            while bytes < request.size {
+                let Some(block) = self.blocks.get(cursor).filter(|block| block.is_free()) else {
+                    break;
+                };
+                bytes += block.size;
+                if block.mapped {
+                    mapped_free += block.size;
+                }
+                cursor = block.next;
+            }
+            if bytes >= request.size {
+                return request.size.saturating_sub(mapped_free).div_ceil(page) * page;
+            }
+        }
+        request.size.div_ceil(page) * page
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::{AllocConf, MIB};
+    use crate::device::sim::SimDevice;
+
+    fn allocator(conf: &str, total: u64) -> CachingAllocator {
+        let conf = AllocConf::parse(conf).expect("valid config");
+        CachingAllocator::new(Box::new(SimDevice::new(total)), conf).expect("allocator")
+    }
+
+    #[test]
+    fn cached_new_memory_or_release() {
+        let mut a = allocator("", 1 << 30);
+        let x = a.malloc(30 * MIB).expect("alloc");
+        a.free(x).expect("free");
+        assert_eq!(a.malloc_outlook(0, 20 * MIB), MallocOutlook::Cached);
+        assert_eq!(a.malloc_outlook(0, 40 * MIB), MallocOutlook::NewMemory);
+        assert_eq!(
+            a.malloc_outlook(0, 900 * MIB),
+            MallocOutlook::Release {
+                released: Some(vec![30 * MIB]),
+                flush: true
+            }
+        );
+        assert_eq!(
+            a.malloc_outlook(7, 20 * MIB),
+            MallocOutlook::NewMemory,
+            "another stream"
+        );
+        let total = a.device().total_memory() as f64;
+        a.set_memory_fraction(60.0 * MIB as f64 / total)
+            .expect("fraction");
+        assert_eq!(
+            a.malloc_outlook(0, 32 * MIB),
+            MallocOutlook::Release {
+                released: Some(vec![30 * MIB]),
+                flush: true
+            }
+        );
+        // The outlook changes nothing: the malloc then does what it said.
+        let stats = a.stats().clone();
+        let _ = a.malloc_outlook(0, 32 * MIB);
+        assert_eq!(a.stats(), &stats);
+        let _ = a
+            .malloc(32 * MIB)
+            .expect("after releasing the cached 30 MiB");
+        assert_eq!(a.stats().num_alloc_retries, 1);
+    }
+
+    #[test]
+    fn garbage_collection_counts_as_release() {
+        let mut a = allocator("garbage_collection_threshold:0.5", 1 << 30);
+        let total = a.device().total_memory() as f64;
+        a.set_memory_fraction(100.0 * MIB as f64 / total)
+            .expect("fraction");
+        let x = a.malloc(60 * MIB).expect("alloc");
+        a.free(x).expect("free");
+        assert_eq!(
+            a.malloc_outlook(0, 4 * MIB),
+            MallocOutlook::Cached,
+            "a fit, no collection"
+        );
+        // 60 MiB held is over the threshold (50 MiB): the collector frees the cached 60 MiB,
+        // then up to 100 MiB fit; more needs the OOM path.
+        assert_eq!(
+            a.malloc_outlook(0, 62 * MIB),
+            MallocOutlook::Collect(vec![60 * MIB])
+        );
+        assert_eq!(
+            a.malloc_outlook(0, 110 * MIB),
+            MallocOutlook::Release {
+                released: Some(vec![60 * MIB]),
+                flush: true
+            }
+        );
+        let _ = a.malloc(62 * MIB).expect("alloc");
+        assert_eq!(
+            a.stats().num_device_free,
+            1,
+            "the collector freed the 60 MiB"
+        );
+        assert_eq!(a.stats().num_alloc_retries, 0);
+    }
+
+    #[test]
+    fn a_pending_free_read_as_completed_can_be_collected_or_released() {
+        let mut a = allocator("garbage_collection_threshold:0.5", 1 << 30);
+        let total = a.device().total_memory() as f64;
+        a.set_memory_fraction(100.0 * MIB as f64 / total)
+            .expect("fraction");
+        let x = a.malloc(60 * MIB).expect("alloc");
+        a.record_stream(x, 7).expect("record");
+        a.device_mut().sleep(7, 1).expect("work");
+        a.free(x).expect("deferred");
+        // Pending, the block is nothing the collector can take: the OOM path must flush it.
+        let flushed = MallocOutlook::Release {
+            released: Some(vec![60 * MIB]),
+            flush: true,
+        };
+        assert_eq!(a.malloc_outlook(0, 62 * MIB), flushed);
+        assert_eq!(a.malloc_outlook_if_completed(0, 62 * MIB, &[]), flushed);
+        // Completed just before the malloc, the collector takes its whole segment.
+        assert_eq!(
+            a.malloc_outlook_if_completed(0, 62 * MIB, &[x]),
+            MallocOutlook::Collect(vec![60 * MIB])
+        );
+        assert_eq!(
+            a.malloc_outlook_if_completed(0, 50 * MIB, &[x]),
+            MallocOutlook::Cached,
+            "it would serve the malloc from the cache"
+        );
+        // With max_split_size_mb, release_available_cached_blocks takes it: oversize, it
+        // does not serve a request below the limit, and 60 + 30 MiB pass the 80 allowed.
+        let mut b = allocator("max_split_size_mb:40", 1 << 30);
+        b.set_memory_fraction(80.0 * MIB as f64 / total)
+            .expect("fraction");
+        let y = b.malloc(60 * MIB).expect("alloc");
+        b.record_stream(y, 7).expect("record");
+        b.device_mut().sleep(7, 1).expect("work");
+        b.free(y).expect("deferred");
+        assert_eq!(
+            b.malloc_outlook_if_completed(0, 30 * MIB, &[y]),
+            MallocOutlook::Release {
+                released: Some(vec![60 * MIB]),
+                flush: false
+            }
+        );
+    }
+
+    #[test]
+    fn expandable_growth_counts_only_the_pages_to_map() {
+        let mut a = allocator("expandable_segments:True", 1 << 30);
+        let x = a.malloc(30 * MIB).expect("two pages");
+        let _ = a.malloc(5 * MIB).expect("in the second page");
+        a.free(x).expect("free");
+        let request = |a: &CachingAllocator, size: u64| Request {
+            stream: 0,
+            size,
+            pool: Pool::Large,
+            owner: DEFAULT_OWNER,
+            alloc_size: a.allocation_size(size),
+            expandable: true,
+        };
+        // The free 5 MiB at the end plus the unmapped rest: 40 MiB needs two more pages.
+        assert_eq!(a.bytes_to_map(request(&a, 40 * MIB)), 40 * MIB);
+        assert_eq!(a.malloc_outlook(0, 40 * MIB), MallocOutlook::NewMemory);
+    }
+}

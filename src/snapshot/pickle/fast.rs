@@ -1,0 +1,331 @@
+//! The trace-event fast path: one event dict read straight from the input bytes, in the layouts
+//! Python's pickler (protocols 2 to 5), serde-pickle and PyTorch's C++ writer (TorchScript's
+//! pickler) write, without building values. Anything it does not recognise goes the generic
+//! way (the unpickler builds the dict and `from_dict.rs` reads it).
+
+use std::rc::Rc;
+
+use super::entry::{Entry, Marker, MarkerKind, RawEvent};
+use super::frames::StackId;
+use super::opcodes::{self as op, long, unsigned_long};
+use super::value::{Memo, Value};
+use crate::snapshot::model::Action;
+
+/// The fields of an event dict, as the fast path recognises their keys.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Action,
+    Addr,
+    Size,
+    Stream,
+    TimeUs,
+    Text,
+    Frames,
+    Pool,
+}
+
+fn field(key: &[u8]) -> Option<Field> {
+    Some(match key {
+        b"action" => Field::Action,
+        b"addr" | b"device_free" => Field::Addr,
+        b"size" => Field::Size,
+        b"stream" => Field::Stream,
+        b"time_us" => Field::TimeUs,
+        b"compile_context" | b"user_metadata" | b"internal_metadata" => Field::Text,
+        b"frames" => Field::Frames,
+        b"pool_id" => Field::Pool,
+        _ => return None,
+    })
+}
+
+/// What an event's `action` names.
+#[derive(Clone, Copy)]
+enum Kind {
+    Memory(Action),
+    Marker(MarkerKind),
+}
+
+/// A string read by the fast path: new bytes, or a memo reference.
+enum Text<'a> {
+    Bytes(&'a [u8]),
+    Memo(Value),
+}
+
+impl Text<'_> {
+    fn bytes(&self) -> Option<&[u8]> {
+        match self {
+            Text::Bytes(bytes) => Some(bytes),
+            Text::Memo(Value::Str(text)) => Some(text.as_bytes()),
+            Text::Memo(_) => None,
+        }
+    }
+}
+
+/// What the fast path read: the entry, the bytes it took, and the memo entries it made.
+pub type FastEvent = (Entry, usize, Vec<(u32, Value)>);
+
+/// Parses one event dict from `bytes`, which start just after its `EMPTY_DICT` opcode.
+/// Returns the entry (its `empty_cache_frame` left for the caller, who holds the stacks), the
+/// bytes it took and the memo entries it made, or `None` when the bytes are not an event dict
+/// in a layout it knows (the caller then parses them generically). Nothing is changed unless it
+/// succeeds.
+pub fn fast_event(bytes: &[u8], memo: &Memo) -> Option<FastEvent> {
+    let mut parser = Fast {
+        bytes,
+        at: 0,
+        memo,
+        next_id: memo.next_id(),
+        puts: Vec::new(),
+    };
+    let event = parser.event()?;
+    Some((event, parser.at, parser.puts))
+}
+
+struct Fast<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    memo: &'a Memo,
+    next_id: u32,
+    puts: Vec<(u32, Value)>,
+}
+
+impl<'a> Fast<'a> {
+    #[inline]
+    fn byte(&mut self) -> Option<u8> {
+        let byte = *self.bytes.get(self.at)?;
+        self.at += 1;
+        Some(byte)
+    }
+
+    #[inline]
+    fn take(&mut self, count: usize) -> Option<&'a [u8]> {
+        let piece = self.bytes.get(self.at..self.at.checked_add(count)?)?;
+        self.at += count;
+        Some(piece)
+    }
+
+    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N)?.try_into().ok()
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        self.array().map(u32::from_le_bytes)
+    }
+
+    /// A memo store right after a value, if there is one: its id.
+    fn memo_store(&mut self) -> Option<Option<u32>> {
+        let id = match *self.bytes.get(self.at)? {
+            op::MEMOIZE => {
+                self.at += 1;
+                let id = self.next_id;
+                self.next_id = self.next_id.saturating_add(1);
+                id
+            }
+            op::BINPUT => {
+                self.at += 1;
+                u32::from(self.byte()?)
+            }
+            op::LONG_BINPUT => {
+                self.at += 1;
+                self.u32()?
+            }
+            _ => return Some(None),
+        };
+        self.next_id = self.next_id.max(id.saturating_add(1));
+        Some(Some(id))
+    }
+
+    fn memo_ref(&mut self, opcode: u8) -> Option<Value> {
+        let id = if opcode == op::BINGET {
+            u32::from(self.byte()?)
+        } else {
+            self.u32()?
+        };
+        // An id stored earlier in this same event is only a string key or value.
+        if let Some((_, value)) = self.puts.iter().rev().find(|(put, _)| *put == id) {
+            return Some(value.clone());
+        }
+        self.memo.value(id)
+    }
+
+    /// A string, stored in the memo too if a memo opcode follows it.
+    fn text(&mut self) -> Option<Text<'a>> {
+        let opcode = self.byte()?;
+        let text = match opcode {
+            op::SHORT_BINUNICODE => {
+                let length = usize::from(self.byte()?);
+                Text::Bytes(self.take(length)?)
+            }
+            op::BINUNICODE => {
+                let length = self.u32()? as usize;
+                Text::Bytes(self.take(length)?)
+            }
+            op::BINGET | op::LONG_BINGET => return Some(Text::Memo(self.memo_ref(opcode)?)),
+            _ => return None,
+        };
+        if let Some(id) = self.memo_store()? {
+            let Text::Bytes(bytes) = text else {
+                return None;
+            };
+            let string: Rc<str> = std::str::from_utf8(bytes).ok()?.into();
+            self.puts.push((id, Value::Str(string)));
+        }
+        Some(text)
+    }
+
+    fn int(&mut self) -> Option<i64> {
+        match self.number()? {
+            Number::Signed(value) => Some(value),
+            Number::Unsigned(_) => None,
+        }
+    }
+
+    /// An address: any 64 bits ([`RawEvent::addr`]).
+    fn address(&mut self) -> Option<i64> {
+        match self.number()? {
+            Number::Signed(value) => Some(value),
+            Number::Unsigned(value) => Some(value as i64),
+        }
+    }
+
+    fn number(&mut self) -> Option<Number> {
+        let value = match self.byte()? {
+            op::BININT1 => i64::from(self.byte()?),
+            op::BININT2 => i64::from(u16::from_le_bytes(self.array()?)),
+            op::BININT => i64::from(i32::from_le_bytes(self.array()?)),
+            op::LONG1 => {
+                let length = usize::from(self.byte()?);
+                let bytes = self.take(length)?;
+                return match long(bytes) {
+                    Some(value) => Some(Number::Signed(value)),
+                    None => unsigned_long(bytes).map(Number::Unsigned),
+                };
+            }
+            _ => return None,
+        };
+        Some(Number::Signed(value))
+    }
+
+    /// `frames`: an empty list or a memo reference to one the reader interned; a list being
+    /// filled goes the generic way.
+    fn frames(&mut self) -> Option<StackId> {
+        match self.byte()? {
+            op::EMPTY_LIST => {
+                if let Some(id) = self.memo_store()? {
+                    self.puts.push((id, Value::Stack(StackId::EMPTY)));
+                }
+                match self.bytes.get(self.at)? {
+                    // A MARK would start filling it (and a single item appended to it would
+                    // be read as the next key, which fails: the generic way takes over).
+                    &op::MARK => None,
+                    _ => Some(StackId::EMPTY),
+                }
+            }
+            opcode @ (op::BINGET | op::LONG_BINGET) => match self.memo_ref(opcode)? {
+                Value::Stack(id) => Some(id),
+                Value::Elided => Some(StackId::EMPTY),
+                Value::List(list) if list.is_empty() => Some(StackId::EMPTY),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// `pool_id`: two integers and `TUPLE2` (memoized or not), or a memo reference to such a
+    /// pair.
+    fn pool(&mut self) -> Option<(i64, i64)> {
+        if let Some(&opcode @ (op::BINGET | op::LONG_BINGET)) = self.bytes.get(self.at) {
+            self.at += 1;
+            return match self.memo_ref(opcode)? {
+                Value::Tuple(items) => match items.as_slice() {
+                    [first, second] => Some((first.as_int()?, second.as_int()?)),
+                    _ => None,
+                },
+                _ => None,
+            };
+        }
+        let first = self.int()?;
+        let second = self.int()?;
+        if self.byte()? != op::TUPLE2 {
+            return None;
+        }
+        if let Some(id) = self.memo_store()? {
+            self.puts.push((
+                id,
+                Value::Tuple(vec![Value::Int(first), Value::Int(second)]),
+            ));
+        }
+        Some((first, second))
+    }
+
+    fn event(&mut self) -> Option<Entry> {
+        if let Some(id) = self.memo_store()? {
+            self.puts.push((id, Value::Elided));
+        }
+        if self.byte()? != op::MARK {
+            return None;
+        }
+        let mut kind = None;
+        let mut event = RawEvent::new(Action::Alloc);
+        let (mut has_addr, mut has_size) = (false, false);
+        loop {
+            if self.bytes.get(self.at)? == &op::SETITEMS {
+                self.at += 1;
+                break;
+            }
+            let key = self.text()?;
+            let field = field(key.bytes()?)?;
+            if kind.is_none() && field != Field::Action {
+                return None;
+            }
+            match field {
+                Field::Action => {
+                    let name = self.text()?;
+                    let name = name.bytes()?;
+                    kind = Some(match Action::from_bytes(name) {
+                        Some(action) => Kind::Memory(action),
+                        None => Kind::Marker(MarkerKind::from_bytes(name)?),
+                    });
+                }
+                Field::Addr => {
+                    event.addr = self.address()?;
+                    has_addr = true;
+                }
+                Field::Size => {
+                    event.size = self.int()?;
+                    has_size = true;
+                }
+                Field::Stream => event.stream = self.int()?,
+                Field::TimeUs => event.time_us = self.int()?,
+                Field::Text => {
+                    self.text()?.bytes()?;
+                }
+                Field::Frames => event.stack = self.frames()?,
+                Field::Pool => event.pool = self.pool()?,
+            }
+        }
+        // PyTorch's C++ writer memoizes a dict it holds twice after the dict is complete.
+        if let Some(id) = self.memo_store()? {
+            self.puts.push((id, Value::Elided));
+        }
+        match kind? {
+            Kind::Memory(action) => {
+                event.action = action;
+                (has_addr && has_size).then_some(Entry::Memory(event))
+            }
+            Kind::Marker(kind) => Some(Entry::Marker(Marker {
+                kind,
+                addr: event.addr,
+                size: event.size,
+                time_us: event.time_us,
+                stack: event.stack,
+            })),
+        }
+    }
+}
+
+/// An integer argument: signed 64 bits, or from 2^63 to 2^64 - 1.
+enum Number {
+    Signed(i64),
+    Unsigned(u64),
+}

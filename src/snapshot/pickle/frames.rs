@@ -1,0 +1,201 @@
+//! The frames of a snapshot, interned: each distinct frame (function, file, line) and each
+//! distinct stack (a list of frames, innermost first) is kept once and named by a small id. A
+//! trace event carries its stack's id ([`StackId`]), so frames reach the replay without a copy
+//! per event, and memory grows with the file's distinct stacks, not with its events (PyTorch
+//! itself shares one frames list among the events of one traceback).
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use crate::snapshot::model::Frame;
+
+/// The name PyTorch gives `torch.cuda.empty_cache`'s frame: a `segment_free` under it is a
+/// release by `empty_cache()`, not by a malloc's retry.
+const EMPTY_CACHE: &str = "empty_cache";
+
+/// One distinct frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FrameId(u32);
+
+/// One distinct stack. [`StackId::EMPTY`] is the stack of an event recorded without frames
+/// (`frames` empty or absent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct StackId(u32);
+
+impl StackId {
+    /// No frames.
+    pub const EMPTY: StackId = StackId(0);
+}
+
+/// One frame as the file records it. Strings are shared with the reader's memo.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SharedFrame {
+    /// The function (`name`).
+    pub name: Rc<str>,
+    /// The source file (`filename`).
+    pub filename: Rc<str>,
+    /// The line (`line`; 0 for C++ frames without one).
+    pub line: i64,
+}
+
+impl SharedFrame {
+    /// The frame as the snapshot model's owned type.
+    pub fn to_model(&self) -> Frame {
+        Frame {
+            name: self.name.to_string(),
+            filename: self.filename.to_string(),
+            line: self.line,
+        }
+    }
+
+    /// Bytes it holds beside its entry (its strings, counted in full even when shared).
+    fn bytes(&self) -> u64 {
+        (self.name.len() + self.filename.len()) as u64
+    }
+}
+
+/// Bytes a table entry costs beside its own data: the vector slot, the hash map's key and
+/// value and control byte, with the spare capacity of both and the hash map's two tables while
+/// it grows (3.4 buckets per entry at that moment), and the shared pointer's header.
+const ENTRY_BYTES: u64 = 192;
+
+/// Every distinct frame and stack read so far.
+#[derive(Debug, Clone)]
+pub struct Stacks {
+    frames: Vec<SharedFrame>,
+    frame_ids: HashMap<SharedFrame, FrameId>,
+    /// By [`StackId`]; entry 0 is the empty stack.
+    stacks: Vec<Rc<[FrameId]>>,
+    stack_ids: HashMap<Rc<[FrameId]>, StackId>,
+    /// Per stack: whether one of its frames is `empty_cache`.
+    empty_cache: Vec<bool>,
+}
+
+impl Default for Stacks {
+    fn default() -> Self {
+        let empty: Rc<[FrameId]> = Rc::from(Vec::new());
+        Stacks {
+            frames: Vec::new(),
+            frame_ids: HashMap::new(),
+            stacks: vec![Rc::clone(&empty)],
+            stack_ids: HashMap::from([(empty, StackId::EMPTY)]),
+            empty_cache: vec![false],
+        }
+    }
+}
+
+impl Stacks {
+    /// The id of `frame`, and the bytes the table grew by (0 when it was known). `None` when
+    /// the table is full (more than 2^32 frames: the reader's memory limit comes first).
+    pub fn frame(&mut self, frame: SharedFrame) -> Option<(FrameId, u64)> {
+        if let Some(&id) = self.frame_ids.get(&frame) {
+            return Some((id, 0));
+        }
+        let id = FrameId(u32::try_from(self.frames.len()).ok()?);
+        let bytes = ENTRY_BYTES + frame.bytes();
+        self.frames.push(frame.clone());
+        self.frame_ids.insert(frame, id);
+        Some((id, bytes))
+    }
+
+    /// The id of the stack made of `frames` (innermost first), and the bytes the table grew
+    /// by. `None` when the table is full.
+    pub fn stack(&mut self, frames: &[FrameId]) -> Option<(StackId, u64)> {
+        if let Some(&id) = self.stack_ids.get(frames) {
+            return Some((id, 0));
+        }
+        let id = StackId(u32::try_from(self.stacks.len()).ok()?);
+        let shared: Rc<[FrameId]> = Rc::from(frames);
+        let mentions = frames.iter().any(|frame| {
+            self.frames
+                .get(frame.0 as usize)
+                .is_some_and(|frame| &*frame.name == EMPTY_CACHE)
+        });
+        self.stacks.push(Rc::clone(&shared));
+        self.stack_ids.insert(shared, id);
+        self.empty_cache.push(mentions);
+        let bytes = ENTRY_BYTES + 2 * std::mem::size_of_val(frames) as u64;
+        Some((id, bytes))
+    }
+
+    /// The frames of stack `id`, innermost first (none for an id this table did not give).
+    pub fn frames(&self, id: StackId) -> impl Iterator<Item = &SharedFrame> + '_ {
+        self.stacks
+            .get(id.0 as usize)
+            .into_iter()
+            .flat_map(|frames| frames.iter())
+            .filter_map(|frame| self.frames.get(frame.0 as usize))
+    }
+
+    /// The frames of stack `id` as the snapshot model's owned type.
+    pub fn to_model(&self, id: StackId) -> Vec<Frame> {
+        self.frames(id).map(SharedFrame::to_model).collect()
+    }
+
+    /// Whether one of the frames of stack `id` is `empty_cache`.
+    pub fn mentions_empty_cache(&self, id: StackId) -> bool {
+        self.empty_cache
+            .get(id.0 as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// Distinct stacks (the empty one included).
+    pub fn len(&self) -> usize {
+        self.stacks.len()
+    }
+
+    /// Whether only the empty stack is known.
+    pub fn is_empty(&self) -> bool {
+        self.stacks.len() == 1
+    }
+
+    /// Distinct frames.
+    pub fn frame_count(&self) -> usize {
+        self.frames.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(name: &str, line: i64) -> SharedFrame {
+        SharedFrame {
+            name: name.into(),
+            filename: "train.py".into(),
+            line,
+        }
+    }
+
+    #[test]
+    fn frames_and_stacks_are_kept_once() {
+        let mut stacks = Stacks::default();
+        let (step, grew) = stacks.frame(frame("step", 7)).expect("room");
+        assert!(grew > 0);
+        assert_eq!(stacks.frame(frame("step", 7)), Some((step, 0)));
+        let (main, _) = stacks.frame(frame("<module>", 30)).expect("room");
+        let (id, grew) = stacks.stack(&[step, main]).expect("room");
+        assert!(grew > 0);
+        assert_eq!(stacks.stack(&[step, main]), Some((id, 0)));
+        assert_ne!(stacks.stack(&[main, step]).map(|(id, _)| id), Some(id));
+        assert_eq!(stacks.stack(&[]), Some((StackId::EMPTY, 0)));
+        let lines: Vec<i64> = stacks.frames(id).map(|frame| frame.line).collect();
+        assert_eq!(lines, [7, 30]);
+        assert_eq!(stacks.to_model(id)[1].name, "<module>");
+        assert_eq!(stacks.frames(StackId(99)).count(), 0);
+        assert_eq!((stacks.len(), stacks.frame_count()), (3, 2));
+    }
+
+    #[test]
+    fn a_stack_through_empty_cache_is_marked() {
+        let mut stacks = Stacks::default();
+        let (release, _) = stacks.frame(frame("empty_cache", 1)).expect("room");
+        let (other, _) = stacks.frame(frame("step", 2)).expect("room");
+        let (with, _) = stacks.stack(&[release, other]).expect("room");
+        let (without, _) = stacks.stack(&[other]).expect("room");
+        assert!(stacks.mentions_empty_cache(with));
+        assert!(!stacks.mentions_empty_cache(without));
+        assert!(!stacks.mentions_empty_cache(StackId::EMPTY));
+    }
+}

@@ -1,0 +1,934 @@
+//! The replay where memory is tight and streams or pools are involved (issue 16): frees deferred
+//! by `record_stream`, the OOM path completing them, `empty_cache()` recognised without frames,
+//! segments freed and made again at once, placement under what-if configs, private pools.
+//!
+//! Each recording is made by gpumem's own allocator on the simulated device, with the history
+//! on, and written as PyTorch writes a snapshot (the end-state segments with their pool ids,
+//! the trace, the settings). A self-replay — the same config, the same device — must then give
+//! every counter the recording had at the end and the same segment events; a what-if replay
+//! must never fail for placement.
+
+use std::path::{Path, PathBuf};
+
+use gpumem::alloc::{
+    AllocConf, AllocError, Allocation, CachingAllocator, EventKind, MemPoolId, PoolFilter,
+    StreamId, MIB,
+};
+use gpumem::device::sim::SimDevice;
+use gpumem::snapshot::model::{int, Frame, TraceEvent};
+use gpumem::snapshot::replay::{replay, Placement, ReplayError, ReplayOptions, ReplayReport};
+use gpumem::snapshot::{capture, pickle, AllocatorSettings, Snapshot};
+
+mod common;
+
+/// The simulated device of every recording here.
+const TOTAL: u64 = 16 << 30;
+
+/// A side stream (a `cudaStream_t` value in a real trace).
+const SIDE: StreamId = 0x5555_0000;
+
+fn fixed_clock() -> i64 {
+    1
+}
+
+/// An allocator recording its history, as a PyTorch process with `_record_memory_history`.
+fn recorder(conf: &str, fraction: Option<f64>) -> CachingAllocator {
+    recorder_on(SimDevice::new(TOTAL), conf, fraction)
+}
+
+/// [`recorder`] on `device`.
+fn recorder_on(device: SimDevice, conf: &str, fraction: Option<f64>) -> CachingAllocator {
+    let conf = AllocConf::parse(conf).expect("valid config");
+    let mut allocator = CachingAllocator::new(Box::new(device), conf).expect("allocator");
+    if let Some(fraction) = fraction {
+        allocator.set_memory_fraction(fraction).expect("fraction");
+    }
+    allocator.set_history_clock(fixed_clock);
+    allocator.record_history(true, usize::MAX);
+    allocator
+}
+
+/// The allocator's state as the snapshot PyTorch's `_dump_snapshot` writes, in a scratch
+/// folder; frames name `empty_cache` for the history's entries listed in `empty_cache_frames`.
+fn dump(allocator: &CachingAllocator, name: &str, empty_cache_frames: &[usize]) -> PathBuf {
+    let path = common::scratch(name).join("run.pickle");
+    dump_to(allocator, &path, empty_cache_frames);
+    path
+}
+
+/// [`dump`] to `path`.
+fn dump_to(allocator: &CachingAllocator, path: &Path, empty_cache_frames: &[usize]) {
+    let device_traces = vec![allocator
+        .trace()
+        .entries()
+        .iter()
+        .enumerate()
+        .map(|(index, entry)| TraceEvent {
+            action: entry.action,
+            addr: int(entry.addr),
+            size: int(entry.size),
+            stream: int(entry.stream),
+            time_us: entry.time_us,
+            compile_context: "N/A".into(),
+            user_metadata: String::new(),
+            frames: if empty_cache_frames.contains(&index) {
+                vec![Frame {
+                    name: "empty_cache".into(),
+                    filename: "torch/cuda/memory.py".into(),
+                    line: 1,
+                }]
+            } else {
+                Vec::new()
+            },
+        })
+        .collect()];
+    let snapshot = Snapshot {
+        segments: capture::segments(allocator, 0, &|_| Vec::new()),
+        device_traces,
+        allocator_settings: AllocatorSettings::from_conf(allocator.config()),
+        external_annotations: Vec::new(),
+    };
+    pickle::dump(path, &snapshot).expect("dump");
+}
+
+fn replayed(path: &Path, conf: Option<&str>) -> ReplayReport {
+    let options = ReplayOptions {
+        capacity: Some(TOTAL),
+        conf: conf.map(|text| AllocConf::parse(text).expect("valid config")),
+        ..ReplayOptions::default()
+    };
+    replay(path, &options, &mut |_, _| {}).expect("replays")
+}
+
+/// A self-replay reproduces the recording: every counter, every segment event.
+fn assert_reproduces(recording: &CachingAllocator, report: &ReplayReport) {
+    assert_reproduces_but(recording, report, &[]);
+}
+
+/// [`assert_reproduces`], leaving out the counters `unseen` (checked otherwise).
+fn assert_reproduces_but(recording: &CachingAllocator, report: &ReplayReport, unseen: &[&str]) {
+    let mut wrong = Vec::new();
+    for (key, value) in recording.stats().entries() {
+        if !unseen.contains(&key.as_str()) && report.stat(&key) != value {
+            wrong.push(format!(
+                "{key}: recorded {value}, replayed {}",
+                report.stat(&key)
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}\n{report}", wrong.join("\n"));
+    let segments = &report.segment_events;
+    assert_eq!(segments.recorded, segments.replayed, "{report}");
+    assert_eq!(segments.differing, 0, "{report}");
+}
+
+/// The prefetch loop of the issue: a batch made on a side stream and used by the compute on
+/// the default stream (`record_stream`) is dropped while that work runs; the next activation
+/// is made meanwhile; the step ends with a sync.
+fn prefetch_loop(allocator: &mut CachingAllocator, steps: usize) {
+    let mut out: Option<Allocation> = None;
+    for _ in 0..steps {
+        let batch = allocator.malloc_on(SIDE, 64 * MIB).expect("batch");
+        allocator.record_stream(batch, 0).expect("record_stream");
+        allocator.device_mut().sleep(0, 5).expect("compute");
+        allocator
+            .free(batch)
+            .expect("drop the batch while compute runs");
+        let activation = allocator.malloc(48 * MIB).expect("activation");
+        if let Some(old) = out.replace(activation) {
+            allocator.free(old).expect("free");
+        }
+        allocator.synchronize_device().expect("loss.item()");
+    }
+    if let Some(old) = out {
+        allocator.free(old).expect("free");
+    }
+}
+
+#[test]
+fn deferred_frees_lower_allocated_at_free_requested() {
+    let mut recording = recorder("", None);
+    prefetch_loop(&mut recording, 8);
+    let path = dump(&recording, "prefetch", &[]);
+    let report = replayed(&path, None);
+    assert_reproduces(&recording, &report);
+    assert_eq!(report.counts.deferred_frees, 8);
+    // Allocated peaks at a batch with the last activation (112 MiB). At each activation the
+    // batch still waits for the compute: active then holds two activations and the batch
+    // (160 MiB). A replay that kept the batch allocated until its free completed reported
+    // that as allocated.
+    assert_eq!(report.stat("allocated_bytes.all.peak"), 112 * MIB as i64);
+    assert_eq!(report.stat("active_bytes.all.peak"), 160 * MIB as i64);
+    assert_eq!(report.placement, Placement::Recorded);
+}
+
+/// Under a fraction that holds three batches, PyTorch's malloc finds the last batch's block
+/// still pending, its first try refused: `release_cached_blocks` waits for the events, and
+/// the segments it completed go back. The self-replay makes the same releases in the same
+/// order; a what-if replay of the unconstrained run under that fraction completes the pending
+/// frees on its OOM path and fits, as PyTorch did.
+#[test]
+fn the_oom_path_completes_pending_frees_in_self_and_what_if_replays() {
+    let allowed = 200 * MIB;
+    let fraction = allowed as f64 / TOTAL as f64;
+    let conf = format!("per_process_memory_fraction:{fraction}");
+    let mut recording = recorder(&conf, None);
+    for _ in 0..6 {
+        let batch = recording
+            .malloc_on(SIDE, 64 * MIB)
+            .expect("fits after the flush");
+        recording.record_stream(batch, 0).expect("record_stream");
+        recording.device_mut().sleep(0, 5).expect("compute");
+        recording.free(batch).expect("free while compute runs");
+    }
+    assert!(recording.stats().num_alloc_retries > 0, "the OOM path ran");
+    assert!(recording.stats().num_sync_all_streams > 0);
+    assert_eq!(recording.stats().num_ooms, 0);
+    let path = dump(&recording, "prefetch-fraction", &[]);
+    let report = replayed(&path, Some(&conf));
+    assert_reproduces(&recording, &report);
+    assert_eq!(
+        report.placement,
+        Placement::Recorded,
+        "the fraction is not recorded"
+    );
+
+    let mut unconstrained = recorder("", None);
+    for _ in 0..6 {
+        let batch = unconstrained.malloc_on(SIDE, 64 * MIB).expect("batch");
+        unconstrained
+            .record_stream(batch, 0)
+            .expect("record_stream");
+        unconstrained.device_mut().sleep(0, 5).expect("compute");
+        unconstrained.free(batch).expect("free");
+    }
+    let path = dump(&unconstrained, "prefetch-unconstrained", &[]);
+    let what_if = replayed(&path, Some(&conf));
+    assert!(what_if.fits(), "{what_if}");
+    assert_eq!(what_if.stat("num_ooms"), 0);
+    assert_eq!(
+        what_if.stat("num_device_alloc"),
+        recording.stats().num_device_alloc,
+        "{what_if}"
+    );
+    assert_eq!(
+        what_if.stat("num_alloc_retries"),
+        recording.stats().num_alloc_retries
+    );
+    assert_eq!(
+        what_if.stat("allocated_bytes.all.peak"),
+        recording.stats().allocated_bytes.all.peak
+    );
+}
+
+/// `torch.cuda.empty_cache()` followed by a malloc, in a trace without frames: the releases
+/// cannot be the malloc's own (it would find a cached block), so they are an `empty_cache()`
+/// that came first — and the malloc then needs a new segment, as recorded.
+#[test]
+fn empty_cache_then_an_alloc_is_recognised_without_frames() {
+    let mut recording = recorder("", None);
+    let a = recording.malloc(30 * MIB).expect("alloc");
+    let b = recording.malloc(12 * MIB).expect("alloc");
+    recording.free(a).expect("free");
+    recording.free(b).expect("free");
+    recording.empty_cache().expect("empty_cache");
+    let c = recording.malloc(30 * MIB).expect("a new segment");
+    recording.free(c).expect("free");
+    let path = dump(&recording, "empty-cache-no-frames", &[]);
+    let report = replayed(&path, None);
+    assert_reproduces(&recording, &report);
+    assert_eq!(report.counts.empty_cache_calls, 1);
+    assert_eq!(report.stat("num_sync_all_streams"), 1);
+}
+
+/// `empty_cache()` completes a pending free (whose segment stays: another block lives in it)
+/// and releases another segment; the malloc after it is served by the completed block. The
+/// run's completion and release belong to the `empty_cache()`, not to the malloc.
+#[test]
+fn empty_cache_completing_a_pending_free_before_a_malloc_it_serves() {
+    let mut recording = recorder("", None);
+    let x = recording.malloc(4 * MIB).expect("alloc");
+    let neighbour = recording.malloc(4 * MIB).expect("same segment");
+    let other = recording.malloc(30 * MIB).expect("its own segment");
+    recording.record_stream(x, SIDE).expect("record_stream");
+    recording.device_mut().sleep(SIDE, 1).expect("work");
+    recording.free(x).expect("deferred");
+    recording.free(other).expect("free");
+    recording.empty_cache().expect("empty_cache");
+    let again = recording.malloc(4 * MIB).expect("served by x's block");
+    assert_eq!(again.ptr, x.ptr);
+    recording.free(again).expect("free");
+    recording.free(neighbour).expect("free");
+    let path = dump(&recording, "empty-cache-pending", &[]);
+    let report = replayed(&path, None);
+    assert_reproduces(&recording, &report);
+    assert_eq!(report.counts.empty_cache_calls, 1);
+    assert_eq!(report.counts.deferred_frees, 1);
+}
+
+/// The same with frames naming `empty_cache`, and a run at the end of the trace.
+#[test]
+fn empty_cache_with_frames_and_at_the_end() {
+    let mut recording = recorder("", None);
+    let a = recording.malloc(30 * MIB).expect("alloc");
+    recording.free(a).expect("free");
+    let mark = recording.trace().len();
+    recording.empty_cache().expect("empty_cache");
+    let b = recording.malloc(8 * MIB).expect("alloc");
+    recording.free(b).expect("free");
+    recording.empty_cache().expect("empty_cache at the end");
+    let path = dump(&recording, "empty-cache-frames", &[mark]);
+    let report = replayed(&path, None);
+    assert_reproduces(&recording, &report);
+    assert_eq!(report.counts.empty_cache_calls, 2);
+}
+
+/// A malloc's OOM path that frees a cached segment and makes one of the same size at the same
+/// address: two events on both sides, neither cancelling the other.
+#[test]
+fn a_segment_freed_and_made_again_in_one_step_is_two_events() {
+    let allowed = 40 * MIB;
+    let conf = format!(
+        "per_process_memory_fraction:{}",
+        allowed as f64 / TOTAL as f64
+    );
+    let mut recording = recorder(&conf, None);
+    let a = recording.malloc(24 * MIB).expect("alloc");
+    recording.free(a).expect("free");
+    // A 24 MiB request on another stream cannot use the cached block: the flush frees it and
+    // the retry gets the same 24 MiB back.
+    let b = recording
+        .malloc_on(SIDE, 24 * MIB)
+        .expect("after the flush");
+    let segment_events: Vec<(&str, u64, u64)> = recording
+        .trace()
+        .entries()
+        .iter()
+        .filter(|e| e.action.is_segment_event())
+        .map(|e| (e.action.name(), e.addr, e.size))
+        .collect();
+    assert_eq!(
+        segment_events,
+        [
+            ("segment_alloc", a.ptr.addr(), 24 * MIB),
+            ("segment_free", a.ptr.addr(), 24 * MIB),
+            ("segment_alloc", b.ptr.addr(), 24 * MIB)
+        ]
+    );
+    assert_eq!(a.ptr, b.ptr, "the driver hands the same range back");
+    recording.free(b).expect("free");
+    let path = dump(&recording, "free-and-remake", &[]);
+    let report = replayed(&path, Some(&conf));
+    assert_reproduces(&recording, &report);
+    assert_eq!(report.segment_events.recorded, 3);
+    assert_eq!(report.segment_events.same_address, 3);
+    assert_eq!(report.counts.empty_cache_calls, 0);
+}
+
+/// A what-if config changes the segment sequence: the replay uses the placement model, never
+/// the recorded addresses, and never fails for placement (forcing recorded placement mixes
+/// both, which must not fail either).
+#[test]
+fn what_if_replays_place_by_the_model_and_never_fail() {
+    let mut recording = recorder("", None);
+    let mut live = Vec::new();
+    for step in 0..40_u64 {
+        let size = (8 + (step * 7) % 90) * MIB;
+        live.push(recording.malloc(size).expect("alloc"));
+        if step % 3 == 2 {
+            let old = live.remove(0);
+            recording.free(old).expect("free");
+        }
+    }
+    for old in live {
+        recording.free(old).expect("free");
+    }
+    let path = dump(&recording, "what-if", &[]);
+    let what_if = replayed(&path, Some("max_split_size_mb:64"));
+    assert_eq!(what_if.placement, Placement::Model);
+    assert!(what_if.fits());
+    let options = ReplayOptions {
+        capacity: Some(TOTAL),
+        conf: Some(AllocConf::parse("max_split_size_mb:64").expect("valid")),
+        placement: Placement::Recorded,
+        device_index: None,
+    };
+    let forced = replay(&path, &options, &mut |_, _| {}).expect("never a placement error");
+    assert!(forced.fits());
+    let same = replayed(&path, Some(""));
+    assert_eq!(
+        same.placement,
+        Placement::Recorded,
+        "an equal config is a self-replay"
+    );
+    assert_reproduces(&recording, &same);
+}
+
+/// A CUDA graph's pool (allocations during a capture on a side stream) and a `MemPool` used
+/// with `use_mem_pool`: the file's segments carry their ids; the replay routes their
+/// allocations to private pools, so the default pools' segments, the counters and the segment
+/// events are the recording's.
+#[test]
+fn private_pools_are_rebuilt_from_the_files_segments() {
+    let mut recording = recorder("", None);
+    let warm = recording.malloc(6 * MIB).expect("default pool");
+    let graph = recording.new_graph_pool_id();
+    recording
+        .begin_allocate_to_pool(graph, PoolFilter::Stream(SIDE))
+        .expect("capture");
+    let mut in_graph = Vec::new();
+    for size in [4 * MIB, 5 * MIB, 700 * 1024, 30 * MIB] {
+        in_graph.push(recording.malloc_on(SIDE, size).expect("graph pool"));
+    }
+    let default_during = recording
+        .malloc(5 * MIB)
+        .expect("default stream, default pool");
+    recording.end_allocate_to_pool(graph).expect("capture end");
+    for block in in_graph.drain(1..) {
+        recording.free(block).expect("free inside the pool");
+    }
+    let user = recording.new_mem_pool_id();
+    recording.create_pool(user).expect("MemPool()");
+    recording
+        .begin_allocate_to_pool(user, PoolFilter::AllStreams)
+        .expect("use_mem_pool");
+    let pooled = recording.malloc(3 * MIB).expect("user pool");
+    recording.end_allocate_to_pool(user).expect("leave");
+    recording.release_pool(user).expect("leave");
+    // Outside the pools, 5 MiB cannot use the pools' free memory.
+    let after = recording.malloc(5 * MIB).expect("default pool");
+    for block in [warm, default_during, after] {
+        recording.free(block).expect("free");
+    }
+    // Releases the default segment; the pools in use keep theirs. (An empty_cache() that
+    // releases nothing leaves no trace for a replay to see.)
+    recording.empty_cache().expect("empty_cache");
+    assert_eq!(recording.stats().num_device_free, 1);
+    let pools_at_end: Vec<MemPoolId> = capture::segments(&recording, 0, &|_| Vec::new())
+        .iter()
+        .map(|segment| {
+            MemPoolId::new(
+                segment.segment_pool_id.0 as u64,
+                segment.segment_pool_id.1 as u64,
+            )
+        })
+        .filter(|id| !id.is_default())
+        .collect();
+    assert!(pools_at_end.contains(&graph) && pools_at_end.contains(&user));
+    let path = dump(&recording, "pools", &[]);
+    let report = replayed(&path, None);
+    assert_reproduces(&recording, &report);
+    assert_eq!(report.counts.pooled_allocs, 5);
+    assert_eq!(report.counts.empty_cache_calls, 1);
+    let _ = pooled;
+}
+
+/// The replay's errors stay clear: a pool misuse in the allocator API is an error value, and
+/// the allocator is left consistent.
+#[test]
+fn pool_errors_leave_the_allocator_consistent() {
+    let mut allocator = recorder("", None);
+    let id = allocator.new_mem_pool_id();
+    let error = allocator.end_allocate_to_pool(id).expect_err("not active");
+    assert!(matches!(error, AllocError::Pool(_)), "{error}");
+    allocator.check_invariants().expect("consistent");
+}
+
+/// The recordings the golden scripts `replay_deferred_frees` and `replay_private_pools` replay
+/// (tests/golden/data/, on the simulated H200) are the ones this code makes: rewritten with
+/// `GPUMEM_BLESS=1`, compared byte for byte otherwise.
+#[test]
+fn golden_recordings_are_current() {
+    let dir = common::tests_path("golden/data");
+    let bless = std::env::var_os("GPUMEM_BLESS").is_some_and(|v| v == "1");
+    let scratch = common::scratch("golden-data");
+    let mut prefetch = recorder_on(SimDevice::h200(), "", None);
+    prefetch_loop(&mut prefetch, 6);
+    let mut pools = recorder_on(SimDevice::h200(), "", None);
+    let graph = pools.new_graph_pool_id();
+    pools
+        .begin_allocate_to_pool(graph, PoolFilter::Stream(SIDE))
+        .expect("capture");
+    let static_input = pools.malloc_on(SIDE, 8 * MIB).expect("graph pool");
+    let scratch_buffer = pools.malloc_on(SIDE, 40 * MIB).expect("graph pool");
+    pools
+        .free(scratch_buffer)
+        .expect("freed inside the capture");
+    let output = pools
+        .malloc_on(SIDE, 24 * MIB)
+        .expect("graph pool, from the freed buffer");
+    pools.end_allocate_to_pool(graph).expect("capture end");
+    let eager = pools
+        .malloc(24 * MIB)
+        .expect("default pool: a segment of its own");
+    pools.free(eager).expect("free");
+    pools
+        .empty_cache()
+        .expect("releases the default segment only");
+    let _ = (static_input, output);
+    for (name, recording) in [
+        ("prefetch_deferred.pickle", &prefetch),
+        ("graph_pools.pickle", &pools),
+    ] {
+        let fresh = scratch.join(name);
+        dump_to(recording, &fresh, &[]);
+        let target = dir.join(name);
+        if bless {
+            std::fs::create_dir_all(&dir).expect("folder");
+            std::fs::copy(&fresh, &target).expect("write");
+        }
+        assert_eq!(
+            std::fs::read(&fresh).ok(),
+            std::fs::read(&target).ok(),
+            "{name} is stale: GPUMEM_BLESS=1 cargo test --test replay_pressure rewrites it"
+        );
+        assert_reproduces(recording, &replayed_on_h200(&target));
+    }
+}
+
+fn replayed_on_h200(path: &Path) -> ReplayReport {
+    replay(path, &ReplayOptions::default(), &mut |_, _| {}).expect("replays")
+}
+
+mod self_replay {
+    //! Random jobs recorded by gpumem's allocator — several streams, `record_stream` with work
+    //! still running, synchronisations, `empty_cache()`, under memory fractions, garbage
+    //! collection, `max_split_size_mb` and expandable segments — replayed under their own
+    //! config: every counter and every segment event must come back. What a trace cannot show
+    //! is allowed for: an `empty_cache()` that released nothing and completed nothing, or whose
+    //! completions read as an immediate free or as the `process_events` of the malloc right
+    //! after it (left out of `num_sync_all_streams`); and one whose releases a malloc follows at
+    //! once that would have released the same itself — by its OOM path (which also counts a
+    //! retry) or by garbage collection (which synchronises nothing).
+
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc { slot: usize, size: u64, stream: u64 },
+        Free { slot: usize },
+        RecordStream { slot: usize, stream: u64 },
+        Work { stream: u64 },
+        Sync,
+        EmptyCache,
+    }
+
+    const STREAMS: [u64; 3] = [0, SIDE, SIDE + 0x100];
+
+    fn op() -> impl Strategy<Value = Op> {
+        let stream =
+            prop_oneof![4 => Just(STREAMS[0]), 2 => Just(STREAMS[1]), 1 => Just(STREAMS[2])];
+        let size = prop_oneof![
+            (1_u64..=2048).prop_map(|k| k * 512),
+            (MIB + 1)..(10 * MIB),
+            (10 * MIB)..(90 * MIB),
+        ];
+        prop_oneof![
+            6 => (0_usize..12, size, stream.clone()).prop_map(|(slot, size, stream)| Op::Alloc { slot, size, stream }),
+            4 => (0_usize..12).prop_map(|slot| Op::Free { slot }),
+            3 => (0_usize..12, stream.clone()).prop_map(|(slot, stream)| Op::RecordStream { slot, stream }),
+            2 => stream.prop_map(|stream| Op::Work { stream }),
+            1 => Just(Op::Sync),
+            1 => Just(Op::EmptyCache),
+        ]
+    }
+
+    fn config() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(String::new()),
+            Just("per_process_memory_fraction:0.02".to_string()),
+            Just("per_process_memory_fraction:0.03,garbage_collection_threshold:0.6".to_string()),
+            Just("per_process_memory_fraction:0.03,max_split_size_mb:40".to_string()),
+            Just("expandable_segments:True,per_process_memory_fraction:0.03".to_string()),
+        ]
+    }
+
+    proptest! {
+        // A fixed seed: the same jobs on every run (PROPTEST_CASES=20000 for a deeper search).
+        #![proptest_config(ProptestConfig {
+            max_shrink_iters: 2000,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(16),
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn a_self_replay_reproduces_every_counter_and_segment_event(
+            conf in config(),
+            ops in proptest::collection::vec(op(), 1..120),
+        ) {
+            let mut recording = recorder(&conf, None);
+            let mut slots: Vec<Option<Allocation>> = vec![None; 12];
+            let mut invisible_syncs = 0;
+            let mut empty_cache_ends = Vec::new();
+            // Mallocs that complete a pending free and then release its segment: the trace
+            // reads the same whether garbage collection took the segment after the malloc's
+            // process_events completed the free (or after a free made at once, just before),
+            // or the OOM path completed the free and released it (a retry and a
+            // synchronisation more). The replay picks one reading (docs/allocator.md,
+            // "Replaying deferred frees"), so those counters may differ by one for each.
+            let mut collected_or_flushed = 0_i64;
+            let mut completion_only_ends = Vec::new();
+            for op in &ops {
+                match *op {
+                    Op::Alloc { slot, size, stream } => {
+                        let before = recording.trace().len();
+                        let outcome = recording.malloc_on(stream, size);
+                        let added = &recording.trace().entries()[before..];
+                        let completion = added
+                            .iter()
+                            .position(|e| e.action == EventKind::FreeCompleted);
+                        let release = added.iter().rposition(|e| {
+                            matches!(e.action, EventKind::SegmentFree | EventKind::SegmentUnmap)
+                        });
+                        if completion.zip(release).is_some_and(|(c, r)| c < r) {
+                            collected_or_flushed += 1;
+                        }
+                        if let Ok(new) = outcome {
+                            if let Some(old) = slots[slot].replace(new) {
+                                recording.free(old).expect("free");
+                            }
+                        }
+                    }
+                    Op::Free { slot } => {
+                        if let Some(old) = slots[slot].take() {
+                            recording.free(old).expect("free");
+                        }
+                    }
+                    Op::RecordStream { slot, stream } => {
+                        if let Some(allocation) = slots[slot] {
+                            recording.record_stream(allocation, stream).expect("record");
+                        }
+                    }
+                    Op::Work { stream } => recording.device_mut().sleep(stream, 1).expect("work"),
+                    Op::Sync => recording.synchronize_device().expect("sync"),
+                    Op::EmptyCache => {
+                        let before = recording.trace().len();
+                        recording.empty_cache().expect("empty_cache");
+                        let entries = recording.trace().entries();
+                        let added = &entries[before..];
+                        // Seen in the trace: a release, or completions that do not read as one
+                        // immediate free (a single completion right after its free_requested).
+                        let releases = added.iter().any(|e| e.action.is_segment_event());
+                        let looks_immediate = added.len() == 1
+                            && before > 0
+                            && entries[before - 1].action == EventKind::FreeRequested
+                            && entries[before - 1].addr == added[0].addr;
+                        if !releases && (added.is_empty() || looks_immediate) {
+                            invisible_syncs += 1;
+                        } else if releases {
+                            empty_cache_ends.push(entries.len());
+                        } else {
+                            completion_only_ends.push(entries.len());
+                        }
+                    }
+                }
+            }
+            let name = "self-replay";
+            let path = dump(&recording, name, &[]);
+            if recording.trace().entries().is_empty() {
+                // Nothing recorded (every op a no-op): refused as an empty history, never "fits".
+                let options = ReplayOptions {
+                    capacity: Some(TOTAL),
+                    conf: Some(AllocConf::parse(&conf).expect("valid config")),
+                    ..ReplayOptions::default()
+                };
+                let refused = replay(&path, &options, &mut |_, _| {});
+                if let Some(folder) = path.parent() {
+                    let _ = std::fs::remove_dir_all(folder);
+                }
+                prop_assert!(
+                    matches!(refused, Err(ReplayError::NoHistory(_))),
+                    "an empty trace must be refused: {refused:?}"
+                );
+                return Ok(());
+            }
+            let report = replayed(&path, Some(&conf));
+            // Thousands of cases: leave no snapshot behind.
+            if let Some(folder) = path.parent() {
+                let _ = std::fs::remove_dir_all(folder);
+            }
+            let entries = recording.trace().entries();
+            let malloc_at = |end: &&usize| {
+                entries.get(**end).is_some_and(|e| {
+                    matches!(
+                        e.action,
+                        EventKind::Alloc | EventKind::SegmentAlloc | EventKind::SegmentMap | EventKind::Oom
+                    )
+                })
+            };
+            let then_malloc = empty_cache_ends.iter().filter(malloc_at).count() as i64;
+            invisible_syncs += completion_only_ends.iter().filter(malloc_at).count() as i64;
+            let retries = recording.stats().num_alloc_retries;
+            let replayed_retries = report.stat("num_alloc_retries");
+            prop_assert!(
+                (retries - collected_or_flushed..=retries + then_malloc + collected_or_flushed)
+                    .contains(&replayed_retries),
+                "num_alloc_retries: recorded {retries}, replayed {replayed_retries}\n{report}"
+            );
+            let syncs = recording.stats().num_sync_all_streams - invisible_syncs;
+            let replayed_syncs = report.stat("num_sync_all_streams");
+            prop_assert!(
+                (syncs - then_malloc - collected_or_flushed..=syncs + collected_or_flushed)
+                    .contains(&replayed_syncs),
+                "num_sync_all_streams: recorded {syncs}, replayed {replayed_syncs}\n{report}"
+            );
+            let mut wrong = Vec::new();
+            for (key, value) in recording.stats().entries() {
+                if key == "num_alloc_retries" || key == "num_sync_all_streams" {
+                    continue;
+                }
+                let expected = value;
+                if report.stat(&key) != expected {
+                    wrong.push(format!("{key}: recorded {expected}, replayed {}", report.stat(&key)));
+                }
+            }
+            prop_assert!(wrong.is_empty(), "{}\n{report}", wrong.join("\n"));
+            let segments = &report.segment_events;
+            prop_assert_eq!(segments.differing, 0, "{}", report);
+            prop_assert_eq!(segments.recorded, segments.replayed);
+        }
+    }
+}
+
+/// The ops of a PyTorch trace fixture (tests/fixtures/pytorch-traces/), with its config.
+struct TraceFixture {
+    total: u64,
+    /// The recorded config, with the memory fraction as `per_process_memory_fraction`.
+    conf: String,
+    traces: Vec<Vec<TraceOp>>,
+}
+
+/// One op of a trace fixture.
+enum TraceOp {
+    /// `slots[slot] = torch.empty(size)` on `stream`; the old occupant is freed after.
+    Alloc { slot: u64, size: u64, stream: u64 },
+    /// `slots[slot] = None`.
+    Free { slot: u64 },
+    /// `torch.cuda.empty_cache()`.
+    EmptyCache,
+}
+
+fn trace_fixture(path: &Path) -> TraceFixture {
+    use std::io::Read;
+    let mut text = String::new();
+    let file = std::fs::File::open(path).expect("readable");
+    if path.extension().is_some_and(|ext| ext == "gz") {
+        flate2::read::GzDecoder::new(file)
+            .read_to_string(&mut text)
+            .expect("decompresses");
+    } else {
+        std::io::BufReader::new(file)
+            .read_to_string(&mut text)
+            .expect("readable");
+    }
+    let fixture: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let total = fixture["total_memory"].as_u64().expect("total_memory");
+    let mut conf = fixture["alloc_conf"]
+        .as_str()
+        .expect("alloc_conf")
+        .to_string();
+    let fraction = fixture["memory_fraction"].as_f64().expect("fraction");
+    if fraction < 1.0 {
+        if !conf.is_empty() {
+            conf.push(',');
+        }
+        conf.push_str(&format!("per_process_memory_fraction:{fraction}"));
+    }
+    let traces = fixture["traces"]
+        .as_array()
+        .expect("traces")
+        .iter()
+        .map(|trace| {
+            trace["ops"]
+                .as_array()
+                .expect("ops")
+                .iter()
+                .map(|step| {
+                    let op = step["op"].as_array().expect("op");
+                    let number = |index: usize| op[index].as_u64().expect("number");
+                    match op[0].as_str().expect("op name") {
+                        "alloc" => TraceOp::Alloc {
+                            slot: number(1),
+                            size: number(2),
+                            stream: if op[3..].iter().any(|mark| mark == "stream1") {
+                                SIDE
+                            } else {
+                                0
+                            },
+                        },
+                        "free" => TraceOp::Free { slot: number(1) },
+                        "empty_cache" => TraceOp::EmptyCache,
+                        other => panic!("unknown op {other}"),
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    TraceFixture {
+        total,
+        conf,
+        traces,
+    }
+}
+
+/// Runs the fixture's ops on `allocator`; returns where each `empty_cache()` that the trace
+/// shows ends in the history, and how many the trace does not show (they released nothing).
+fn run_trace_ops(allocator: &mut CachingAllocator, fixture: &TraceFixture) -> (Vec<usize>, i64) {
+    let (ends, seen) = run_trace_ops_keeping(allocator, fixture, None);
+    let unseen = seen.iter().filter(|seen| !**seen).count() as i64;
+    (ends, unseen)
+}
+
+/// [`run_trace_ops`] calling only the `empty_cache()`s that `keep` marks (by their order; all
+/// of them without `keep`); returns where each one the trace shows ends, and for each call
+/// whether the trace shows it.
+fn run_trace_ops_keeping(
+    allocator: &mut CachingAllocator,
+    fixture: &TraceFixture,
+    keep: Option<&[bool]>,
+) -> (Vec<usize>, Vec<bool>) {
+    let (mut ends, mut seen) = (Vec::new(), Vec::new());
+    for trace in &fixture.traces {
+        let mut slots: std::collections::BTreeMap<u64, Allocation> = Default::default();
+        for op in trace {
+            match *op {
+                TraceOp::Alloc { slot, size, stream } => {
+                    if let Ok(new) = allocator.malloc_on(stream, size) {
+                        if let Some(old) = slots.insert(slot, new) {
+                            allocator.free(old).expect("free");
+                        }
+                    }
+                }
+                TraceOp::Free { slot } => {
+                    if let Some(old) = slots.remove(&slot) {
+                        allocator.free(old).expect("free");
+                    }
+                }
+                TraceOp::EmptyCache => {
+                    let call = seen.len();
+                    if keep.is_some_and(|keep| !keep[call]) {
+                        seen.push(false);
+                        continue;
+                    }
+                    let before = allocator.trace().len();
+                    allocator.empty_cache().expect("empty_cache");
+                    seen.push(allocator.trace().len() > before);
+                    if allocator.trace().len() > before {
+                        ends.push(allocator.trace().len());
+                    }
+                }
+            }
+        }
+    }
+    (ends, seen)
+}
+
+fn trace_fixture_path(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/pytorch-traces")
+        .join(name)
+}
+
+/// What-if: the default config's trace fixture, recorded by gpumem and replayed under
+/// `expandable_segments:True` and under `roundup_power2_divisions:4`, gives every counter of
+/// the same job run under that config (the fixtures of those configs are the same requests)
+/// — the job as its trace shows it: an `empty_cache()` that released nothing under the
+/// default config is not in the trace, so it is left out of the run too (under another
+/// config it may have released memory; PyTorch's trace has no entry for the call itself).
+#[test]
+fn what_if_replays_of_the_default_trace_fixture_give_the_other_configs_counters() {
+    let base = trace_fixture(&trace_fixture_path("traces_default.json"));
+    let mut recording = recorder_on(SimDevice::new(base.total), &base.conf, None);
+    let (_, seen) = run_trace_ops_keeping(&mut recording, &base, None);
+    let snapshot = dump(&recording, "whatif-base", &[]);
+    for other in ["traces_expandable.json", "traces_pow2div4.json"] {
+        let fixture = trace_fixture(&trace_fixture_path(other));
+        let mut direct = recorder_on(SimDevice::new(fixture.total), &fixture.conf, None);
+        run_trace_ops_keeping(&mut direct, &fixture, Some(&seen));
+        let options = ReplayOptions {
+            capacity: Some(fixture.total),
+            conf: Some(AllocConf::parse(&fixture.conf).expect("valid config")),
+            ..ReplayOptions::default()
+        };
+        let report = replay(&snapshot, &options, &mut |_, _| {}).expect("replays");
+        let wrong: Vec<String> = direct
+            .stats()
+            .entries()
+            .into_iter()
+            .filter(|(key, value)| report.stat(key) != *value)
+            .map(|(key, value)| format!("{key}: ran {value}, replayed {}", report.stat(&key)))
+            .collect();
+        assert!(wrong.is_empty(), "{other}:\n{}\n{report}", wrong.join("\n"));
+    }
+}
+
+/// Every allocation trace recorded from PyTorch 2.11 on the H200
+/// (tests/fixtures/pytorch-traces/: fractions with OOMs and retries, garbage collection,
+/// `max_split_size_mb`, expandable segments, `empty_cache()` without frames, a second stream),
+/// run by gpumem's allocator with the history on and written as a snapshot, self-replays
+/// exactly: every counter and every segment event.
+#[test]
+fn the_pytorch_trace_fixtures_self_replay_exactly() {
+    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch-traces");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&folder)
+        .expect("fixtures")
+        .map(|entry| entry.expect("entry").path())
+        .filter(|path| path.to_string_lossy().contains("traces_"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 16, "{files:?}");
+    for path in files {
+        let fixture = trace_fixture(&path);
+        let (total, conf) = (fixture.total, fixture.conf.clone());
+        let mut recording = recorder_on(SimDevice::new(total), &conf, None);
+        let (ends, unseen_empty_caches) = run_trace_ops(&mut recording, &fixture);
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .to_string();
+        // An empty_cache() right before a malloc that runs out of memory releases what that
+        // malloc's OOM path would have: the trace cannot tell it was there.
+        let entries = recording.trace().entries();
+        let followed_by = |kinds: &[EventKind]| {
+            ends.iter()
+                .filter(|&&end| entries.get(end).is_some_and(|e| kinds.contains(&e.action)))
+                .count() as i64
+        };
+        let before_an_oom = followed_by(&[EventKind::Oom]);
+        // Likewise right before a malloc that would release the same on its OOM path (its
+        // retry then counts).
+        let before_a_malloc = followed_by(&[
+            EventKind::Alloc,
+            EventKind::SegmentAlloc,
+            EventKind::SegmentMap,
+        ]);
+        let snapshot = dump(&recording, &name, &[]);
+        let options = ReplayOptions {
+            capacity: Some(total),
+            conf: Some(AllocConf::parse(&conf).expect("valid config")),
+            ..ReplayOptions::default()
+        };
+        let report = replay(&snapshot, &options, &mut |_, _| {}).expect("replays");
+        assert_reproduces_but(
+            &recording,
+            &report,
+            &["num_sync_all_streams", "num_alloc_retries"],
+        );
+        let retries = recording.stats().num_alloc_retries;
+        assert!(
+            (retries..=retries + before_a_malloc).contains(&report.stat("num_alloc_retries")),
+            "{name}: retries {retries} (up to {before_a_malloc} more), replayed {}",
+            report.stat("num_alloc_retries")
+        );
+        let syncs = recording.stats().num_sync_all_streams - unseen_empty_caches;
+        assert!(
+            (syncs - before_an_oom - before_a_malloc..=syncs)
+                .contains(&report.stat("num_sync_all_streams")),
+            "{name}: every empty_cache() the trace shows synchronises: {syncs} (up to {} fewer), replayed {}",
+            before_an_oom + before_a_malloc,
+            report.stat("num_sync_all_streams")
+        );
+    }
+}
