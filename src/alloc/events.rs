@@ -122,10 +122,22 @@ impl EventKind {
     }
 
     /// [`EventKind::from_name`] of a name as bytes, as a pickle holds it.
+    /// A `match` on the bytes (a replay reads one name per event); a unit test checks it
+    /// against [`EventKind::name`].
+    #[inline]
     pub fn from_bytes(name: &[u8]) -> Option<EventKind> {
-        EventKind::PYTORCH
-            .into_iter()
-            .find(|kind| kind.name().as_bytes() == name)
+        Some(match name {
+            b"alloc" => EventKind::Alloc,
+            b"free_requested" => EventKind::FreeRequested,
+            b"free_completed" => EventKind::FreeCompleted,
+            b"segment_alloc" => EventKind::SegmentAlloc,
+            b"segment_free" => EventKind::SegmentFree,
+            b"segment_map" => EventKind::SegmentMap,
+            b"segment_unmap" => EventKind::SegmentUnmap,
+            b"oom" => EventKind::Oom,
+            b"snapshot" => EventKind::Snapshot,
+            _ => return None,
+        })
     }
 
     /// Whether the kind is a device-level segment event (`segment_*`), the ones a replay

@@ -5,13 +5,17 @@
 //! [`CliError`] whose [`CliError::exit`] names the exit status, and is printed in one place.
 
 pub mod bench;
+pub mod diff;
 pub mod golden;
+pub mod out;
 pub mod paint;
 pub mod record;
 pub mod repl;
 pub mod replay;
+pub mod sites;
 pub mod soak;
 pub mod splitmix;
+pub mod tune;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -34,7 +38,7 @@ pub enum Exit {
     /// Everything worked.
     Success = 0,
     /// A script failed (syntax or runtime error, uncaught OOM), a piped REPL transcript had
-    /// errors, or a golden test failed.
+    /// errors, a golden test failed, or `gpumem diff`'s gate did.
     Failure = 1,
     /// A usage error: bad flags, an unusable device or config, an unreadable file.
     Usage = 2,
@@ -195,6 +199,45 @@ enum Command {
         /// overlaid.
         #[arg(long, value_name = "FILE")]
         report: Option<PathBuf>,
+        /// Replay under a grid of allocator configs instead (one config per core at a time)
+        /// and rank them: those that fit first, then by peak reserved, cudaMalloc/map calls
+        /// and retries; prints the best as PYTORCH_CUDA_ALLOC_CONF. --alloc-conf is the base
+        /// every grid config starts from.
+        #[arg(long, conflicts_with_all = ["compare", "min_capacity", "timeline"])]
+        tune: bool,
+        /// --tune's grid from FILE: lines `KEY = VALUE, VALUE, ...` (every combination; `none`
+        /// leaves the key out) and `conf = TEXT` (default: 144 configs of expandable_segments,
+        /// max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold).
+        #[arg(long, value_name = "FILE", requires = "tune")]
+        grid: Option<PathBuf>,
+        /// --tune's worker threads (default: one per core).
+        #[arg(long, value_name = "N", requires = "tune", value_parser = clap::value_parser!(u32).range(1..))]
+        threads: Option<u32>,
+        /// The simulated device's size, e.g. 24GiB (the same as --device sim:SIZE).
+        #[arg(long, value_name = "SIZE", value_parser = parse_capacity)]
+        capacity: Option<u64>,
+    },
+    /// Compare two jobs' snapshots, each replayed under its own config: peaks, segments,
+    /// OOMs, and the allocation sites by bytes live at each job's peak (added, removed, grown,
+    /// shrunk). With --max-peak-increase, exit 1 when B's peak reserved or allocated memory
+    /// grew by more than PCT percent of A's: a memory regression gate for CI.
+    Diff {
+        /// The baseline snapshot.
+        a: PathBuf,
+        /// The snapshot compared with it.
+        b: PathBuf,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Exit 1 when B's peak reserved or allocated memory grew by more than PCT percent.
+        #[arg(long, value_name = "PCT")]
+        max_peak_increase: Option<f64>,
+        /// The simulated device's size, e.g. 24GiB (default: the simulated H200).
+        #[arg(long, value_name = "SIZE", value_parser = parse_capacity)]
+        capacity: Option<u64>,
+        /// Where segments are placed (as for replay).
+        #[arg(long, value_enum, default_value_t = PlacementArg::Auto)]
+        placement: PlacementArg,
     },
     /// Measure gpumem itself (for comparisons with PyTorch; see benches/compare/).
     #[command(subcommand)]
@@ -211,6 +254,21 @@ enum PlacementArg {
     Recorded,
     /// The simulator's placement model.
     Model,
+}
+
+impl From<PlacementArg> for gpumem::snapshot::replay::Placement {
+    fn from(arg: PlacementArg) -> Self {
+        match arg {
+            PlacementArg::Auto => gpumem::snapshot::replay::Placement::Auto,
+            PlacementArg::Recorded => gpumem::snapshot::replay::Placement::Recorded,
+            PlacementArg::Model => gpumem::snapshot::replay::Placement::Model,
+        }
+    }
+}
+
+/// `--capacity SIZE`: a byte count as `--device sim:SIZE` takes it.
+fn parse_capacity(text: &str) -> Result<u64, String> {
+    gpumem::device::spec::parse_size(text).map_err(|error| error.to_string())
 }
 
 #[derive(Subcommand)]
@@ -241,6 +299,24 @@ enum BenchTarget {
         /// peak resident memory.
         #[arg(long, value_name = "REPORT")]
         report: Option<PathBuf>,
+    },
+    /// `replay --tune`'s throughput on 1, 2, 4, ... threads: the same replays of a synthetic
+    /// snapshot per run, with the scaling and efficiency against one thread.
+    Tune {
+        /// Trace events in the synthetic snapshot.
+        #[arg(long, default_value_t = 2_000_000)]
+        events: u64,
+        /// Replay this file (written first if it does not exist; kept) instead of a temporary
+        /// one.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Thread counts, comma-separated (default: 1, the powers of two below the cores, the
+        /// cores).
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+        threads: Vec<u32>,
+        /// Replays per run (default: twice the most threads).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        replays: Option<u32>,
     },
     /// The randn kernel's throughput on a CUDA device, next to PyTorch's `normal_`.
     Randn {
@@ -324,12 +400,65 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
         Some(Command::Replay {
             file,
             json,
+            tune: true,
+            grid,
+            threads,
+            capacity,
+            placement,
+            device_index,
+            report,
+            ..
+        }) => tune::command(&tune::TuneArgs {
+            replay: gpumem::snapshot::replay::ReplayOptions {
+                capacity: tune::capacity(cli.device.as_ref(), capacity)?,
+                conf: None,
+                placement: placement.into(),
+                device_index,
+            },
+            base: cli.alloc_conf.unwrap_or_default(),
+            file,
+            grid,
+            threads: threads.map(|n| n as usize),
+            json,
+            report,
+        }),
+        Some(Command::Diff {
+            a,
+            b,
+            json,
+            max_peak_increase,
+            capacity,
+            placement,
+        }) => diff::command(&diff::DiffArgs {
+            replay: gpumem::snapshot::replay::ReplayOptions {
+                capacity: tune::capacity(cli.device.as_ref(), capacity)?,
+                conf: match &cli.alloc_conf {
+                    Some(text) => Some(gpumem::alloc::AllocConf::parse(text).map_err(|error| {
+                        CliError::Usage(format!(
+                            "invalid allocator config '{text}' (--alloc-conf): {error}"
+                        ))
+                    })?),
+                    None => None,
+                },
+                placement: placement.into(),
+                device_index: None,
+            },
+            a,
+            b,
+            max_peak_increase,
+            json,
+        }),
+        Some(Command::Replay {
+            file,
+            json,
             compare,
             min_capacity,
             placement,
             device_index,
             timeline,
             report,
+            capacity,
+            ..
         }) => replay::command(&replay::ReplayArgs {
             outputs: {
                 let outputs = Outputs { timeline, report };
@@ -337,16 +466,18 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
                 outputs
             },
             file,
-            device: cli.device,
+            device: match capacity {
+                Some(bytes) => {
+                    tune::capacity(cli.device.as_ref(), Some(bytes))?;
+                    Some(DeviceSpec::sim_of(bytes))
+                }
+                None => cli.device,
+            },
             alloc_conf: cli.alloc_conf,
             compare,
             min_capacity,
             json,
-            placement: match placement {
-                PlacementArg::Auto => gpumem::snapshot::replay::Placement::Auto,
-                PlacementArg::Recorded => gpumem::snapshot::replay::Placement::Recorded,
-                PlacementArg::Model => gpumem::snapshot::replay::Placement::Model,
-            },
+            placement: placement.into(),
             device_index,
         }),
         Some(Command::Bench(BenchTarget::Replay {
@@ -366,6 +497,24 @@ fn try_main(cli: Cli) -> Result<(), CliError> {
             };
             let report = report.map(|path| replay::BenchReport { path, capacity });
             replay::bench(events, file.as_deref(), keep, report.as_ref())
+        }
+        Some(Command::Bench(BenchTarget::Tune {
+            events,
+            file,
+            threads,
+            replays,
+        })) => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let threads: Vec<usize> = if threads.is_empty() {
+                bench::tune::default_threads(cores)
+            } else {
+                threads.into_iter().map(|n| n as usize).collect()
+            };
+            let path = file.unwrap_or_else(|| {
+                std::env::temp_dir()
+                    .join(format!("gpumem-bench-tune-{}.pickle", std::process::id()))
+            });
+            bench::tune::bench(&path, events, &threads, replays.map(|n| n as usize))
         }
         Some(Command::Bench(BenchTarget::Randn { reps, torch_script })) => {
             bench_randn(&options, reps, &torch_script)

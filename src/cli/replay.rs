@@ -134,6 +134,8 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         device_index: args.device_index,
     };
     let report = run_one(args, &options)?;
+    let sites = gpumem::snapshot::replay::peaks::sites_at_peaks(&args.file, &report)
+        .map_err(|error| replay_error(&args.file, error))?;
     let search = |conf: Option<AllocConf>| -> Result<Option<CapacitySearch>, CliError> {
         if !args.min_capacity {
             return Ok(None);
@@ -157,13 +159,19 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         rows.push((text.clone(), row, row_search));
     }
     if args.outputs.wanted() {
-        args.outputs.write(&end_state(args, &report, &rows)?)?;
+        let mut state = end_state(args, &report, &rows)?;
+        // The report's text of the main run names what holds memory at its peaks too.
+        if let Some(main) = state.timelines.first_mut() {
+            main.summary = format!("{}\n{}", main.summary, super::sites::render(&sites));
+        }
+        args.outputs.write(&state)?;
     }
     if args.json {
         let mut object = report.to_json();
         if let Some(found) = &own_search {
             object["min_capacity"] = search_json(found);
         }
+        object["sites_at_peaks"] = serde_json::to_value(&sites).unwrap_or_default();
         if !rows.is_empty() {
             object["compare"] = rows
                 .iter()
@@ -191,6 +199,7 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
     if let Some(found) = &own_search {
         say!("  {}", describe_search(found));
     }
+    say!("{}", super::sites::render(&sites).trim_end());
     if !rows.is_empty() {
         print_comparison(&report, own_search.as_ref(), &rows);
     }
@@ -199,17 +208,13 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
 
 /// Replays `report`'s run once more with a timeline recording it (numbered by the file's
 /// event indices, as the text numbers them).
-fn record(args: &ReplayArgs, report: &ReplayReport) -> Result<Timeline, CliError> {
+pub(crate) fn record(file: &Path, report: &ReplayReport) -> Result<Timeline, CliError> {
     let recorder = Rc::new(RefCell::new(Recorder::empty(
-        args.file.display().to_string(),
+        file.display().to_string(),
         report.capacity,
     )));
-    gpumem::snapshot::replay::replay_observed(
-        &args.file,
-        report,
-        vec![Box::new(Rc::clone(&recorder))],
-    )
-    .map_err(|error| replay_error(&args.file, error))?;
+    gpumem::snapshot::replay::replay_observed(file, report, vec![Box::new(Rc::clone(&recorder))])
+        .map_err(|error| replay_error(file, error))?;
     // The replay is over and its allocator gone: the recorder is ours alone.
     let mut recorder = Rc::try_unwrap(recorder)
         .map(RefCell::into_inner)
@@ -229,7 +234,7 @@ fn end_state(
     let drawn = |label: String, run: &ReplayReport| -> Result<super::Drawn, CliError> {
         Ok(super::Drawn {
             label,
-            timeline: record(args, run)?,
+            timeline: record(&args.file, run)?,
             config: run.alloc_conf.clone(),
             counters: run.final_stats.clone(),
             summary: run.to_string(),

@@ -22,8 +22,10 @@
 pub mod compare;
 pub mod device;
 pub mod engine;
+pub mod peaks;
 pub mod report;
 pub mod search;
+pub mod tune;
 
 pub use search::{min_capacity, CapacitySearch};
 
@@ -34,7 +36,7 @@ use thiserror::Error;
 use crate::alloc::{AllocConf, CachingAllocator, MemPoolId, MemoryObserver};
 use crate::device::sim::{SimDevice, H200_TOTAL_MEMORY};
 use crate::device::DeviceMemory;
-use crate::snapshot::pickle::{self, Remainder, SnapshotError, Trace};
+use crate::snapshot::pickle::{self, Emitted, Remainder, SnapshotError, Trace};
 use device::{Hints, ReplayDevice};
 use engine::LiveLimit;
 pub use engine::{Engine, PoolRoutes};
@@ -121,6 +123,10 @@ pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 
 /// A [`Progress`] that ignores what it is told.
 pub fn no_progress(_bytes: u64, _events: u64) {}
+
+/// Told about each trace event of the file before it is replayed (to learn its stack, say:
+/// [`peaks`]).
+pub type Tap<'a> = &'a mut dyn FnMut(&Emitted<'_>);
 
 /// How often (in events) progress is reported.
 const PROGRESS_EVERY: u64 = 1 << 16;
@@ -230,6 +236,17 @@ pub fn replay_observed(
     report: &ReplayReport,
     observers: Vec<Box<dyn MemoryObserver>>,
 ) -> Result<ReplayReport, ReplayError> {
+    replay_tapped(path, report, observers, &mut |_| {})
+}
+
+/// [`replay_observed`], also telling `tap` about each trace event of the replayed device
+/// before it is replayed.
+pub fn replay_tapped(
+    path: &Path,
+    report: &ReplayReport,
+    observers: Vec<Box<dyn MemoryObserver>>,
+    tap: Tap<'_>,
+) -> Result<ReplayReport, ReplayError> {
     let plan = Plan {
         capacity: report.capacity,
         capacity_source: report.capacity_source,
@@ -243,7 +260,7 @@ pub fn replay_observed(
         report.conf.clone(),
         report.conf_source,
         &mut no_progress,
-        observers,
+        (observers, tap),
     )?;
     Ok(report)
 }
@@ -269,17 +286,25 @@ fn run(
     conf_source: ConfSource,
     progress: Progress<'_>,
 ) -> Result<(ReplayReport, Learned), ReplayError> {
-    run_observed(path, plan, conf, conf_source, progress, Vec::new())
+    run_observed(
+        path,
+        plan,
+        conf,
+        conf_source,
+        progress,
+        (Vec::new(), &mut |_| {}),
+    )
 }
 
-/// [`run`] with `observers` subscribed to the allocator's event stream.
+/// [`run`] with `observers` subscribed to the allocator's event stream and `tap` told of each
+/// trace event first.
 fn run_observed(
     path: &Path,
     plan: &Plan,
     conf: AllocConf,
     conf_source: ConfSource,
     progress: Progress<'_>,
-    observers: Vec<Box<dyn MemoryObserver>>,
+    (observers, tap): (Vec<Box<dyn MemoryObserver>>, Tap<'_>),
 ) -> Result<(ReplayReport, Learned), ReplayError> {
     let alloc_conf = conf.source.clone();
     let hints = (plan.placement == Placement::Recorded).then(Hints::default);
@@ -311,6 +336,7 @@ fn run_observed(
         }
         last_index = emitted.index;
         let offset = emitted.offset;
+        tap(&emitted);
         engine.handle(emitted)?;
         if engine.counts.events.is_multiple_of(PROGRESS_EVERY) {
             progress(offset, engine.counts.events);
