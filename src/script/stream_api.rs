@@ -66,7 +66,8 @@ fn new_stream(devices: &Devices, device: Option<&Dynamic>) -> BindingResult<Stre
     }
 }
 
-/// `current_stream([device])` or `default_stream([device])`; creates no context.
+/// `current_stream([device])` or `default_stream([device])`; the first stream call of a
+/// process creates the current device's context ([`Devices::ready_streams`]).
 fn stream_of(
     function: &str,
     devices: &Devices,
@@ -75,6 +76,9 @@ fn stream_of(
 ) -> BindingResult<Stream> {
     let index = device_or_current(function, devices, device)?;
     let runtime = devices.get(index).or_else(|error| fail(function, error))?;
+    devices
+        .ready_streams()
+        .or_else(|error| tensor_fail(function, error))?;
     Ok(pick(&runtime))
 }
 

@@ -58,7 +58,14 @@ impl SeenStacks {
             return key;
         }
         let key = StackKey(u32::try_from(self.frames.len()).unwrap_or(u32::MAX));
-        self.frames.push(emitted.stacks.to_model(id));
+        // Names cut to a readable length: a crafted file's huge name is kept once, short.
+        let frames = emitted.stacks.to_model(id);
+        self.frames.push(
+            frames
+                .into_iter()
+                .map(crate::snapshot::Frame::clipped)
+                .collect(),
+        );
         self.keys.insert(id, key);
         key
     }

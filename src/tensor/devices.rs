@@ -58,6 +58,11 @@ pub struct Devices {
     selection: Cell<Selection>,
     /// The device current when the session started.
     start: usize,
+    /// Whether PyTorch's global stream state exists in this process: made once, by the first
+    /// call that reads a stream (`current_stream()`, a tensor, a new stream), on the device
+    /// current then (c10's `initGlobalStreamState` asks the runtime for the stream priority
+    /// range, which creates that device's primary context).
+    streams_ready: Cell<bool>,
 }
 
 impl Devices {
@@ -74,6 +79,7 @@ impl Devices {
             runtimes: RefCell::new(runtimes),
             selection: Cell::new(Selection::starting_on(start)),
             start,
+            streams_ready: Cell::new(false),
         })
     }
 
@@ -217,7 +223,20 @@ impl Devices {
         // fresh process on device 0) and nothing will be allocated (0 bytes).
         let current = self.current();
         current.ensure_context()?;
+        self.streams_ready.set(true);
         Ok(current)
+    }
+
+    /// Readies PyTorch's stream state before a stream is read (`current_stream()`,
+    /// `default_stream()`): the first time in a process, that creates the context of the device
+    /// current then — whichever device's stream is asked for (measured on the H200 for device
+    /// 0 by tests/gpu/contexts.py, case "current and default stream").
+    pub fn ready_streams(&self) -> Result<(), TensorError> {
+        if !self.streams_ready.get() {
+            self.current().ensure_context()?;
+            self.streams_ready.set(true);
+        }
+        Ok(())
     }
 
     /// `t.to(index)`: `tensor` itself when it is on device `index` already (PyTorch returns
@@ -313,6 +332,7 @@ impl Devices {
             .collect::<Result<Vec<_>, _>>()?;
         *self.runtimes.borrow_mut() = fresh;
         self.selection.set(Selection::starting_on(self.start));
+        self.streams_ready.set(false);
         Ok(())
     }
 
@@ -344,6 +364,7 @@ impl From<Rc<Runtime>> for Devices {
             runtimes: RefCell::new(vec![runtime]),
             selection: Cell::new(Selection::starting_on(0)),
             start: 0,
+            streams_ready: Cell::new(false),
         }
     }
 }
