@@ -78,33 +78,6 @@ pub struct Frame {
     pub line: i64,
 }
 
-/// The most bytes of a frame's file or function name that answers and reports keep. A name
-/// longer than any real path (a crafted file's 16 MiB "file name") is cut there, so a report
-/// holds it once at this size rather than copies of the whole.
-pub const FRAME_TEXT_LIMIT: usize = 4096;
-
-impl Frame {
-    /// The frame with its names cut to [`FRAME_TEXT_LIMIT`] bytes (on a character boundary,
-    /// marked with "…").
-    pub fn clipped(mut self) -> Frame {
-        clip(&mut self.name);
-        clip(&mut self.filename);
-        self
-    }
-}
-
-fn clip(text: &mut String) {
-    if text.len() <= FRAME_TEXT_LIMIT {
-        return;
-    }
-    let mut end = FRAME_TEXT_LIMIT;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.truncate(end);
-    text.push('…');
-}
-
 /// The kind of a trace event: the allocator's trace action, of which a snapshot holds
 /// PyTorch's nine ([`Action::PYTORCH`]; reading a file accepts only their names).
 pub use crate::alloc::EventKind as Action;
@@ -179,23 +152,4 @@ impl Serialize for Annotation {
 /// address or size comes near `i64::MAX`).
 pub fn int(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn frame_names_are_clipped_on_a_character_boundary() {
-        let long = "é".repeat(FRAME_TEXT_LIMIT);
-        let frame = Frame {
-            name: "f".into(),
-            filename: long,
-            line: 1,
-        }
-        .clipped();
-        assert!(frame.filename.len() <= FRAME_TEXT_LIMIT + '…'.len_utf8());
-        assert!(frame.filename.ends_with('…'));
-        assert_eq!(frame.name, "f", "short names stay as they are");
-    }
 }

@@ -11,6 +11,22 @@ use std::collections::HashMap;
 use super::model::Frame;
 use super::pickle::{Emitted, StackId};
 
+/// The longest file or function name kept, in bytes: a file is untrusted, and a name is copied
+/// into every label and output that shows its site.
+pub const NAME_MAX_BYTES: usize = 1024;
+
+/// `text`, cut at [`NAME_MAX_BYTES`] (on a character boundary) with `...` marking the cut.
+fn clipped(text: &str) -> String {
+    if text.len() <= NAME_MAX_BYTES {
+        return text.to_string();
+    }
+    let mut end = NAME_MAX_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
+}
+
 /// Names one distinct stack met in a replay; [`StackKey::NONE`] is the empty stack.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StackKey(pub u32);
@@ -58,14 +74,16 @@ impl SeenStacks {
             return key;
         }
         let key = StackKey(u32::try_from(self.frames.len()).unwrap_or(u32::MAX));
-        // Names cut to a readable length: a crafted file's huge name is kept once, short.
-        let frames = emitted.stacks.to_model(id);
-        self.frames.push(
-            frames
-                .into_iter()
-                .map(crate::snapshot::Frame::clipped)
-                .collect(),
-        );
+        let frames = emitted
+            .stacks
+            .frames(id)
+            .map(|frame| Frame {
+                name: clipped(&frame.name),
+                filename: clipped(&frame.filename),
+                line: frame.line,
+            })
+            .collect();
+        self.frames.push(frames);
         self.keys.insert(id, key);
         key
     }
@@ -83,5 +101,23 @@ impl SeenStacks {
     /// Whether no event seen had frames.
     pub fn is_empty(&self) -> bool {
         self.frames.len() <= 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_names_are_clipped_on_a_character_boundary() {
+        assert_eq!(clipped("train.py"), "train.py");
+        let long = "é".repeat(NAME_MAX_BYTES);
+        let cut = clipped(&long);
+        assert!(
+            cut.ends_with("...") && cut.len() <= NAME_MAX_BYTES + 3,
+            "{}",
+            cut.len()
+        );
+        assert!(cut.starts_with("éé"));
     }
 }
