@@ -553,6 +553,7 @@ fn experiment_scripts_refuse_a_session_with_live_tensors_and_run_after_reset() {
         "scripts/training_loop.rhai",
         "scripts/fragmentation.rhai",
         "scripts/oom.rhai",
+        "scripts/prefetch_streams.rhai",
     ] {
         let input = format!(
             // Refused with a live tensor; runs after :reset; runs with only cached memory.

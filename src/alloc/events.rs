@@ -48,6 +48,9 @@ pub enum EventKind {
     /// gpumem's own: an expandable segment's virtual range was given back
     /// (`cuMemAddressFree`), after its last page was unmapped.
     RangeRelease,
+    /// gpumem's own: `set_per_process_memory_fraction` set (or lifted) the cap on reserved
+    /// bytes, the limit an over-fraction OOM runs into.
+    SetMemoryFraction,
 }
 
 impl EventKind {
@@ -65,7 +68,7 @@ impl EventKind {
     ];
 
     /// Every kind, in the order of their numeric codes ([`EventKind::code`]).
-    pub const ALL: [EventKind; 12] = [
+    pub const ALL: [EventKind; 13] = [
         EventKind::Alloc,
         EventKind::FreeRequested,
         EventKind::FreeCompleted,
@@ -78,10 +81,12 @@ impl EventKind {
         EventKind::EmptyCache,
         EventKind::RangeReserve,
         EventKind::RangeRelease,
+        EventKind::SetMemoryFraction,
     ];
 
     /// The kind's name: PyTorch's action name (`"alloc"`, `"free_requested"`, ...) for its nine,
-    /// gpumem's (`"empty_cache"`, `"range_reserve"`, `"range_release"`) for the rest.
+    /// gpumem's (`"empty_cache"`, `"range_reserve"`, `"range_release"`,
+    /// `"set_memory_fraction"`) for the rest.
     pub fn name(self) -> &'static str {
         match self {
             EventKind::Alloc => "alloc",
@@ -96,6 +101,7 @@ impl EventKind {
             EventKind::EmptyCache => "empty_cache",
             EventKind::RangeReserve => "range_reserve",
             EventKind::RangeRelease => "range_release",
+            EventKind::SetMemoryFraction => "set_memory_fraction",
         }
     }
 
@@ -116,10 +122,22 @@ impl EventKind {
     }
 
     /// [`EventKind::from_name`] of a name as bytes, as a pickle holds it.
+    /// A `match` on the bytes (a replay reads one name per event); a unit test checks it
+    /// against [`EventKind::name`].
+    #[inline]
     pub fn from_bytes(name: &[u8]) -> Option<EventKind> {
-        EventKind::PYTORCH
-            .into_iter()
-            .find(|kind| kind.name().as_bytes() == name)
+        Some(match name {
+            b"alloc" => EventKind::Alloc,
+            b"free_requested" => EventKind::FreeRequested,
+            b"free_completed" => EventKind::FreeCompleted,
+            b"segment_alloc" => EventKind::SegmentAlloc,
+            b"segment_free" => EventKind::SegmentFree,
+            b"segment_map" => EventKind::SegmentMap,
+            b"segment_unmap" => EventKind::SegmentUnmap,
+            b"oom" => EventKind::Oom,
+            b"snapshot" => EventKind::Snapshot,
+            _ => return None,
+        })
     }
 
     /// Whether the kind is a device-level segment event (`segment_*`), the ones a replay
@@ -155,6 +173,7 @@ impl EventKind {
 /// | snapshot | 0 | bytes of active blocks | 0 |
 /// | empty_cache | 0 | 0 | 0 |
 /// | range_reserve, range_release | range base | bytes of the range | bytes per page |
+/// | set_memory_fraction | 0 | the cap on reserved bytes (0: no cap) | 0 |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryEvent {
     /// What happened.

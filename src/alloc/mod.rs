@@ -438,6 +438,16 @@ impl CachingAllocator {
         } else {
             None
         };
+        let cap = self.allowed_memory_maximum.unwrap_or(0);
+        self.emit(
+            EventKind::SetMemoryFraction,
+            0,
+            cap,
+            0,
+            0,
+            Pool::Large,
+            DEFAULT_OWNER,
+        );
         Ok(())
     }
 

@@ -5,17 +5,20 @@
 //! [`CliError`] whose [`CliError::exit`] names the exit status, and is printed in one place.
 
 pub mod bench;
+pub mod diff;
 pub mod golden;
+pub mod out;
 pub mod paint;
+pub mod record;
 pub mod repl;
 pub mod replay;
+pub mod sites;
 pub mod soak;
 pub mod splitmix;
+pub mod tune;
 
-use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::rc::Rc;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
@@ -28,7 +31,7 @@ use gpumem::script::{on_script_stack, Host, Limits, PrintSink, ScriptError};
 use gpumem::session::{self, ConfigSource, Session, SessionError, SessionOptions};
 use gpumem::viz::chart::{self, ChartSize};
 use gpumem::viz::report::{self, ReportInput};
-use gpumem::viz::{Recorder, Timeline};
+use gpumem::viz::Timeline;
 
 /// The process exit statuses `gpumem` uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +39,7 @@ pub enum Exit {
     /// Everything worked.
     Success = 0,
     /// A script failed (syntax or runtime error, uncaught OOM), a piped REPL transcript had
-    /// errors, or a golden test failed.
+    /// errors, a golden test failed, or `gpumem diff`'s gate did.
     Failure = 1,
     /// A usage error: bad flags, an unusable device or config, an unreadable file.
     Usage = 2,
@@ -174,12 +177,14 @@ enum Command {
     Run {
         /// The `.rhai` script.
         file: PathBuf,
-        /// Also draw allocated and reserved memory over the script's allocator events, OOMs
-        /// and empty_cache() marked with their script lines, to FILE (.svg or .png).
+        /// Also draw allocated and reserved memory over the script's allocator events, OOMs,
+        /// empty_cache() and mark(text) phases marked with their script lines, to FILE (.svg
+        /// or .png; give it twice for both).
         #[arg(long, value_name = "FILE")]
-        timeline: Option<PathBuf>,
-        /// Also write a self-contained HTML report to FILE: the timeline (hover for events),
-        /// the segment map after any event, the counters and memory_summary().
+        timeline: Vec<PathBuf>,
+        /// Also write a self-contained HTML report to FILE: each allocator's timeline (hover
+        /// for events, zoom to single events), the segment map after an event, the counters
+        /// and memory_summary().
         #[arg(long, value_name = "FILE")]
         report: Option<PathBuf>,
         /// The device and allocator config (a script's `//!` directives win over both).
@@ -264,14 +269,55 @@ enum Command {
         /// the first device with entries. The report lists every device the file holds.
         #[arg(long, value_name = "N")]
         device_index: Option<u32>,
-        /// Also draw the replay's allocated and reserved memory over its events to FILE (.svg
-        /// or .png).
+        /// Also draw the replay's allocated and reserved memory over the file's events to FILE
+        /// (.svg or .png; give it twice for both); with --compare, the configs overlaid.
         #[arg(long, value_name = "FILE")]
-        timeline: Option<PathBuf>,
-        /// Also write the replay as a self-contained HTML report to FILE (every event is kept
-        /// in memory and in the page).
+        timeline: Vec<PathBuf>,
+        /// Also write the replay as a self-contained HTML report to FILE: the timeline (exact
+        /// per-pixel envelopes, every event kept around each OOM and both peaks, so a file of
+        /// any length gives a page of bounded size), with --compare the table and the configs
+        /// overlaid.
         #[arg(long, value_name = "FILE")]
         report: Option<PathBuf>,
+        /// Replay under a grid of allocator configs instead (one config per core at a time)
+        /// and rank them: those that fit first, then by peak reserved, cudaMalloc/map calls
+        /// and retries; prints the best as PYTORCH_CUDA_ALLOC_CONF. --alloc-conf is the base
+        /// every grid config starts from.
+        #[arg(long, conflicts_with_all = ["compare", "min_capacity", "timeline"])]
+        tune: bool,
+        /// --tune's grid from FILE: lines `KEY = VALUE, VALUE, ...` (every combination; `none`
+        /// leaves the key out) and `conf = TEXT` (default: 144 configs of expandable_segments,
+        /// max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold).
+        #[arg(long, value_name = "FILE", requires = "tune")]
+        grid: Option<PathBuf>,
+        /// --tune's worker threads (default: one per core).
+        #[arg(long, value_name = "N", requires = "tune", value_parser = clap::value_parser!(u32).range(1..))]
+        threads: Option<u32>,
+        /// The simulated device's size, e.g. 24GiB (the same as --device sim:SIZE).
+        #[arg(long, value_name = "SIZE", value_parser = parse_capacity)]
+        capacity: Option<u64>,
+    },
+    /// Compare two jobs' snapshots, each replayed under its own config: peaks, segments,
+    /// OOMs, and the allocation sites by bytes live at each job's peak (added, removed, grown,
+    /// shrunk). With --max-peak-increase, exit 1 when B's peak reserved or allocated memory
+    /// grew by more than PCT percent of A's: a memory regression gate for CI.
+    Diff {
+        /// The baseline snapshot.
+        a: PathBuf,
+        /// The snapshot compared with it.
+        b: PathBuf,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Exit 1 when B's peak reserved or allocated memory grew by more than PCT percent.
+        #[arg(long, value_name = "PCT")]
+        max_peak_increase: Option<f64>,
+        /// The simulated device's size, e.g. 24GiB (default: the simulated H200).
+        #[arg(long, value_name = "SIZE", value_parser = parse_capacity)]
+        capacity: Option<u64>,
+        /// Where segments are placed (as for replay).
+        #[arg(long, value_enum, default_value_t = PlacementArg::Auto)]
+        placement: PlacementArg,
     },
     /// Measure gpumem itself (for comparisons with PyTorch; see benches/compare/).
     #[command(subcommand)]
@@ -288,6 +334,21 @@ enum PlacementArg {
     Recorded,
     /// The simulator's placement model.
     Model,
+}
+
+impl From<PlacementArg> for gpumem::snapshot::replay::Placement {
+    fn from(arg: PlacementArg) -> Self {
+        match arg {
+            PlacementArg::Auto => gpumem::snapshot::replay::Placement::Auto,
+            PlacementArg::Recorded => gpumem::snapshot::replay::Placement::Recorded,
+            PlacementArg::Model => gpumem::snapshot::replay::Placement::Model,
+        }
+    }
+}
+
+/// `--capacity SIZE`: a byte count as `--device sim:SIZE` takes it.
+fn parse_capacity(text: &str) -> Result<u64, String> {
+    gpumem::device::spec::parse_size(text).map_err(|error| error.to_string())
 }
 
 #[derive(Subcommand)]
@@ -316,6 +377,33 @@ enum BenchTarget {
         /// Keep the generated file.
         #[arg(long)]
         keep: bool,
+        /// Then also run `gpumem replay FILE --report REPORT` on it (on a simulated device of
+        /// `--capacity` when given, with the model's placement) and print the page's size, the
+        /// time and the peak resident memory.
+        #[arg(long, value_name = "REPORT")]
+        report: Option<PathBuf>,
+        /// The simulated device `--report` replays on, e.g. 24GiB (default: the simulated
+        /// H200).
+        #[arg(long, value_name = "SIZE", value_parser = parse_capacity, requires = "report")]
+        capacity: Option<u64>,
+    },
+    /// `replay --tune`'s throughput on 1, 2, 4, ... threads: the same replays of a synthetic
+    /// snapshot per run, with the scaling and efficiency against one thread.
+    Tune {
+        /// Trace events in the synthetic snapshot.
+        #[arg(long, default_value_t = 2_000_000)]
+        events: u64,
+        /// Replay this file (written first if it does not exist; kept) instead of a temporary
+        /// one.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Thread counts, comma-separated (default: 1, the powers of two below the cores, the
+        /// cores).
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+        threads: Vec<u32>,
+        /// Replays per run (default: twice the most threads).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        replays: Option<u32>,
     },
     /// The randn kernel's throughput on a CUDA device, next to PyTorch's `normal_`.
     Randn {
@@ -480,6 +568,70 @@ fn try_main(cli: Cli, outer: &Outer) -> Result<(), CliError> {
             file,
             device,
             alloc_conf,
+            json,
+            tune: true,
+            grid,
+            threads,
+            capacity,
+            placement,
+            device_index,
+            report,
+            ..
+        }) => {
+            Outer::refuse(&outer.limit_flags, "replay --tune", NO_SCRIPT)?;
+            let device = device.or(cli.session.device);
+            tune::command(&tune::TuneArgs {
+                replay: gpumem::snapshot::replay::ReplayOptions {
+                    capacity: tune::capacity(device.as_ref(), capacity)?,
+                    conf: None,
+                    placement: placement.into(),
+                    device_index,
+                    ..gpumem::snapshot::replay::ReplayOptions::default()
+                },
+                base: alloc_conf.or(cli.session.alloc_conf).unwrap_or_default(),
+                file,
+                grid,
+                threads: threads.map(|n| n as usize),
+                json,
+                report,
+            })
+        }
+        Some(Command::Diff {
+            a,
+            b,
+            json,
+            max_peak_increase,
+            capacity,
+            placement,
+        }) => {
+            Outer::refuse(&outer.limit_flags, "diff", NO_SCRIPT)?;
+            diff::command(&diff::DiffArgs {
+                replay: gpumem::snapshot::replay::ReplayOptions {
+                    capacity: tune::capacity(cli.session.device.as_ref(), capacity)?,
+                    conf: match &cli.session.alloc_conf {
+                        Some(text) => {
+                            Some(gpumem::alloc::AllocConf::parse(text).map_err(|error| {
+                                CliError::Usage(format!(
+                                    "invalid allocator config '{text}' (--alloc-conf): {error}"
+                                ))
+                            })?)
+                        }
+                        None => None,
+                    },
+                    placement: placement.into(),
+                    device_index: None,
+                    ..gpumem::snapshot::replay::ReplayOptions::default()
+                },
+                a,
+                b,
+                max_peak_increase,
+                json,
+            })
+        }
+        Some(Command::Replay {
+            file,
+            device,
+            alloc_conf,
             fail_on_oom,
             json,
             compare,
@@ -488,8 +640,11 @@ fn try_main(cli: Cli, outer: &Outer) -> Result<(), CliError> {
             device_index,
             timeline,
             report,
+            capacity,
+            ..
         }) => {
             Outer::refuse(&outer.limit_flags, "replay", NO_SCRIPT)?;
+            let device = device.or(cli.session.device);
             replay::command(&replay::ReplayArgs {
                 outputs: {
                     let outputs = Outputs { timeline, report };
@@ -497,28 +652,56 @@ fn try_main(cli: Cli, outer: &Outer) -> Result<(), CliError> {
                     outputs
                 },
                 file,
-                device: device.or(cli.session.device),
+                device: match capacity {
+                    Some(bytes) => {
+                        tune::capacity(device.as_ref(), Some(bytes))?;
+                        Some(DeviceSpec::sim_of(bytes))
+                    }
+                    None => device,
+                },
                 alloc_conf: alloc_conf.or(cli.session.alloc_conf),
                 compare,
                 min_capacity,
                 json,
                 fail_on_oom,
-                placement: match placement {
-                    PlacementArg::Auto => gpumem::snapshot::replay::Placement::Auto,
-                    PlacementArg::Recorded => gpumem::snapshot::replay::Placement::Recorded,
-                    PlacementArg::Model => gpumem::snapshot::replay::Placement::Model,
-                },
+                placement: placement.into(),
                 device_index,
             })
         }
-        Some(Command::Bench(BenchTarget::Replay { events, file, keep })) => {
+        Some(Command::Bench(BenchTarget::Replay {
+            events,
+            file,
+            keep,
+            report,
+            capacity,
+        })) => {
             Outer::refuse(&outer.limit_flags, "bench replay", NO_SCRIPT)?;
             Outer::refuse(
                 &outer.session_flags,
                 "bench replay",
-                "it replays on the simulated H200 under the file's recorded config",
+                "it replays on the simulated H200 under the file's recorded config (--capacity sets the device of --report)",
             )?;
-            replay::bench(events, file.as_deref(), keep)
+            let report = report.map(|path| replay::BenchReport { path, capacity });
+            replay::bench(events, file.as_deref(), keep, report.as_ref())
+        }
+        Some(Command::Bench(BenchTarget::Tune {
+            events,
+            file,
+            threads,
+            replays,
+        })) => {
+            Outer::refuse(&outer.limit_flags, "bench tune", NO_SCRIPT)?;
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let threads: Vec<usize> = if threads.is_empty() {
+                bench::tune::default_threads(cores)
+            } else {
+                threads.into_iter().map(|n| n as usize).collect()
+            };
+            let path = file.unwrap_or_else(|| {
+                std::env::temp_dir()
+                    .join(format!("gpumem-bench-tune-{}.pickle", std::process::id()))
+            });
+            bench::tune::bench(&path, events, &threads, replays.map(|n| n as usize))
         }
         Some(Command::Bench(BenchTarget::Randn {
             reps,
@@ -580,16 +763,18 @@ fn repl(options: &SessionOptions, limits: Limits, allow_paths: &[PathBuf]) -> Re
 
 /// What `gpumem run` and `gpumem replay` draw besides their own output.
 pub(crate) struct Outputs {
-    /// `--timeline FILE` (.svg or .png).
-    pub timeline: Option<PathBuf>,
+    /// `--timeline FILE` (.svg or .png), as often as given (one of each, say).
+    pub timeline: Vec<PathBuf>,
     /// `--report FILE` (.html).
     pub report: Option<PathBuf>,
 }
 
-/// The end state a report shows beside its timeline.
-pub(crate) struct EndState {
-    /// The device, as the report's subtitle names it.
-    pub device: String,
+/// One timeline a command recorded, and the end state of the allocator it followed.
+pub(crate) struct Drawn {
+    /// What it followed (`session allocator`, `with_allocator_conf("...")`, a config).
+    pub label: String,
+    /// The run.
+    pub timeline: Timeline,
     /// The allocator config, in PyTorch's syntax.
     pub config: String,
     /// `memory_stats()` at the end.
@@ -598,66 +783,104 @@ pub(crate) struct EndState {
     pub summary: String,
 }
 
-/// The chart format a `--timeline` file's extension asks for.
-#[derive(Clone, Copy)]
-enum ChartFormat {
-    Svg,
-    Png,
+/// Everything the pictures and the report show: one or more labelled timelines, each with
+/// its counters, and for `--compare` the comparison table (its timelines then drawn overlaid).
+pub(crate) struct EndState {
+    /// What was run.
+    pub title: String,
+    /// The device, as the report's subtitle names it.
+    pub device: String,
+    /// The timelines, the main one first.
+    pub timelines: Vec<Drawn>,
+    /// `--compare`'s table.
+    pub comparison: Option<gpumem::viz::report::Comparison>,
 }
 
 impl Outputs {
     pub(crate) fn wanted(&self) -> bool {
-        self.timeline.is_some() || self.report.is_some()
+        !self.timeline.is_empty() || self.report.is_some()
     }
 
-    fn chart_format(path: &Path) -> Option<ChartFormat> {
+    fn chart_format(path: &Path) -> Option<chart::Format> {
         match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
-            "svg" => Some(ChartFormat::Svg),
-            "png" => Some(ChartFormat::Png),
+            "svg" => Some(chart::Format::Svg),
+            "png" => Some(chart::Format::Png),
             _ => None,
         }
     }
 
     /// Refuses a `--timeline` file that is neither .svg nor .png before anything runs.
     pub(crate) fn check(&self) -> Result<(), CliError> {
-        match &self.timeline {
-            Some(path) if Outputs::chart_format(path).is_none() => Err(CliError::Usage(format!(
+        match self
+            .timeline
+            .iter()
+            .find(|path| Outputs::chart_format(path).is_none())
+        {
+            Some(path) => Err(CliError::Usage(format!(
                 "--timeline {}: the file must end in .svg or .png",
                 path.display()
             ))),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
-    /// Writes the chart and the report of `timeline`, the report with `end`.
-    pub(crate) fn write(&self, timeline: &Timeline, end: EndState) -> Result<(), CliError> {
+    /// Writes every `--timeline` picture and the report of `end`.
+    pub(crate) fn write(&self, end: &EndState) -> Result<(), CliError> {
         let failed = |error: gpumem::viz::chart::ChartError| CliError::Failed(error.to_string());
+        let events: u64 = end
+            .timelines
+            .iter()
+            .map(|drawn| drawn.timeline.counts.events)
+            .sum();
         let write = |path: &Path, bytes: &[u8], what: &str| -> Result<(), CliError> {
             std::fs::write(path, bytes).map_err(|error| {
                 CliError::Io(format!("cannot write {}: {error}", path.display()))
             })?;
+            let timelines = match end.timelines.len() {
+                1 => String::new(),
+                n => format!(" ({n} timelines)"),
+            };
             eprintln!(
-                "gpumem: wrote the {what} of {} allocator events to {}",
-                timeline.events.len(),
+                "gpumem: wrote the {what} of {events} allocator events{timelines} to {}",
                 path.display()
             );
             Ok(())
         };
-        if let Some(path) = &self.timeline {
-            let size = ChartSize::default();
-            let bytes = match Outputs::chart_format(path) {
-                Some(ChartFormat::Png) => chart::png(timeline, size).map_err(failed)?,
-                _ => chart::svg(timeline, size).map_err(failed)?.0.into_bytes(),
-            };
+        let runs: Vec<(String, &Timeline)> = end
+            .timelines
+            .iter()
+            .map(|drawn| {
+                let label = if end.timelines.len() == 1 && end.comparison.is_none() {
+                    String::new()
+                } else {
+                    drawn.label.clone()
+                };
+                (label, &drawn.timeline)
+            })
+            .collect();
+        for path in &self.timeline {
+            let format = Outputs::chart_format(path).unwrap_or(chart::Format::Svg);
+            let overlay = end.comparison.is_some();
+            let bytes =
+                chart::picture(&runs, overlay, ChartSize::default(), format).map_err(failed)?;
             write(path, &bytes, "timeline")?;
         }
         if let Some(path) = &self.report {
             let input = ReportInput {
-                timeline,
-                device: end.device,
-                config: end.config,
-                counters: end.counters,
-                summary: end.summary,
+                title: end.title.clone(),
+                device: end.device.clone(),
+                panels: end
+                    .timelines
+                    .iter()
+                    .map(|drawn| report::Panel {
+                        label: drawn.label.clone(),
+                        timeline: &drawn.timeline,
+                        config: drawn.config.clone(),
+                        counters: drawn.counters.clone(),
+                        summary: drawn.summary.clone(),
+                    })
+                    .collect(),
+                comparison: end.comparison.clone(),
             };
             let page = report::html(&input).map_err(failed)?;
             write(path, page.as_bytes(), "report")?;
@@ -690,39 +913,23 @@ fn run(
         }
         other => other?,
     };
-    let host = Host::with_limits(session.devices, PrintSink::Stdout, limits);
+    let mut host = Host::with_limits(session.devices, PrintSink::Stdout, limits);
     host.set_path_policy(sandbox_policy(Some(file), allow_paths)?);
     host.set_map_options(paint::stdout_map_options());
     if !outputs.wanted() {
         return Ok(host.run_source(&name, &source)?);
     }
-    // The timeline follows the device current at the start (one timeline per device is
-    // future work).
-    let runtime = host.devices().current();
-    // While observed, bindings stamp their script line on the allocator's trace context.
-    let recorder = Rc::new(RefCell::new(Recorder::new(
-        &runtime.allocator(),
-        name.clone(),
-    )));
-    let subscription = runtime.subscribe(Box::new(Rc::clone(&recorder)));
+    // Pictures name the script's own line for events inside stdlib helpers.
+    host.track_call_sites();
+    let recording = record::Recording::start(host.devices(), &name);
     let result = host.run_source(&name, &source);
-    runtime.unsubscribe(subscription);
-    let mut timeline = recorder.borrow().timeline(Vec::new());
-    timeline.labels = gpumem::script::viz_api::timeline_labels(&timeline);
-    let end = {
-        let allocator = runtime.allocator();
-        EndState {
-            device: runtime.device_label().to_string(),
-            config: options.config.text().to_string(),
-            counters: allocator.stats().entries(),
-            summary: gpumem::alloc::summary::memory_summary(
-                allocator.stats(),
-                allocator.device().index(),
-                false,
-            ),
-        }
+    let end = EndState {
+        title: name.clone(),
+        device: recording.devices_label(),
+        timelines: recording.finish(options.config.text()),
+        comparison: None,
     };
-    outputs.write(&timeline, end)?;
+    outputs.write(&end)?;
     Ok(result?)
 }
 

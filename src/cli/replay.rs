@@ -18,7 +18,7 @@ use gpumem::snapshot::replay::{
     min_capacity_of, replay, replay_reading, replay_recording, CapacitySearch, Placement,
     Recording, ReplayError, ReplayOptions, ReplayReport,
 };
-use gpumem::viz::Recorder;
+use gpumem::viz::{Recorder, Timeline};
 
 use super::CliError;
 
@@ -183,30 +183,8 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
     let (report, recording) = with_progress(&args.file, "replaying", |progress| {
         replay_reading(&args.file, &options, progress)
     })?;
-    if args.outputs.wanted() {
-        let recorder = Rc::new(RefCell::new(Recorder::empty(
-            args.file.display().to_string(),
-            report.capacity,
-        )));
-        replay_recording(
-            &args.file,
-            &recording,
-            &report.options(),
-            &mut gpumem::snapshot::replay::no_progress,
-            vec![Box::new(Rc::clone(&recorder))],
-        )
+    let sites = gpumem::snapshot::replay::peaks::sites_at_peaks(&args.file, &report)
         .map_err(|error| replay_error(&args.file, error))?;
-        let timeline = recorder.borrow().timeline(Vec::new());
-        args.outputs.write(
-            &timeline,
-            super::EndState {
-                device: "sim".into(),
-                config: report.alloc_conf.clone(),
-                counters: report.final_stats.clone(),
-                summary: report.to_string(),
-            },
-        )?;
-    }
     let search = |conf: Option<AllocConf>| -> Result<Option<CapacitySearch>, CliError> {
         if !args.min_capacity {
             return Ok(None);
@@ -240,16 +218,24 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         .map(|row| (row.conf.clone(), &row.report))
         .collect();
     let verdict = with_comparison(&report, &compared);
+    if args.outputs.wanted() {
+        let mut state = end_state(args, &report, &rows)?;
+        // The report's text of the main run names what holds memory at its peaks too.
+        if let Some(main) = state.timelines.first_mut() {
+            main.summary = format!("{}\n{}", main.summary, super::sites::render(&sites));
+        }
+        args.outputs.write(&state)?;
+    }
     if args.json {
-        say!(
-            "{}",
-            json_answer(&report, &verdict, own_search.as_ref(), &rows)
-        );
+        let mut object = json_answer(&report, &verdict, own_search.as_ref(), &rows);
+        object["sites_at_peaks"] = serde_json::to_value(&sites).unwrap_or_default();
+        say!("{object}");
     } else {
         say_part!("{report}");
         if let Some(found) = &own_search {
             say!("  {}", describe_search(found));
         }
+        say!("{}", super::sites::render(&sites).trim_end());
         if !rows.is_empty() {
             print_comparison(&report, own_search.as_ref(), &rows);
             say!();
@@ -308,6 +294,152 @@ fn json_answer(
     object
 }
 
+/// Replays `report`'s run once more with a timeline recording it (numbered by the file's
+/// event indices, as the text numbers them).
+pub(crate) fn record(file: &Path, report: &ReplayReport) -> Result<Timeline, CliError> {
+    let recorder = Rc::new(RefCell::new(Recorder::empty(
+        file.display().to_string(),
+        report.capacity,
+    )));
+    gpumem::snapshot::replay::replay_observed(file, report, vec![Box::new(Rc::clone(&recorder))])
+        .map_err(|error| replay_error(file, error))?;
+    // The replay is over and its allocator gone: the recorder is ours alone.
+    let mut recorder = Rc::try_unwrap(recorder)
+        .map(RefCell::into_inner)
+        .map_err(|_| CliError::Failed("the replay kept its timeline recorder".into()))?;
+    // Numbers count every device's events from 1 (`replay::event_number`): the axis ends one
+    // past the file's last.
+    recorder.extend_to(report.counts.events + report.counts.other_device_events + 1);
+    Ok(recorder.finish(Vec::new()))
+}
+
+/// What `--timeline` and `--report` show: the replay's timeline, and with `--compare` each
+/// config's, with the comparison table.
+fn end_state(
+    args: &ReplayArgs,
+    report: &ReplayReport,
+    rows: &[Row],
+) -> Result<super::EndState, CliError> {
+    let drawn = |label: String, run: &ReplayReport| -> Result<super::Drawn, CliError> {
+        Ok(super::Drawn {
+            label,
+            timeline: record(&args.file, run)?,
+            config: run.alloc_conf.clone(),
+            counters: run.final_stats.clone(),
+            summary: run.to_string(),
+        })
+    };
+    let main = if rows.is_empty() {
+        match report.alloc_conf.as_str() {
+            "" => "replay under PyTorch's default config".to_string(),
+            conf => format!("replay under {conf}"),
+        }
+    } else {
+        recorded_name(report)
+    };
+    let mut timelines = vec![drawn(main, report)?];
+    for row in rows {
+        timelines.push(drawn(row.conf.clone(), &row.report)?);
+    }
+    let comparison = (!rows.is_empty()).then(|| {
+        let line = |name: &str, run: &ReplayReport| {
+            vec![
+                name.to_string(),
+                if run.fits() {
+                    "fits".into()
+                } else {
+                    "does not fit".into()
+                },
+                format_size(run.stat("allocated_bytes.all.peak").max(0) as u64),
+                format_size(run.stat("reserved_bytes.all.peak").max(0) as u64),
+                run.stat("num_device_alloc").to_string(),
+                run.stat("num_alloc_retries").to_string(),
+                run.counts.ooms.to_string(),
+                run.first_oom
+                    .as_ref()
+                    .map_or_else(|| "-".to_string(), |oom| oom.index.to_string()),
+            ]
+        };
+        let mut table = vec![line(&recorded_name(report), report)];
+        table.extend(rows.iter().map(|row| line(&row.conf, &row.report)));
+        gpumem::viz::report::Comparison {
+            header: [
+                "config",
+                "verdict",
+                "peak allocated",
+                "peak reserved",
+                "cudaMalloc",
+                "retries",
+                "OOMs",
+                "first OOM at event",
+            ]
+            .map(String::from)
+            .to_vec(),
+            rows: table,
+        }
+    });
+    Ok(super::EndState {
+        title: args.file.display().to_string(),
+        device: "sim".into(),
+        timelines,
+        comparison,
+    })
+}
+
+/// The name the recorded (or given) config goes by in a comparison.
+fn recorded_name(report: &ReplayReport) -> String {
+    if report.alloc_conf.is_empty() {
+        "(recorded: defaults)".to_string()
+    } else {
+        format!("(recorded) {}", report.alloc_conf)
+    }
+}
+
+/// Runs `gpumem replay SNAPSHOT --report PATH` (on `--device sim:SIZE` with the model's
+/// placement when a capacity is given: the synthetic trace's recorded placement is the H200's)
+/// and prints what it cost.
+fn bench_report(snapshot: &Path, wanted: &BenchReport) -> Result<(), CliError> {
+    let args = ReplayArgs {
+        file: snapshot.to_path_buf(),
+        device: wanted
+            .capacity
+            .map(|bytes| DeviceSpec::Sim(vec![Some(bytes)])),
+        alloc_conf: None,
+        compare: Vec::new(),
+        min_capacity: false,
+        json: false,
+        fail_on_oom: false,
+        placement: if wanted.capacity.is_some() {
+            Placement::Model
+        } else {
+            Placement::Recorded
+        },
+        device_index: None,
+        outputs: super::Outputs {
+            timeline: Vec::new(),
+            report: Some(wanted.path.clone()),
+        },
+    };
+    let start = Instant::now();
+    command(&args)?;
+    let seconds = start.elapsed().as_secs_f64();
+    let bytes = std::fs::metadata(&wanted.path)
+        .map_err(|error| CliError::Io(format!("cannot read {}: {error}", wanted.path.display())))?
+        .len();
+    say!(
+        "report: {:.1} MiB ({bytes} bytes) written in {seconds:.2} s (two replays: the report, then the timeline) to {}",
+        bytes as f64 / f64::from(1 << 20),
+        wanted.path.display()
+    );
+    if let Some(kib) = crate::cli::bench::replay::peak_rss_kib() {
+        say!(
+            "peak RSS (VmHWM) after the report: {:.1} MiB",
+            kib as f64 / 1024.0
+        );
+    }
+    Ok(())
+}
+
 fn search_json(found: &CapacitySearch) -> serde_json::Value {
     json!({
         "capacity": found.capacity,
@@ -362,11 +494,7 @@ fn print_comparison(report: &ReplayReport, own_search: Option<&CapacitySearch>, 
         say_part!(" {:>14}", "min capacity");
     }
     say!();
-    let conf_name = if report.alloc_conf.is_empty() {
-        "(recorded: defaults)".to_string()
-    } else {
-        format!("(recorded) {}", report.alloc_conf)
-    };
+    let conf_name = recorded_name(report);
     let line = |name: &str, row: &ReplayReport, found: Option<&CapacitySearch>| {
         // A peak lowered by skipped allocations is marked: the job needs more than it shows.
         let mark = if row.peaks_lowered() { "*" } else { "" };
@@ -407,9 +535,24 @@ fn print_comparison(report: &ReplayReport, own_search: Option<&CapacitySearch>, 
     }
 }
 
+/// `gpumem bench replay --report`: where the report goes and the device it is replayed on.
+pub struct BenchReport {
+    /// The HTML report to write.
+    pub path: PathBuf,
+    /// `--device sim:SIZE` (None: the simulated H200, where the synthetic job fits).
+    pub capacity: Option<u64>,
+}
+
 /// `gpumem bench replay`: writes a synthetic snapshot of `events` events (unless `file`
-/// exists), replays it and prints the rate and the peak resident memory.
-pub fn bench(events: u64, file: Option<&Path>, keep: bool) -> Result<(), CliError> {
+/// exists), replays it and prints the rate and the peak resident memory; with `report`, then
+/// runs `gpumem replay FILE --report PATH` on it and prints the page's size, the time and the
+/// peak resident memory after it.
+pub fn bench(
+    events: u64,
+    file: Option<&Path>,
+    keep: bool,
+    report_to: Option<&BenchReport>,
+) -> Result<(), CliError> {
     let generated = file.is_none_or(|path| !path.exists());
     let path = match file {
         Some(path) => path.to_path_buf(),
@@ -438,10 +581,16 @@ pub fn bench(events: u64, file: Option<&Path>, keep: bool) -> Result<(), CliErro
         (Some(before), Some(after)) => Some(after.saturating_sub(before) as f64 / 1e9),
         _ => None,
     };
+    let measured = report.and_then(|report| {
+        if let Some(wanted) = report_to {
+            bench_report(&path, wanted)?;
+        }
+        Ok(report)
+    });
     if generated && !keep {
         let _ = std::fs::remove_file(&path);
     }
-    let report = report?;
+    let report = measured?;
     let replayed = report.counts.events;
     say!(
         "replayed {replayed} events in {seconds:.2} s: {:.2} million events/s (wall clock)",

@@ -323,9 +323,9 @@ pub trait DeviceMemory {
     // freed block was used on (`record_stream`) and reuses the block once they completed.
     // The default bodies describe a device whose work is done by the time each call returns:
     // every event is complete once recorded and synchronising has nothing to wait for. The
-    // simulated device queues work ([`streams::StreamWork`]); a CUDA device is to record real
-    // events (with streams in scripts). Stream ids are the allocator's (0 = the default
-    // stream).
+    // simulated device queues work ([`streams::StreamWork`]); a CUDA device records real
+    // driver events on real streams ([`cuda::CudaDevice`]). Stream ids are the allocator's
+    // (0 = the default stream).
 
     /// Records an event on `stream` after the work queued on it so far (`cudaEventRecord` of
     /// an event from PyTorch's event pool).

@@ -569,13 +569,15 @@ impl DeviceMemory for SimDevice {
             self.pages.remove(&(address + index * page));
         }
         self.used -= bytes;
+        // Unmapping waits for the device first, as gpumem's CUDA device does
+        // (`cuCtxSynchronize`; PyTorch synchronises the segment's stream, which this call does
+        // not know), so queued work completes here on both.
+        self.streams.synchronize_all();
         Ok(())
     }
 
     // Streams: idle unless `sleep` queued work; work completes at the next synchronisation
-    // point (`StreamWork`). Unmapping pages is one in CUDA too, but only for the segment's own
-    // stream (PyTorch synchronises it first), which this call does not know: it completes
-    // nothing here.
+    // point (`StreamWork`): a synchronisation asked for, `cudaFree`, unmapping pages.
 
     fn record_event(&mut self, stream: u64) -> Result<StreamEvent, DeviceError> {
         self.touch_context();
@@ -665,6 +667,13 @@ mod tests {
         let busy = sim.record_event(2).expect("record");
         sim.synchronize_device().expect("sync");
         assert_eq!(sim.query_event(busy), Ok(true));
+        // Unmapping pages waits for the device as well (as gpumem's CUDA device does).
+        let range = sim.reserve_address_range(4 << 20).expect("range");
+        sim.map_pages(range, 4 << 20, 2 << 20).expect("map");
+        sim.sleep(3, 10).expect("sleep");
+        let busy = sim.record_event(3).expect("record");
+        sim.unmap_pages(range, 2 << 20, 2 << 20).expect("unmap");
+        assert_eq!(sim.query_event(busy), Ok(true), "unmapping synchronises");
     }
 
     #[test]

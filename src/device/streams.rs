@@ -19,8 +19,9 @@ use std::collections::BTreeMap;
 pub struct StreamEvent {
     /// The stream it was recorded on (the allocator's stream id; 0 = the default stream).
     pub stream: u64,
-    /// How many pieces of work were queued on the stream when it was recorded: the event is
-    /// complete once that many have completed.
+    /// The device's name for the event. On the simulated device, how many pieces of work were
+    /// queued on the stream when it was recorded: the event is complete once that many have
+    /// completed. On a CUDA device, the number of the driver event it keeps for this one.
     pub ticket: u64,
 }
 

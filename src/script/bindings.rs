@@ -9,7 +9,7 @@ use rhai::Engine;
 
 use super::{
     device_api, mem_pool_api, memory_api, oom_error, progress_api, sandbox, snapshot_api,
-    tensor_api, values_api, viz_api,
+    stream_api, tensor_api, values_api, viz_api,
 };
 use crate::tensor::Devices;
 
@@ -23,6 +23,7 @@ pub fn register(
 ) {
     tensor_api::register(engine, devices);
     device_api::register(engine, devices);
+    stream_api::register(engine, devices);
     memory_api::register(engine, devices);
     mem_pool_api::register(engine, devices);
     snapshot_api::register(engine, devices, paths);

@@ -12,6 +12,8 @@ pub enum Kind {
     Property,
     /// A field or method of a caught out-of-memory error: `e.why`.
     Error,
+    /// A property or method of a stream: `s.synchronize()`.
+    Stream,
     /// A property or method of a private pool made by `mem_pool()`: `pool.id`.
     Pool,
 }
@@ -47,7 +49,7 @@ const fn doc(
     }
 }
 
-use Kind::{Error, Function, Method, Pool, Property};
+use Kind::{Error, Function, Method, Pool, Property, Stream};
 
 /// An example on a caught out-of-memory error `e` (a request of 1 EiB always fails).
 macro_rules! on_oom {
@@ -117,6 +119,7 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("memory_map", Function, "memory_map([device[, width]])", "every segment drawn as cells: allocated, free in a used segment, free segment", "memory_map(current_device(), 60)"),
     doc("fragmentation", Function, "fragmentation()", "per pool (all, small, large): cached_free, largest_free, free_blocks, releasable (what empty_cache() would return), external (1 - largest_free / cached_free)", "fragmentation().all.external"),
     doc("measure", Function, "measure(|| { ... })", "run a closure; its peak_allocated, peak_reserved, device_allocations, ... and result", "measure(|| randn(8)).peak_allocated"),
+    doc("mark", Function, "mark(text)", "name the phase that begins here: --timeline and --report draw a labelled boundary", "mark(\"warm-up\")"),
     doc("progress", Function, "progress(items[, label])", "iterate a range or array with a progress bar on stderr (terminals only): for b in progress(0..n)", "progress(0..3)"),
     doc("message", Error, "e.message", "PyTorch's out-of-memory message, unchanged", on_oom!(".message")),
     doc("why", Error, "e.why", "gpumem's line saying why, computed from the figures below", on_oom!(".why")),
@@ -147,7 +150,20 @@ pub const BINDINGS: &[BindingDoc] = &[
     doc("==", Error, "e == text", "true when its text (message + why line) equals text", on_oom!(" == \"\"")),
     doc("!=", Error, "e != text", "true when its text differs from text", on_oom!(" != \"\"")),
     doc("manual_seed", Function, "manual_seed(seed)", "restart every device's random generator at seed", "manual_seed(0)"),
-    doc("synchronize", Function, "synchronize([device])", "wait until every kernel launched on the device has finished (creates its CUDA context; nothing is pending on sim)", "synchronize()"),
+    doc("synchronize", Function, "synchronize([device])", "wait until the work on every stream of the device has finished (creates its CUDA context; on sim the streams' queued work completes)", "synchronize()"),
+    doc("stream", Function, "stream([device])", "a new stream of the device (torch.cuda.Stream(): the next of its pool of 32, round robin; creates the device's CUDA context)", "stream().stream_id"),
+    doc("current_stream", Function, "current_stream([device])", "the stream new tensors and kernels of the device go to", "current_stream()"),
+    doc("default_stream", Function, "default_stream([device])", "the device's default stream (stream_id 0)", "default_stream() == current_stream()"),
+    doc("with_stream", Function, "with_stream(s, || { ... })", "run the closure with stream s current (and its device), then restore the previous streams; returns the closure's value", "with_stream(stream(), || empty(1024, \"uint8\")).nbytes"),
+    doc("gpu_sleep", Function, "gpu_sleep(ms)", "keep the current stream busy for ms milliseconds (a spin kernel on a GPU, torch.cuda._sleep; on sim until the next synchronisation)", "gpu_sleep(1)"),
+    doc("record_stream", Method, "t.record_stream(s)", "t is used on stream s of its device too: once freed, its block is reused only after the work queued on s by then has completed", "t.record_stream(stream())"),
+    doc("device", Stream, "s.device", "the stream's device, as t.device prints it", "stream().device"),
+    doc("device_index", Stream, "s.device_index", "the index of the stream's device", "stream().device_index"),
+    doc("stream_id", Stream, "s.stream_id", "0 for the default stream, 1 to 32 for the pool's streams", "default_stream().stream_id"),
+    doc("synchronize", Stream, "s.synchronize()", "wait until the work queued on s has finished (frees waiting for it complete at the next allocation)", "stream().synchronize()"),
+    doc("wait_stream", Stream, "s.wait_stream(other)", "work queued on s from now on waits for the work queued on other (a stream of the same device) so far", "stream().wait_stream(default_stream())"),
+    doc("==", Stream, "s == other", "whether two values name the same stream of the same device", "stream() == default_stream()"),
+    doc("!=", Stream, "s != other", "whether they name different streams", "stream() != default_stream()"),
     doc("exit", Function, "exit([code])", "end the script (and gpumem run, or the REPL) with exit status code, 0 to 255 (default 0)", "if false { exit(3) }"),
 ];
 
@@ -237,7 +253,8 @@ pub const DTYPES: [&str; 8] = [
     "float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool",
 ];
 
-/// The bindings named `name` (functions may have several overloads documented once).
+/// The first binding named `name` (functions may have several overloads documented once; a
+/// name may be documented once per [`Kind`], e.g. `synchronize()` and `s.synchronize()`).
 pub fn find(name: &str) -> Option<&'static BindingDoc> {
     BINDINGS.iter().find(|doc| doc.name == name)
 }
@@ -248,10 +265,12 @@ mod tests {
     use crate::tensor::DType;
 
     #[test]
-    fn names_are_unique_and_dtypes_match_the_tensor_layer() {
+    fn names_are_unique_per_kind_and_dtypes_match_the_tensor_layer() {
         for (index, doc) in BINDINGS.iter().enumerate() {
             assert!(
-                BINDINGS[..index].iter().all(|other| other.name != doc.name),
+                BINDINGS[..index]
+                    .iter()
+                    .all(|other| (other.name, other.kind) != (doc.name, doc.kind)),
                 "{} documented twice",
                 doc.name
             );

@@ -53,6 +53,8 @@ fn with_allocator_conf(
         Ok(allocator) => allocator,
         Err(error) => return fail(NAME, error),
     };
+    // The second allocator's timeline names the line that made it.
+    super::history::stamp(context, runtime);
     runtime.with_allocator_swapped(allocator, || {
         closure.call_within_context::<Dynamic>(context, ())
     })
@@ -110,25 +112,6 @@ fn register_on_device(
 fn summary(runtime: &Runtime, abbreviated: bool) -> String {
     let allocator = runtime.allocator();
     memory_summary(allocator.stats(), allocator.device().index(), abbreviated)
-}
-
-/// `synchronize([device])`: `with torch.cuda.device(device): cudaDeviceSynchronize()`, which
-/// creates the device's context if it has none.
-fn synchronize(devices: &Devices, device: Option<&Dynamic>) -> BindingResult<()> {
-    const NAME: &str = "synchronize";
-    let index = match device {
-        Some(device) => super::args::device_arg(NAME, devices, device)?,
-        None => devices.current_index(),
-    };
-    let runtime = devices.get(index).or_else(|error| fail(NAME, error))?;
-    let outcome = devices.with_selected(index, || {
-        runtime.ensure_context()?;
-        runtime.backend().synchronize()
-    });
-    match outcome {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(error)) | Err(error) => fail(NAME, error),
-    }
 }
 
 /// `mem_get_info([device])`: `cudaMemGetInfo` under a guard of the device, which creates its
@@ -297,12 +280,6 @@ pub fn register(engine: &mut Engine, devices: &Rc<Devices>) {
         let seed = integer("manual_seed", "seed", &seed)?;
         on.manual_seed(non_negative("manual_seed", "seed", seed)?);
         Ok(())
-    });
-    let on = Rc::clone(devices);
-    engine.register_fn("synchronize", move || synchronize(&on, None));
-    let on = Rc::clone(devices);
-    engine.register_fn("synchronize", move |device: Dynamic| {
-        synchronize(&on, Some(&device))
     });
     register_on_device(engine, devices, "device_memory", |runtime| {
         device_memory(runtime).map(Dynamic::from_map)

@@ -20,6 +20,7 @@ pub mod snapshot_api;
 pub mod stack;
 pub mod stdlib;
 pub mod stop;
+pub mod stream_api;
 pub mod suggest;
 pub mod tensor_api;
 pub mod values_api;
@@ -191,6 +192,13 @@ impl Host {
     /// How `memory_map()` draws without a width argument.
     pub fn map_options(&self) -> crate::viz::MapOptions {
         self.map_settings.get()
+    }
+
+    /// Keeps Rhai's call stack from now on, so events inside stdlib helpers are stamped with
+    /// the script's own line too ([`history::track_call_sites`]; recorded runs only: it costs
+    /// a copy of every call's arguments).
+    pub fn track_call_sites(&mut self) {
+        history::track_call_sites(&mut self.engine);
     }
 
     /// The devices scripts run against.

@@ -1,6 +1,7 @@
 //! Seeing memory from scripts: `memory_map([device[, width]])`, `fragmentation()` and
-//! `measure(|| { ... })` (both on the current device). Thin glue over [`crate::viz`] and the
-//! allocator's measurement scopes.
+//! `measure(|| { ... })` (both on the current device), and `mark(text)` (on every device's
+//! timeline). Thin glue over [`crate::viz`], the allocator's measurement scopes and the
+//! runtimes' watchers.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -60,21 +61,20 @@ fn measure_map(report: &ScopeReport, result: Dynamic) -> Map {
     map
 }
 
-/// `file:line` for each context id the timeline's events carry (entry `i` is id `i + 1`), from
-/// the call sites bindings stamped ([`super::history::stamp`]).
-pub fn timeline_labels(timeline: &crate::viz::Timeline) -> Vec<String> {
-    let last = timeline
-        .events
-        .iter()
-        .map(|event| event.context)
-        .max()
-        .unwrap_or(0);
-    (1..=last)
+/// The script location of each context id the timeline's events carry (entry `i` is id
+/// `i + 1`), from the call sites bindings stamped ([`super::history::stamp`]): the script's own
+/// line, with the stdlib helper an event happened in (walked out of when the run tracked call
+/// sites).
+pub fn timeline_labels(timeline: &crate::viz::Timeline) -> Vec<crate::viz::Site> {
+    (1..=timeline.counts.last_context)
         .map(|id| {
-            super::history::frames(id)
-                .first()
-                .map_or_else(String::new, |frame| {
-                    format!("{}:{}", frame.filename, frame.line)
+            let stack = super::history::frames(id);
+            let helper = super::history::helper(&stack);
+            stack
+                .last()
+                .map_or_else(crate::viz::Site::default, |frame| crate::viz::Site {
+                    label: format!("{}:{}", frame.filename, frame.line),
+                    helper,
                 })
         })
         .collect()
@@ -116,8 +116,23 @@ fn draw(
     ))
 }
 
-/// Registers `memory_map`, `fragmentation` and `measure`.
+/// Registers `memory_map`, `fragmentation`, `measure` and `mark`.
 pub fn register(engine: &mut Engine, devices: &Rc<Devices>, settings: &MapSettings) {
+    // `mark(text)`: a phase boundary every device's timeline draws (nothing happens unless
+    // one is recorded: `gpumem run --timeline/--report`).
+    let on = Rc::clone(devices);
+    engine.register_fn("mark", move |context: NativeCallContext, text: Dynamic| {
+        let current = on.current();
+        super::history::stamp(&context, &current);
+        let site = current.allocator().trace_context();
+        let text = match text.read_lock::<rhai::ImmutableString>() {
+            Some(text) => text.to_string(),
+            None => text.to_string(),
+        };
+        for runtime in on.all() {
+            runtime.mark(&text, site);
+        }
+    });
     let on = Rc::clone(devices);
     let options = Rc::clone(settings);
     engine.register_fn("memory_map", move || draw(&on.current(), None, &options));

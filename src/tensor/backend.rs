@@ -152,9 +152,10 @@ impl Reduction {
     }
 }
 
-/// The device operations tensors need. Everything runs on one stream in launch order, so a
-/// result is ready for the next operation; launches may return before the kernel finishes,
-/// reads (`reduce`, `read`) wait for it, and [`Backend::synchronize`] waits for everything.
+/// The device operations tensors need. Everything runs on the current stream
+/// ([`Backend::set_stream`]) in launch order, so a result is ready for the next operation on
+/// that stream; launches may return before the kernel finishes, reads (`reduce`, `read`) wait
+/// for it, and [`Backend::synchronize`] waits for everything.
 pub trait Backend {
     /// Sets every element of `dst` to `value` (cast to its dtype).
     fn fill(&self, dst: &Span<'_>, value: f64) -> Result<(), TensorError>;
@@ -178,6 +179,12 @@ pub trait Backend {
     /// Nothing is ever pending on the simulated device.
     fn synchronize(&self) -> Result<(), TensorError> {
         Ok(())
+    }
+    /// Sends the operations from now on to the allocator's stream `stream` (0: the default
+    /// stream), the device's current stream. The simulated device runs nothing, so has nothing
+    /// to send.
+    fn set_stream(&self, stream: u64) {
+        let _ = stream;
     }
 }
 

@@ -1,7 +1,9 @@
 //! The CUDA implementation of [`Backend`]: maps tensor operations onto the kernels of
 //! `device::cuda::kernels` for the session's GPU. Every operation first makes the GPU's primary
-//! context current on the calling thread (`CudaGpu::activate`).
+//! context current on the calling thread (`CudaGpu::activate_on`) and goes to the current
+//! stream ([`Backend::set_stream`]), as PyTorch launches kernels on `current_stream()`.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use super::backend::{finish_reduction, Backend, BinaryOp, Operand, Reduction, Span};
@@ -13,17 +15,28 @@ use crate::device::cuda::{CudaGpu, Current};
 /// Runs tensor operations on a CUDA GPU.
 pub struct CudaBackend {
     gpu: Arc<CudaGpu>,
+    /// The allocator's id of the stream operations go to (0: the legacy default stream).
+    stream: Cell<u64>,
 }
 
 impl CudaBackend {
-    /// A backend on `gpu` (the same process-wide handle the allocator's device uses).
+    /// A backend on `gpu` (the same process-wide handle the allocator's device uses), on the
+    /// default stream.
     pub fn new(gpu: Arc<CudaGpu>) -> CudaBackend {
-        CudaBackend { gpu }
+        CudaBackend {
+            gpu,
+            stream: Cell::new(0),
+        }
     }
 
-    /// The context made current on this thread, and the kernels (compiled on first use).
+    /// The context made current on this thread, on the current stream.
+    fn current(&self) -> Result<Current<'_>, TensorError> {
+        Ok(self.gpu.activate_on(self.stream.get())?)
+    }
+
+    /// [`CudaBackend::current`], and the kernels (compiled on first use).
     fn kernels(&self) -> Result<(Current<'_>, &Kernels), TensorError> {
-        let current = self.gpu.activate()?;
+        let current = self.current()?;
         Ok((current, self.gpu.kernels()?))
     }
 }
@@ -87,6 +100,10 @@ impl Backend for CudaBackend {
         Ok(self.gpu.synchronize()?)
     }
 
+    fn set_stream(&self, stream: u64) {
+        self.stream.set(stream);
+    }
+
     fn fill(&self, dst: &Span<'_>, value: f64) -> Result<(), TensorError> {
         let pattern = fill_pattern(dst.dtype(), value);
         let (current, kernels) = self.kernels()?;
@@ -103,7 +120,7 @@ impl Backend for CudaBackend {
     }
 
     fn copy(&self, dst: &Span<'_>, src: &Span<'_>) -> Result<(), TensorError> {
-        let current = self.gpu.activate()?;
+        let current = self.current()?;
         current.copy_device(dst.memory(), src.memory())?;
         Ok(())
     }
@@ -162,7 +179,7 @@ impl Backend for CudaBackend {
     }
 
     fn read(&self, src: &Span<'_>, count: usize) -> Result<Vec<f64>, TensorError> {
-        let current = self.gpu.activate()?;
+        let current = self.current()?;
         let count = count.min(src.numel());
         let mut bytes = vec![0u8; count * src.dtype().size()];
         current.copy_to_host(&mut bytes, src.memory())?;

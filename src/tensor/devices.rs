@@ -29,7 +29,7 @@ use std::rc::Rc;
 use thiserror::Error;
 
 use super::selection::{Activation, Selection};
-use super::{Runtime, Tensor, TensorError};
+use super::{Runtime, Stream, Tensor, TensorError};
 use crate::alloc::AllocError;
 
 /// A device index the session does not have.
@@ -58,6 +58,11 @@ pub struct Devices {
     selection: Cell<Selection>,
     /// The device current when the session started.
     start: usize,
+    /// Whether PyTorch's global stream state exists in this process: made once, by the first
+    /// call that reads a stream (`current_stream()`, a tensor, a new stream), on the device
+    /// current then (c10's `initGlobalStreamState` asks the runtime for the stream priority
+    /// range, which creates that device's primary context).
+    streams_ready: Cell<bool>,
 }
 
 impl Devices {
@@ -74,6 +79,7 @@ impl Devices {
             runtimes: RefCell::new(runtimes),
             selection: Cell::new(Selection::starting_on(start)),
             start,
+            streams_ready: Cell::new(false),
         })
     }
 
@@ -217,7 +223,20 @@ impl Devices {
         // fresh process on device 0) and nothing will be allocated (0 bytes).
         let current = self.current();
         current.ensure_context()?;
+        self.streams_ready.set(true);
         Ok(current)
+    }
+
+    /// Readies PyTorch's stream state before a stream is read (`current_stream()`,
+    /// `default_stream()`): the first time in a process, that creates the context of the device
+    /// current then — whichever device's stream is asked for (measured on the H200 for device
+    /// 0 by tests/gpu/contexts.py, case "current and default stream").
+    pub fn ready_streams(&self) -> Result<(), TensorError> {
+        if !self.streams_ready.get() {
+            self.current().ensure_context()?;
+            self.streams_ready.set(true);
+        }
+        Ok(())
     }
 
     /// `t.to(index)`: `tensor` itself when it is on device `index` already (PyTorch returns
@@ -237,6 +256,60 @@ impl Devices {
         self.guarded(source, |_| {
             self.guarded(index, |target| tensor.to_runtime(target))
         })
+    }
+
+    /// The index of `stream`'s device; an error for a stream of another session (or of this
+    /// one before [`Devices::reset`]).
+    pub fn stream_device(&self, stream: &Stream) -> Result<usize, TensorError> {
+        self.position(stream.runtime()).ok_or_else(|| {
+            TensorError::Unsupported(
+                "the stream belongs to another session (or to this one before :reset)".into(),
+            )
+        })
+    }
+
+    /// `torch.cuda.set_stream(stream)`: `stream` becomes its device's current stream, and
+    /// its device the current device when it is not (`c10::cuda::set_device`, PyTorch's
+    /// internal `SetDevice`: it calls `cudaSetDevice`, creating the context, unless the CUDA
+    /// runtime has that device current already).
+    pub fn set_stream(&self, stream: &Stream) -> Result<(), TensorError> {
+        let index = self.stream_device(stream)?;
+        stream.runtime().set_current_stream(stream.id());
+        if self.current_index() != index {
+            let activation = self.step(|selection| selection.set(index));
+            self.activate(activation)?;
+        }
+        Ok(())
+    }
+
+    /// `with torch.cuda.stream(stream): f()`: `f` runs with `stream` current on its device,
+    /// and with that device current; afterwards each device has its previous stream again,
+    /// however `f` ends, and `f`'s value is returned as it is. As in PyTorch's
+    /// `StreamContext`, a stream of another device makes that device current inside (reading
+    /// its current stream under `with torch.cuda.device`, then `set_stream`), and leaving sets
+    /// the previous device back with `set_stream` — a `cudaSetDevice` that creates its
+    /// context if it has none.
+    pub fn with_stream<R>(&self, stream: &Stream, f: impl FnOnce() -> R) -> Result<R, TensorError> {
+        let index = self.stream_device(stream)?;
+        let source = Stream::current_of(&self.current());
+        let target = if Rc::ptr_eq(source.runtime(), stream.runtime()) {
+            None
+        } else {
+            Some(self.with_selected(index, || Stream::current_of(stream.runtime()))?)
+        };
+        // Both streams come back however the closure ends, even when switching devices fails.
+        let restore = |target: Option<Stream>| {
+            let target_restored = target.map_or(Ok(()), |target| self.set_stream(&target));
+            target_restored.and(self.set_stream(&source))
+        };
+        if let Err(error) = self.set_stream(stream) {
+            // The entering error is the one to report; restoring is best effort here.
+            let _ = restore(target);
+            return Err(error);
+        }
+        let value = f();
+        restore(target)?;
+        Ok(value)
     }
 
     /// `torch.manual_seed(seed)`: restarts every device's generator at `seed`.
@@ -259,6 +332,7 @@ impl Devices {
             .collect::<Result<Vec<_>, _>>()?;
         *self.runtimes.borrow_mut() = fresh;
         self.selection.set(Selection::starting_on(self.start));
+        self.streams_ready.set(false);
         Ok(())
     }
 
@@ -290,6 +364,7 @@ impl From<Rc<Runtime>> for Devices {
             runtimes: RefCell::new(vec![runtime]),
             selection: Cell::new(Selection::starting_on(0)),
             start: 0,
+            streams_ready: Cell::new(false),
         }
     }
 }
@@ -360,6 +435,49 @@ mod tests {
         // Back on 0 without its context; the next allocation there creates it.
         devices.for_allocation().expect("device 0");
         assert_eq!(contexts(&devices), [true, true]);
+    }
+
+    /// `with torch.cuda.stream(s)` for a stream of device 1: device 1 and `s` are current
+    /// inside; afterwards device 0 and both devices' previous streams are back, however the
+    /// work ended, and switching back to device 0 created its context (PyTorch's `set_stream`).
+    #[test]
+    fn with_stream_restores_streams_and_devices() {
+        let devices = two_gpus();
+        let one = devices.get(1).expect("device 1");
+        let side = devices
+            .with_selected(1, || one.new_stream())
+            .expect("device 1")
+            .expect("stream");
+        assert_eq!(
+            contexts(&devices),
+            [false, true],
+            "selecting device 1 created its context"
+        );
+        let result: Result<Result<(), &str>, _> = devices.with_stream(&side, || {
+            assert_eq!(devices.current_index(), 1);
+            assert_eq!(Stream::current_of(&devices.current()), side);
+            Err("the work failed")
+        });
+        assert_eq!(result.ok(), Some(Err("the work failed")));
+        assert_eq!(devices.current_index(), 0);
+        assert!(Stream::current_of(&one).is_default());
+        assert_eq!(
+            contexts(&devices),
+            [true, true],
+            "the stray context on device 0"
+        );
+        let same = Stream::current_of(&devices.current());
+        let inner = devices
+            .with_stream(&same, || devices.current_index())
+            .expect("same device");
+        assert_eq!((inner, devices.current_index()), (0, 0));
+        let foreign = two_gpus()
+            .get(0)
+            .expect("device")
+            .new_stream()
+            .expect("stream");
+        let error = devices.with_stream(&foreign, || ()).expect_err("not ours");
+        assert!(error.to_string().contains("another session"), "{error}");
     }
 
     #[test]

@@ -14,6 +14,8 @@ pub mod ops;
 pub mod philox;
 mod selection;
 pub mod shape;
+pub mod streams;
+pub mod watch;
 
 use std::cell::{Cell, Ref, RefCell};
 use std::fmt;
@@ -33,6 +35,8 @@ use backend::{Backend, SimBackend, Span};
 use cuda_backend::CudaBackend;
 pub use devices::{Devices, NoSuchDevice};
 pub use dtype::DType;
+pub use streams::Stream;
+pub use watch::SessionWatcher;
 
 /// Seed of the random generator until `manual_seed` is called (PyTorch's default seed).
 pub const DEFAULT_SEED: u64 = 67_280_421_310_721;
@@ -90,8 +94,13 @@ pub struct Runtime {
     /// The stream this device's allocations go to (PyTorch's current stream of the device;
     /// 0 is the default stream).
     stream: Cell<StreamId>,
+    /// How many streams [`Runtime::new_stream`] has handed out (PyTorch's round-robin counter
+    /// over the device's stream pool).
+    streams_handed_out: Cell<u64>,
     seed: Cell<u64>,
     philox_offset: Cell<u64>,
+    /// Told about allocators made current and marks ([`Runtime::watch`]).
+    watcher: RefCell<Option<Box<dyn SessionWatcher>>>,
 }
 
 /// The device a runtime was built on, as [`Runtime::fresh_allocator`] and [`Runtime::fresh`]
@@ -181,9 +190,28 @@ impl Runtime {
             label,
             index,
             stream: Cell::new(0),
+            streams_handed_out: Cell::new(0),
             seed: Cell::new(DEFAULT_SEED),
             philox_offset: Cell::new(0),
+            watcher: RefCell::new(None),
         })
+    }
+
+    /// Sets (or with `None` removes) the watcher told about allocators made current and the
+    /// script's marks; returns the one it replaces.
+    pub fn watch(
+        &self,
+        watcher: Option<Box<dyn SessionWatcher>>,
+    ) -> Option<Box<dyn SessionWatcher>> {
+        std::mem::replace(&mut *self.watcher.borrow_mut(), watcher)
+    }
+
+    /// Tells the watcher, if any, that the script marked a phase named `text` at the line
+    /// trace context `context` stands for.
+    pub fn mark(&self, text: &str, context: u32) {
+        if let Some(watcher) = self.watcher.borrow_mut().as_mut() {
+            watcher.mark(text, context);
+        }
     }
 
     /// Subscribes `observer` to the current allocator's event stream
@@ -229,15 +257,26 @@ impl Runtime {
     /// Runs `f` with `replacement` as the current allocator (every tensor made and every memory
     /// function called meanwhile uses it), then puts the previous allocator back. Tensors keep
     /// the allocator that made them: one that outlives `f` is freed into its own allocator,
-    /// which is kept until its last tensor is gone. Calls may nest.
+    /// which is kept until its last tensor is gone. Calls may nest. The watcher
+    /// ([`Runtime::watch`]) is told when `replacement` becomes current and when `f` returns.
     pub fn with_allocator_swapped<R>(
         &self,
         replacement: CachingAllocator,
         f: impl FnOnce() -> R,
     ) -> R {
+        let mut replacement = replacement;
+        // Its events carry the caller's context (the line that made it) until a binding
+        // stamps its own.
+        replacement.set_trace_context(self.allocator.borrow().trace_context());
         let outer = std::mem::replace(&mut *self.allocator.borrow_mut(), replacement);
         self.swapped_out.borrow_mut().push(outer);
+        if let Some(watcher) = self.watcher.borrow_mut().as_mut() {
+            watcher.allocator_started(&mut self.allocator.borrow_mut());
+        }
         let result = f();
+        if let Some(watcher) = self.watcher.borrow_mut().as_mut() {
+            watcher.allocator_ended(&self.allocator.borrow());
+        }
         // Nested calls restore their own allocator before returning, so the top of the stack
         // is the one this call swapped out.
         let outer = self.swapped_out.borrow_mut().pop();
@@ -324,9 +363,10 @@ impl Runtime {
 
     /// Makes `stream` this device's current stream: allocations from now on are served from
     /// its pools (the allocator keeps one set per stream), as PyTorch's
-    /// `torch.cuda.set_stream`.
+    /// `torch.cuda.set_stream`. Kernels from now on go to it too.
     pub fn set_current_stream(&self, stream: StreamId) {
         self.stream.set(stream);
+        self.backend.set_stream(stream);
     }
 
     /// Whether this device's CUDA context exists: on a GPU, whether this process created its
@@ -354,7 +394,8 @@ impl Runtime {
     }
 
     /// Copies `src`, a span of `source`'s device, into `dst` on this runtime's device: a
-    /// device-to-device copy between two GPUs, or on simulated devices nothing to do (the
+    /// device-to-device copy between two GPUs, after the source device's current stream (which
+    /// may still be writing `src`) has finished; or on simulated devices nothing to do (the
     /// caller carries the recorded contents over).
     pub fn copy_from(
         &self,
@@ -365,6 +406,7 @@ impl Runtime {
         match (&self.origin, &source.origin) {
             (DeviceOrigin::Sim(_), DeviceOrigin::Sim(_)) => Ok(()),
             (DeviceOrigin::Cuda(to), DeviceOrigin::Cuda(from)) => {
+                source.finish_current_stream()?;
                 cuda_backend::copy_between_gpus(to, dst, from, src)
             }
             _ => Err(TensorError::Unsupported(format!(

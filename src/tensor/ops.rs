@@ -71,6 +71,7 @@ impl Tensor {
         if self.numel() == 0 || self.storage.contents() == Contents::Uninitialized {
             return None;
         }
+        self.runtime().finish_current_stream().ok()?;
         self.runtime()
             .backend()
             .read(&self.span().ok()?, count.min(self.numel()))
@@ -86,6 +87,7 @@ impl Tensor {
                 self.numel()
             )));
         }
+        self.runtime().finish_current_stream()?;
         self.runtime().backend().read(&self.span()?, self.numel())
     }
 
@@ -97,6 +99,7 @@ impl Tensor {
                 self.numel()
             )));
         }
+        self.runtime().finish_current_stream()?;
         let values = self.runtime().backend().read(&self.span()?, 1)?;
         values
             .first()
@@ -197,6 +200,7 @@ impl Tensor {
                 self.dtype
             )));
         }
+        self.runtime().finish_current_stream()?;
         self.runtime().backend().reduce(op, &self.span()?)
     }
 }

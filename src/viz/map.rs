@@ -218,7 +218,7 @@ fn legend(layout: &MemoryLayout, color: bool) -> String {
         }
     };
     let mut text = format!(
-        "legend: {} allocated   {} partly allocated (tenths)\n        {} free in a segment still in use: cached, empty_cache() cannot return it\n        {} free segment: cached, empty_cache() returns it",
+        "legend: {} allocated   {} partly allocated: digit N = at least N tenths of the cell (1 = less than 2)\n        {} free in a segment still in use: cached, empty_cache() cannot return it\n        {} free segment: cached, empty_cache() returns it",
         sample("#", Region::Allocated),
         sample("1-9", Region::Allocated),
         sample("-", Region::SplitFree),
@@ -325,6 +325,11 @@ mod tests {
         // 8 MiB over the minimum 8 cells: 1 MiB per cell.
         assert!(text.contains("1 cell = 1 MiB"), "{text}");
         assert!(text.contains("|####5---|"), "{text}");
+        // The legend says what a digit means: the 5 is half a cell allocated.
+        assert!(
+            text.contains("digit N = at least N tenths of the cell"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -3,14 +3,21 @@
 //! the events a [`timeline::Recorder`] is told about); the allocator knows nothing of it.
 
 pub mod chart;
+pub mod envelope;
+pub mod event;
 pub mod fragmentation;
 pub mod layout;
+pub mod live;
 pub mod map;
 pub mod report;
 pub mod timeline;
 pub mod units;
+pub mod window;
 
 pub use fragmentation::{Fragmentation, FreeSpace};
 pub use layout::{MemoryLayout, Region, SegmentLayout, Span};
 pub use map::MapOptions;
-pub use timeline::{Event, ExpandableRange, Recorder, Timeline};
+pub use timeline::{
+    Event, ExpandableRange, Mark, MarkKind, Numbering, OomLimits, Peak, Recorder, Site, Timeline,
+};
+pub use window::Window;

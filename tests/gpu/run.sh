@@ -95,13 +95,16 @@ sys.exit(1 if bad else 0)
 PY
 }
 
+# How many GPUs the binary sees.
+visible_gpus() { "$GPUMEM" --device cuda:0 run /dev/stdin <<<'print(device_count())' 2>/dev/null | tail -n 1; }
+
 # Issue 8: the golden suite on the GPU compiles the kernels at most once per GPU (one
 # process-wide handle per GPU, although each script runs on its own thread; the two-device
 # scripts use a second GPU where one is visible); GPUMEM_LOG=cuda prints one line per NVRTC
 # compilation.
 golden_compiles_once() {
     local out rc start end compiles gpus
-    gpus=$("$GPUMEM" --device cuda:0 run /dev/stdin <<<'print(device_count())' 2>/dev/null | tail -n 1)
+    gpus=$(visible_gpus)
     start=$(date +%s%N)
     out=$(cd "$REPO" && GPUMEM_LOG=cuda "$GPUMEM" --device cuda:0 test tests/golden 2>&1)
     rc=$?
@@ -154,15 +157,29 @@ randn_dtypes() {
     diff <(echo "$sim") <(echo "$cuda") && echo "cuda and sim values identical"
 }
 
-# Issue 4: every experiment script runs to completion on the GPU (they check themselves).
+# Issue 4: every experiment script runs to completion on the GPU (they check themselves). A
+# script asking for more devices than are visible (`//! devices: 2` on one GPU) says so and runs
+# on that many simulated devices instead.
 scripts_cuda() {
-    local script ok=0
+    local script needed gpus ok=0
+    gpus=$(visible_gpus)
     for script in "$REPO"/scripts/*.rhai; do
         echo "--- $script"
+        needed=$(sed -n 's|^//! devices: *\([0-9][0-9]*\).*|\1|p' "$script" | head -n 1)
+        if [ -n "$needed" ] && [ "$needed" -gt "${gpus:-1}" ]; then
+            echo "SKIP on cuda: needs $needed GPUs, ${gpus:-?} visible; running it on $needed simulated devices"
+            script_ok sim "$script" || ok=1
+            continue
+        fi
         script_ok cuda:0 "$script" || ok=1
     done
     return $ok
 }
+
+# Issue 19: the stream golden scripts (record_stream, per-stream pools, wait_stream,
+# with_stream) print on the GPU exactly what they print on sim (gpu_sleep keeps streams busy, so
+# timing decides nothing); the two-device stream script runs where two GPUs are visible.
+streams_cuda() { (cd "$REPO" && "$GPUMEM" --device cuda:0 test tests/golden/streams tests/golden/devices/streams.rhai); }
 
 # Speed ratios between two processes on a shared machine are figures to report, not gates: a
 # run measured 3.6x against a 4x goal once while gpumem's own timings met theirs. `ratio_gate`
@@ -232,8 +249,9 @@ soak() {
     [ $rc -eq 0 ] && grep -q '^PASS' <<<"$out"
 }
 
-# Issue 9: PyTorch's recorded traces (every default-stream fixture, expandable ones included)
-# replayed through the binary on the GPU, every counter after every op.
+# Issue 9: PyTorch's recorded traces (every fixture, expandable ones included) replayed through
+# the binary on the GPU, every counter after every op. Issue 19: the two-stream fixtures too,
+# their second stream's allocations made inside with_stream(side, ...).
 traces_cuda() {
     local fixtures=()
     local f
@@ -299,6 +317,8 @@ check golden-compiles-once golden_compiles_once
 check device-goldens device_goldens
 check device-contexts device_contexts
 check scripts-cuda scripts_cuda
+check streams-cuda-equals-sim streams_cuda
+check gpu-sleep script_ok cuda:0 streams.rhai
 check fragmentation-expandable fragmentation_expandable
 check traces-cuda traces_cuda
 check memory-viz bash memory_viz.sh "$GPUMEM"

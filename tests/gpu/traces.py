@@ -3,9 +3,11 @@ every recorded counter after every op (the GPU-side twin of tests/pytorch_traces
 
 usage: traces.py GPUMEM DEVICE FIXTURE.json[.gz] [...]
 Each fixture becomes one Rhai script: the traces' ops on 12 slots, `memory_stats()` printed after
-every op, run with the fixture's allocator config and memory fraction. Traces on a second stream
-are skipped (scripts have no stream binding). Prints one line per fixture and `FAIL` lines for
-the first mismatches; exits 1 on any mismatch.
+every op, run with the fixture's allocator config and memory fraction. An allocation the
+recording made on its second stream (op `["alloc", k, n, "stream1"]`) is made inside
+`with_stream(side, ...)` on a stream the script creates, so it draws from that stream's pools as
+PyTorch's did. Prints one line per fixture and `FAIL` lines for the first mismatches; exits 1 on
+any mismatch. tests/stream_traces.rs runs the same scripts on sim in `cargo test`.
 """
 import gzip
 import json
@@ -26,6 +28,8 @@ def load(path):
 
 def script_for(fixture, keys):
     lines = ["let slots = [(), (), (), (), (), (), (), (), (), (), (), ()];"]
+    if fixture.get("streams"):
+        lines.append("let side = stream();")
     if fixture["memory_fraction"] < 1.0:
         lines.append(f"set_per_process_memory_fraction({float(fixture['memory_fraction'])});")
     resets = fixture.get("per_trace_counters", "").startswith("all")
@@ -38,7 +42,10 @@ def script_for(fixture, keys):
         for i, step in enumerate(trace["ops"]):
             op = step["op"]
             if op[0] == "alloc":
-                lines.append(f'try {{ slots[{op[1]}] = empty({op[2]}, "uint8"); print("A {t} {i} ok"); }} '
+                make = f'empty({op[2]}, "uint8")'
+                if "stream1" in op[3:]:
+                    make = f"with_stream(side, || {make})"
+                lines.append(f'try {{ slots[{op[1]}] = {make}; print("A {t} {i} ok"); }} '
                              f'catch (e) {{ print("A {t} {i} oom"); }}')
             elif op[0] == "free":
                 lines.append(f"slots[{op[1]}] = ();")
@@ -53,9 +60,6 @@ def main():
     failures = 0
     for path in paths:
         fixture = load(path)
-        if fixture.get("streams"):
-            print(f"skip {os.path.basename(path)}: second-stream traces need a stream binding")
-            continue
         keys = sorted(fixture["traces"][0]["ops"][0]["stats"])
         script = f"/tmp/gpumem-trace-{os.path.basename(path)}.rhai"
         open(script, "w").write(script_for(fixture, keys))

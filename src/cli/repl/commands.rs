@@ -83,6 +83,7 @@ pub fn help() -> String {
             "Out-of-memory errors (`catch (e)`; print(e) shows PyTorch's text and the why line)",
             Kind::Error,
         ),
+        ("Streams (`let s = stream();`)", Kind::Stream),
     ] {
         let _ = writeln!(text, "{title}:");
         for doc in BINDINGS.iter().filter(|doc| doc.kind == kind) {
@@ -145,7 +146,7 @@ fn module_help(name: &str) -> Option<String> {
 pub fn help_for(name: &str) -> Result<String, String> {
     let mut found: Vec<String> = Vec::new();
     let bare = name.trim_start_matches('.');
-    if let Some(doc) = BINDINGS.iter().find(|doc| doc.name == bare) {
+    for doc in BINDINGS.iter().filter(|doc| doc.name == bare) {
         let mut text = format!(
             "{}\n  {}\n  example: {}",
             doc.signature, doc.summary, doc.example
@@ -415,6 +416,11 @@ mod tests {
         }
         assert!(help_for("randn").is_ok_and(|t| t.contains("randn(shape[, dtype])")));
         assert!(help_for("vars").is_ok_and(|t| t.contains(":vars")));
+        assert!(
+            help_for("synchronize").is_ok_and(|t| t.contains("synchronize([device])")
+                && t.contains("s.synchronize()")),
+            "a name documented for functions and streams shows both"
+        );
         assert!(help_for("nope").is_err_and(|t| t.contains("'nope'")));
     }
 

@@ -1,7 +1,7 @@
 //! The CUDA driver API as gpumem uses it, shaped like cudarc's own safe layer: the only module
 //! that calls `cudarc::driver::{sys, result}`. Each wrapper returns a typed [`DeviceError`];
-//! handles are typed ([`Device`], [`DevicePtr`]) and owned ones release themselves on drop
-//! ([`PrimaryContext`], [`Module`], [`Event`]).
+//! handles are typed ([`Device`], [`DevicePtr`], [`Stream`]) and owned ones release themselves on
+//! drop ([`PrimaryContext`], [`Module`], [`Event`], [`Marker`]).
 //!
 //! cudarc loads libcuda at run time and panics when the library or a symbol is missing, so
 //! [`init`] checks the library and every symbol called here before the first call.
@@ -9,7 +9,9 @@
 //! Calls that need a context take a [`Current`]: proof that this thread has made the primary
 //! context current, obtained from [`PrimaryContext::current`]. Each wrapper makes the context
 //! current again if something else was made current on the thread since (a thread-local
-//! compare, no driver call), so a `Current` can never act on the wrong context.
+//! compare, no driver call), so a `Current` can never act on the wrong context. A `Current` also
+//! names the stream its kernel launches and copies go to ([`Current::on`]; the legacy default
+//! stream unless told otherwise).
 
 use std::cell::Cell;
 use std::ffi::{c_void, CString};
@@ -27,7 +29,7 @@ use crate::device::{DeviceError, DevicePtr, DeviceSpan, MemorySpace};
 pub const MIN_DRIVER_VERSION: i32 = 13_000;
 
 /// Driver entry points gpumem calls; [`init`] checks each before the first call.
-const DRIVER_SYMBOLS: [&str; 41] = [
+const DRIVER_SYMBOLS: [&str; 47] = [
     "cuInit",
     "cuDriverGetVersion",
     "cuGetErrorName",
@@ -49,6 +51,8 @@ const DRIVER_SYMBOLS: [&str; 41] = [
     "cuMemGetInfo_v2",
     "cuMemcpyDtoH_v2",
     "cuMemcpyDtoD_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyDtoDAsync_v2",
     "cuMemcpyPeer",
     "cuModuleLoadData",
     "cuModuleUnload",
@@ -61,6 +65,10 @@ const DRIVER_SYMBOLS: [&str; 41] = [
     "cuEventSynchronize",
     "cuEventElapsedTime_v2",
     "cuEventDestroy_v2",
+    "cuEventQuery",
+    "cuStreamCreate",
+    "cuStreamSynchronize",
+    "cuStreamWaitEvent",
     "cuMemGetAllocationGranularity",
     "cuMemAddressReserve",
     "cuMemAddressFree",
@@ -298,6 +306,7 @@ impl PrimaryContext {
         self.ensure_current()?;
         Ok(Current {
             context: self,
+            stream: Stream::LEGACY_DEFAULT,
             _thread_bound: PhantomData,
         })
     }
@@ -344,11 +353,27 @@ impl Drop for PrimaryContext {
 }
 
 /// Proof that a `PrimaryContext` is current on this thread; calls that need a context take
-/// one. Not `Send`: it speaks for the thread that made it.
+/// one. Not `Send`: it speaks for the thread that made it. It also names the stream that kernel
+/// launches ([`Function::launch`]) and copies go to: the legacy default stream, or the one
+/// [`Current::on`] chose.
 #[derive(Debug, Clone, Copy)]
 pub struct Current<'a> {
     context: &'a PrimaryContext,
+    stream: Stream,
     _thread_bound: PhantomData<*const ()>,
+}
+
+impl<'a> Current<'a> {
+    /// The same proof, with launches and copies going to `stream` (a stream of this context,
+    /// from [`Current::create_stream`], or [`Stream::LEGACY_DEFAULT`]).
+    pub fn on(self, stream: Stream) -> Current<'a> {
+        Current { stream, ..self }
+    }
+
+    /// The stream launches and copies go to.
+    pub fn stream(&self) -> Stream {
+        self.stream
+    }
 }
 
 impl Current<'_> {
@@ -403,8 +428,10 @@ impl Current<'_> {
     }
 
     /// Copies the first `dst.len()` bytes of `src` to the host, after all work launched
-    /// before (`cuMemcpyDtoH` on the legacy default stream). Refused when `src` is shorter or
-    /// is not this device's memory.
+    /// before on this `Current`'s stream, and returns once the bytes are there (`cuMemcpyDtoH`
+    /// on the legacy default stream; on another stream `cuMemcpyDtoHAsync` on it, then
+    /// `cuStreamSynchronize`, as a read on a side stream is in PyTorch). Refused when `src` is
+    /// shorter or is not this device's memory.
     pub fn copy_to_host(&self, dst: &mut [u8], src: DeviceSpan<'_>) -> Result<(), DeviceError> {
         if dst.is_empty() {
             return Ok(());
@@ -418,14 +445,22 @@ impl Current<'_> {
             )));
         }
         self.check()?;
-        // SAFETY: `src` is live memory of this device for the borrow it carries, at least
-        // `dst.len()` bytes long (both checked above); the copy is synchronous, so it ends
-        // within that borrow, and writes only `dst`.
-        unsafe { cu::memcpy_dtoh_sync(dst, from) }.map_err(failed("cuMemcpyDtoH"))
+        if self.stream.is_legacy_default() {
+            // SAFETY: `src` is live memory of this device for the borrow it carries, at least
+            // `dst.len()` bytes long (both checked above); the copy is synchronous, so it ends
+            // within that borrow, and writes only `dst`.
+            return unsafe { cu::memcpy_dtoh_sync(dst, from) }.map_err(failed("cuMemcpyDtoH"));
+        }
+        // SAFETY: as above; the stream synchronisation below waits for the copy before
+        // returning, so it too ends within both borrows.
+        unsafe { cu::memcpy_dtoh_async(dst, from, self.stream.raw) }
+            .map_err(failed("cuMemcpyDtoHAsync"))?;
+        self.synchronize_stream(self.stream)
     }
 
-    /// Copies all of `src` to the front of `dst` (`cuMemcpyDtoD`). Refused when `dst` is
-    /// shorter or either is not this device's memory.
+    /// Copies all of `src` to the front of `dst`, ordered on this `Current`'s stream
+    /// (`cuMemcpyDtoD` on the legacy default stream, `cuMemcpyDtoDAsync` on another). Refused
+    /// when `dst` is shorter or either is not this device's memory.
     pub fn copy_device(&self, dst: DeviceSpan<'_>, src: DeviceSpan<'_>) -> Result<(), DeviceError> {
         let bytes = src.bytes();
         if bytes == 0 {
@@ -442,9 +477,16 @@ impl Current<'_> {
         self.check()?;
         let size = usize::try_from(bytes)
             .map_err(|_| DeviceError::InvalidArgument(format!("cannot copy {bytes} bytes")))?;
-        // SAFETY: both spans are live memory of this device for the borrows they carry, and
-        // `dst` holds at least the `bytes` bytes of `src` (checked above).
-        unsafe { cu::memcpy_dtod_sync(to, from, size) }.map_err(failed("cuMemcpyDtoD"))
+        if self.stream.is_legacy_default() {
+            // SAFETY: both spans are live memory of this device for the borrows they carry,
+            // and `dst` holds at least the `bytes` bytes of `src` (checked above).
+            return unsafe { cu::memcpy_dtod_sync(to, from, size) }.map_err(failed("cuMemcpyDtoD"));
+        }
+        // SAFETY: as above; the copy is ordered on the stream like a kernel launch, and the
+        // allocator reuses the blocks only in that stream's order or after the events of the
+        // other streams that used them.
+        unsafe { cu::memcpy_dtod_async(to, from, size, self.stream.raw) }
+            .map_err(failed("cuMemcpyDtoDAsync"))
     }
 }
 
@@ -758,7 +800,8 @@ impl Function {
         Ok(u32::try_from(blocks).unwrap_or(0).max(1))
     }
 
-    /// Launches the kernel on the legacy default stream with `grid` blocks of `threads` threads.
+    /// Launches the kernel on `current`'s stream ([`Current::on`]; the legacy default stream
+    /// unless chosen) with `grid` blocks of `threads` threads.
     ///
     /// # Safety
     /// `params` must point at live values of exactly the kernel's parameter types, in order, and
@@ -779,7 +822,7 @@ impl Function {
                 (grid, 1, 1),
                 (threads, 1, 1),
                 0,
-                cu::stream::null(),
+                current.stream.raw,
                 params,
             )
         }
@@ -837,6 +880,147 @@ impl<'a> Event<'a> {
 
 #[cfg(feature = "bench-internals")]
 impl Drop for Event<'_> {
+    fn drop(&mut self) {
+        let raw = self.raw;
+        // SAFETY: the event is not used after this; destroying it does not wait for it.
+        let _ = self
+            .context
+            .with_pushed(|| unsafe { cu::event::destroy(raw) });
+    }
+}
+
+/// A stream of a primary context (`CUstream`), or the legacy default stream (the null handle).
+/// A plain handle: streams made by [`Current::create_stream`] are never destroyed, as PyTorch
+/// never destroys the streams of its pools; the driver reclaims them with the context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stream {
+    raw: sys::CUstream,
+}
+
+// SAFETY: a CUstream is an opaque driver handle that gpumem never dereferences; the driver
+// accepts it from any thread on which its context is current.
+unsafe impl Send for Stream {}
+// SAFETY: as above; a `Stream` offers no interior mutability.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// The legacy default stream (the null `CUstream`): the allocator's stream 0, which every
+    /// thread of the process shares, as PyTorch's default stream. Streams made by
+    /// [`Current::create_stream`] do not synchronise with it implicitly.
+    pub const LEGACY_DEFAULT: Stream = Stream {
+        raw: std::ptr::null_mut(),
+    };
+
+    /// Whether this is the legacy default stream.
+    pub fn is_legacy_default(self) -> bool {
+        self.raw.is_null()
+    }
+}
+
+impl Current<'_> {
+    /// A new stream of this context that runs concurrently with the legacy default stream
+    /// (`cuStreamCreate` with `CU_STREAM_NON_BLOCKING`, as PyTorch creates the streams of its
+    /// pools). Never destroyed (see [`Stream`]).
+    pub fn create_stream(&self) -> Result<Stream, DeviceError> {
+        self.check()?;
+        let raw = cu::stream::create(cu::stream::StreamKind::NonBlocking)
+            .map_err(failed("cuStreamCreate"))?;
+        Ok(Stream { raw })
+    }
+
+    /// Waits until everything queued on `stream` has finished (`cuStreamSynchronize`).
+    pub fn synchronize_stream(&self, stream: Stream) -> Result<(), DeviceError> {
+        self.check()?;
+        // SAFETY: `stream` is the legacy default stream or a stream of this context, never
+        // destroyed.
+        unsafe { cu::stream::synchronize(stream.raw) }.map_err(failed("cuStreamSynchronize"))
+    }
+
+    /// Makes work queued on `waiter` from now on wait for the work queued on `other` so far
+    /// (`cuEventRecord` of a new event on `other`, `cuStreamWaitEvent` on `waiter`, the event
+    /// destroyed at once: the driver keeps the wait, and frees the event once it completes).
+    pub fn wait_stream(&self, waiter: Stream, other: Stream) -> Result<(), DeviceError> {
+        self.check()?;
+        let event = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(failed("cuEventCreate"))?;
+        // SAFETY: `event` is a live event of this context and both streams are of this context
+        // (or the legacy default one); the event is destroyed once, after its last use.
+        let waited = unsafe {
+            cu::event::record(event, other.raw)
+                .map_err(failed("cuEventRecord"))
+                .and_then(|()| {
+                    cu::stream::wait_event(
+                        waiter.raw,
+                        event,
+                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                    )
+                    .map_err(failed("cuStreamWaitEvent"))
+                })
+        };
+        // SAFETY: as above; not used after this.
+        let _ = unsafe { cu::event::destroy(event) };
+        waited
+    }
+}
+
+impl PrimaryContext {
+    /// Records a [`Marker`] on `stream` (a stream of this context, or the legacy default
+    /// one) after the work queued on it so far.
+    pub fn record_marker(self: &Arc<Self>, stream: Stream) -> Result<Marker, DeviceError> {
+        self.ensure_current()?;
+        // Timing disabled, as PyTorch's allocator creates its events: cheaper to record and
+        // query.
+        let raw = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(failed("cuEventCreate"))?;
+        let marker = Marker {
+            raw,
+            context: Arc::clone(self),
+        };
+        // SAFETY: `raw` is a live event of this context; `stream` is of this context.
+        unsafe { cu::event::record(marker.raw, stream.raw) }.map_err(failed("cuEventRecord"))?;
+        Ok(marker)
+    }
+}
+
+/// An event recorded on a stream (`cuEventRecord` of an event without timing): what the
+/// caching allocator waits for before it reuses a block used on another stream
+/// (`record_stream`). Destroyed on drop, in its device's primary context, which the driver
+/// allows before the event completes.
+#[derive(Debug)]
+pub struct Marker {
+    raw: sys::CUevent,
+    /// The context that made the event, retained until it is destroyed.
+    context: Arc<PrimaryContext>,
+}
+
+// SAFETY: a CUevent is an opaque driver handle that gpumem never dereferences; the driver
+// accepts it from any thread on which its context is current, and Drop makes it current.
+unsafe impl Send for Marker {}
+// SAFETY: as above; `&Marker` offers nothing but its handle to this module's calls.
+unsafe impl Sync for Marker {}
+
+impl Marker {
+    /// Whether the work the marker follows has finished (`cuEventQuery`: `CUDA_SUCCESS` or
+    /// `CUDA_ERROR_NOT_READY`; anything else is an error). Never waits.
+    pub fn is_done(&self) -> Result<bool, DeviceError> {
+        self.context.ensure_current()?;
+        // SAFETY: `raw` is a live, recorded event of the current context.
+        match unsafe { cu::event::query(self.raw) } {
+            Ok(()) => Ok(true),
+            Err(error) if error.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(error) => Err(failed("cuEventQuery")(error)),
+        }
+    }
+
+    /// Waits until the work the marker follows has finished (`cuEventSynchronize`).
+    pub fn wait(&self) -> Result<(), DeviceError> {
+        self.context.ensure_current()?;
+        // SAFETY: `raw` is a live, recorded event of the current context.
+        unsafe { cu::event::synchronize(self.raw) }.map_err(failed("cuEventSynchronize"))
+    }
+}
+
+impl Drop for Marker {
     fn drop(&mut self) {
         let raw = self.raw;
         // SAFETY: the event is not used after this; destroying it does not wait for it.

@@ -2,7 +2,9 @@
 //! device's primary context (created lazily, on the first call that needs it), the compiled
 //! value kernels and NVML's view of the device; and the [`DeviceMemory`] the caching allocator
 //! draws segments from ([`CudaDevice`]): plain `cuMemAlloc`/`cuMemFree`, exactly as PyTorch's
-//! allocator gets them from `cudaMalloc`/`cudaFree`, and the driver's free/total figures.
+//! allocator gets them from `cudaMalloc`/`cudaFree`, the driver's free/total figures, and real
+//! streams and events for the allocator's stream rules (`record_stream`, `wait_stream`,
+//! `gpu_sleep`).
 //!
 //! Stream-ordered pools, managed memory and cudarc's `CudaSlice` are deliberately not used: they
 //! would hide segments in the driver's own pool, out of the allocator's (and NVML's) sight.
@@ -23,10 +25,12 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 pub use driver::MIN_DRIVER_VERSION;
-pub(crate) use driver::{Current, Module, PhysicalMemory, PrimaryContext};
+pub(crate) use driver::{Current, Marker, Module, PhysicalMemory, PrimaryContext, Stream};
 
 use super::nvml::DriverView;
-use super::{DeviceError, DeviceMemory, DevicePtr, DriverMemory, MemorySpace, ProcessMemory};
+use super::{
+    DeviceError, DeviceMemory, DevicePtr, DriverMemory, MemorySpace, ProcessMemory, StreamEvent,
+};
 use kernels::Kernels;
 
 /// The environment variable naming what gpumem logs on stderr (comma-separated topics).
@@ -84,6 +88,10 @@ pub struct CudaGpu {
     kernels_init: Mutex<()>,
     /// NVRTC compilations this handle made (each logged under `GPUMEM_LOG=cuda`).
     compiles: AtomicUsize,
+    /// The CUDA streams behind the allocator's stream ids 1.. (0 is the legacy default stream),
+    /// created on first use and shared by every session of the process, as PyTorch's pool of
+    /// streams per device is.
+    streams: Mutex<BTreeMap<u64, Stream>>,
     /// NVML's view of the device, opened before the context existed so its baseline excludes
     /// it; the reason when NVML is unavailable.
     driver_view: Result<DriverView, DeviceError>,
@@ -139,6 +147,7 @@ impl CudaGpu {
             context_init: Mutex::new(()),
             kernels_init: Mutex::new(()),
             compiles: AtomicUsize::new(0),
+            streams: Mutex::new(BTreeMap::new()),
             driver_view,
         })
     }
@@ -195,6 +204,32 @@ impl CudaGpu {
     /// goes through here.
     pub(crate) fn activate(&self) -> Result<Current<'_>, DeviceError> {
         self.context()?.current()
+    }
+
+    /// The CUDA stream behind the allocator's stream `id`: the legacy default stream for 0,
+    /// else a non-blocking stream created (with the context, if need be) the first time any
+    /// session of the process names `id`, then the same one every time.
+    pub(crate) fn stream(&self, id: u64) -> Result<Stream, DeviceError> {
+        if id == 0 {
+            return Ok(Stream::LEGACY_DEFAULT);
+        }
+        let mut streams = self
+            .streams
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(stream) = streams.get(&id) {
+            return Ok(*stream);
+        }
+        let stream = self.activate()?.create_stream()?;
+        streams.insert(id, stream);
+        Ok(stream)
+    }
+
+    /// [`CudaGpu::activate`], with kernel launches and copies going to the allocator's stream
+    /// `id` ([`CudaGpu::stream`]).
+    pub(crate) fn activate_on(&self, id: u64) -> Result<Current<'_>, DeviceError> {
+        let stream = self.stream(id)?;
+        Ok(self.activate()?.on(stream))
     }
 
     /// Waits until every kernel launched on the device has finished (`cuCtxSynchronize`);
@@ -256,9 +291,17 @@ impl CudaGpu {
 
 /// The [`DeviceMemory`] of a CUDA GPU: what the caching allocator draws segments from —
 /// `cuMemAlloc` segments, and for expandable segments reserved address ranges with one
-/// `cuMemCreate` allocation mapped per page.
+/// `cuMemCreate` allocation mapped per page — and the events it waits for before reusing a
+/// block another stream used.
 pub struct CudaDevice {
     gpu: Arc<CudaGpu>,
+    /// Events recorded for the allocator and not yet seen complete, by the ticket of the
+    /// [`StreamEvent`] handed out for each. A ticket missing here was seen complete (its event
+    /// is destroyed), so it counts as complete. Behind a mutex because `query_event` reads
+    /// through `&self` and drops what completed.
+    events: Mutex<BTreeMap<u64, Marker>>,
+    /// The ticket of the next recorded event.
+    next_ticket: u64,
     /// Segments this device allocated (`cuMemAlloc`) and has not freed, by address: only these
     /// are freed, so a segment of another allocator on the same GPU is never freed from under
     /// it.
@@ -275,6 +318,8 @@ impl CudaDevice {
     pub fn new(gpu: Arc<CudaGpu>) -> CudaDevice {
         CudaDevice {
             gpu,
+            events: Mutex::new(BTreeMap::new()),
+            next_ticket: 1,
             segments: BTreeSet::new(),
             reservations: BTreeMap::new(),
             pages: BTreeMap::new(),
@@ -305,6 +350,14 @@ impl CudaDevice {
             return refuse("not whole pages inside one reserved range");
         }
         Ok(bytes / page)
+    }
+
+    /// The events not yet seen complete (poisoning ignored: the map is consistent after every
+    /// statement).
+    fn events(&self) -> MutexGuard<'_, BTreeMap<u64, Marker>> {
+        self.events
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Unmaps and releases the given pages of `mapped` (after the device finished its work).
@@ -366,9 +419,11 @@ impl DeviceMemory for CudaDevice {
             )));
         }
         let current = self.gpu.activate()?;
+        // As cudaFree does: work queued on any stream may still use the segment's blocks.
+        current.synchronize()?;
         // SAFETY: a segment `malloc` returned (checked above), freed once (forgotten below);
-        // the allocator frees only segments no tensor uses, and work queued on them ran on the
-        // same (legacy default) stream, which cuMemFree waits for.
+        // the allocator frees only segments no tensor uses, and the device finished every
+        // queued kernel above.
         unsafe { current.mem_free(segment) }?;
         self.segments.remove(&address);
         Ok(())
@@ -499,6 +554,62 @@ impl DeviceMemory for CudaDevice {
         // As PyTorch does before unmapping: the pages may still be in use by queued work.
         current.synchronize()?;
         Self::unmap_each(&mut self.pages, &current, &addresses)
+    }
+
+    fn record_event(&mut self, stream: u64) -> Result<StreamEvent, DeviceError> {
+        let on = self.gpu.stream(stream)?;
+        let marker = self.gpu.context()?.record_marker(on)?;
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.events().insert(ticket, marker);
+        Ok(StreamEvent { stream, ticket })
+    }
+
+    fn query_event(&self, event: StreamEvent) -> Result<bool, DeviceError> {
+        let mut events = self.events();
+        let Some(marker) = events.get(&event.ticket) else {
+            return Ok(true);
+        };
+        let done = marker.is_done()?;
+        if done {
+            events.remove(&event.ticket);
+        }
+        Ok(done)
+    }
+
+    fn synchronize_event(&mut self, event: StreamEvent) -> Result<(), DeviceError> {
+        let mut events = self.events();
+        if let Some(marker) = events.get(&event.ticket) {
+            marker.wait()?;
+            events.remove(&event.ticket);
+        }
+        Ok(())
+    }
+
+    fn synchronize_stream(&mut self, stream: u64) -> Result<(), DeviceError> {
+        // Without a context nothing was ever queued; waiting must not create one.
+        if !self.gpu.has_context() {
+            return Ok(());
+        }
+        let on = self.gpu.stream(stream)?;
+        self.gpu.activate()?.synchronize_stream(on)
+    }
+
+    fn synchronize_device(&mut self) -> Result<(), DeviceError> {
+        self.gpu.synchronize()
+    }
+
+    fn wait_stream(&mut self, stream: u64, other: u64) -> Result<(), DeviceError> {
+        if stream == other {
+            return Ok(());
+        }
+        let (waiter, waited) = (self.gpu.stream(stream)?, self.gpu.stream(other)?);
+        self.gpu.activate()?.wait_stream(waiter, waited)
+    }
+
+    fn sleep(&mut self, stream: u64, millis: u64) -> Result<(), DeviceError> {
+        let current = self.gpu.activate_on(stream)?;
+        self.gpu.kernels()?.sleep(&current, millis)
     }
 }
 

@@ -304,10 +304,38 @@ mod tests {
         let clash = device.malloc(2 << 20).expect("room");
         assert_ne!(clash.addr(), 0x7000_0000_0000, "overlaps the live one");
         assert!(device.free(placed).is_ok());
+        assert!(device.free(other).is_ok() && device.free(clash).is_ok());
         assert!(device.free(placed).is_err());
         assert_eq!(
             device.mem_get_info().map(|(_, total)| total).ok(),
             Some(1 << 30)
+        );
+    }
+
+    #[test]
+    fn the_simulators_address_is_not_handed_out_over_a_recorded_one() {
+        let hints = Hints::default();
+        let mut device = ReplayDevice::new(SimDevice::new(1 << 30), hints.clone());
+        let before = device.mem_get_info().ok();
+        // Where the simulator would put its next segment, taken by a recorded one.
+        let next = {
+            let mut probe = SimDevice::new(1 << 30);
+            probe.malloc(2 << 20).expect("room").addr()
+        };
+        hints.push(next, 2 << 20);
+        let recorded = device.malloc(2 << 20).expect("room");
+        assert_eq!(recorded.addr(), next);
+        let own = device.malloc(2 << 20).expect("another address");
+        assert!(
+            own.addr().abs_diff(next) >= 2 << 20,
+            "{:#x} overlaps {next:#x}",
+            own.addr()
+        );
+        assert!(device.free(own).is_ok() && device.free(recorded).is_ok());
+        assert_eq!(
+            device.mem_get_info().ok(),
+            before,
+            "the collided address was given back"
         );
     }
 

@@ -415,6 +415,9 @@ impl Engine {
         self.counts.events += 1;
         let index = super::event_number(&emitted);
         self.index = index;
+        // Every allocator event a file event causes carries its index (low 32 bits; the
+        // timeline restores the rest), so pictures number events as the text does.
+        self.allocator.set_trace_context(index as u32);
         let fail = |message: String| SnapshotError::Event { index, message };
         if event.action == Action::Alloc
             && self
@@ -504,7 +507,10 @@ impl Engine {
                 self.counts.snapshots += 1;
             }
             // gpumem's own kinds: a file's reader accepts only PyTorch's names.
-            Action::EmptyCache | Action::RangeReserve | Action::RangeRelease => {}
+            Action::EmptyCache
+            | Action::RangeReserve
+            | Action::RangeRelease
+            | Action::SetMemoryFraction => {}
         }
         self.observe(index);
         Ok(())
@@ -513,6 +519,8 @@ impl Engine {
     /// Ends the replay: a `free_requested` still held was deferred, and a run at the very end
     /// was an `empty_cache()`.
     pub fn finish(&mut self, last_index: u64) -> Result<(), SnapshotError> {
+        // What the end releases is numbered by the last event, as the text numbers it.
+        self.allocator.set_trace_context(last_index as u32);
         let fail = |message: String| SnapshotError::Event {
             index: last_index,
             message,

@@ -36,6 +36,7 @@ pub mod frames;
 pub mod held;
 pub mod limit;
 mod pass;
+pub mod peaks;
 pub mod ranges;
 pub mod recording;
 pub mod report;
@@ -43,6 +44,7 @@ pub mod scan;
 pub mod search;
 pub mod seed;
 pub mod start;
+pub mod tune;
 pub mod verdict;
 
 pub use search::{min_capacity, min_capacity_of, CapacitySearch};
@@ -169,6 +171,10 @@ pub fn event_number(emitted: &Emitted) -> u64 {
     emitted.index + 1
 }
 
+/// Told about each trace event of the file before it is replayed (to learn its stack, say:
+/// [`peaks`]).
+pub type Tap<'a> = &'a mut dyn FnMut(&Emitted<'_>);
+
 /// How often (in events) progress is reported.
 const PROGRESS_EVERY: u64 = 1 << 16;
 
@@ -283,6 +289,18 @@ pub fn replay_recording(
     progress: Progress<'_>,
     observers: Vec<Box<dyn MemoryObserver>>,
 ) -> Result<ReplayReport, ReplayError> {
+    replay_recording_tapped(path, recording, options, progress, (observers, &mut |_| {}))
+}
+
+/// [`replay_recording`], also telling `tap` about each trace entry of the replayed device
+/// before it is replayed.
+fn replay_recording_tapped(
+    path: &Path,
+    recording: &Recording,
+    options: &ReplayOptions,
+    progress: Progress<'_>,
+    (observers, tap): (Vec<Box<dyn MemoryObserver>>, Tap<'_>),
+) -> Result<ReplayReport, ReplayError> {
     let (conf, conf_source) = recording.choose_conf(options)?;
     let placement = recording.placement_for(options, &conf);
     let mut pass = Pass::new(
@@ -297,6 +315,9 @@ pub fn replay_recording(
     let plan = pass.apply(plan, recording)?;
     pickle::stream_file(path, |emitted| {
         let offset = emitted.offset;
+        if pass.replays(&emitted) {
+            tap(&emitted);
+        }
         pass.handle(emitted)?;
         if pass.events().is_multiple_of(PROGRESS_EVERY) {
             progress(offset, pass.events());
@@ -314,7 +335,24 @@ pub fn replay_observed(
     report: &ReplayReport,
     observers: Vec<Box<dyn MemoryObserver>>,
 ) -> Result<ReplayReport, ReplayError> {
+    replay_tapped(path, report, observers, &mut |_| {})
+}
+
+/// [`replay_observed`], also telling `tap` about each trace entry of the replayed device
+/// before it is replayed.
+pub fn replay_tapped(
+    path: &Path,
+    report: &ReplayReport,
+    observers: Vec<Box<dyn MemoryObserver>>,
+    tap: Tap<'_>,
+) -> Result<ReplayReport, ReplayError> {
     let options = report.options();
     let recording = read(path, options.device_index, &mut no_progress)?;
-    replay_recording(path, &recording, &options, &mut no_progress, observers)
+    replay_recording_tapped(
+        path,
+        &recording,
+        &options,
+        &mut no_progress,
+        (observers, tap),
+    )
 }

@@ -233,6 +233,11 @@ impl Pass {
         }
     }
 
+    /// Whether `emitted` is an entry of the device replayed.
+    pub(super) fn replays(&self, emitted: &Emitted) -> bool {
+        matches!(emitted.trace, Trace::Device(device) if self.wanted.is_none_or(|wanted| wanted == device))
+    }
+
     /// Replays one event of the device replayed (another device's is counted; pinned host
     /// memory's is never replayed).
     pub(super) fn handle(&mut self, emitted: Emitted) -> Result<(), SnapshotError> {

@@ -218,8 +218,11 @@ impl Scan {
                 self.pressure.released(size);
             }
             Action::Oom => self.pressure.oom(index, size, addr),
-            Action::Snapshot | Action::EmptyCache | Action::RangeReserve | Action::RangeRelease => {
-            }
+            Action::Snapshot
+            | Action::EmptyCache
+            | Action::RangeReserve
+            | Action::RangeRelease
+            | Action::SetMemoryFraction => {}
         }
     }
 

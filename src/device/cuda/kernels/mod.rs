@@ -1,9 +1,10 @@
 //! gpumem's CUDA kernels: `randn.cu` (the normal generator, twin of `tensor::philox`) and
-//! `values.cu` (randn per dtype, fills, elementwise arithmetic, reductions), compiled together
-//! with NVRTC to PTX for the device's architecture the first time a process needs them (the
-//! device handle is process-wide, so once per process), loaded into the primary context, and
-//! launched on the legacy default stream. The driver's JIT cache keeps the PTX-to-machine-code
-//! step on disk between runs.
+//! `values.cu` (randn per dtype, fills, elementwise arithmetic, reductions, `gpu_sleep`'s spin),
+//! compiled together with NVRTC to PTX for the device's architecture the first time a process
+//! needs them (the device handle is process-wide, so once per process), loaded into the primary
+//! context, and launched on the stream the caller's `Current` names (the legacy default stream
+//! unless a script chose another). The driver's JIT cache keeps the PTX-to-machine-code step on
+//! disk between runs.
 //!
 //! Only the kernels tensors use are here; `gpumem bench randn` compiles its candidate kernels
 //! from its own source (`src/cli/bench/randn/variants.cu`, in front of which it puts
@@ -307,6 +308,8 @@ pub struct Kernels {
     binary_f32: Function,
     moments_f32: Function,
     moments_finish: Function,
+    /// `gpu_sleep`'s spin kernel.
+    sleep: Function,
     /// The module's `moments_scratch` (two doubles): its address and size.
     scratch: (DevicePtr, u64),
     /// Keeps the module loaded, so `scratch` stays valid (every Function holds it too).
@@ -350,6 +353,7 @@ impl Kernels {
             binary_f32: module.function("binary_f32")?,
             moments_f32: module.function("moments_f32")?,
             moments_finish: module.function("moments_finish")?,
+            sleep: module.function("gpu_sleep")?,
             scratch: (scratch, scratch_bytes as u64),
             _module: Arc::clone(module),
             reducing: Mutex::new(()),
@@ -456,6 +460,18 @@ impl Kernels {
             self.binary_f32
                 .launch(current, grid_for(n), THREADS, &mut params)
         }
+    }
+
+    /// Keeps `current`'s stream busy for `millis` milliseconds (`gpu_sleep`, PyTorch's
+    /// `torch.cuda._sleep`): one thread that spins on the GPU's global timer. Returns once the
+    /// kernel is queued.
+    pub fn sleep(&self, current: &Current<'_>, millis: u64) -> Result<(), DeviceError> {
+        let mut nanoseconds = millis.checked_mul(1_000_000).ok_or_else(|| {
+            DeviceError::InvalidArgument(format!("a sleep of {millis} ms is too long"))
+        })?;
+        let mut params = [param(&mut nanoseconds)];
+        // SAFETY: (u64 nanoseconds); the kernel touches no memory.
+        unsafe { self.sleep.launch(current, 1, 1, &mut params) }
     }
 
     /// `(Σ (x − shift), Σ (x − shift)²)` over the float32 elements of `x`, accumulated in

@@ -151,3 +151,18 @@ extern "C" __global__ void moments_finish(u64 blocks) {
         moments_scratch[1] = q;
     }
 }
+
+// gpu_sleep (torch.cuda._sleep): one thread spins until `nanoseconds` have passed on the GPU's
+// global timer (%globaltimer, nanoseconds), keeping the stream it is launched on busy for that
+// long. The timer, not clock64's cycles, so the length does not depend on the clock speed.
+__device__ __forceinline__ u64 global_timer_ns() {
+    u64 now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    return now;
+}
+
+extern "C" __global__ void gpu_sleep(u64 nanoseconds) {
+    const u64 start = global_timer_ns();
+    while (global_timer_ns() - start < nanoseconds) {
+    }
+}
