@@ -222,7 +222,11 @@ impl Devices {
         // The device the tensor goes to needs its context even when nothing was deferred (a
         // fresh process on device 0) and nothing will be allocated (0 bytes).
         let current = self.current();
-        current.ensure_context()?;
+        // Asked only while there is none: making sure costs a driver call (`cuMemGetInfo`),
+        // which would double the cost of a small tensor on a GPU.
+        if !current.has_context() {
+            current.ensure_context()?;
+        }
         self.streams_ready.set(true);
         Ok(current)
     }
@@ -233,7 +237,10 @@ impl Devices {
     /// 0 by tests/gpu/contexts.py, case "current and default stream").
     pub fn ready_streams(&self) -> Result<(), TensorError> {
         if !self.streams_ready.get() {
-            self.current().ensure_context()?;
+            let current = self.current();
+            if !current.has_context() {
+                current.ensure_context()?;
+            }
             self.streams_ready.set(true);
         }
         Ok(())
