@@ -340,7 +340,8 @@ def pair_verdict(run, base, kind, result):
         oom_at = first_oom_index(run.events())
         ours = allocs_before(run.events(), oom_at)
         first = report.get("first_oom")
-        theirs = allocs_before(base.events(), first["index"]) if first else None
+        # gpumem numbers events from 1 (event N is trace[N - 1]).
+        theirs = allocs_before(base.events(), first["index"] - 1) if first else None
         fields.append(("first OOM at allocation #", ours, theirs))
     verdict = "exact" if all(a == b for _, a, b in fields) else "differs"
     return verdict, fields
