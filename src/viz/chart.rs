@@ -928,7 +928,7 @@ fn draw_overlay<DB: DrawingBackend>(
     })
 }
 
-/// Several runs of one job overlaid (see [`draw_overlay`]) as an SVG document.
+/// Several runs of one job overlaid (drawn as `draw_overlay` draws them) as an SVG document.
 pub fn overlay_svg(
     title: &str,
     runs: &[(String, &Timeline)],
