@@ -1197,13 +1197,6 @@ impl CachingAllocator {
             .map(|(&ptr, segment)| (ptr, self.pool_id(segment.owner)))
     }
 
-    /// Every `cudaMalloc` segment's stream, by address, as (base address, stream).
-    pub fn segment_streams(&self) -> impl Iterator<Item = (u64, StreamId)> + '_ {
-        self.segments
-            .iter()
-            .map(|(&ptr, segment)| (ptr, segment.stream))
-    }
-
     /// Every live expandable segment, lowest base first.
     pub fn expandable_segments(&self) -> Vec<ExpandableInfo> {
         let mut list: Vec<ExpandableInfo> = self
@@ -1221,11 +1214,6 @@ impl CachingAllocator {
             .collect();
         list.sort_unstable_by_key(|info| info.base);
         list
-    }
-
-    /// Number of free blocks cached in each of the default pools: (small, large).
-    pub fn cached_block_counts(&self) -> (usize, usize) {
-        (self.small.len(), self.large.len())
     }
 }
 

@@ -29,7 +29,6 @@ pub mod viz_api;
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::io::Write as _;
-use std::path::Path;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -280,16 +279,6 @@ impl Host {
         let result = self.engine.run_ast_with_scope(&mut scope, &ast);
         drop(scope);
         result.map_err(|error| ScriptError::runtime(name, source, *error))
-    }
-
-    /// Reads and runs a script file.
-    pub fn run_file(&self, path: &Path) -> Result<(), ScriptError> {
-        let name = path.display().to_string();
-        let source = std::fs::read_to_string(path).map_err(|error| ScriptError::Io {
-            path: name.clone(),
-            message: error.to_string(),
-        })?;
-        self.run_source(&name, &source)
     }
 }
 

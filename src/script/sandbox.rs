@@ -111,11 +111,6 @@ impl PathPolicy {
         })
     }
 
-    /// A policy that allows everything (library callers that are their own users).
-    pub fn unrestricted() -> PathPolicy {
-        PathPolicy::with_roots(PathBuf::from("/"), &[PathBuf::from("/")])
-    }
-
     /// The path a script may read `path` at, or why not.
     pub fn readable(&self, path: &str) -> Result<PathBuf, SandboxError> {
         let written = self.inside(path)?;

@@ -114,14 +114,6 @@ impl Devices {
             })
     }
 
-    /// Device `index` as a script gives it (it may be negative), or the current device.
-    pub fn get_or_current(&self, index: Option<i64>) -> Result<Rc<Runtime>, NoSuchDevice> {
-        match index {
-            None => Ok(self.current()),
-            Some(index) => self.get(self.index_of(index)?),
-        }
-    }
-
     /// Checks a script's device index.
     pub fn index_of(&self, index: i64) -> Result<usize, NoSuchDevice> {
         usize::try_from(index)

@@ -479,9 +479,7 @@ fn draw<DB: DrawingBackend>(
         .map_err(draw_error)?;
     let x_desc = match timeline.numbering {
         Numbering::Sequence => "allocator event (#)",
-        Numbering::TraceIndex => {
-            "event of the snapshot file (its number from 1, as the text gives it)"
-        }
+        Numbering::TraceIndex => "event of the snapshot file (its index, as the text numbers it)",
     };
     chart
         .configure_mesh()
@@ -875,7 +873,7 @@ fn draw_overlay<DB: DrawingBackend>(
         .map_err(draw_error)?;
     chart
         .configure_mesh()
-        .x_desc("event of the snapshot file (its number from 1, as the text gives it)")
+        .x_desc("event of the snapshot file (its index, as the text numbers it)")
         .y_desc(unit_name)
         .x_label_formatter(&|x| event_number(*x))
         .y_label_formatter(&|y| units::trimmed(*y))
@@ -930,7 +928,7 @@ fn draw_overlay<DB: DrawingBackend>(
     })
 }
 
-/// Several runs of one job overlaid (see `draw_overlay`) as an SVG document.
+/// Several runs of one job overlaid (drawn as `draw_overlay` draws them) as an SVG document.
 pub fn overlay_svg(
     title: &str,
     runs: &[(String, &Timeline)],

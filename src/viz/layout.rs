@@ -3,7 +3,7 @@
 //! first frame ([`super::report`]). Built from the allocator's snapshot, so nothing here
 //! reaches into the allocator's internals.
 
-use crate::alloc::{Block, BlockState, CachingAllocator, MemPoolId, Pool, SegmentSnapshot};
+use crate::alloc::{Block, CachingAllocator, MemPoolId, Pool};
 
 /// What a stretch of a segment holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -123,37 +123,6 @@ pub struct MemoryLayout {
 }
 
 impl MemoryLayout {
-    /// The layout of a `memory_snapshot()`.
-    pub fn from_snapshot(snapshot: &[SegmentSnapshot]) -> MemoryLayout {
-        let mut segments: Vec<SegmentLayout> = snapshot
-            .iter()
-            .map(|segment| {
-                let pool = if segment.segment_type == Pool::Small.name() {
-                    Pool::Small
-                } else {
-                    Pool::Large
-                };
-                let mut layout = SegmentLayout::from_blocks(
-                    segment.address,
-                    segment.total_size,
-                    pool,
-                    segment.blocks.iter().map(|block| {
-                        (
-                            block.address,
-                            block.size,
-                            // A block waiting for its streams is in use too.
-                            block.state != BlockState::Inactive,
-                        )
-                    }),
-                );
-                layout.pool_id = segment.segment_pool_id;
-                layout
-            })
-            .collect();
-        segments.sort_by_key(|segment| segment.address);
-        MemoryLayout { segments }
-    }
-
     /// The allocator's layout now: every `cudaMalloc` segment, and every expandable segment
     /// from its base to the end of its last mapped page, unmapped pages inside shown as
     /// [`Region::Unmapped`]. In an expandable segment the whole pages of a free block are

@@ -126,11 +126,6 @@ impl LiveLayout {
         }
     }
 
-    /// Live blocks (allocated or awaiting their streams).
-    pub fn block_count(&self) -> usize {
-        self.blocks.len()
-    }
-
     /// The layout now, as [`MemoryLayout::of`] would show it: allocated blocks, the free bytes
     /// between them (split-free in a segment that holds something, cached-free in one that
     /// holds nothing; in an expandable segment whole free pages are cached-free and unmapped

@@ -33,12 +33,7 @@ pub struct Remainder {
     pub stacks: Stacks,
 }
 
-impl Remainder {
-    /// Entries of every device's trace.
-    pub fn device_entries(&self) -> u64 {
-        self.traces.iter().map(|(_, entries)| entries).sum()
-    }
-}
+impl Remainder {}
 
 /// Reads the top-level value, or says why it is not a memory snapshot.
 pub fn remainder(top: &Value, stacks: Stacks) -> Result<Remainder, String> {

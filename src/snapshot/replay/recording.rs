@@ -148,7 +148,7 @@ impl Recording {
         let remainder = &self.remainder;
         let why = if !remainder.has_device_traces {
             "the snapshot holds no trace events (the file records no trace, no 'device_traces': a snapshot taken without history, or PyTorch 2.0's bare list of segments)".to_string()
-        } else if remainder.device_entries() == 0 {
+        } else if remainder.traces.iter().all(|&(_, entries)| entries == 0) {
             format!(
                 "the snapshot holds no trace events (device {}'s trace holds no allocator event; {})",
                 self.device_index,
