@@ -60,6 +60,26 @@ pub struct ChartGeometry {
     pub y_max: f64,
 }
 
+impl ChartGeometry {
+    /// The geometry of a drawn plot: its plotting area's pixel ranges (plotters'
+    /// `get_pixel_range`), the events it spans and the bytes at its top edge.
+    fn of_plot(
+        (x_range, y_range): (std::ops::Range<i32>, std::ops::Range<i32>),
+        (from, to): (u64, u64),
+        y_max_bytes: f64,
+    ) -> ChartGeometry {
+        ChartGeometry {
+            left: x_range.start,
+            right: x_range.end,
+            top: y_range.start,
+            bottom: y_range.end,
+            from,
+            to,
+            y_max: y_max_bytes,
+        }
+    }
+}
+
 /// Why a chart could not be drawn.
 #[derive(Debug, thiserror::Error)]
 pub enum ChartError {
@@ -659,15 +679,11 @@ fn draw<DB: DrawingBackend>(
             .map_err(draw_error)?;
     }
     root.present().map_err(draw_error)?;
-    Ok(ChartGeometry {
-        left: x_range.start,
-        right: x_range.end,
-        top: y_range.start,
-        bottom: y_range.end,
-        from,
-        to,
-        y_max: y_max * unit as f64,
-    })
+    Ok(ChartGeometry::of_plot(
+        (x_range, y_range),
+        (from, to),
+        y_max * unit as f64,
+    ))
 }
 
 /// A dashed line from `a` to `b` in data coordinates.
@@ -917,15 +933,11 @@ fn draw_overlay<DB: DrawingBackend>(
         }
     }
     root.present().map_err(draw_error)?;
-    Ok(ChartGeometry {
-        left: x_range.start,
-        right: x_range.end,
-        top: y_range.start,
-        bottom: y_range.end,
-        from,
-        to,
-        y_max: y_max * unit as f64,
-    })
+    Ok(ChartGeometry::of_plot(
+        (x_range, y_range),
+        (from, to),
+        y_max * unit as f64,
+    ))
 }
 
 /// Several runs of one job overlaid (drawn as `draw_overlay` draws them) as an SVG document.
