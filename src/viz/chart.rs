@@ -266,6 +266,28 @@ fn draw_legend<DB: DrawingBackend>(
 }
 
 /// Rows of the legend `entries` take in a picture `width` pixels wide.
+/// Draws a picture's heading — its title, then the legend in as many rows as it needs, so the
+/// legend never covers the plot — and returns the area left below it for the plot.
+fn draw_heading<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    legend: &[(Swatch, String)],
+) -> Result<DrawingArea<DB, Shift>, ChartError> {
+    let caption_height = 34;
+    let legend_height = 20 * legend_rows(root, legend, 84) + 6;
+    let (head, body) = root.split_vertically(caption_height + legend_height);
+    let (caption, legend_area) = head.split_vertically(caption_height);
+    caption
+        .draw(&Text::new(
+            title.to_string(),
+            (14, 8),
+            ("sans-serif", 20).into_font().color(&BLACK),
+        ))
+        .map_err(draw_error)?;
+    draw_legend(&legend_area, legend, 84)?;
+    Ok(body)
+}
+
 fn legend_rows<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     entries: &[(Swatch, String)],
@@ -476,20 +498,7 @@ fn draw<DB: DrawingBackend>(
         ));
     }
 
-    let title = title.to_string();
-    let caption_height = 34;
-    let legend_height = 20 * legend_rows(root, &legend, 84) + 6;
-    let (head, body) = root.split_vertically(caption_height + legend_height);
-    let (caption, legend_area) = head.split_vertically(caption_height);
-    caption
-        .draw(&Text::new(
-            title,
-            (14, 8),
-            ("sans-serif", 20).into_font().color(&BLACK),
-        ))
-        .map_err(draw_error)?;
-    draw_legend(&legend_area, &legend, 84)?;
-
+    let body = draw_heading(root, title, &legend)?;
     let mut chart = ChartBuilder::on(&body)
         .margin(14)
         .margin_top(4)
@@ -868,18 +877,7 @@ fn draw_overlay<DB: DrawingBackend>(
             ),
         ));
     }
-    let caption_height = 34;
-    let legend_height = 20 * legend_rows(root, &legend, 84) + 6;
-    let (head, body) = root.split_vertically(caption_height + legend_height);
-    let (caption, legend_area) = head.split_vertically(caption_height);
-    caption
-        .draw(&Text::new(
-            title.to_string(),
-            (14, 8),
-            ("sans-serif", 20).into_font().color(&BLACK),
-        ))
-        .map_err(draw_error)?;
-    draw_legend(&legend_area, &legend, 84)?;
+    let body = draw_heading(root, title, &legend)?;
     let mut chart = ChartBuilder::on(&body)
         .margin(14)
         .margin_top(4)
