@@ -24,6 +24,7 @@ enum Field {
     Pool,
 }
 
+#[inline(always)]
 fn field(key: &[u8]) -> Option<Field> {
     Some(match key {
         b"action" => Field::Action,
@@ -43,6 +44,17 @@ fn field(key: &[u8]) -> Option<Field> {
 enum Kind {
     Memory(Action),
     Marker(MarkerKind),
+}
+
+impl Kind {
+    /// The kind an `action` names, if any.
+    #[inline]
+    fn of_name(name: &[u8]) -> Option<Kind> {
+        Some(match Action::from_bytes(name) {
+            Some(action) => Kind::Memory(action),
+            None => Kind::Marker(MarkerKind::from_bytes(name)?),
+        })
+    }
 }
 
 /// A string read by the fast path: new bytes, or a memo reference.
@@ -104,15 +116,18 @@ impl<'a> Fast<'a> {
         Some(piece)
     }
 
+    #[inline]
     fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
         self.take(N)?.try_into().ok()
     }
 
+    #[inline]
     fn u32(&mut self) -> Option<u32> {
         self.array().map(u32::from_le_bytes)
     }
 
     /// A memo store right after a value, if there is one: its id.
+    #[inline]
     fn memo_store(&mut self) -> Option<Option<u32>> {
         let id = match *self.bytes.get(self.at)? {
             op::MEMOIZE => {
@@ -148,7 +163,38 @@ impl<'a> Fast<'a> {
         self.memo.value(id)
     }
 
+    /// A string's bytes when they are written out and not memoized (how serde-pickle, and
+    /// Python's pickler for an event's values, write them: the common case), read in place;
+    /// `Some(None)` with nothing read for anything else, which [`Fast::text`] then reads.
+    /// Returning the bytes directly rather than a [`Text`] matters: `perf` showed a third of a
+    /// replay's time in the stall of reading back a `Text` that `text` had returned through
+    /// memory.
+    #[inline(always)]
+    fn plain_text(&mut self) -> Option<Option<&'a [u8]>> {
+        let start = self.at;
+        let length = match *self.bytes.get(start)? {
+            op::SHORT_BINUNICODE => {
+                self.at += 1;
+                usize::from(self.byte()?)
+            }
+            op::BINUNICODE => {
+                self.at += 1;
+                self.u32()? as usize
+            }
+            _ => return Some(None),
+        };
+        let bytes = self.take(length)?;
+        match *self.bytes.get(self.at)? {
+            op::MEMOIZE | op::BINPUT | op::LONG_BINPUT => {
+                self.at = start;
+                Some(None)
+            }
+            _ => Some(Some(bytes)),
+        }
+    }
+
     /// A string, stored in the memo too if a memo opcode follows it.
+    #[inline(never)]
     fn text(&mut self) -> Option<Text<'a>> {
         let opcode = self.byte()?;
         let text = match opcode {
@@ -173,6 +219,7 @@ impl<'a> Fast<'a> {
         Some(text)
     }
 
+    #[inline(always)]
     fn int(&mut self) -> Option<i64> {
         match self.number()? {
             Number::Signed(value) => Some(value),
@@ -181,6 +228,7 @@ impl<'a> Fast<'a> {
     }
 
     /// An address: any 64 bits ([`RawEvent::addr`]).
+    #[inline(always)]
     fn address(&mut self) -> Option<i64> {
         match self.number()? {
             Number::Signed(value) => Some(value),
@@ -188,6 +236,7 @@ impl<'a> Fast<'a> {
         }
     }
 
+    #[inline(always)]
     fn number(&mut self) -> Option<Number> {
         let value = match self.byte()? {
             op::BININT1 => i64::from(self.byte()?),
@@ -273,18 +322,18 @@ impl<'a> Fast<'a> {
                 self.at += 1;
                 break;
             }
-            let key = self.text()?;
-            let field = field(key.bytes()?)?;
+            let field = match self.plain_text()? {
+                Some(key) => field(key)?,
+                None => field(self.text()?.bytes()?)?,
+            };
             if kind.is_none() && field != Field::Action {
                 return None;
             }
             match field {
                 Field::Action => {
-                    let name = self.text()?;
-                    let name = name.bytes()?;
-                    kind = Some(match Action::from_bytes(name) {
-                        Some(action) => Kind::Memory(action),
-                        None => Kind::Marker(MarkerKind::from_bytes(name)?),
+                    kind = Some(match self.plain_text()? {
+                        Some(name) => Kind::of_name(name)?,
+                        None => Kind::of_name(self.text()?.bytes()?)?,
                     });
                 }
                 Field::Addr => {
@@ -298,7 +347,9 @@ impl<'a> Fast<'a> {
                 Field::Stream => event.stream = self.int()?,
                 Field::TimeUs => event.time_us = self.int()?,
                 Field::Text => {
-                    self.text()?.bytes()?;
+                    if self.plain_text()?.is_none() {
+                        self.text()?.bytes()?;
+                    }
                 }
                 Field::Frames => event.stack = self.frames()?,
                 Field::Pool => event.pool = self.pool()?,

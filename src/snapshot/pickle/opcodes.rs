@@ -75,6 +75,7 @@ pub const OBJECT_OPCODES: [(u8, &str); 18] = [
 
 /// A little-endian two's-complement integer of up to 8 bytes (`LONG1`'s argument); `None`
 /// when it does not fit 64 bits.
+#[inline]
 pub fn long(bytes: &[u8]) -> Option<i64> {
     // Python writes a byte past the 8th only for the sign: accept it when the value fits.
     let (low, high) = bytes.split_at(bytes.len().min(8));
@@ -92,6 +93,7 @@ pub fn long(bytes: &[u8]) -> Option<i64> {
 
 /// A little-endian two's-complement integer from 2^63 to 2^64 - 1 (Python's `LONG1` of an
 /// unsigned 64-bit value: 8 bytes with the top bit set and a 9th sign byte of 0), or `None`.
+#[inline]
 pub fn unsigned_long(bytes: &[u8]) -> Option<u64> {
     match bytes {
         [a, b, c, d, e, f, g, h, 0] if h & 0x80 != 0 => {

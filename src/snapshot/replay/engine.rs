@@ -229,6 +229,19 @@ struct Run {
 }
 
 impl Run {
+    /// Whether nothing happened since the last run ended (the common case: an event right
+    /// after another malloc or free), so ending it changes nothing.
+    fn is_empty(&self) -> bool {
+        self.releases == 0
+            && self.new_memory == 0
+            && self.completions == 0
+            && self.adjacent == 0
+            && !self.empty_cache_frame
+            && self.release_sizes.is_empty()
+            && self.leading.is_empty()
+            && self.after_release.is_empty()
+    }
+
     /// Whether, ended by no malloc, the run shows an `empty_cache()`: a release, or a
     /// completion that does not read as an immediate free.
     fn shows_empty_cache(&self) -> bool {
@@ -550,6 +563,10 @@ impl Engine {
     /// `empty_cache()` (see the module documentation) and replays it if so. `malloc` is the
     /// `alloc` or `oom` event that ends the run, if one does.
     fn end_run(&mut self, malloc: Option<&RawEvent>) -> Result<(), String> {
+        if self.run.is_empty() {
+            // No release, completion or new memory: no `empty_cache()`, nothing to complete.
+            return Ok(());
+        }
         let mut run = std::mem::take(&mut self.run);
         // Completions before any release: PyTorch's `process_events` made them (the blocks
         // were back in the cache when the malloc looked), or, when the malloc found nothing
@@ -693,8 +710,8 @@ impl Engine {
     /// Hands the allocator's segment events since the last call to the comparison, as
     /// replayed at event `index`.
     fn observe(&mut self, index: u64) {
-        let events = self.log.borrow_mut().take();
-        for event in events {
+        let mut log = self.log.borrow_mut();
+        for event in log.drain() {
             if event.kind.is_segment_event() {
                 self.segments
                     .replayed(index, (event.kind, event.addr, event.size));
