@@ -274,13 +274,6 @@ impl EventLog {
     pub fn take(&mut self) -> Vec<MemoryEvent> {
         std::mem::take(&mut self.events)
     }
-
-    /// Hands over the events kept so far one by one and starts afresh, keeping the room
-    /// they took: a replay reads the log after every event, and [`EventLog::take`] there
-    /// cost a heap allocation per event.
-    pub fn drain(&mut self) -> std::vec::Drain<'_, MemoryEvent> {
-        self.events.drain(..)
-    }
 }
 
 impl MemoryObserver for EventLog {

@@ -75,8 +75,12 @@ pub const OBJECT_OPCODES: [(u8, &str); 18] = [
 
 /// A little-endian two's-complement integer of up to 8 bytes (`LONG1`'s argument); `None`
 /// when it does not fit 64 bits.
-#[inline]
+#[inline(always)]
 pub fn long(bytes: &[u8]) -> Option<i64> {
+    // The common case (an address or a time in microseconds): eight bytes, read at once.
+    if let Ok(eight) = <[u8; 8]>::try_from(bytes) {
+        return Some(i64::from_le_bytes(eight));
+    }
     // Python writes a byte past the 8th only for the sign: accept it when the value fits.
     let (low, high) = bytes.split_at(bytes.len().min(8));
     let negative = low.last().is_some_and(|&byte| byte & 0x80 != 0);

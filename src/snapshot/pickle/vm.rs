@@ -27,8 +27,9 @@ use super::shape::{frame_bytes, frame_of, holds_segments, stack_items, take_bloc
 use super::value::{List, Memo, MemoEntry, Place, Section, Value};
 
 /// Look-ahead the event fast path wants in the buffer: events larger than this are parsed
-/// generically.
-const EVENT_WINDOW: usize = 64 << 10;
+/// generically. (An event without frames takes about 170 bytes; the unread bytes, at most
+/// this many, move to the buffer's front at each refill.)
+const EVENT_WINDOW: usize = 16 << 10;
 
 /// Bytes the reader's accounting charges for one value wherever it is (a stack slot, an item
 /// of a container, half a dict entry): twice a stack slot's size, for the spare capacity of

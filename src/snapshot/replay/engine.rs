@@ -58,7 +58,7 @@ use super::device::{Hints, DEFERRED_STREAMS};
 use super::seed::Seeded;
 use crate::alloc::outlook::MallocOutlook;
 use crate::alloc::{
-    AllocError, Allocation, CachingAllocator, EventLog, MemPoolId, MemoryObserver, OutOfMemory,
+    AllocError, Allocation, CachingAllocator, MemPoolId, MemoryEvent, MemoryObserver, OutOfMemory,
     PoolFilter, StreamId, Subscription,
 };
 use crate::snapshot::model::Action;
@@ -204,6 +204,19 @@ impl PoolRoutes {
     }
 }
 
+/// The allocator's segment events since the engine last compared them: the only ones it
+/// compares, so the others (two or three per replayed event) are not kept at all.
+#[derive(Debug, Default)]
+struct SegmentLog(Vec<DeviceEvent>);
+
+impl MemoryObserver for SegmentLog {
+    fn on_event(&mut self, event: &MemoryEvent) {
+        if event.kind.is_segment_event() {
+            self.0.push((event.kind, event.addr, event.size));
+        }
+    }
+}
+
 /// The run of releases (and deferred completions) since the last other event.
 #[derive(Debug, Default)]
 struct Run {
@@ -259,7 +272,7 @@ pub struct Engine {
     trace: Option<u32>,
     /// The allocator's own events since the last recorded event was replayed: its segment
     /// events are what the comparison checks.
-    log: Rc<RefCell<EventLog>>,
+    log: Rc<RefCell<SegmentLog>>,
     /// Where recorded segments go, for the device to place gpumem's alike (`None`: the
     /// simulator's placement model).
     hints: Option<Hints>,
@@ -310,7 +323,7 @@ impl Engine {
         hints: Option<Hints>,
         routes: PoolRoutes,
     ) -> Engine {
-        let log = Rc::new(RefCell::new(EventLog::default()));
+        let log = Rc::new(RefCell::new(SegmentLog::default()));
         allocator.subscribe(Box::new(Rc::clone(&log)));
         Engine {
             allocator,
@@ -395,7 +408,7 @@ impl Engine {
             }
         }
         self.skipped.extend(seeded.failed.iter().copied());
-        self.log.borrow_mut().take();
+        self.log.borrow_mut().0.clear();
         Ok(())
     }
 
@@ -711,11 +724,8 @@ impl Engine {
     /// replayed at event `index`.
     fn observe(&mut self, index: u64) {
         let mut log = self.log.borrow_mut();
-        for event in log.drain() {
-            if event.kind.is_segment_event() {
-                self.segments
-                    .replayed(index, (event.kind, event.addr, event.size));
-            }
+        for event in log.0.drain(..) {
+            self.segments.replayed(index, event);
         }
     }
 
