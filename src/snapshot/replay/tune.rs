@@ -31,6 +31,7 @@ use std::cmp::Ordering;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as Atomic};
 use std::sync::Mutex;
+use std::time::Instant;
 
 use serde::Serialize;
 use thiserror::Error;
@@ -371,25 +372,47 @@ struct Task {
     text: String,
 }
 
+/// How long one replay of a tune took (wall clock, on its worker thread): `gpumem bench tune`
+/// tells from these whether threads waited for work (uneven replays) or each replay ran slower
+/// (threads contending for the machine).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReplayTime {
+    /// The worker thread that ran it (0-based).
+    pub worker: usize,
+    /// Its seconds.
+    pub seconds: f64,
+}
+
 /// Replays `path` under each config of the grid and under its own, and ranks them.
 pub fn tune(
     path: &Path,
     options: &TuneOptions,
     progress: TuneProgress<'_>,
 ) -> Result<TuneRanking, ReplayError> {
+    tune_timed(path, options, progress).map(|(ranking, _)| ranking)
+}
+
+/// [`tune`], with how long each replay that ran took.
+pub fn tune_timed(
+    path: &Path,
+    options: &TuneOptions,
+    progress: TuneProgress<'_>,
+) -> Result<(TuneRanking, Vec<ReplayTime>), ReplayError> {
     let (tasks, mut skipped) = plan(&options.grid);
     let file_bytes = std::fs::metadata(path).map_or(0, |meta| meta.len());
     let threads = options
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .clamp(1, tasks.len().max(1));
-    let results: Vec<Mutex<Option<Result<ReplayReport, ReplayError>>>> =
+    let results: Vec<Mutex<Option<(Result<ReplayReport, ReplayError>, ReplayTime)>>> =
         tasks.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
+    let (tasks_ref, results_ref, next_ref, failed_ref) = (&tasks, &results, &next, &failed);
     std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| loop {
+        for worker in 0..threads {
+            let (tasks, results, next, failed) = (tasks_ref, results_ref, next_ref, failed_ref);
+            scope.spawn(move || loop {
                 let index = next.fetch_add(1, Atomic::Relaxed);
                 if index >= tasks.len() || failed.load(Atomic::Relaxed) {
                     break;
@@ -400,6 +423,7 @@ pub fn tune(
                     ..options.replay.clone()
                 };
                 let mut told = 0_u64;
+                let started = Instant::now();
                 let result = replay(path, &replay_options, &mut |bytes, _| {
                     let bytes = bytes.min(file_bytes);
                     if bytes > told {
@@ -407,20 +431,29 @@ pub fn tune(
                         told = bytes;
                     }
                 });
+                let time = ReplayTime {
+                    worker,
+                    seconds: started.elapsed().as_secs_f64(),
+                };
                 progress(file_bytes.saturating_sub(told));
                 // The job's own replay failing means the file does: stop the others.
                 if result.is_err() && task.position.is_none() {
                     failed.store(true, Atomic::Relaxed);
                 }
                 if let Ok(mut slot) = results[index].lock() {
-                    *slot = Some(result);
+                    *slot = Some((result, time));
                 }
             });
         }
     });
     let mut reports = Vec::with_capacity(tasks.len());
+    let mut times = Vec::with_capacity(tasks.len());
     for (task, slot) in tasks.iter().zip(results) {
-        match (slot.into_inner().ok().flatten(), task.position) {
+        let outcome = slot.into_inner().ok().flatten().map(|(result, time)| {
+            times.push(time);
+            result
+        });
+        match (outcome, task.position) {
             (Some(Ok(report)), _) => reports.push((task, report)),
             // The file itself cannot be replayed (the job's own config runs first).
             (Some(Err(error)), None) => return Err(error),
@@ -478,7 +511,7 @@ pub fn tune(
         })
         .collect();
     skipped.sort_by_key(|entry| entry.0);
-    Ok(TuneRanking {
+    let ranking = TuneRanking {
         file: path.display().to_string(),
         capacity: own.capacity,
         capacity_source: own.capacity_source,
@@ -488,7 +521,8 @@ pub fn tune(
         configs,
         skipped: skipped.into_iter().map(|(_, entry)| entry).collect(),
         notes: options.grid.notes.clone(),
-    })
+    };
+    Ok((ranking, times))
 }
 
 /// The tasks for a grid: the file's own config first (its failure is the file's), then the
