@@ -383,6 +383,9 @@ pub struct ReplayTime {
     pub seconds: f64,
 }
 
+/// What one replay of a tune came to, and how long it took.
+type Outcome = (Result<ReplayReport, ReplayError>, ReplayTime);
+
 /// Replays `path` under each config of the grid and under its own, and ranks them.
 pub fn tune(
     path: &Path,
@@ -404,8 +407,7 @@ pub fn tune_timed(
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .clamp(1, tasks.len().max(1));
-    let results: Vec<Mutex<Option<(Result<ReplayReport, ReplayError>, ReplayTime)>>> =
-        tasks.iter().map(|_| Mutex::new(None)).collect();
+    let results: Vec<Mutex<Option<Outcome>>> = tasks.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let (tasks_ref, results_ref, next_ref, failed_ref) = (&tasks, &results, &next, &failed);
