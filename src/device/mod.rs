@@ -18,6 +18,7 @@ mod address;
 #[doc(hidden)]
 pub mod bench;
 pub mod cuda;
+mod forward;
 pub(crate) mod nvml;
 pub mod sim;
 mod span;
@@ -25,6 +26,7 @@ pub mod spec;
 pub(crate) mod streams;
 
 pub use address::{DevicePtr, MemorySpace};
+pub(crate) use forward::forward_device_memory;
 pub use span::DeviceSpan;
 pub use spec::DeviceSpec;
 pub use streams::StreamEvent;
