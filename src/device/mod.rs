@@ -18,13 +18,15 @@ mod address;
 #[doc(hidden)]
 pub mod bench;
 pub mod cuda;
+mod forward;
 pub(crate) mod nvml;
 pub mod sim;
 mod span;
 pub mod spec;
-pub mod streams;
+pub(crate) mod streams;
 
 pub use address::{DevicePtr, MemorySpace};
+pub(crate) use forward::forward_device_memory;
 pub use span::DeviceSpan;
 pub use spec::DeviceSpec;
 pub use streams::StreamEvent;

@@ -19,10 +19,9 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 
+use crate::device::forward_device_memory;
 use crate::device::sim::SimDevice;
-use crate::device::{
-    DeviceError, DeviceMemory, DevicePtr, DriverMemory, MemorySpace, ProcessMemory, StreamEvent,
-};
+use crate::device::{DeviceError, DeviceMemory, DevicePtr, MemorySpace, StreamEvent};
 
 /// Recorded `segment_alloc`s (address, size) waiting for the malloc that follows them.
 #[derive(Debug, Clone, Default)]
@@ -141,57 +140,10 @@ impl DeviceMemory for ReplayDevice {
         self.inner.free(own)
     }
 
-    fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
-        self.inner.mem_get_info()
-    }
-
-    fn total_memory(&self) -> u64 {
-        self.inner.total_memory()
-    }
-
-    fn index(&self) -> usize {
-        self.inner.index()
-    }
-
-    fn process_memory(&self) -> Vec<ProcessMemory> {
-        self.inner.process_memory()
-    }
-
-    fn label(&self) -> String {
-        self.inner.label()
-    }
-
-    fn driver_memory(&self) -> Result<DriverMemory, DeviceError> {
-        self.inner.driver_memory()
-    }
-
-    // Expandable segments: reserved ranges and their pages are the simulator's (only
-    // `cudaMalloc` segments take recorded addresses).
-
-    fn allocation_granularity(&self) -> Result<u64, DeviceError> {
-        self.inner.allocation_granularity()
-    }
-
-    fn reserve_address_range(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
-        self.inner.reserve_address_range(bytes)
-    }
-
-    fn free_address_range(&mut self, base: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.inner.free_address_range(base, bytes)
-    }
-
-    fn map_pages(&mut self, address: DevicePtr, bytes: u64, page: u64) -> Result<(), DeviceError> {
-        self.inner.map_pages(address, bytes, page)
-    }
-
-    fn unmap_pages(
-        &mut self,
-        address: DevicePtr,
-        bytes: u64,
-        page: u64,
-    ) -> Result<(), DeviceError> {
-        self.inner.unmap_pages(address, bytes, page)
-    }
+    // The device's figures are the simulator's, and so are expandable segments: reserved
+    // ranges and their pages (only `cudaMalloc` segments take recorded addresses).
+    forward_device_memory!(inner: mem_get_info, total_memory, index, process_memory, label,
+        driver_memory, vmm);
 
     // Streams and events: the simulator's, but for the made-up streams of deferred frees.
 
@@ -225,13 +177,7 @@ impl DeviceMemory for ReplayDevice {
         self.inner.synchronize_stream(stream)
     }
 
-    fn synchronize_device(&mut self) -> Result<(), DeviceError> {
-        self.inner.synchronize_device()
-    }
-
-    fn wait_stream(&mut self, stream: u64, other: u64) -> Result<(), DeviceError> {
-        self.inner.wait_stream(stream, other)
-    }
+    forward_device_memory!(inner: synchronize_device, wait_stream);
 
     fn sleep(&mut self, stream: u64, millis: u64) -> Result<(), DeviceError> {
         if stream >= DEFERRED_STREAMS {

@@ -6,9 +6,8 @@
 use std::cell::Cell;
 use std::rc::Rc;
 
-use crate::device::{
-    DeviceError, DeviceMemory, DevicePtr, DriverMemory, ProcessMemory, StreamEvent,
-};
+use crate::device::forward_device_memory;
+use crate::device::{DeviceError, DeviceMemory, DevicePtr, DriverMemory};
 
 /// The bytes held elsewhere, shared with whoever sets them once the limit is known.
 pub type Held = Rc<Cell<u64>>;
@@ -45,29 +44,9 @@ impl DeviceMemory for HeldElsewhere {
         self.inner.malloc(bytes)
     }
 
-    fn free(&mut self, segment: DevicePtr) -> Result<(), DeviceError> {
-        self.inner.free(segment)
-    }
-
     fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
         let (_, total) = self.inner.mem_get_info()?;
         Ok((self.free_bytes()?, total))
-    }
-
-    fn total_memory(&self) -> u64 {
-        self.inner.total_memory()
-    }
-
-    fn index(&self) -> usize {
-        self.inner.index()
-    }
-
-    fn process_memory(&self) -> Vec<ProcessMemory> {
-        self.inner.process_memory()
-    }
-
-    fn label(&self) -> String {
-        self.inner.label()
     }
 
     fn driver_memory(&self) -> Result<DriverMemory, DeviceError> {
@@ -79,62 +58,16 @@ impl DeviceMemory for HeldElsewhere {
         Ok(view)
     }
 
-    fn allocation_granularity(&self) -> Result<u64, DeviceError> {
-        self.inner.allocation_granularity()
-    }
-
-    fn reserve_address_range(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
-        self.inner.reserve_address_range(bytes)
-    }
-
-    fn free_address_range(&mut self, base: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.inner.free_address_range(base, bytes)
-    }
-
     fn map_pages(&mut self, address: DevicePtr, bytes: u64, page: u64) -> Result<(), DeviceError> {
         self.check(bytes)?;
         self.inner.map_pages(address, bytes, page)
     }
 
-    fn unmap_pages(
-        &mut self,
-        address: DevicePtr,
-        bytes: u64,
-        page: u64,
-    ) -> Result<(), DeviceError> {
-        self.inner.unmap_pages(address, bytes, page)
-    }
-
-    // Streams and events are the inner device's (the replay device's made-up streams of
-    // deferred frees among them): held memory changes none of them.
-
-    fn record_event(&mut self, stream: u64) -> Result<StreamEvent, DeviceError> {
-        self.inner.record_event(stream)
-    }
-
-    fn query_event(&self, event: StreamEvent) -> Result<bool, DeviceError> {
-        self.inner.query_event(event)
-    }
-
-    fn synchronize_event(&mut self, event: StreamEvent) -> Result<(), DeviceError> {
-        self.inner.synchronize_event(event)
-    }
-
-    fn synchronize_stream(&mut self, stream: u64) -> Result<(), DeviceError> {
-        self.inner.synchronize_stream(stream)
-    }
-
-    fn synchronize_device(&mut self) -> Result<(), DeviceError> {
-        self.inner.synchronize_device()
-    }
-
-    fn wait_stream(&mut self, stream: u64, other: u64) -> Result<(), DeviceError> {
-        self.inner.wait_stream(stream, other)
-    }
-
-    fn sleep(&mut self, stream: u64, millis: u64) -> Result<(), DeviceError> {
-        self.inner.sleep(stream, millis)
-    }
+    // Everything else is the inner device's: held memory changes no free, no address range and
+    // none of the streams and events (the replay device's made-up streams of deferred frees
+    // among them).
+    forward_device_memory!(inner: free, total_memory, index, process_memory, label,
+        allocation_granularity, reserve_address_range, free_address_range, unmap_pages, streams);
 }
 
 #[cfg(test)]
