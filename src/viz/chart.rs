@@ -265,6 +265,41 @@ fn draw_legend<DB: DrawingBackend>(
     Ok(())
 }
 
+/// The x axis of a chart over the events of a snapshot file, numbered as the text numbers them.
+const FILE_EVENT_AXIS: &str = "event of the snapshot file (its index, as the text numbers it)";
+
+/// The chart of a timeline or an overlay below its heading: events `from..to` across, 0 to
+/// `y_max` (in the chart's unit) up, with the mesh, the axis names `(x_desc, y_desc)` and
+/// whole-number event ticks drawn.
+fn event_chart<'a, DB: DrawingBackend>(
+    body: &'a DrawingArea<DB, Shift>,
+    (from, to): (u64, u64),
+    y_max: f64,
+    (x_desc, y_desc): (&str, &str),
+) -> Result<ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>, ChartError> {
+    let mut chart = ChartBuilder::on(body)
+        .margin(14)
+        .margin_top(4)
+        .x_label_area_size(44)
+        .y_label_area_size(70)
+        .build_cartesian_2d(from as f64..to as f64, 0f64..y_max)
+        .map_err(draw_error)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        // Events are whole numbers: ticks plotters puts between them stay unlabelled.
+        .x_label_formatter(&|x| event_number(*x))
+        .y_label_formatter(&|y| units::trimmed(*y))
+        .label_style(("sans-serif", 13))
+        .axis_desc_style(("sans-serif", 14))
+        .light_line_style(RGBColor(236, 236, 236))
+        .bold_line_style(RGBColor(215, 215, 215))
+        .draw()
+        .map_err(draw_error)?;
+    Ok(chart)
+}
+
 /// Rows of the legend `entries` take in a picture `width` pixels wide.
 /// Draws a picture's heading — its title, then the legend in as many rows as it needs, so the
 /// legend never covers the plot — and returns the area left below it for the plot.
@@ -499,31 +534,11 @@ fn draw<DB: DrawingBackend>(
     }
 
     let body = draw_heading(root, title, &legend)?;
-    let mut chart = ChartBuilder::on(&body)
-        .margin(14)
-        .margin_top(4)
-        .x_label_area_size(44)
-        .y_label_area_size(70)
-        .build_cartesian_2d(from as f64..to as f64, 0f64..y_max)
-        .map_err(draw_error)?;
     let x_desc = match timeline.numbering {
         Numbering::Sequence => "allocator event (#)",
-        Numbering::TraceIndex => "event of the snapshot file (its index, as the text numbers it)",
+        Numbering::TraceIndex => FILE_EVENT_AXIS,
     };
-    chart
-        .configure_mesh()
-        .x_desc(x_desc)
-        .y_desc(unit_name)
-        // Events are whole numbers: ticks plotters puts between them stay unlabelled.
-        .x_label_formatter(&|x| event_number(*x))
-        .y_label_formatter(&|y| units::trimmed(*y))
-        .label_style(("sans-serif", 13))
-        .axis_desc_style(("sans-serif", 14))
-        .light_line_style(RGBColor(236, 236, 236))
-        .bold_line_style(RGBColor(215, 215, 215))
-        .draw()
-        .map_err(draw_error)?;
-
+    let mut chart = event_chart(&body, (from, to), y_max, (x_desc, unit_name))?;
     let (x_range, y_range) = chart.plotting_area().get_pixel_range();
     let width_px = (x_range.end - x_range.start).max(1) as usize;
     let column_x = |c: usize| from as f64 + c as f64 * (to - from) as f64 / width_px as f64;
@@ -878,25 +893,7 @@ fn draw_overlay<DB: DrawingBackend>(
         ));
     }
     let body = draw_heading(root, title, &legend)?;
-    let mut chart = ChartBuilder::on(&body)
-        .margin(14)
-        .margin_top(4)
-        .x_label_area_size(44)
-        .y_label_area_size(70)
-        .build_cartesian_2d(from as f64..to as f64, 0f64..y_max)
-        .map_err(draw_error)?;
-    chart
-        .configure_mesh()
-        .x_desc("event of the snapshot file (its index, as the text numbers it)")
-        .y_desc(unit_name)
-        .x_label_formatter(&|x| event_number(*x))
-        .y_label_formatter(&|y| units::trimmed(*y))
-        .label_style(("sans-serif", 13))
-        .axis_desc_style(("sans-serif", 14))
-        .light_line_style(RGBColor(236, 236, 236))
-        .bold_line_style(RGBColor(215, 215, 215))
-        .draw()
-        .map_err(draw_error)?;
+    let mut chart = event_chart(&body, (from, to), y_max, (FILE_EVENT_AXIS, unit_name))?;
     let (x_range, y_range) = chart.plotting_area().get_pixel_range();
     let width_px = (x_range.end - x_range.start).max(1) as usize;
     let column_x = |c: usize| from as f64 + c as f64 * (to - from) as f64 / width_px as f64;
