@@ -46,6 +46,8 @@ PY
 }
 
 say "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+# Whether the cores are SMT siblings: with 2 threads per core, 16 threads share 8 physical cores.
+lscpu 2>/dev/null | grep -E '^(Thread|Core|Socket)' | sed 's/^/   /' | tee -a "$REPORT"
 say "== gpumem: $("$GPUMEM" --version)"
 "$PYTHON" -c 'import torch; print("== torch", torch.__version__)' 2>&1 | tee -a "$REPORT"
 
