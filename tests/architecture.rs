@@ -1,5 +1,6 @@
 //! The rules of the house that the compiler cannot check (../shared/DESIGN.md, issue 15):
-//! which layer may import which, and no import loops between the modules of one folder.
+//! which layer may import which, no import loops between the modules of one folder, and no
+//! public submodule that nothing outside the library uses.
 //!
 //! The test reads the crate's own sources: every `crate::…` and `super::…` path outside
 //! comments and outside `#[cfg(test)]` modules is an import of the module it names. That is a
@@ -340,4 +341,85 @@ fn the_reader_sees_imports_it_must_see() {
     graph.insert("a".to_string(), BTreeSet::from(["b".to_string()]));
     graph.insert("b".to_string(), BTreeSet::from(["a".to_string()]));
     assert_eq!(cycles(&graph), vec![vec!["a".to_string(), "b".to_string()]]);
+}
+
+/// Every `pub mod NAME;` beneath the seven roots, as `(path of the module, NAME)`.
+fn public_submodules() -> Vec<(ModulePath, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    collect_rust_files(&root, &mut files);
+    let mut found = Vec::new();
+    for file in files {
+        let parent = module_path(&root, &file);
+        if parent.is_empty() || parent[0] == "cli" {
+            // lib.rs declares the roots; the binary's modules are no one's face.
+            continue;
+        }
+        for line in code_of(&file).lines() {
+            if let Some(name) = line
+                .trim()
+                .strip_prefix("pub mod ")
+                .and_then(|rest| rest.strip_suffix(';'))
+            {
+                found.push((parent.clone(), name.to_string()));
+            }
+        }
+    }
+    found
+}
+
+/// The text of every file outside the library that may use it: the binary (src/cli,
+/// src/main.rs), integration tests, benches and the fuzz target.
+fn library_users() -> Vec<String> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![manifest.join("src/main.rs")];
+    for folder in ["src/cli", "tests", "benches", "fuzz"] {
+        let folder = manifest.join(folder);
+        if folder.is_dir() {
+            collect_rust_files(&folder, &mut files);
+        }
+    }
+    files
+        .iter()
+        .filter_map(|file| std::fs::read_to_string(file).ok())
+        .collect()
+}
+
+/// Whether `word` occurs in `text` as a whole identifier.
+fn names_word(text: &str, word: &str) -> bool {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices(word).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + word.len()..].chars().next();
+        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+    })
+}
+
+#[test]
+fn a_public_submodule_is_used_outside_the_library() {
+    // Issue 15's curated face: beneath the seven roots a module is public only because the
+    // binary, a test, a bench or the fuzz target reaches it; everything else is `pub(crate)`.
+    // Read textually: some file outside the library names `gpumem::ROOT` and the module's name.
+    let users = library_users();
+    let modules = public_submodules();
+    assert!(
+        modules.len() > 10,
+        "the reading found only {} public submodules",
+        modules.len()
+    );
+    let unused: Vec<String> = modules
+        .iter()
+        .filter(|(parent, name)| {
+            let root = format!("gpumem::{}", parent[0]);
+            !users
+                .iter()
+                .any(|text| text.contains(&root) && names_word(text, name))
+        })
+        .map(|(parent, name)| format!("{}::{name}", show(parent)))
+        .collect();
+    assert!(
+        unused.is_empty(),
+        "public modules nothing outside the library uses (make them pub(crate)):\n{}",
+        unused.join("\n")
+    );
 }

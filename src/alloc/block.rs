@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 
-/// Index of a block in the [`BlockArena`].
+/// Index of a block in the `BlockArena`.
 pub type BlockId = u32;
 
 /// "No block": the end of a `prev`/`next` chain.
@@ -22,7 +22,7 @@ pub type SegmentId = u32;
 pub const NO_SEGMENT: SegmentId = SegmentId::MAX;
 
 /// Which pools a block belongs to: 0 for the default pools, from 1 a private pool
-/// ([`super::pools`]).
+/// (`super::pools`).
 pub type PoolOwner = u32;
 
 /// The default pools' [`PoolOwner`].
@@ -153,12 +153,6 @@ impl BlockArena {
         self.slots.get(id as usize)?.as_ref()
     }
 
-    /// Mutable access to the block with this id, if it exists.
-    #[inline]
-    pub fn get_mut(&mut self, id: BlockId) -> Option<&mut Block> {
-        self.slots.get_mut(id as usize)?.as_mut()
-    }
-
     /// The block with this id. Callers pass ids taken from live links, so a miss is a bug in
     /// the allocator, not a user error.
     #[inline]
@@ -281,7 +275,7 @@ impl BlockPool {
 
     /// The free blocks from `key` onwards (it included), in pool order: the rest of the key's
     /// stream, then every later stream.
-    pub fn from_key(&self, key: FreeKey) -> impl Iterator<Item = FreeKey> + '_ {
+    pub fn starting_at(&self, key: FreeKey) -> impl Iterator<Item = FreeKey> + '_ {
         let (stream, size, ptr, id) = key;
         let same = self
             .set(stream)
@@ -337,11 +331,6 @@ impl BlockPool {
     /// Number of cached blocks.
     pub fn len(&self) -> usize {
         self.streams.iter().map(|entry| entry.blocks.len()).sum()
-    }
-
-    /// Whether no block is cached.
-    pub fn is_empty(&self) -> bool {
-        self.streams.iter().all(|entry| entry.blocks.is_empty())
     }
 
     /// Every cached block, in (stream, size, address) order.
@@ -425,7 +414,7 @@ mod tests {
         assert_eq!(pool.best_fit(5, 1), None);
         assert_eq!(pool.best_fit(7, 150).map(|k| k.3), Some(1));
         // PyTorch's lower_bound walks on into later streams, and back into earlier ones.
-        assert_eq!(keys(pool.from_key((3, 150, 0, 0))), [(7, 100), (7, 300)]);
+        assert_eq!(keys(pool.starting_at((3, 150, 0, 0))), [(7, 100), (7, 300)]);
         assert_eq!(
             keys(pool.before_key((3, 150, 0, 0))),
             [(3, 100), (0, 200), (0, 200)]

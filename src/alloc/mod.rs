@@ -6,27 +6,27 @@
 //! For the same sequence of requests it makes the same device calls and keeps the same
 //! counters as PyTorch 2.11, so `memory_stats()`, `memory_summary()` and the OOM message match.
 //! The malloc/free path is here; releasing memory (`empty_cache`, the retry path, garbage
-//! collection) is in `release.rs`, expandable segments in [`expandable`] (page bookkeeping)
+//! collection) is in `release.rs`, expandable segments in `expandable` (page bookkeeping)
 //! and `vmm.rs` (the rules using it), the OOM message in `oom.rs`, the event trace in
-//! [`trace`].
+//! `trace`.
 
-pub mod block;
-pub mod config;
-pub mod diagnosis;
-pub mod events;
-pub mod expandable;
+pub(crate) mod block;
+pub(crate) mod config;
+pub(crate) mod diagnosis;
+pub(crate) mod events;
+pub(crate) mod expandable;
 pub mod format;
 mod invariants;
-pub mod measure;
+pub(crate) mod measure;
 mod oom;
-pub mod outlook;
-pub mod pending;
-pub mod pools;
+pub(crate) mod outlook;
+pub(crate) mod pending;
+pub(crate) mod pools;
 mod release;
-pub mod snapshot;
-pub mod stats;
+pub(crate) mod snapshot;
+pub(crate) mod stats;
 pub mod summary;
-pub mod trace;
+pub(crate) mod trace;
 mod trial;
 mod vmm;
 
@@ -106,7 +106,7 @@ pub struct OutOfMemory {
     pub message: String,
     /// Bytes of the segment that could not be obtained ("Tried to allocate ...").
     pub alloc_size: u64,
-    /// The facts at the error and their cause ([`diagnosis`]).
+    /// The facts at the error and their cause (`diagnosis`).
     pub diagnosis: Box<diagnosis::OomDiagnosis>,
 }
 
@@ -490,7 +490,7 @@ impl CachingAllocator {
     }
 
     /// The page size of a pool's expandable segments under this config
-    /// ([`expandable::page_size`]).
+    /// (`expandable::page_size`).
     pub fn page_size(&self, pool: Pool) -> u64 {
         expandable::page_size(pool, self.config.large_segment_size)
     }
@@ -672,7 +672,7 @@ impl CachingAllocator {
         active: bool,
     ) -> Option<block::FreeKey> {
         let pool = self.pool_ref(request.owner, request.pool);
-        let mut candidates = pool.from_key(first).skip(1);
+        let mut candidates = pool.starting_at(first).skip(1);
         if !active {
             return candidates
                 .find(|key| key.0 != request.stream || !self.blocks.at(key.3).is_expandable())
@@ -1006,7 +1006,7 @@ impl CachingAllocator {
     /// (`free_requested`). Without `record_stream` the block then merges with the free
     /// neighbours of its segment and goes back to its pool (`free_block`, `free_completed`);
     /// with it, one event is recorded on each stream it was used on and the block stays active
-    /// until they complete ([`pending`]). Nothing goes back to the device.
+    /// until they complete (`pending`). Nothing goes back to the device.
     pub fn free(&mut self, allocation: Allocation) -> Result<(), AllocError> {
         if allocation.is_null() {
             return Ok(());

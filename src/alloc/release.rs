@@ -180,7 +180,7 @@ impl CachingAllocator {
         let key: FreeKey = (request.stream, target, 0, 0);
         let found = self
             .pool_ref(request.owner, request.pool)
-            .from_key(key)
+            .starting_at(key)
             .next();
         if let Some((stream, _, _, id)) = found {
             if stream == request.stream && !self.blocks.at(id).is_expandable() {

@@ -22,7 +22,7 @@ pub(crate) mod nvml;
 pub mod sim;
 mod span;
 pub mod spec;
-pub mod streams;
+pub(crate) mod streams;
 
 pub use address::{DevicePtr, MemorySpace};
 pub use span::DeviceSpan;

@@ -72,7 +72,7 @@ impl Limits {
     };
 
     /// The expression depth in force: the setting, with 0 and anything deeper than
-    /// [`MAX_EXPR_DEPTH`] meaning [`MAX_EXPR_DEPTH`].
+    /// `MAX_EXPR_DEPTH` meaning `MAX_EXPR_DEPTH`.
     pub fn effective_expr_depth(&self) -> usize {
         match self.max_expr_depth {
             0 => MAX_EXPR_DEPTH,

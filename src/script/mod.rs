@@ -2,28 +2,28 @@
 //! [`Devices`] (one or more devices and which is current). Thin glue — every binding converts
 //! its arguments and calls into [`crate::tensor`] or [`crate::alloc`].
 
-pub mod args;
-pub mod bindings;
-pub mod control;
-pub mod device_api;
+pub(crate) mod args;
+pub(crate) mod bindings;
+pub(crate) mod control;
+pub(crate) mod device_api;
 pub mod directives;
 pub mod docs;
-pub mod errors;
+pub(crate) mod errors;
 pub mod history;
-pub mod limits;
-pub mod mem_pool_api;
-pub mod memory_api;
-pub mod oom_error;
-pub mod progress_api;
+pub(crate) mod limits;
+pub(crate) mod mem_pool_api;
+pub(crate) mod memory_api;
+pub(crate) mod oom_error;
+pub(crate) mod progress_api;
 pub mod sandbox;
-pub mod snapshot_api;
-pub mod stack;
+pub(crate) mod snapshot_api;
+pub(crate) mod stack;
 pub mod stdlib;
-pub mod stop;
-pub mod stream_api;
-pub mod suggest;
-pub mod tensor_api;
-pub mod values_api;
+pub(crate) mod stop;
+pub(crate) mod stream_api;
+pub(crate) mod suggest;
+pub(crate) mod tensor_api;
+pub(crate) mod values_api;
 pub mod viz_api;
 
 use std::cell::RefCell;
@@ -212,7 +212,7 @@ impl Host {
 
     /// Makes running scripts stop with an "interrupted" error as soon as `flag` is set (the
     /// REPL's Ctrl-C handler sets it), in the engine and in long native work of the tensor
-    /// layer on this thread ([`interrupt`]). The engine clears the flag when it stops a script.
+    /// layer on this thread (`interrupt`). The engine clears the flag when it stops a script.
     pub fn set_interrupt(&mut self, flag: Arc<AtomicBool>) {
         interrupt::watch(Some(Arc::clone(&flag)));
         *self.interrupt.borrow_mut() = Some(flag);

@@ -35,13 +35,8 @@ impl OomError {
         EvalAltResult::ErrorRuntime(Dynamic::from(self), Position::NONE).into()
     }
 
-    /// PyTorch's message, then gpumem's line: what `print(e)` shows.
-    pub fn text(&self) -> &str {
-        &self.text
-    }
-
-    /// The text of a thrown value: an [`OomError`]'s [`OomError::text`], else the value as
-    /// Rhai prints it.
+    /// The text of a thrown value: an [`OomError`]'s text (PyTorch's message, then gpumem's
+    /// line, what `print(e)` shows), else the value as Rhai prints it.
     pub fn describe(value: &Dynamic) -> String {
         match value.read_lock::<OomError>() {
             Some(error) => error.text.to_string(),

@@ -93,11 +93,6 @@ impl SeenStacks {
         self.frames.get(key.index()).cloned().unwrap_or_default()
     }
 
-    /// Distinct stacks seen, the empty one included.
-    pub fn len(&self) -> usize {
-        self.frames.len()
-    }
-
     /// Whether no event seen had frames.
     pub fn is_empty(&self) -> bool {
         self.frames.len() <= 1

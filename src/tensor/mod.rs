@@ -4,18 +4,18 @@
 //! does.
 
 pub mod backend;
-pub mod convert;
-pub mod cuda_backend;
-pub mod devices;
-pub mod dtype;
-pub mod interrupt;
-pub mod mem_pool;
+pub(crate) mod convert;
+pub(crate) mod cuda_backend;
+pub(crate) mod devices;
+pub(crate) mod dtype;
+pub(crate) mod interrupt;
+pub(crate) mod mem_pool;
 pub mod ops;
 pub mod philox;
 mod selection;
-pub mod shape;
-pub mod streams;
-pub mod watch;
+pub(crate) mod shape;
+pub(crate) mod streams;
+pub(crate) mod watch;
 
 use std::cell::{Cell, Ref, RefCell};
 use std::fmt;
@@ -62,7 +62,7 @@ pub enum TensorError {
     /// The device failed a kernel launch, copy or read.
     #[error("{0}")]
     Device(#[from] crate::device::DeviceError),
-    /// The user interrupted the work ([`interrupt`]).
+    /// The user interrupted the work (`interrupt`).
     #[error("interrupted")]
     Interrupted,
     /// A device index the session does not have.

@@ -100,7 +100,7 @@ impl fmt::Debug for Stream {
 
 impl Runtime {
     /// A stream of this device's pool (`torch.cuda.Stream()`): the next of its
-    /// [`STREAMS_PER_POOL`] streams, round robin. The caller makes sure the device's context
+    /// `STREAMS_PER_POOL` streams, round robin. The caller makes sure the device's context
     /// exists, as creating the pool does in PyTorch.
     pub fn new_stream(self: &Rc<Self>) -> Result<Stream, TensorError> {
         let handed_out = self.streams_handed_out.get();
@@ -149,7 +149,7 @@ impl Runtime {
     /// Keeps `stream` busy for `millis` milliseconds (`gpu_sleep`, PyTorch's
     /// `torch.cuda._sleep`): a spin kernel on a GPU; on the simulator the stream stays busy
     /// until the next synchronisation point. `millis` is more than 0 (a sleep of nothing would
-    /// keep a simulated stream busy but not a real one) and at most [`MAX_SLEEP_MS`]; parts of
+    /// keep a simulated stream busy but not a real one) and at most `MAX_SLEEP_MS`; parts of
     /// a millisecond round up.
     pub fn sleep(&self, stream: StreamId, millis: f64) -> Result<(), TensorError> {
         if !(millis > 0.0 && millis <= MAX_SLEEP_MS) {

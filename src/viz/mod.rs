@@ -3,16 +3,16 @@
 //! the events a [`timeline::Recorder`] is told about); the allocator knows nothing of it.
 
 pub mod chart;
-pub mod envelope;
-pub mod event;
-pub mod fragmentation;
-pub mod layout;
-pub mod live;
+pub(crate) mod envelope;
+pub(crate) mod event;
+pub(crate) mod fragmentation;
+pub(crate) mod layout;
+pub(crate) mod live;
 pub mod map;
 pub mod report;
-pub mod timeline;
-pub mod units;
-pub mod window;
+pub(crate) mod timeline;
+pub(crate) mod units;
+pub(crate) mod window;
 
 pub use fragmentation::{Fragmentation, FreeSpace};
 pub use layout::{MemoryLayout, Region, SegmentLayout, Span};

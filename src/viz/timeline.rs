@@ -327,7 +327,7 @@ impl Recorder {
         }
     }
 
-    /// How many envelope buckets to keep at most (default [`Envelope::MAX_BUCKETS`]; tests
+    /// How many envelope buckets to keep at most (default `Envelope::MAX_BUCKETS`; tests
     /// use fewer to make short runs behave as long ones).
     pub fn with_max_buckets(mut self, max_buckets: usize) -> Recorder {
         let (allocated, reserved) = self.initial;

@@ -8,18 +8,18 @@
 //!
 //! Reading streams ([`vm`]): trace events go to a handler as they are decoded, so a trace of
 //! any length is read in memory proportional to the rest of the snapshot. A file is untrusted
-//! input: the reader's [`limits`] bound nesting, the memo, memory and work in proportion to its
+//! input: the reader's `limits` bound nesting, the memo, memory and work in proportion to its
 //! size, and a refusal ([`SnapshotError::Limit`]) names the byte offset and the limit.
 
-pub mod decode;
+pub(crate) mod decode;
 mod entry;
 mod fast;
-pub mod frames;
+pub(crate) mod frames;
 mod from_dict;
 mod input;
-pub mod limits;
+pub(crate) mod limits;
 mod opcodes;
-pub mod records;
+pub(crate) mod records;
 mod shape;
 pub mod value;
 pub mod vm;

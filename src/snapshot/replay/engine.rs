@@ -274,7 +274,7 @@ pub struct Engine {
     pub counts: Counts,
     /// The first OOM of the replay.
     pub first_oom: Option<FirstOom>,
-    /// The first [`answer::ANSWERED_OOMS`] OOMs, each with its diagnosis.
+    /// The first `answer::ANSWERED_OOMS` OOMs, each with its diagnosis.
     pub ooms: Vec<FirstOom>,
     /// Every OOM's cause, counted.
     pub causes: Causes,

@@ -4,15 +4,15 @@
 //!
 //! The file is streamed ([`crate::snapshot::pickle::stream_file`]) in memory that follows the
 //! live blocks, not the trace's length. The first pass ([`replay_reading`]) scans the trace
-//! ([`scan`]) and replays it as it reads (`pass.rs`, [`engine`]). What the scan learns by the
+//! (`scan`) and replays it as it reads (`pass.rs`, [`engine`]). What the scan learns by the
 //! end of the file ([`Recording`]) — the recorded config (PyTorch writes `allocator_settings`
 //! after the trace), whether the history is empty or was recorded with `skip_actions`, the
-//! state the trace starts from when the ring buffer wrapped ([`start`], put into the allocator
-//! by [`seed`]), and the limit the recorded OOMs show ([`limit`]) — decides whether that replay
+//! state the trace starts from when the ring buffer wrapped (`start`, put into the allocator
+//! by [`seed`]), and the limit the recorded OOMs show (`limit`) — decides whether that replay
 //! stands or a second ([`replay_recording`]) replays the file with it. A second pass also runs
 //! when the file's segments show private pools (their allocations are routed to them,
 //! [`engine::PoolRoutes`]). The end is compared with
-//! the file's `segments` ([`endstate`]), and the frames of the events the answer names are
+//! the file's `segments` (`endstate`), and the frames of the events the answer names are
 //! looked up ([`frames`]). What it found is a [`ReplayReport`] with its verdict ([`verdict`]).
 //! Events are numbered from 1 in file order ([`event_number`]).
 //!
@@ -25,24 +25,24 @@
 //! # Ok::<(), gpumem::snapshot::replay::ReplayError>(())
 //! ```
 
-pub mod addresses;
-pub mod answer;
-pub mod compare;
+pub(crate) mod addresses;
+pub(crate) mod answer;
+pub(crate) mod compare;
 pub mod device;
-pub mod endstate;
+pub(crate) mod endstate;
 pub mod engine;
 pub mod frames;
-pub mod held;
-pub mod limit;
+pub(crate) mod held;
+pub(crate) mod limit;
 mod pass;
 pub mod peaks;
-pub mod ranges;
-pub mod recording;
+pub(crate) mod ranges;
+pub(crate) mod recording;
 pub mod report;
-pub mod scan;
+pub(crate) mod scan;
 pub mod search;
 pub mod seed;
-pub mod start;
+pub(crate) mod start;
 pub mod tune;
 pub mod verdict;
 
@@ -125,7 +125,7 @@ pub enum Placement {
     Model,
 }
 
-/// Whether a limit inferred from the recorded OOMs ([`limit`]) is put on the replay.
+/// Whether a limit inferred from the recorded OOMs (`limit`) is put on the replay.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum LimitPolicy {
     /// When the device is not given: the replay then reproduces the recorded run. A replay

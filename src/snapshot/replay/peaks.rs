@@ -251,7 +251,7 @@ impl SitesAtPeaks {
 
 /// Memory at the peaks of the replay `report` made of `path`, by allocation site: the file is
 /// replayed once more (same config, device and placement) with a [`PeakTracker`], each event's
-/// stack from the streaming reader ([`SeenStacks`]). A file that records no frames gets no
+/// stack from the streaming reader (`SeenStacks`). A file that records no frames gets no
 /// sites and a note that says how to record them.
 pub fn sites_at_peaks(path: &Path, report: &ReplayReport) -> Result<SitesAtPeaks, ReplayError> {
     let tracker = Rc::new(RefCell::new(PeakTracker::new()));

@@ -1,4 +1,4 @@
-//! Puts a rebuilt start state ([`super::start`]) into a fresh allocator through its public
+//! Puts a rebuilt start state (`super::start`) into a fresh allocator through its public
 //! calls, so the replay of a trace that starts mid-run begins where PyTorch's allocator was.
 //!
 //! Exactly, when the config makes the kind of segments the recording had: each segment is
