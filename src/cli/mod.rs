@@ -260,10 +260,10 @@ enum Command {
         /// steps from its peak), for each config, and the total memory a real GPU needs.
         #[arg(long)]
         min_capacity: bool,
-        /// Where segments are placed: where PyTorch's driver put them (recorded), the
-        /// simulator's own model (model), or recorded when the replay follows the recorded
-        /// config and the model under any other (auto).
-        #[arg(long, value_enum, default_value_t = PlacementArg::Auto)]
+        /// Where segments are placed: where PyTorch's driver put the segment the trace made at
+        /// the same allocation, when the replay makes one of that size there, else the
+        /// simulator's model (recorded, under any config), or always the model (model).
+        #[arg(long, value_enum, default_value_t = PlacementArg::Recorded)]
         placement: PlacementArg,
         /// Replay device N's trace (its position in the file's `device_traces`); by default
         /// the first device with entries. The report lists every device the file holds.
@@ -316,7 +316,7 @@ enum Command {
         #[arg(long, value_name = "SIZE", value_parser = parse_capacity)]
         capacity: Option<u64>,
         /// Where segments are placed (as for replay).
-        #[arg(long, value_enum, default_value_t = PlacementArg::Auto)]
+        #[arg(long, value_enum, default_value_t = PlacementArg::Recorded)]
         placement: PlacementArg,
     },
     /// Measure gpumem itself (for comparisons with PyTorch; see benches/compare/).
@@ -327,10 +327,8 @@ enum Command {
 /// `--placement`.
 #[derive(Clone, Copy, ValueEnum)]
 enum PlacementArg {
-    /// Recorded when the replay follows the recorded config (the memory fraction aside, which
-    /// PyTorch does not record), the model otherwise.
-    Auto,
-    /// Where PyTorch's driver placed the same segment, when the trace shows it.
+    /// Where PyTorch's driver placed the segment the trace made at the same allocation, when
+    /// the replay makes one of that size there (under any config); else the model.
     Recorded,
     /// The simulator's placement model.
     Model,
@@ -339,7 +337,6 @@ enum PlacementArg {
 impl From<PlacementArg> for gpumem::snapshot::replay::Placement {
     fn from(arg: PlacementArg) -> Self {
         match arg {
-            PlacementArg::Auto => gpumem::snapshot::replay::Placement::Auto,
             PlacementArg::Recorded => gpumem::snapshot::replay::Placement::Recorded,
             PlacementArg::Model => gpumem::snapshot::replay::Placement::Model,
         }

@@ -387,7 +387,9 @@ impl Engine {
     /// they are live under their recorded addresses (a block whose free was already requested
     /// is freed on a busy made-up stream of its own, as a deferred free), those that did not
     /// fit are skipped with their frees, and the allocator's events so far are not compared
-    /// with the recording.
+    /// with the recording. The counters then start again: those frees were requested before
+    /// the window, so neither the window's peaks (`allocation`, `allocated_bytes`: PyTorch
+    /// lowers them at the request) nor its totals hold the blocks as allocated.
     pub fn start_from(&mut self, seeded: &Seeded) -> Result<(), String> {
         for block in &seeded.live {
             self.live.insert(
@@ -409,6 +411,8 @@ impl Engine {
         }
         self.skipped.extend(seeded.failed.iter().copied());
         self.log.borrow_mut().0.clear();
+        self.allocator.reset_accumulated_stats();
+        self.allocator.reset_peak_stats();
         Ok(())
     }
 

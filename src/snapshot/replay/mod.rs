@@ -10,8 +10,7 @@
 //! state the trace starts from when the ring buffer wrapped (`start`, put into the allocator
 //! by [`seed`]), and the limit the recorded OOMs show (`limit`) — decides whether that replay
 //! stands or a second ([`replay_recording`]) replays the file with it. A second pass also runs
-//! when the first placed segments the other way than the config calls for ([`Placement::Auto`]),
-//! and when the file's segments show private pools (their allocations are routed to them,
+//! when the file's segments show private pools (their allocations are routed to them,
 //! [`engine::PoolRoutes`]). The end is compared with
 //! the file's `segments` (`endstate`), and the frames of the events the answer names are
 //! looked up ([`frames`]). What it found is a [`ReplayReport`] with its verdict ([`verdict`]).
@@ -101,18 +100,25 @@ impl ReplayError {
 }
 
 /// Where the replay's device places segments.
+///
+/// Which of two equal-size cached blocks PyTorch takes depends on their addresses (its pools
+/// are sets ordered by stream, size, address), so placement decides best-fit ties. The H200's
+/// driver does not place `cudaMalloc` segments by a rule of the allocator's calls alone: in the
+/// recordings of tests/gpu/whatif/results the same program makes the same segments at addresses
+/// that interleave with ranges no allocator event shows (lazily loaded modules, the context),
+/// e.g. a 20 MiB segment placed 64 MiB above the last one with nothing recorded between them,
+/// and the same run in two processes differs by 32 MiB in 9 of 28 segments. What the driver
+/// did at a given point of the program is best known from a recording of that program, under
+/// any config: hence [`Placement::Recorded`] by default, a what-if replay included.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Placement {
-    /// [`Placement::Recorded`] when the replay follows the recorded config (a self-replay:
-    /// the config equals the file's in every setting the file records — the memory fraction
-    /// is not recorded, so it is not compared), else [`Placement::Model`]: another config
-    /// changes the sequence of segments, and the recorded addresses belong to the old one.
+    /// Where PyTorch's driver placed the segment the trace made at the same allocation, when
+    /// the replay makes one of that size there (every segment of a self-replay; under a what-if
+    /// config, every segment the config leaves as it was); else the simulator's model. A
+    /// recorded address that would overlap a live segment is never used, so a placement never
+    /// fails.
     #[default]
-    Auto,
-    /// Where PyTorch's driver placed the same segment, when the trace has one of that size
-    /// right before (so best-fit ties break as in the recording); else the simulator's model.
-    /// A recorded address that would overlap a live segment is never used.
     Recorded,
     /// Always the simulator's placement model (the H200 driver's, as measured in another
     /// process).
@@ -224,12 +230,7 @@ pub fn replay_reading(
         Some(conf) => (conf.clone(), ConfSource::Given),
         None => (AllocConf::default(), ConfSource::DefaultNoSettings),
     };
-    // A given config is more often a what-if; without one the recorded config is followed.
-    let placement = match options.placement {
-        Placement::Auto if options.conf.is_some() => Placement::Model,
-        Placement::Auto => Placement::Recorded,
-        placement => placement,
-    };
+    let placement = options.placement;
     let mut first = Pass::new(
         path,
         options,
@@ -302,7 +303,7 @@ fn replay_recording_tapped(
     (observers, tap): (Vec<Box<dyn MemoryObserver>>, Tap<'_>),
 ) -> Result<ReplayReport, ReplayError> {
     let (conf, conf_source) = recording.choose_conf(options)?;
-    let placement = recording.placement_for(options, &conf);
+    let placement = options.placement;
     let mut pass = Pass::new(
         path,
         options,

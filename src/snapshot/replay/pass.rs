@@ -77,7 +77,7 @@ impl Pass {
             }
             // Placed by the model, yet able to put a segment above the live ones when the
             // model's address is taken.
-            Placement::Model | Placement::Auto => (
+            Placement::Model => (
                 Box::new(ReplayDevice::new(sim, Hints::default())) as Box<dyn DeviceMemory>,
                 None,
             ),
@@ -172,7 +172,7 @@ impl Pass {
         let (conf, _) = recording.choose_conf(options)?;
         Ok(plan.start.is_empty()
             && plan.applied == Applied::No
-            && self.placement == recording.placement_for(options, &conf)
+            && self.placement == options.placement
             && recording.routes().is_empty()
             && !recording.frees_on_request()
             && same_behaviour(&self.conf, &conf))

@@ -7,7 +7,7 @@ use std::path::Path;
 use super::engine::PoolRoutes;
 use super::report::DeviceTrace;
 use super::scan::Scan;
-use super::{ConfSource, Placement, ReplayError, ReplayOptions};
+use super::{ConfSource, ReplayError, ReplayOptions};
 use crate::alloc::format::format_size;
 use crate::alloc::{AllocConf, MemPoolId};
 use crate::snapshot::model::{Action, Segment};
@@ -87,28 +87,6 @@ impl Recording {
             routes.add(segment.address, segment.total_size, pool, made);
         }
         routes
-    }
-
-    /// Where a replay under `conf` places segments: [`ReplayOptions::placement`], with
-    /// [`Placement::Auto`] made [`Placement::Recorded`] when `conf` follows the recorded config
-    /// and [`Placement::Model`] otherwise.
-    pub fn placement_for(&self, options: &ReplayOptions, conf: &AllocConf) -> Placement {
-        match options.placement {
-            Placement::Auto => {
-                let follows = match &self.remainder.settings {
-                    Some(settings) => settings
-                        .to_conf()
-                        .is_ok_and(|recorded| follows_recorded(conf, &recorded)),
-                    None => follows_recorded(conf, &AllocConf::default()),
-                };
-                if follows {
-                    Placement::Recorded
-                } else {
-                    Placement::Model
-                }
-            }
-            placement => placement,
-        }
     }
 
     /// Refuses a recording a replay could only get wrong.
@@ -244,14 +222,6 @@ pub fn same_behaviour(a: &AllocConf, b: &AllocConf) -> bool {
     let mut a = a.clone();
     a.source.clone_from(&b.source);
     a == *b
-}
-
-/// Whether replaying under `conf` follows the `recorded` config: equal in everything but the
-/// memory fraction, which PyTorch does not record in `allocator_settings`.
-fn follows_recorded(conf: &AllocConf, recorded: &AllocConf) -> bool {
-    let mut conf = conf.clone();
-    conf.per_process_memory_fraction = recorded.per_process_memory_fraction;
-    same_behaviour(&conf, recorded)
 }
 
 /// Each device's trace in the file and its entries.

@@ -373,8 +373,10 @@ impl fmt::Display for ReplayReport {
         )?;
         writeln!(f, "  allocator conf  {conf} ({conf_note})")?;
         let placement = match self.placement {
-            Placement::Recorded => "recorded addresses (the replay follows the recorded config)",
-            _ => "the simulator's model (a config other than the recorded one)",
+            Placement::Recorded => {
+                "recorded addresses where the replay makes the recorded segment, else the model"
+            }
+            Placement::Model => "the simulator's model",
         };
         writeln!(f, "  placement       {placement}")?;
         self.write_limit(f)?;

@@ -20,6 +20,7 @@ import tarfile
 import tempfile
 import textwrap
 import unittest
+from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -428,7 +429,8 @@ class CompareTest(unittest.TestCase):
         oom_self = dict(report, counts=dict(report["counts"], recorded_ooms=1,
                                             recorded_ooms_reproduced=1),
                         final_stats=dict(own["final_stats"], num_ooms=1))
-        predicted = dict(report, fits=False, first_oom={"index": 1},
+        # gpumem numbers events from 1: event 2 is the second request.
+        predicted = dict(report, fits=False, first_oom={"index": 2},
                          final_stats=dict(own["final_stats"], num_ooms=1))
         gpumem = self.fake_gpumem({
             ("w.base.pickle", ""): (0, own),
@@ -451,6 +453,47 @@ class CompareTest(unittest.TestCase):
         self.assertEqual(result["missing_keys"], ["requested_bytes.all.peak"])
         self.assertEqual(rc, 1)
         self.assertIn("num_alloc_retries PyTorch 1 gpumem 0", text)
+
+
+class WindowScopeTest(unittest.TestCase):
+    """A self-replay of a trace that starts mid-run, judged by the scope gpumem gives."""
+
+    def verdict(self, final, stats):
+        run = mock.Mock(stats=stats, meta={"history": {"enabled": "all"}})
+        run.events.return_value = []
+        report = {"final_stats": final, "counts": {"recorded_ooms": 0,
+                                                   "recorded_ooms_reproduced": 0, "ooms": 0},
+                  "segment_events": {"differing": 0, "recorded": 0},
+                  "final_stats_scope": {"exact": ["allocation.all.current"],
+                                        "window_peak": ["allocation.all.peak"],
+                                        "window_total": ["allocation.all.allocated"]}}
+        result = mock.Mock(report=report)
+        return compare.self_replay_verdict(run, result, set())
+
+    def test_window_totals_are_not_compared_and_peaks_may_lie_before(self):
+        verdict, details = self.verdict(
+            {"allocation.all.current": 3, "allocation.all.peak": 60,
+             "allocation.all.allocated": 10},
+            {"allocation.all.current": 3, "allocation.all.peak": 69,
+             "allocation.all.allocated": 2726})
+        self.assertEqual(verdict, "exact in the window")
+        self.assertIn("1 totals over the window not compared", details[-1])
+        self.assertIn("allocation.all.peak PyTorch 69 gpumem 60", details[-1])
+
+    def test_a_window_peak_above_pytorchs_or_a_wrong_current_is_a_mismatch(self):
+        verdict, details = self.verdict(
+            {"allocation.all.current": 3, "allocation.all.peak": 70,
+             "allocation.all.allocated": 10},
+            {"allocation.all.current": 3, "allocation.all.peak": 69,
+             "allocation.all.allocated": 2726})
+        self.assertEqual(verdict, "MISMATCH")
+        self.assertIn("allocation.all.peak PyTorch 69 gpumem 70", details[0])
+        verdict, _ = self.verdict(
+            {"allocation.all.current": 2, "allocation.all.peak": 69,
+             "allocation.all.allocated": 10},
+            {"allocation.all.current": 3, "allocation.all.peak": 69,
+             "allocation.all.allocated": 2726})
+        self.assertEqual(verdict, "MISMATCH")
 
 
 if __name__ == "__main__":
