@@ -447,6 +447,11 @@ fn an_oom_names_the_users_file_and_line_at_the_files_event_number() {
         assert_eq!(first["line"], line, "{label}");
         assert_eq!(first["name"], function.as_str(), "{label}");
         assert_eq!(first["user"], true, "{label}");
+        assert_eq!(
+            oom["frames_from"],
+            Value::Null,
+            "{label}: the event's own frames"
+        );
         let frames = oom["frames"].as_array().expect("frames");
         let internal = frames
             .iter()
@@ -542,4 +547,41 @@ fn a_file_too_large_for_the_frames_lookup_says_so() {
         gpumem::alloc::format::format_size(bytes)
     );
     assert!(stdout.contains(&line), "{line:?} in\n{stdout}");
+}
+
+/// PyTorch 2.11 records most `oom` entries (and, in a history recorded with stacks only now
+/// and then, some allocations) without frames. The answer then names the stack of the nearest
+/// earlier event of the trace — the code that was running when the allocation failed — and
+/// says which event it came from, instead of naming no place at all.
+#[test]
+fn a_failing_event_without_frames_is_placed_by_the_nearest_earlier_stack() {
+    let dir = common::scratch("answers-nearest-frames");
+    let user = replay_files::frame("/home/me/train.py", 12, "step");
+    let torch = replay_files::frame(
+        "/usr/lib/python3/site-packages/torch/nn/functional.py",
+        100,
+        "linear",
+    );
+    let small = 0x7f00_0000_0000_i64;
+    let big = 0x7f10_0000_0000_i64;
+    let events = vec![
+        event("segment_alloc", small, 2 << 20),
+        replay_files::event_at("alloc", small, 512, vec![torch, user]),
+        event("segment_alloc", big, 4 << 30),
+        event("alloc", big, 4 << 30),
+    ];
+    let path = replay_files::write(&dir, "nearest.pickle", &snapshot(Vec::new(), events));
+    let json = replay_json(&[text(&path), "--device", "sim:2GiB"]);
+    let oom = &json["first_oom"];
+    assert_eq!(oom["index"], 4, "{oom:#}");
+    assert_eq!(oom["frames_from"], 2, "{oom:#}");
+    assert_eq!(oom["frames"][0]["filename"], "/home/me/train.py", "{oom:#}");
+    assert_eq!(oom["frames"][0]["line"], 12, "{oom:#}");
+    assert_eq!(oom["frames"][0]["user"], true, "{oom:#}");
+    let (stdout, _, _) = replay(&[text(&path), "--device", "sim:2GiB"]);
+    assert!(
+        stdout.contains("/home/me/train.py:12 in step")
+            && stdout.contains("(the stack of event 2, the nearest before the OOM"),
+        "{stdout}"
+    );
 }

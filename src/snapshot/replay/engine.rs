@@ -87,6 +87,11 @@ pub struct FirstOom {
     /// The Python frames of the failing request, the user's first (empty until looked up,
     /// or when the file records none).
     pub frames: Vec<UserFrame>,
+    /// Set when the failing event itself has no stack — PyTorch 2.11 records most `oom`
+    /// entries without frames even when the history has Python stacks — and [`FirstOom::frames`]
+    /// then holds the stack of this earlier event instead: the nearest before the OOM in the
+    /// same trace that has one, i.e. the code that was running when the allocation failed.
+    pub frames_from: Option<u64>,
     /// The largest allocations live then, largest first.
     pub largest_live: Vec<LiveAllocation>,
 }
@@ -949,6 +954,7 @@ impl Engine {
             message: oom.message.clone(),
             why,
             frames: Vec::new(),
+            frames_from: None,
             largest_live: answer::largest(live, answer::LARGEST_LIVE),
         };
         if self.first_oom.is_none() {

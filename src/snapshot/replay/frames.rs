@@ -16,7 +16,7 @@ use serde::Serialize;
 use super::answer::user_frames_first;
 use super::engine::FirstOom;
 use crate::snapshot::model::Frame;
-use crate::snapshot::pickle::{self, SnapshotError};
+use crate::snapshot::pickle::{self, SnapshotError, StackId, Trace};
 
 /// The largest file whose frames are looked up: the lookup reads the file a second time, which
 /// for a long history costs as long as the replay's own read; 16 MiB holds some 150,000 events
@@ -54,17 +54,30 @@ pub fn attach(path: &Path, first_oom: &mut Option<FirstOom>, ooms: &mut [FirstOo
     if bytes > LOOKUP_MAX_BYTES {
         return Lookup::TooLarge(bytes);
     }
-    let found = match look_up(path, &wanted) {
+    let failing: BTreeSet<u64> = first_oom
+        .iter()
+        .chain(ooms.iter())
+        .map(|oom| oom.index)
+        .collect();
+    let found = match look_up(path, &wanted, &failing) {
         Ok(found) => found,
         Err(error) => return Lookup::Unreadable(error.to_string()),
     };
     let frames_of = |number: u64| {
         found
+            .frames
             .get(&number)
             .map_or_else(Vec::new, |frames| user_frames_first(frames))
     };
     for oom in first_oom.iter_mut().chain(ooms.iter_mut()) {
         oom.frames = frames_of(oom.index);
+        oom.frames_from = None;
+        if oom.frames.is_empty() {
+            if let Some((number, frames)) = found.nearest.get(&oom.index) {
+                oom.frames = user_frames_first(frames);
+                oom.frames_from = Some(*number);
+            }
+        }
         for live in &mut oom.largest_live {
             if let Some(index) = live.index {
                 live.frames = frames_of(index);
@@ -83,21 +96,47 @@ fn named_events<'a>(ooms: impl Iterator<Item = &'a FirstOom>) -> BTreeSet<u64> {
     .collect()
 }
 
+/// What [`look_up`] found in the file.
+#[derive(Debug, Default)]
+pub struct Found {
+    /// The frames of each wanted event that has a stack.
+    pub frames: BTreeMap<u64, Vec<Frame>>,
+    /// For each failing event without a stack: the nearest earlier event of the same trace
+    /// that has one, with its frames.
+    pub nearest: BTreeMap<u64, (u64, Vec<Frame>)>,
+}
+
 /// The frames of the trace events numbered `wanted` ([`super::event_number`]: position among
-/// every device's trace entries in file order, from 1) in the snapshot at `path`. Events
-/// without frames, and numbers past the end, are left out.
+/// every device's trace entries in file order, from 1) in the snapshot at `path`, and for the
+/// `failing` ones that have no stack the nearest earlier stack of their trace. Events without
+/// frames, and numbers past the end, are left out.
 pub fn look_up(
     path: &Path,
     wanted: &BTreeSet<u64>,
-) -> Result<BTreeMap<u64, Vec<Frame>>, SnapshotError> {
-    let mut found = BTreeMap::new();
+    failing: &BTreeSet<u64>,
+) -> Result<Found, SnapshotError> {
+    let mut found = Found::default();
+    // The last event with a stack: its number, trace and stack (ids stay valid to the end).
+    let mut last_stack: Option<(u64, Trace, StackId)> = None;
     pickle::stream_file(path, |emitted| {
         let number = super::event_number(&emitted);
-        if wanted.contains(&number) {
-            let frames = emitted.stacks.to_model(emitted.entry.stack());
+        let stack = emitted.entry.stack();
+        if wanted.contains(&number) || failing.contains(&number) {
+            let frames = emitted.stacks.to_model(stack);
             if !frames.is_empty() {
-                found.insert(number, frames);
+                found.frames.insert(number, frames);
+            } else if failing.contains(&number) {
+                if let Some((earlier, trace, id)) = last_stack {
+                    if trace == emitted.trace {
+                        found
+                            .nearest
+                            .insert(number, (earlier, emitted.stacks.to_model(id)));
+                    }
+                }
             }
+        }
+        if stack != StackId::EMPTY {
+            last_stack = Some((number, emitted.trace, stack));
         }
         Ok(())
     })?;

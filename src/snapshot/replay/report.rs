@@ -649,7 +649,14 @@ fn write_oom(f: &mut fmt::Formatter<'_>, label: &str, oom: &FirstOom) -> fmt::Re
     )?;
     writeln!(f, "                  why: {}", oom.why.text)?;
     if !oom.frames.is_empty() {
-        writeln!(f, "                  at: {}", frames_text(&oom.frames, 4))?;
+        match oom.frames_from {
+            None => writeln!(f, "                  at: {}", frames_text(&oom.frames, 4))?,
+            Some(earlier) => writeln!(
+                f,
+                "                  at: {} (the stack of event {earlier}, the nearest before the OOM: PyTorch recorded none with the OOM itself)",
+                frames_text(&oom.frames, 4)
+            )?,
+        }
     }
     if !oom.largest_live.is_empty() {
         let live: Vec<String> = oom
