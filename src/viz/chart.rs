@@ -216,17 +216,23 @@ enum Swatch {
     None,
 }
 
-/// A legend row above the plot (never over data).
-fn draw_legend<DB: DrawingBackend>(
+/// The font of legend entries.
+fn legend_font() -> TextStyle<'static> {
+    ("sans-serif", 13).into_font().color(&RGBColor(40, 40, 40))
+}
+
+/// Where each legend entry goes in `area`, left to right from `left` and wrapped into rows of
+/// 20 pixels so no entry runs past the right edge: its swatch's `(x, y)`.
+fn legend_positions<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     entries: &[(Swatch, String)],
     left: i32,
-) -> Result<(), ChartError> {
-    let font = ("sans-serif", 13).into_font().color(&RGBColor(40, 40, 40));
+) -> Vec<(i32, i32)> {
+    let font = legend_font();
     let (width, _) = area.dim_in_pixel();
-    let mut x = left;
-    let mut y = 10;
-    for (swatch, text) in entries {
+    let (mut x, mut y) = (left, 10);
+    let mut positions = Vec::with_capacity(entries.len());
+    for (_, text) in entries {
         let text_width = area
             .estimate_text_size(text, &font)
             .map_or(text.len() as i32 * 7, |(w, _)| w as i32);
@@ -234,6 +240,21 @@ fn draw_legend<DB: DrawingBackend>(
             x = left;
             y += 20;
         }
+        positions.push((x, y));
+        x += 28 + text_width + 22;
+    }
+    positions
+}
+
+/// A legend row above the plot (never over data).
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    entries: &[(Swatch, String)],
+    left: i32,
+) -> Result<(), ChartError> {
+    let font = legend_font();
+    let positions = legend_positions(area, entries, left);
+    for ((swatch, text), (x, y)) in entries.iter().zip(positions) {
         match swatch {
             Swatch::Line(color, stroke) => area
                 .draw(&PathElement::new(
@@ -260,7 +281,6 @@ fn draw_legend<DB: DrawingBackend>(
         }
         area.draw(&Text::new(text.clone(), (x + 28, y), font.clone()))
             .map_err(draw_error)?;
-        x += 28 + text_width + 22;
     }
     Ok(())
 }
@@ -300,7 +320,6 @@ fn event_chart<'a, DB: DrawingBackend>(
     Ok(chart)
 }
 
-/// Rows of the legend `entries` take in a picture `width` pixels wide.
 /// Draws a picture's heading — its title, then the legend in as many rows as it needs, so the
 /// legend never covers the plot — and returns the area left below it for the plot.
 fn draw_heading<DB: DrawingBackend>(
@@ -323,26 +342,15 @@ fn draw_heading<DB: DrawingBackend>(
     Ok(body)
 }
 
+/// Rows the legend `entries` take in `area` (at least one).
 fn legend_rows<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     entries: &[(Swatch, String)],
     left: i32,
 ) -> i32 {
-    let font = ("sans-serif", 13).into_font().color(&BLACK);
-    let (width, _) = area.dim_in_pixel();
-    let mut x = left;
-    let mut rows = 1;
-    for (_, text) in entries {
-        let text_width = area
-            .estimate_text_size(text, &font)
-            .map_or(text.len() as i32 * 7, |(w, _)| w as i32);
-        if x + 30 + text_width > width as i32 - 10 && x > left {
-            x = left;
-            rows += 1;
-        }
-        x += 28 + text_width + 22;
-    }
-    rows
+    legend_positions(area, entries, left)
+        .last()
+        .map_or(1, |&(_, y)| (y - 10) / 20 + 1)
 }
 
 /// One marker as drawn: its pixel column, colour, name and label.
