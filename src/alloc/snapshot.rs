@@ -5,8 +5,9 @@ use serde::Serialize;
 
 use super::{CachingAllocator, EventKind, MemPoolId, Pool, DEFAULT_OWNER};
 
-/// A block's state as PyTorch names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// A block's state as PyTorch names it (the allocator's blocks, and the blocks a snapshot file
+/// lists).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BlockState {
     /// Handed out to a user (`"active_allocated"`).
@@ -25,6 +26,22 @@ impl BlockState {
             BlockState::ActivePendingFree => "active_pending_free",
             BlockState::Inactive => "inactive",
         }
+    }
+
+    /// The state PyTorch names `name`; `active_awaiting_free` is the name `torch/cuda/memory.py`'s
+    /// docstring gives the pending state.
+    pub fn from_name(name: &str) -> Option<BlockState> {
+        match name {
+            "active_allocated" => Some(BlockState::ActiveAllocated),
+            "active_pending_free" | "active_awaiting_free" => Some(BlockState::ActivePendingFree),
+            "inactive" => Some(BlockState::Inactive),
+            _ => None,
+        }
+    }
+
+    /// Whether a user still holds it or a stream still uses it.
+    pub fn is_active(self) -> bool {
+        self != BlockState::Inactive
     }
 }
 

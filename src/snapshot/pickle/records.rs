@@ -6,43 +6,8 @@
 use super::frames::StackId;
 use crate::snapshot::model::{Block, Segment};
 
-/// A block's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum BlockState {
-    /// Handed to a user.
-    ActiveAllocated,
-    /// Freed by the user, waiting for the streams that used it (`record_stream`).
-    ActivePendingFree,
-    /// Free, cached.
-    Inactive,
-}
-
-impl BlockState {
-    /// PyTorch's name (`Module.cpp`).
-    pub fn name(self) -> &'static str {
-        match self {
-            BlockState::ActiveAllocated => "active_allocated",
-            BlockState::ActivePendingFree => "active_pending_free",
-            BlockState::Inactive => "inactive",
-        }
-    }
-
-    /// The state PyTorch names `name`; `active_awaiting_free` is the name `torch/cuda/memory.py`'s
-    /// docstring gives the pending state.
-    pub fn from_name(name: &str) -> Option<BlockState> {
-        match name {
-            "active_allocated" => Some(BlockState::ActiveAllocated),
-            "active_pending_free" | "active_awaiting_free" => Some(BlockState::ActivePendingFree),
-            "inactive" => Some(BlockState::Inactive),
-            _ => None,
-        }
-    }
-
-    /// Whether a user still holds it or a stream still uses it.
-    pub fn is_active(self) -> bool {
-        self != BlockState::Inactive
-    }
-}
+/// A block's state: the allocator's own type, whose names are PyTorch's.
+pub use crate::alloc::BlockState;
 
 /// One block of a segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
