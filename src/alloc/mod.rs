@@ -174,6 +174,25 @@ struct Freed {
     expandable: bool,
 }
 
+impl Freed {
+    /// What freeing `block` (whose id is `id`) needs of it, read now.
+    #[inline]
+    fn of(id: BlockId, block: &Block) -> Freed {
+        Freed {
+            id,
+            pool: block.pool,
+            owner: block.owner,
+            size: block.size,
+            requested: block.requested_size,
+            ptr: block.ptr,
+            stream: block.stream,
+            prev: block.prev,
+            next: block.next,
+            expandable: block.is_expandable(),
+        }
+    }
+}
+
 /// A `cudaMalloc` segment: its address as the device handed it out, its size, pool (kind and
 /// owner) and stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1041,18 +1060,7 @@ impl CachingAllocator {
         };
         let block = self.blocks.at_mut(allocation.id);
         block.allocated = false;
-        let freed = Freed {
-            id: allocation.id,
-            pool: block.pool,
-            owner: block.owner,
-            size: block.size,
-            requested: block.requested_size,
-            ptr: block.ptr,
-            stream: block.stream,
-            prev: block.prev,
-            next: block.next,
-            expandable: block.is_expandable(),
-        };
+        let freed = Freed::of(allocation.id, block);
         let pool = freed.pool;
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, freed.size as i64);

@@ -266,19 +266,7 @@ impl CachingAllocator {
 
     /// What `free_block` needs of the block `id`, read now.
     pub(super) fn freed(&self, id: BlockId) -> Freed {
-        let block = self.blocks.at(id);
-        Freed {
-            id,
-            pool: block.pool,
-            owner: block.owner,
-            size: block.size,
-            requested: block.requested_size,
-            ptr: block.ptr,
-            stream: block.stream,
-            prev: block.prev,
-            next: block.next,
-            expandable: block.is_expandable(),
-        }
+        Freed::of(id, self.blocks.at(id))
     }
 }
 
