@@ -230,6 +230,53 @@ fn the_oom_path_completes_pending_frees_in_self_and_what_if_replays() {
     );
 }
 
+/// Garbage collection under a fraction releases a cached segment with `cudaFree`, which
+/// synchronises the device: the batch freed behind the side stream's work is then done, and
+/// the next malloc's `process_events` takes it back. A what-if replay of the unconstrained run
+/// under that config completes it there too — not at the unconstrained run's completion, later
+/// (issue 16: the prefetch loop under `garbage_collection_threshold:0.6` and a fraction, 27
+/// retries where PyTorch made none).
+#[test]
+fn a_cuda_free_completes_the_pending_frees_in_a_what_if_replay() {
+    fn job(allocator: &mut CachingAllocator) {
+        for step in 0..8_u64 {
+            let scratch = allocator.malloc((22 + 6 * step) * MIB).expect("scratch");
+            allocator.free(scratch).expect("cached");
+            let batch = allocator.malloc_on(SIDE, 64 * MIB).expect("batch");
+            allocator.record_stream(batch, 0).expect("record_stream");
+            allocator.device_mut().sleep(0, 5).expect("compute");
+            allocator.free(batch).expect("free while compute runs");
+        }
+    }
+    let allowed = 200 * MIB;
+    let conf = format!(
+        "garbage_collection_threshold:0.6,per_process_memory_fraction:{}",
+        allowed as f64 / TOTAL as f64
+    );
+    let mut constrained = recorder(&conf, None);
+    job(&mut constrained);
+    let stats = constrained.stats().clone();
+    assert!(
+        stats.num_device_free > 0,
+        "garbage collection released segments"
+    );
+    let mut unconstrained = recorder("", None);
+    job(&mut unconstrained);
+    let path = dump(&unconstrained, "gc-completes", &[]);
+    let what_if = replayed(&path, Some(&conf));
+    for (key, expected) in [
+        ("num_device_alloc", stats.num_device_alloc),
+        ("num_device_free", stats.num_device_free),
+        ("num_alloc_retries", stats.num_alloc_retries),
+        ("num_sync_all_streams", stats.num_sync_all_streams),
+        ("num_ooms", stats.num_ooms),
+        ("reserved_bytes.all.peak", stats.reserved_bytes.all.peak),
+        ("allocated_bytes.all.peak", stats.allocated_bytes.all.peak),
+    ] {
+        assert_eq!(what_if.stat(key), expected, "{key}: {what_if}");
+    }
+}
+
 /// `torch.cuda.empty_cache()` followed by a malloc, in a trace without frames: the releases
 /// cannot be the malloc's own (it would find a cached block), so they are an `empty_cache()`
 /// that came first — and the malloc then needs a new segment, as recorded.
