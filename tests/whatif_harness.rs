@@ -12,6 +12,7 @@ fn the_whatif_harness_passes_its_own_tests() {
         .args(["-m", "unittest", "test_whatif"])
         .current_dir(folder)
         .env("GPUMEM", env!("CARGO_BIN_EXE_gpumem"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
     {
         Ok(output) => output,
