@@ -415,6 +415,18 @@ fn what_if_replays_never_fail_for_placement() {
     assert_reproduces(&recording, &same);
 }
 
+/// A recorder under the default config whose driver puts each segment where `push`ed
+/// placements say (the simulator's model would put them elsewhere).
+fn placed_recorder() -> (CachingAllocator, Hints) {
+    let placements = Hints::default();
+    let device = ReplayDevice::new(SimDevice::new(TOTAL), placements.clone());
+    let mut recording =
+        CachingAllocator::new(Box::new(device), AllocConf::default()).expect("allocator");
+    recording.set_history_clock(fixed_clock);
+    recording.record_history(true, usize::MAX);
+    (recording, placements)
+}
+
 /// Under a what-if config that leaves the segments as they were, the replay places them where
 /// the recording's driver did, so a best-fit tie between two equal free blocks breaks as it
 /// did in PyTorch (its pools are ordered by address), here deciding whether a later 20 MiB
@@ -422,14 +434,8 @@ fn what_if_replays_never_fail_for_placement() {
 /// 2-4 MiB off in `allocated_bytes.all.peak` when placed by the model).
 #[test]
 fn what_if_replays_break_best_fit_ties_at_the_recorded_addresses() {
-    // A driver that puts each segment where the recording says (the simulator's model would
-    // put the 12 MiB segment below the first 20 MiB one, not above).
-    let placements = Hints::default();
-    let device = ReplayDevice::new(SimDevice::new(TOTAL), placements.clone());
-    let mut recording =
-        CachingAllocator::new(Box::new(device), AllocConf::default()).expect("allocator");
-    recording.set_history_clock(fixed_clock);
-    recording.record_history(true, usize::MAX);
+    // The simulator's model would put the 12 MiB segment below the first 20 MiB one, not above.
+    let (mut recording, placements) = placed_recorder();
     let wide = 0x7000_0000_0000_u64;
     let narrow = wide + 1024 * MIB;
     let third = wide + 2048 * MIB;
@@ -487,12 +493,7 @@ fn segments_made(path: &Path, report: &ReplayReport) -> Vec<(u64, u64)> {
 /// simulator's own address model would put them.
 #[test]
 fn a_what_if_segment_made_at_another_allocation_follows_the_recorded_calls() {
-    let placements = Hints::default();
-    let device = ReplayDevice::new(SimDevice::new(TOTAL), placements.clone());
-    let mut recording =
-        CachingAllocator::new(Box::new(device), AllocConf::default()).expect("allocator");
-    recording.set_history_clock(fixed_clock);
-    recording.record_history(true, usize::MAX);
+    let (mut recording, placements) = placed_recorder();
     let first = 0x7000_0000_0000_u64;
     let second = first + 1024 * MIB;
     // Five requests of 6.5 MiB (a 20 MiB segment each time one is needed): three share the
