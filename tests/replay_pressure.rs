@@ -18,7 +18,7 @@ use gpumem::alloc::{
 };
 use gpumem::device::sim::SimDevice;
 use gpumem::snapshot::model::{int, Frame, TraceEvent};
-use gpumem::snapshot::replay::device::{Hints, ReplayDevice};
+use gpumem::snapshot::replay::device::{Hints, PlacedBy, ReplayDevice};
 use gpumem::snapshot::replay::{
     replay, replay_observed, Placement, ReplayError, ReplayOptions, ReplayReport,
 };
@@ -518,6 +518,20 @@ fn a_what_if_segment_made_at_another_allocation_follows_the_recorded_calls() {
     // request needs a third segment.
     let what_if = replayed(&path, Some("roundup_power2_divisions:2"));
     assert_eq!(what_if.stat("num_device_alloc"), 3, "{what_if}");
+    assert_eq!(
+        what_if.placed,
+        PlacedBy {
+            sequence: 2,
+            same_allocation: 0,
+            above_last_large: 1,
+            model: 0
+        }
+    );
+    let text = what_if.to_string();
+    assert!(
+        text.contains("3 segments, 2 at the recording's addresses, 1 right above the last large one (the recording does not place the others"),
+        "{text}"
+    );
     assert_eq!(
         segments_made(&path, &what_if),
         [

@@ -43,6 +43,44 @@ struct Placements {
     at_allocation: VecDeque<(u64, u64)>,
     /// The recording's device calls, followed while the replay makes the same.
     sequence: CallSequence,
+    /// How the segments were placed so far.
+    placed: PlacedBy,
+}
+
+/// How a replay's `cudaMalloc` segments were placed, for the report: a segment placed by the
+/// simulator's model (or above the last large one) may sit elsewhere than the GPU's driver
+/// would put it, and a best-fit tie between two equal free blocks then breaks another way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PlacedBy {
+    /// At the recording's address, the replay's device calls being the recording's.
+    pub sequence: u64,
+    /// At the address of the segment of that size the trace made at the same allocation.
+    pub same_allocation: u64,
+    /// Right above the last large segment (the driver's bump pointer).
+    pub above_last_large: u64,
+    /// Where the simulator's model puts it (or above every live segment, when that is taken).
+    pub model: u64,
+}
+
+impl PlacedBy {
+    /// Every segment placed.
+    pub fn total(&self) -> u64 {
+        self.sequence + self.same_allocation + self.above_last_large + self.model
+    }
+
+    /// Segments at an address the recording's driver chose.
+    pub fn recorded(&self) -> u64 {
+        self.sequence + self.same_allocation
+    }
+}
+
+/// Which rule placed a segment.
+#[derive(Debug, Clone, Copy)]
+enum PlacedHow {
+    Sequence,
+    SameAllocation,
+    AboveLastLarge,
+    Model,
 }
 
 impl Hints {
@@ -50,8 +88,8 @@ impl Hints {
     /// it follows once [`Hints::follow`] is called.
     pub fn knowing(calls: &[DeviceCall]) -> Hints {
         Hints(Rc::new(RefCell::new(Placements {
-            at_allocation: VecDeque::new(),
             sequence: CallSequence::known(calls),
+            ..Placements::default()
         })))
     }
 
@@ -80,6 +118,22 @@ impl Hints {
     /// Forgets hints no malloc used (the replay took another path).
     pub fn clear(&self) {
         self.0.borrow_mut().at_allocation.clear();
+    }
+
+    /// How the segments were placed so far.
+    pub fn placed(&self) -> PlacedBy {
+        self.0.borrow().placed
+    }
+
+    fn count(&self, how: PlacedHow) {
+        let placed = &mut self.0.borrow_mut().placed;
+        let counter = match how {
+            PlacedHow::Sequence => &mut placed.sequence,
+            PlacedHow::SameAllocation => &mut placed.same_allocation,
+            PlacedHow::AboveLastLarge => &mut placed.above_last_large,
+            PlacedHow::Model => &mut placed.model,
+        };
+        *counter += 1;
     }
 
     /// The recorded addresses for a segment of `size` bytes: the recording's next call's when
@@ -172,12 +226,10 @@ fn plausible(address: u64, bytes: u64) -> bool {
 impl DeviceMemory for ReplayDevice {
     fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         let own = self.inner.malloc(bytes)?;
-        let recorded = self
-            .hints
-            .take(bytes)
-            .into_iter()
-            .flatten()
-            .find(|&address| plausible(address, bytes) && !self.overlaps(address, bytes));
+        let usable = |address: Option<u64>| {
+            address.filter(|&address| plausible(address, bytes) && !self.overlaps(address, bytes))
+        };
+        let [in_sequence, at_allocation] = self.hints.take(bytes);
         // A large-pool segment the recording does not place goes where the driver's bump
         // pointer stands: right above the last large one placed at a recorded address (or
         // so), when that range is free.
@@ -185,22 +237,29 @@ impl DeviceMemory for ReplayDevice {
         let above_last_large = self
             .last_large_end
             .and_then(|end| end.checked_next_multiple_of(SEGMENT_ALIGNMENT))
-            .filter(|&address| {
-                large && plausible(address, bytes) && !self.overlaps(address, bytes)
-            });
-        let address = match recorded.or(above_last_large) {
-            Some(address) => {
+            .filter(|_| large);
+        let chosen = [
+            (usable(in_sequence), PlacedHow::Sequence),
+            (usable(at_allocation), PlacedHow::SameAllocation),
+            (usable(above_last_large), PlacedHow::AboveLastLarge),
+        ]
+        .into_iter()
+        .find_map(|(address, how)| address.map(|address| (address, how)));
+        let (address, how) = match chosen {
+            Some((address, how)) => {
                 if large {
                     self.last_large_end = address.checked_add(bytes);
                 }
-                address
+                (address, how)
             }
-            None if !self.overlaps(own.addr(), bytes) => own.addr(),
+            None if !self.overlaps(own.addr(), bytes) => (own.addr(), PlacedHow::Model),
             // The simulator's own address collides with a recorded one still live (its model
             // of the address space is not the recorded process's, e.g. on a smaller device):
             // the segment goes above every live one instead.
             None => match self.above_live() {
-                Some(address) if address.checked_add(bytes).is_some() => address,
+                Some(address) if address.checked_add(bytes).is_some() => {
+                    (address, PlacedHow::Model)
+                }
                 _ => {
                     self.inner.free(own)?;
                     return Err(DeviceError::InvalidArgument(format!(
@@ -209,6 +268,7 @@ impl DeviceMemory for ReplayDevice {
                 }
             },
         };
+        self.hints.count(how);
         self.live.insert(address, (bytes, own));
         Ok(DevicePtr::simulated(address))
     }

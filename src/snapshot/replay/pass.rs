@@ -39,7 +39,10 @@ pub(super) struct Plan {
 /// A replay in progress.
 pub(super) struct Pass {
     engine: Engine,
+    /// The placement hints the engine feeds (recorded placement only).
     hints: Option<Hints>,
+    /// The replay device's placements, which it counts.
+    placements: Hints,
     held: Held,
     capacity: u64,
     capacity_source: CapacitySource,
@@ -73,18 +76,14 @@ impl Pass {
         let sim = SimDevice::new(capacity);
         let context = sim.context_bytes();
         let held = Held::default();
-        let (device, hints): (Box<dyn DeviceMemory>, _) = match placement {
-            Placement::Recorded => {
-                let hints = calls.map_or_else(Hints::default, Hints::knowing);
-                (Box::new(ReplayDevice::new(sim, hints.clone())), Some(hints))
-            }
+        let placements = match placement {
+            Placement::Recorded => calls.map_or_else(Hints::default, Hints::knowing),
             // Placed by the model, yet able to put a segment above the live ones when the
-            // model's address is taken.
-            Placement::Model => (
-                Box::new(ReplayDevice::new(sim, Hints::default())) as Box<dyn DeviceMemory>,
-                None,
-            ),
+            // model's address is taken: hints nothing is pushed to.
+            Placement::Model => Hints::default(),
         };
+        let device: Box<dyn DeviceMemory> = Box::new(ReplayDevice::new(sim, placements.clone()));
+        let hints = (placement == Placement::Recorded).then(|| placements.clone());
         let device = Box::new(HeldElsewhere::new(device, Rc::clone(&held)));
         let allocator = CachingAllocator::new(device, conf.clone())
             .map_err(|error| ReplayError::Allocator(error.to_string()))?;
@@ -98,6 +97,7 @@ impl Pass {
         Ok(Pass {
             engine,
             hints,
+            placements,
             held,
             capacity,
             capacity_source,
@@ -299,6 +299,7 @@ impl Pass {
             conf: self.conf.clone(),
             conf_source: self.conf_source,
             placement: self.placement,
+            placed: self.placements.placed(),
             routes: self.routes.clone(),
             counts: engine.counts.clone(),
             first_oom: engine.first_oom.clone(),

@@ -7,6 +7,7 @@ use serde_json::{json, Map, Value};
 
 use super::answer::{Causes, UserFrame};
 use super::compare::SegmentComparison;
+use super::device::PlacedBy;
 use super::endstate::EndStateComparison;
 use super::engine::{Counts, FirstOom, PoolRoutes};
 use super::frames::{self, Lookup};
@@ -181,6 +182,8 @@ pub struct ReplayReport {
     pub conf_source: ConfSource,
     /// Where segments were placed: [`Placement::Recorded`] or [`Placement::Model`].
     pub placement: Placement,
+    /// How each `cudaMalloc` segment was placed.
+    pub placed: PlacedBy,
     /// Which allocations went to private pools (from the file's segments).
     pub routes: PoolRoutes,
     /// What was replayed.
@@ -280,6 +283,7 @@ impl ReplayReport {
             "alloc_conf": self.alloc_conf,
             "conf_source": self.conf_source,
             "placement": self.placement,
+            "placed": self.placed,
             "fits": verdict.fits,
             "verdict": verdict,
             "counts": self.counts,
@@ -372,13 +376,7 @@ impl fmt::Display for ReplayReport {
             format_size(self.capacity)
         )?;
         writeln!(f, "  allocator conf  {conf} ({conf_note})")?;
-        let placement = match self.placement {
-            Placement::Recorded => {
-                "recorded addresses where the replay makes the recorded segment, else the model"
-            }
-            Placement::Model => "the simulator's model",
-        };
-        writeln!(f, "  placement       {placement}")?;
+        writeln!(f, "  placement       {}", self.placement_text())?;
         self.write_limit(f)?;
         self.write_start(f)?;
         writeln!(
@@ -531,6 +529,44 @@ impl fmt::Display for ReplayReport {
 }
 
 impl ReplayReport {
+    /// The placement line: the rule, and how many segments each way placed.
+    fn placement_text(&self) -> String {
+        let placed = self.placed;
+        let rule = match self.placement {
+            Placement::Recorded => "recorded addresses, else the model",
+            Placement::Model => "the simulator's model",
+        };
+        if placed.total() == 0 {
+            return format!("{rule} (no cudaMalloc segment)");
+        }
+        let mut parts = Vec::new();
+        if placed.recorded() > 0 {
+            parts.push(format!(
+                "{} at the recording's addresses",
+                placed.recorded()
+            ));
+        }
+        if placed.above_last_large > 0 {
+            parts.push(format!(
+                "{} right above the last large one",
+                placed.above_last_large
+            ));
+        }
+        if placed.model > 0 {
+            parts.push(format!("{} by the model", placed.model));
+        }
+        let mut text = format!("{rule}: {} segments, {}", placed.total(), parts.join(", "));
+        if placed.recorded() < placed.total() && self.placement == Placement::Recorded {
+            // Only a recorded address is known to be the driver's; elsewhere a best-fit tie
+            // between two equal free blocks may break another way than on the GPU.
+            text.push_str(
+                " (the recording does not place the others: their addresses, and the best-fit \
+                 ties they decide, may differ on the GPU)",
+            );
+        }
+        text
+    }
+
     /// The line on the limit inferred from the recorded OOMs, if there were any.
     fn write_limit(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.limit == Limit::NoRecordedOoms {
