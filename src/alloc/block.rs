@@ -9,6 +9,8 @@
 
 use std::collections::BTreeSet;
 
+use crate::device::DevicePtr;
+
 /// Index of a block in the `BlockArena`.
 pub type BlockId = u32;
 
@@ -80,6 +82,13 @@ pub struct Block {
     pub mapped: bool,
     /// The expandable segment the block lies in, or [`NO_SEGMENT`].
     pub segment: SegmentId,
+    /// The address of the `cudaMalloc` segment the block lies in, as the device handed it
+    /// out, copied into every block carved from the segment so that handing a block out
+    /// derives its address without searching the segment map (a replay's hot path).
+    /// [`DevicePtr::NULL`] in an expandable segment, whose table holds its range.
+    pub segment_base: DevicePtr,
+    /// Bytes of that `cudaMalloc` segment (0 in an expandable segment).
+    pub segment_size: u64,
     /// The block just below in the same segment, or [`NIL`].
     pub prev: BlockId,
     /// The block just above in the same segment, or [`NIL`].

@@ -788,6 +788,8 @@ impl CachingAllocator {
             event_count: 0,
             mapped: true,
             segment: NO_SEGMENT,
+            segment_base: base,
+            segment_size: size,
             prev: NIL,
             next: NIL,
             gc_count_base: 0,
@@ -866,6 +868,7 @@ impl CachingAllocator {
                 block.size,
                 block.owner,
             );
+            let (segment_base, segment_size) = (block.segment_base, block.segment_size);
             let piece = self.blocks.insert(Block {
                 stream,
                 ptr: front,
@@ -878,6 +881,8 @@ impl CachingAllocator {
                 event_count: 0,
                 mapped: true,
                 segment,
+                segment_base,
+                segment_size,
                 prev: before,
                 next: id,
                 gc_count_base: 0,
@@ -954,10 +959,7 @@ impl CachingAllocator {
                 .get(block.segment)
                 .map(|segment| (segment.base, segment.size()))
         } else {
-            self.segments
-                .range(..=block.ptr)
-                .next_back()
-                .map(|(_, segment)| (segment.base, segment.size))
+            Some((block.segment_base, block.segment_size))
         };
         segment
             .and_then(|(base, extent)| {
