@@ -630,15 +630,28 @@ fn block_addresses_are_derived_from_their_segments_address() {
     assert_eq!(y.ptr.addr(), base + 5 * MIB);
     assert_eq!(y.ptr.space(), crate::device::MemorySpace::Simulated);
     a.free(y).expect("free");
-    // Bookkeeping that no longer knows the block's segment: the malloc is refused as an
-    // internal error, and the cached block stays cached.
-    let saved = a.segments.remove(&base).expect("segment");
+    // Every block carries its segment's range.
+    assert!(
+        a.blocks
+            .iter()
+            .all(|(_, block)| (block.segment_base, block.segment_size)
+                == (segment.base, segment.size))
+    );
+    // Bookkeeping that no longer knows the block's segment (the cached block carries a range
+    // it does not fit in): the malloc is refused as an internal error, and the cached block
+    // stays cached.
+    let (cached, _) = a
+        .blocks
+        .iter()
+        .find(|(_, block)| block.is_free() && block.ptr == base + 5 * MIB)
+        .expect("the freed block");
+    a.blocks.at_mut(cached).segment_size = 5 * MIB;
     let err = a.malloc(3 * MIB).expect_err("no segment for the block");
     assert!(matches!(err, AllocError::Internal(_)), "{err:?}");
     assert!(err
         .to_string()
         .starts_with("internal allocator error: the block at"));
-    a.segments.insert(base, saved);
+    a.blocks.at_mut(cached).segment_size = segment.size;
     a.check_invariants().expect("consistent after the refusal");
     let again = a.malloc(3 * MIB).expect("alloc");
     assert_eq!(again.ptr.addr(), base + 5 * MIB);
