@@ -8,16 +8,20 @@
 //! every counter the recording had at the end and the same segment events; a what-if replay
 //! must never fail for placement.
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use gpumem::alloc::{
-    AllocConf, AllocError, Allocation, CachingAllocator, EventKind, MemPoolId, PoolFilter,
-    StreamId, MIB,
+    AllocConf, AllocError, Allocation, CachingAllocator, EventKind, MemPoolId, MemoryEvent,
+    MemoryObserver, PoolFilter, StreamId, MIB,
 };
 use gpumem::device::sim::SimDevice;
 use gpumem::snapshot::model::{int, Frame, TraceEvent};
 use gpumem::snapshot::replay::device::{Hints, ReplayDevice};
-use gpumem::snapshot::replay::{replay, Placement, ReplayError, ReplayOptions, ReplayReport};
+use gpumem::snapshot::replay::{
+    replay, replay_observed, Placement, ReplayError, ReplayOptions, ReplayReport,
+};
 use gpumem::snapshot::{capture, pickle, AllocatorSettings, Snapshot};
 
 mod common;
@@ -410,6 +414,88 @@ fn what_if_replays_break_best_fit_ties_at_the_recorded_addresses() {
         int((20 + 12 + 20) * MIB)
     );
     assert_eq!(what_if.segment_events.same_address, 3);
+}
+
+/// The `segment_alloc` addresses of a replay of `report`'s file, in order.
+fn segments_made(path: &Path, report: &ReplayReport) -> Vec<(u64, u64)> {
+    #[derive(Default)]
+    struct Made(Vec<(u64, u64)>);
+    impl MemoryObserver for Made {
+        fn on_event(&mut self, event: &MemoryEvent) {
+            if event.kind == EventKind::SegmentAlloc {
+                self.0.push((event.addr, event.size));
+            }
+        }
+    }
+    let made = Rc::new(RefCell::new(Made::default()));
+    replay_observed(path, report, vec![Box::new(Rc::clone(&made))]).expect("replays again");
+    let made = made.borrow();
+    made.0.clone()
+}
+
+/// A what-if config that makes the recording's second segment one allocation earlier (issue
+/// 16: `roundup_power2_divisions` moved `moe`'s 20 MiB segments): the driver sees the same
+/// calls, so the segment goes where the recording's did; a third, which the recording never
+/// made, goes right above it, where the driver's bump pointer stands — not where the
+/// simulator's own address model would put them.
+#[test]
+fn a_what_if_segment_made_at_another_allocation_follows_the_recorded_calls() {
+    let placements = Hints::default();
+    let device = ReplayDevice::new(SimDevice::new(TOTAL), placements.clone());
+    let mut recording =
+        CachingAllocator::new(Box::new(device), AllocConf::default()).expect("allocator");
+    recording.set_history_clock(fixed_clock);
+    recording.record_history(true, usize::MAX);
+    let first = 0x7000_0000_0000_u64;
+    let second = first + 1024 * MIB;
+    // Five requests of 6.5 MiB (a 20 MiB segment each time one is needed): three share the
+    // first segment, the fourth makes the second, the fifth fits beside it.
+    let request = 6 * MIB + MIB / 2;
+    placements.push(first, 20 * MIB);
+    let mut blocks: Vec<_> = (0..3)
+        .map(|_| recording.malloc(request).expect("alloc"))
+        .collect();
+    placements.push(second, 20 * MIB);
+    blocks.extend((0..2).map(|_| recording.malloc(request).expect("alloc")));
+    assert_eq!(
+        (blocks[0].ptr.addr(), blocks[3].ptr.addr()),
+        (first, second)
+    );
+    for block in blocks {
+        recording.free(block).expect("free");
+    }
+    let path = dump(&recording, "moved-call", &[]);
+    // Rounded to halves of powers of two, 6.5 MiB takes 8: the third request no longer fits
+    // in the first segment, so the second segment comes one allocation earlier, and the fifth
+    // request needs a third segment.
+    let what_if = replayed(&path, Some("roundup_power2_divisions:2"));
+    assert_eq!(what_if.stat("num_device_alloc"), 3, "{what_if}");
+    assert_eq!(
+        segments_made(&path, &what_if),
+        [
+            (first, 20 * MIB),
+            (second, 20 * MIB),
+            (second + 20 * MIB, 20 * MIB)
+        ]
+    );
+    let model = replay(
+        &path,
+        &ReplayOptions {
+            capacity: Some(TOTAL),
+            conf: Some(AllocConf::parse("roundup_power2_divisions:2").expect("valid")),
+            placement: Placement::Model,
+            ..ReplayOptions::default()
+        },
+        &mut |_, _| {},
+    )
+    .expect("replays");
+    let modelled = segments_made(&path, &model);
+    assert!(
+        modelled
+            .iter()
+            .all(|&(address, _)| address != second && address != second + 20 * MIB),
+        "the model alone places none of them there: {modelled:x?}"
+    );
 }
 
 /// A CUDA graph's pool (allocations during a capture on a side stream) and a `MemPool` used

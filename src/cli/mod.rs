@@ -260,9 +260,10 @@ enum Command {
         /// steps from its peak), for each config, and the total memory a real GPU needs.
         #[arg(long)]
         min_capacity: bool,
-        /// Where segments are placed: where PyTorch's driver put the segment the trace made at
-        /// the same allocation, when the replay makes one of that size there, else the
-        /// simulator's model (recorded, under any config), or always the model (model).
+        /// Where segments are placed: where PyTorch's driver put the recording's (while the
+        /// replay's cudaMalloc/cudaFree calls are the recording's, or the segment the trace
+        /// made at the same allocation), else above the last large one, else the simulator's
+        /// model (recorded, under any config), or always the model (model).
         #[arg(long, value_enum, default_value_t = PlacementArg::Recorded)]
         placement: PlacementArg,
         /// Replay device N's trace (its position in the file's `device_traces`); by default
@@ -327,8 +328,9 @@ enum Command {
 /// `--placement`.
 #[derive(Clone, Copy, ValueEnum)]
 enum PlacementArg {
-    /// Where PyTorch's driver placed the segment the trace made at the same allocation, when
-    /// the replay makes one of that size there (under any config); else the model.
+    /// Where PyTorch's driver placed the recording's segment (while the replay's device calls
+    /// are the recording's, or the one made at the same allocation; under any config), else
+    /// above the last large segment, else the model.
     Recorded,
     /// The simulator's placement model.
     Model,

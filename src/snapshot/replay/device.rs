@@ -1,6 +1,7 @@
 //! The replay's device: the simulated GPU (capacity, context, 2 MiB pages), except that a
-//! segment gpumem asks for is placed where PyTorch's driver placed the same segment, when the
-//! trace just recorded one of that size.
+//! segment gpumem asks for is placed where PyTorch's driver placed the same segment: the
+//! recording's next `cudaMalloc` while the replay's device calls are the recording's
+//! ([`super::sequence`]), else the one the trace just recorded of that size.
 //!
 //! Addresses decide best-fit ties between equal-size cached blocks, so a replay that placed
 //! segments by the simulator's model of a different process's address space would split other
@@ -23,27 +24,88 @@ use crate::device::forward_device_memory;
 use crate::device::sim::SimDevice;
 use crate::device::{DeviceError, DeviceMemory, DevicePtr, MemorySpace, StreamEvent};
 
-/// Recorded `segment_alloc`s (address, size) waiting for the malloc that follows them.
+use super::sequence::{CallSequence, DeviceCall};
+
+/// Where the recording placed segments, for the replay's device to follow: the recorded
+/// `segment_alloc`s waiting for the malloc that follows them (the segment "made at the same
+/// allocation"), and the recording's whole sequence of device calls ([`CallSequence`]), which
+/// places a segment the recording made at another allocation as long as the replay's calls so
+/// far are the recording's. Shared by the engine, which reads the trace, and the device.
 #[derive(Debug, Clone, Default)]
-pub struct Hints(Rc<RefCell<VecDeque<(u64, u64)>>>);
+pub struct Hints(Rc<RefCell<Placements>>);
+
+#[derive(Debug, Default)]
+struct Placements {
+    /// Recorded `segment_alloc`s (address, size) since the last malloc.
+    at_allocation: VecDeque<(u64, u64)>,
+    /// The recording's device calls, followed while the replay makes the same.
+    sequence: CallSequence,
+}
 
 impl Hints {
-    /// The trace recorded a segment of `size` bytes at `address`.
+    /// Hints for a pass that knows every device call of the trace (`calls`, in order), which
+    /// it follows once [`Hints::follow`] is called.
+    pub fn knowing(calls: &[DeviceCall]) -> Hints {
+        Hints(Rc::new(RefCell::new(Placements {
+            at_allocation: VecDeque::new(),
+            sequence: CallSequence::known(calls),
+        })))
+    }
+
+    /// The trace recorded a segment of `size` bytes at `address` (for the next malloc).
     pub fn push(&self, address: u64, size: u64) {
-        self.0.borrow_mut().push_back((address, size));
+        self.0.borrow_mut().at_allocation.push_back((address, size));
+    }
+
+    /// The trace recorded device call `call` (a pass that learns them as it reads).
+    pub fn recorded(&self, call: DeviceCall) {
+        self.0.borrow_mut().sequence.recorded(call);
+    }
+
+    /// The replay of the trace begins (the start state is seeded): from now on its device
+    /// calls are compared with the recording's.
+    pub fn follow(&self) {
+        self.0.borrow_mut().sequence.follow();
+    }
+
+    /// Whether the replay made a device call before the pass had read the recording's: a
+    /// pass that knows every call could have followed it further.
+    pub fn ran_ahead(&self) -> bool {
+        self.0.borrow().sequence.ran_ahead()
     }
 
     /// Forgets hints no malloc used (the replay took another path).
     pub fn clear(&self) {
-        self.0.borrow_mut().clear();
+        self.0.borrow_mut().at_allocation.clear();
     }
 
-    fn take(&self, size: u64) -> Option<u64> {
-        let mut hints = self.0.borrow_mut();
-        let position = hints.iter().position(|&(_, bytes)| bytes == size)?;
-        hints.remove(position).map(|(address, _)| address)
+    /// The recorded addresses for a segment of `size` bytes: the recording's next call's when
+    /// the replay is in step with it, and the one made at the same allocation.
+    fn take(&self, size: u64) -> [Option<u64>; 2] {
+        let mut placements = self.0.borrow_mut();
+        let in_sequence = placements.sequence.malloc(size);
+        let hints = &mut placements.at_allocation;
+        let at_allocation = hints
+            .iter()
+            .position(|&(_, bytes)| bytes == size)
+            .and_then(|position| hints.remove(position))
+            .map(|(address, _)| address);
+        [in_sequence, at_allocation]
+    }
+
+    /// The replay gave back the segment at `address`.
+    fn freed(&self, address: u64) {
+        self.0.borrow_mut().sequence.free(address);
     }
 }
+
+/// cudaMalloc's segments start on 2 MiB boundaries (the H200 driver's granularity).
+const SEGMENT_ALIGNMENT: u64 = 2 << 20;
+
+/// The segment of PyTorch's small pool (`kSmallBuffer`, 2 MiB): every segment larger than it
+/// belongs to the large pool (whose smallest is `kLargeBuffer`'s 20 MiB, or 10 MiB and up in
+/// 2 MiB steps).
+const SMALL_SEGMENT: u64 = 2 << 20;
 
 /// The first of the streams a replay makes up for deferred frees: above every address a
 /// process can hold, so no recorded stream (a `cudaStream_t` value) is one.
@@ -61,6 +123,9 @@ pub struct ReplayDevice {
     live: BTreeMap<u64, (u64, DevicePtr)>,
     /// The made-up streams whose work is done.
     done: BTreeSet<u64>,
+    /// Where the last large-pool segment placed at a recorded address, or above the one
+    /// before it, ends: the driver's bump pointer in the range it is filling.
+    last_large_end: Option<u64>,
 }
 
 impl ReplayDevice {
@@ -71,14 +136,13 @@ impl ReplayDevice {
             hints,
             live: BTreeMap::new(),
             done: BTreeSet::new(),
+            last_large_end: None,
         }
     }
 
     /// The first 2 MiB boundary above every live segment (live segments never overlap, so
     /// the one that starts last ends last).
     fn above_live(&self) -> Option<u64> {
-        /// cudaMalloc's segments start on 2 MiB boundaries (the H200 driver's granularity).
-        const SEGMENT_ALIGNMENT: u64 = 2 << 20;
         let (&start, &(bytes, _)) = self.live.last_key_value()?;
         start
             .checked_add(bytes)?
@@ -102,15 +166,34 @@ fn plausible(address: u64, bytes: u64) -> bool {
 impl DeviceMemory for ReplayDevice {
     fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         let own = self.inner.malloc(bytes)?;
-        let address = match self.hints.take(bytes) {
-            Some(recorded) if plausible(recorded, bytes) && !self.overlaps(recorded, bytes) => {
-                recorded
+        let recorded = self
+            .hints
+            .take(bytes)
+            .into_iter()
+            .flatten()
+            .find(|&address| plausible(address, bytes) && !self.overlaps(address, bytes));
+        // A large-pool segment the recording does not place goes where the driver's bump
+        // pointer stands: right above the last large one placed at a recorded address (or
+        // so), when that range is free.
+        let large = bytes > SMALL_SEGMENT;
+        let above_last_large = self
+            .last_large_end
+            .and_then(|end| end.checked_next_multiple_of(SEGMENT_ALIGNMENT))
+            .filter(|&address| {
+                large && plausible(address, bytes) && !self.overlaps(address, bytes)
+            });
+        let address = match recorded.or(above_last_large) {
+            Some(address) => {
+                if large {
+                    self.last_large_end = address.checked_add(bytes);
+                }
+                address
             }
-            _ if !self.overlaps(own.addr(), bytes) => own.addr(),
+            None if !self.overlaps(own.addr(), bytes) => own.addr(),
             // The simulator's own address collides with a recorded one still live (its model
             // of the address space is not the recorded process's, e.g. on a smaller device):
             // the segment goes above every live one instead.
-            _ => match self.above_live() {
+            None => match self.above_live() {
                 Some(address) if address.checked_add(bytes).is_some() => address,
                 _ => {
                     self.inner.free(own)?;
@@ -137,6 +220,7 @@ impl DeviceMemory for ReplayDevice {
                 "cudaFree of {address:#x}, which is not a segment"
             )));
         };
+        self.hints.freed(address);
         self.inner.free(own)
     }
 

@@ -56,6 +56,7 @@ use super::answer::{self, Causes, LiveAllocation, OomSource, UserFrame, Why};
 use super::compare::{DeviceEvent, SegmentComparison};
 use super::device::{Hints, DEFERRED_STREAMS};
 use super::seed::Seeded;
+use super::sequence::DeviceCall;
 use crate::alloc::outlook::MallocOutlook;
 use crate::alloc::{
     AllocError, Allocation, CachingAllocator, MemPoolId, MemoryEvent, MemoryObserver, OutOfMemory,
@@ -507,6 +508,13 @@ impl Engine {
         }
         match event.action {
             Action::SegmentFree | Action::SegmentUnmap => {
+                if event.action == Action::SegmentFree {
+                    if let Some(hints) = &self.hints {
+                        hints.recorded(DeviceCall::Free {
+                            address: event.addr as u64,
+                        });
+                    }
+                }
                 self.segments.recorded(index, device_event(&event));
                 self.run.releases += 1;
                 self.run.release_sizes.push(event.size.max(0) as u64);
@@ -519,7 +527,11 @@ impl Engine {
                     self.made_at.insert(event.addr as u64, index);
                 }
                 if let Some(hints) = &self.hints {
-                    hints.push(event.addr as u64, event.size.max(0) as u64);
+                    let (address, size) = (event.addr as u64, event.size.max(0) as u64);
+                    hints.push(address, size);
+                    if event.action == Action::SegmentAlloc {
+                        hints.recorded(DeviceCall::Malloc { address, size });
+                    }
                 }
             }
             Action::FreeCompleted if self.is_deferred(&event) => {

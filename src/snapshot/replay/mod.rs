@@ -42,6 +42,7 @@ pub mod report;
 pub(crate) mod scan;
 pub mod search;
 pub mod seed;
+pub(crate) mod sequence;
 pub(crate) mod start;
 pub mod tune;
 pub mod verdict;
@@ -113,11 +114,13 @@ impl ReplayError {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Placement {
-    /// Where PyTorch's driver placed the segment the trace made at the same allocation, when
-    /// the replay makes one of that size there (every segment of a self-replay; under a what-if
-    /// config, every segment the config leaves as it was); else the simulator's model. A
-    /// recorded address that would overlap a live segment is never used, so a placement never
-    /// fails.
+    /// Where PyTorch's driver placed the recording's segment: the recording's next
+    /// `cudaMalloc` while the replay's device calls are the recording's, or the segment the
+    /// trace made at the same allocation (every segment of a self-replay; under a what-if
+    /// config, every segment the config leaves as it was); else right above the last large
+    /// segment (the driver's bump pointer); else the simulator's model
+    /// (`replay/sequence.rs`, `replay/device.rs`). A recorded address that would overlap a live
+    /// segment is never used, so a placement never fails.
     #[default]
     Recorded,
     /// Always the simulator's placement model (the H200 driver's, as measured in another
@@ -235,7 +238,7 @@ pub fn replay_reading(
         path,
         options,
         (conf, conf_source),
-        placement,
+        (placement, None),
         PoolRoutes::default(),
         Vec::new(),
     )?;
@@ -308,7 +311,7 @@ fn replay_recording_tapped(
         path,
         options,
         (conf, conf_source),
-        placement,
+        (placement, recording.scan.device_calls()),
         recording.routes(),
         observers,
     )?;

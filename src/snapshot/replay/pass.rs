@@ -12,6 +12,7 @@ use super::frames::Lookup;
 use super::held::{Held, HeldElsewhere};
 use super::limit::{Applied, Limit};
 use super::recording::{same_behaviour, Recording};
+use super::sequence::DeviceCall;
 use super::start::{self, StartState};
 use super::{
     seed, CapacitySource, ConfSource, Engine, Fragmentation, HostMemory, LimitPolicy, Placement,
@@ -56,13 +57,15 @@ pub(super) struct Pass {
 
 impl Pass {
     /// A replay of the file at `path` on the device `options` names, under `conf`, placing
-    /// segments by `placement` ([`Placement::Recorded`] or [`Placement::Model`]), routing
-    /// allocations to private pools by `routes`, with `observers` subscribed.
+    /// segments by `placement` ([`Placement::Recorded`] or [`Placement::Model`]; recorded
+    /// placement follows `calls`, the trace's device calls, when the scan kept them, else
+    /// learns them as it reads), routing allocations to private pools by `routes`, with
+    /// `observers` subscribed.
     pub(super) fn new(
         path: &Path,
         options: &ReplayOptions,
         (conf, conf_source): (AllocConf, ConfSource),
-        placement: Placement,
+        (placement, calls): (Placement, Option<&[DeviceCall]>),
         routes: PoolRoutes,
         observers: Vec<Box<dyn MemoryObserver>>,
     ) -> Result<Pass, ReplayError> {
@@ -72,7 +75,7 @@ impl Pass {
         let held = Held::default();
         let (device, hints): (Box<dyn DeviceMemory>, _) = match placement {
             Placement::Recorded => {
-                let hints = Hints::default();
+                let hints = calls.map_or_else(Hints::default, Hints::knowing);
                 (Box::new(ReplayDevice::new(sim, hints.clone())), Some(hints))
             }
             // Placed by the model, yet able to put a segment above the live ones when the
@@ -175,7 +178,10 @@ impl Pass {
             && self.placement == options.placement
             && recording.routes().is_empty()
             && !recording.frees_on_request()
-            && same_behaviour(&self.conf, &conf))
+            && same_behaviour(&self.conf, &conf)
+            // A replay that made a segment before the recording did (a what-if config): a
+            // pass knowing the trace's every device call places it where the driver did.
+            && !self.hints.as_ref().is_some_and(Hints::ran_ahead))
     }
 
     /// Puts `plan` on the allocator: seeds the start state, then applies the limit.
@@ -210,6 +216,9 @@ impl Pass {
         };
         if recording.frees_on_request() {
             self.engine.free_on_request();
+        }
+        if let Some(hints) = &self.hints {
+            hints.follow();
         }
         Ok(plan)
     }

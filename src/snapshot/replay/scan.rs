@@ -14,6 +14,7 @@
 use super::addresses::{AddressMap, AddressSet};
 use super::limit::Pressure;
 use super::ranges::Ranges;
+use super::sequence::DeviceCall;
 use crate::snapshot::model::Action;
 use crate::snapshot::pickle::{Emitted, Entry, Trace};
 
@@ -104,14 +105,39 @@ pub struct Scan {
     pub allocs_after_request: u64,
     /// Reserved bytes and OOMs over the trace.
     pub pressure: Pressure,
+    /// The trace's `cudaMalloc`/`cudaFree` calls in order, for a replay to follow
+    /// ([`super::sequence`]); `None` once there were more than [`MAX_KEPT_CALLS`].
+    device_calls: Option<Vec<DeviceCall>>,
 }
+
+/// The most device calls a scan keeps (16 bytes each: 4 MiB): a trace with more (a job
+/// releasing and re-making segments on every step under a tight limit, millions of times) is
+/// replayed without following its sequence, in memory that does not grow with the trace.
+pub const MAX_KEPT_CALLS: usize = 1 << 18;
 
 impl Scan {
     /// A scan of the trace of device `wanted` (`None`: the first device with events).
     pub fn new(wanted: Option<u32>) -> Scan {
         Scan {
             wanted,
+            device_calls: Some(Vec::new()),
             ..Scan::default()
+        }
+    }
+
+    /// The trace's `cudaMalloc`/`cudaFree` calls in order (`None`: too many were recorded to
+    /// keep, [`MAX_KEPT_CALLS`]).
+    pub fn device_calls(&self) -> Option<&[DeviceCall]> {
+        self.device_calls.as_deref()
+    }
+
+    fn keep_call(&mut self, call: DeviceCall) {
+        if let Some(calls) = &mut self.device_calls {
+            if calls.len() < MAX_KEPT_CALLS {
+                calls.push(call);
+            } else {
+                self.device_calls = None;
+            }
         }
     }
 
@@ -185,11 +211,16 @@ impl Scan {
                 }
             }
             Action::SegmentAlloc => {
+                self.keep_call(DeviceCall::Malloc {
+                    address: addr,
+                    size,
+                });
                 self.segments.insert(addr, size);
                 self.made_at.insert(addr, index);
                 self.pressure.acquired(index, size);
             }
             Action::SegmentFree => {
+                self.keep_call(DeviceCall::Free { address: addr });
                 if self.segments.remove(&addr).is_none() {
                     self.first_segment_frees.push(FirstRelease {
                         index,

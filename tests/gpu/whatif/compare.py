@@ -18,7 +18,11 @@ What-if, for every run made under another config C (and fraction F): the base ru
 (reserved_bytes.all.peak, allocated_bytes.all.peak), num_device_alloc, num_device_free,
 num_alloc_retries, num_ooms and whether it fits (PyTorch: no OOM at all). First the two runs'
 request sequences are compared (sequences.py): a changed sequence is reported apart, not as a
-failure. A run that an uncaught OOM ended is compared on fits and on which allocation failed
+failure. So is a changed timing: the same requests, but a free deferred by `record_stream`
+completed later in the run than in the base run, or earlier in a run that never synchronised
+(num_sync_all_streams 0). The allocator never delays a completion and completes one early only
+when it synchronises, so the GPU's work took another time there, and the replay, which completes deferred frees where the base
+run did (and on its own OOM path), cannot know it; the replay's figures are shown beside. A run that an uncaught OOM ended is compared on fits and on which allocation failed
 first, when its requests up to the OOM are the base run's. A config PyTorch 2.11 refused must
 be refused by gpumem too.
 
@@ -41,8 +45,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from sequences import (allocs_before, first_difference, first_oom_index,  # noqa: E402
-                       load_snapshot, request_sequence, trace_of)
+from sequences import (allocs_before, completed_otherwise, first_difference,  # noqa: E402
+                       first_oom_index, load_snapshot, request_sequence, trace_of)
 
 PAIR_FIELDS = ["reserved_bytes.all.peak", "allocated_bytes.all.peak", "num_device_alloc",
                "num_device_free", "num_alloc_retries", "num_ooms"]
@@ -326,6 +330,15 @@ def pair_plan(run, base):
     theirs = request_sequence(base.events())
     difference = first_difference(theirs, ours)
     if difference is None:
+        synchronised = (run.stats or {}).get("num_sync_all_streams", 1) != 0
+        moved = completed_otherwise(base.events(), run.events(), synchronised)
+        if moved is not None:
+            block, base_at, run_at = moved
+            return "timing", (f"same requests, but the deferred free of allocation {block} "
+                              f"completed after request {run_at}, in the base run after "
+                              f"{base_at}" + ("" if synchronised else
+                                              ", in a run that never synchronised")
+                              + ": the GPU's timing differed")
         return "full", "same request sequence"
     oom_at = first_oom_index(run.events())
     if run.status == "oom" and oom_at is not None:
@@ -388,7 +401,7 @@ def compare(runs, gpumem, jobs, timeout):
                     kind, why = pair_plan(run, base)
                 except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as error:
                     kind, why = "none", f"a snapshot could not be read: {error}"
-                if kind in ("full", "prefix"):
+                if kind in ("full", "prefix", "timing"):
                     tasks[("pair", run.name)] = pool.submit(
                         replay, gpumem, base.pickle, run.alloc_conf(),
                         run.meta.get("total_memory"), timeout)
@@ -412,10 +425,15 @@ def compare(runs, gpumem, jobs, timeout):
             self_rows.append(row)
         for row in pair_rows:
             run = runs[row["run"]]
-            if row["kind"] in ("full", "prefix"):
+            if row["kind"] in ("full", "prefix", "timing"):
                 result = tasks[("pair", run.name)].result()
-                row["verdict"], fields = pair_verdict(run, runs[row["base"]], row["kind"], result)
+                kind = "full" if row["kind"] == "timing" else row["kind"]
+                row["verdict"], fields = pair_verdict(run, runs[row["base"]], kind, result)
                 row["fields"] = [list(f) for f in fields]
+                if row["kind"] == "timing":
+                    # Shown, not judged: the replay follows the base run's completions.
+                    row["verdict"] = ("changed timing" if row["verdict"] == "differs"
+                                      else "changed timing, equal")
             elif row["kind"] == "changed":
                 row["verdict"] = "changed sequence"
             elif ("refused", run.name) in tasks:
@@ -454,6 +472,8 @@ def render(self_rows, pair_rows, missing_keys):
         elif row.get("fields"):
             detail = "; ".join(f"{name} PyTorch {a} gpumem {b}"
                                for name, a, b in row["fields"] if a != b)
+            if row["kind"] == "timing":
+                detail = row["why"] + (f" ({detail})" if detail else "")
         else:
             detail = row["why"]
         out.append(f"  {row['run']:<34} {row['verdict']:<24} {detail}")

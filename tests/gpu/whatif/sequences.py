@@ -74,3 +74,50 @@ def allocs_before(events, index):
     """How many `alloc` events come before position `index`: the ordinal of the request at
     `index` among the allocations, the same in two runs whose sequences agree up to there."""
     return sum(1 for event in events[:index] if event["action"] == "alloc")
+
+
+def deferred_completions(events):
+    """{allocation ordinal: requests before its completion} for every block whose
+    `free_completed` did not follow its `free_requested` at once: a free `record_stream`
+    deferred until the side stream's work was done, completed when the allocator found it done
+    (GPU timing) or when its OOM path synchronised (the allocator's own decision)."""
+    ordinal_at = {}
+    completions = {}
+    ordinal = requests = 0
+    previous = None
+    for event in events:
+        action = event["action"]
+        if action == "alloc":
+            ordinal_at[event["addr"]] = ordinal
+            ordinal += 1
+            requests += 1
+        elif action == "free_requested":
+            requests += 1
+        elif action == "free_completed":
+            at_once = (previous is not None and previous["action"] == "free_requested"
+                       and previous["addr"] == event["addr"])
+            block = ordinal_at.pop(event["addr"], None)
+            if not at_once and block is not None:
+                completions[block] = requests
+        previous = event
+    return completions
+
+
+def completed_otherwise(base_events, run_events, run_synchronised):
+    """The first block (allocation ordinal, base's and run's request count at its completion)
+    whose deferred free completed at another point in the run than in the base run for a reason
+    only the GPU's timing gives, or None.
+
+    The allocator never delays a completion: only its synchronisations (the OOM path's and
+    empty_cache()'s, counted by num_sync_all_streams) complete pending frees early. A later
+    completion therefore shows the GPU took longer in the run; an earlier one does too in a run
+    that never synchronised (`run_synchronised` False). Either way the run's input differed
+    from the base run's, which no replay of the base run can know."""
+    base = deferred_completions(base_events)
+    run = deferred_completions(run_events)
+    for block in sorted(run):
+        if block not in base or run[block] == base[block]:
+            continue
+        if run[block] > base[block] or not run_synchronised:
+            return block, base[block], run[block]
+    return None

@@ -147,6 +147,25 @@ class SequenceTest(unittest.TestCase):
         self.assertEqual(sequences.request_sequence(events, stop_at=2),
                          [("alloc", 1, 0), ("alloc", 2, 0)])
 
+    def test_a_deferred_free_completed_where_only_the_gpus_timing_explains_it(self):
+        def job(completed_after):
+            # Block 0 is freed on the side stream, its completion deferred; block 1 at once.
+            events = [event("alloc", 512, addr=1), event("free_requested", 512, addr=1)]
+            events += [event("alloc", 1024, addr=2 + n) for n in range(3)]
+            events.insert(2 + completed_after, event("free_completed", 512, addr=1))
+            return events + [event("free_requested", 1024, addr=2),
+                             event("free_completed", 1024, addr=2)]
+        base = job(2)
+        self.assertEqual(sequences.deferred_completions(base), {0: 4})
+        self.assertEqual(sequences.deferred_completions(job(0)), {}, "completed at once")
+        self.assertIsNone(sequences.completed_otherwise(base, base, True))
+        # Earlier in the run: an OOM path's synchronisation could have done it, unless the
+        # run never synchronised.
+        self.assertIsNone(sequences.completed_otherwise(base, job(1), True))
+        self.assertEqual(sequences.completed_otherwise(base, job(1), False), (0, 4, 3))
+        # Later: only the GPU's timing delays a completion.
+        self.assertEqual(sequences.completed_otherwise(base, job(3), True), (0, 4, 5))
+
     def test_the_unpickler_builds_no_objects(self):
         with tempfile.NamedTemporaryFile(suffix=".pickle") as f:
             pickle.dump({"segments": [], "x": unittest.TestCase}, f)
