@@ -230,6 +230,53 @@ fn the_oom_path_completes_pending_frees_in_self_and_what_if_replays() {
     );
 }
 
+/// Garbage collection under a fraction releases a cached segment with `cudaFree`, which
+/// synchronises the device: the batch freed behind the side stream's work is then done, and
+/// the next malloc's `process_events` takes it back. A what-if replay of the unconstrained run
+/// under that config completes it there too — not at the unconstrained run's completion, later
+/// (issue 16: the prefetch loop under `garbage_collection_threshold:0.6` and a fraction, 27
+/// retries where PyTorch made none).
+#[test]
+fn a_cuda_free_completes_the_pending_frees_in_a_what_if_replay() {
+    fn job(allocator: &mut CachingAllocator) {
+        for step in 0..8_u64 {
+            let scratch = allocator.malloc((22 + 6 * step) * MIB).expect("scratch");
+            allocator.free(scratch).expect("cached");
+            let batch = allocator.malloc_on(SIDE, 64 * MIB).expect("batch");
+            allocator.record_stream(batch, 0).expect("record_stream");
+            allocator.device_mut().sleep(0, 5).expect("compute");
+            allocator.free(batch).expect("free while compute runs");
+        }
+    }
+    let allowed = 200 * MIB;
+    let conf = format!(
+        "garbage_collection_threshold:0.6,per_process_memory_fraction:{}",
+        allowed as f64 / TOTAL as f64
+    );
+    let mut constrained = recorder(&conf, None);
+    job(&mut constrained);
+    let stats = constrained.stats().clone();
+    assert!(
+        stats.num_device_free > 0,
+        "garbage collection released segments"
+    );
+    let mut unconstrained = recorder("", None);
+    job(&mut unconstrained);
+    let path = dump(&unconstrained, "gc-completes", &[]);
+    let what_if = replayed(&path, Some(&conf));
+    for (key, expected) in [
+        ("num_device_alloc", stats.num_device_alloc),
+        ("num_device_free", stats.num_device_free),
+        ("num_alloc_retries", stats.num_alloc_retries),
+        ("num_sync_all_streams", stats.num_sync_all_streams),
+        ("num_ooms", stats.num_ooms),
+        ("reserved_bytes.all.peak", stats.reserved_bytes.all.peak),
+        ("allocated_bytes.all.peak", stats.allocated_bytes.all.peak),
+    ] {
+        assert_eq!(what_if.stat(key), expected, "{key}: {what_if}");
+    }
+}
+
 /// `torch.cuda.empty_cache()` followed by a malloc, in a trace without frames: the releases
 /// cannot be the malloc's own (it would find a cached block), so they are an `empty_cache()`
 /// that came first — and the malloc then needs a new segment, as recorded.
@@ -368,6 +415,18 @@ fn what_if_replays_never_fail_for_placement() {
     assert_reproduces(&recording, &same);
 }
 
+/// A recorder under the default config whose driver puts each segment where `push`ed
+/// placements say (the simulator's model would put them elsewhere).
+fn placed_recorder() -> (CachingAllocator, Hints) {
+    let placements = Hints::default();
+    let device = ReplayDevice::new(SimDevice::new(TOTAL), placements.clone());
+    let mut recording =
+        CachingAllocator::new(Box::new(device), AllocConf::default()).expect("allocator");
+    recording.set_history_clock(fixed_clock);
+    recording.record_history(true, usize::MAX);
+    (recording, placements)
+}
+
 /// Under a what-if config that leaves the segments as they were, the replay places them where
 /// the recording's driver did, so a best-fit tie between two equal free blocks breaks as it
 /// did in PyTorch (its pools are ordered by address), here deciding whether a later 20 MiB
@@ -375,14 +434,8 @@ fn what_if_replays_never_fail_for_placement() {
 /// 2-4 MiB off in `allocated_bytes.all.peak` when placed by the model).
 #[test]
 fn what_if_replays_break_best_fit_ties_at_the_recorded_addresses() {
-    // A driver that puts each segment where the recording says (the simulator's model would
-    // put the 12 MiB segment below the first 20 MiB one, not above).
-    let placements = Hints::default();
-    let device = ReplayDevice::new(SimDevice::new(TOTAL), placements.clone());
-    let mut recording =
-        CachingAllocator::new(Box::new(device), AllocConf::default()).expect("allocator");
-    recording.set_history_clock(fixed_clock);
-    recording.record_history(true, usize::MAX);
+    // The simulator's model would put the 12 MiB segment below the first 20 MiB one, not above.
+    let (mut recording, placements) = placed_recorder();
     let wide = 0x7000_0000_0000_u64;
     let narrow = wide + 1024 * MIB;
     let third = wide + 2048 * MIB;
@@ -440,12 +493,7 @@ fn segments_made(path: &Path, report: &ReplayReport) -> Vec<(u64, u64)> {
 /// simulator's own address model would put them.
 #[test]
 fn a_what_if_segment_made_at_another_allocation_follows_the_recorded_calls() {
-    let placements = Hints::default();
-    let device = ReplayDevice::new(SimDevice::new(TOTAL), placements.clone());
-    let mut recording =
-        CachingAllocator::new(Box::new(device), AllocConf::default()).expect("allocator");
-    recording.set_history_clock(fixed_clock);
-    recording.record_history(true, usize::MAX);
+    let (mut recording, placements) = placed_recorder();
     let first = 0x7000_0000_0000_u64;
     let second = first + 1024 * MIB;
     // Five requests of 6.5 MiB (a 20 MiB segment each time one is needed): three share the

@@ -11,10 +11,13 @@
 //! live one. A placement never fails: capacity alone decides whether a segment fits.
 //!
 //! Streams from [`DEFERRED_STREAMS`] up are the replay's own, one per free the trace shows
-//! deferred by `record_stream`: an event recorded on one completes only when the replay says so
-//! (`synchronize_stream`, at the recorded completion) or when the allocator waits for it
-//! (`synchronize_event`, its OOM path or `empty_cache()`) — never because the simulated device
-//! synchronised (a `cudaFree`), so the completions come in the order the trace recorded them.
+//! deferred by `record_stream`: an event recorded on one completes when the replay says so
+//! (`synchronize_stream`, at the recorded completion), when the allocator waits for it
+//! (`synchronize_event`, its OOM path or `empty_cache()`), or when a `cudaFree` synchronises the
+//! device (a release of the replay's own, by garbage collection or the OOM path: in the
+//! recording the same release made the same frees complete at the next malloc) — never
+//! because time passed, so otherwise the completions come in the order the trace recorded
+//! them.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -123,6 +126,8 @@ pub struct ReplayDevice {
     live: BTreeMap<u64, (u64, DevicePtr)>,
     /// The made-up streams whose work is done.
     done: BTreeSet<u64>,
+    /// The made-up streams with an event recorded and not yet done.
+    pending: BTreeSet<u64>,
     /// Where the last large-pool segment placed at a recorded address, or above the one
     /// before it, ends: the driver's bump pointer in the range it is filling.
     last_large_end: Option<u64>,
@@ -136,6 +141,7 @@ impl ReplayDevice {
             hints,
             live: BTreeMap::new(),
             done: BTreeSet::new(),
+            pending: BTreeSet::new(),
             last_large_end: None,
         }
     }
@@ -221,6 +227,12 @@ impl DeviceMemory for ReplayDevice {
             )));
         };
         self.hints.freed(address);
+        // cudaFree synchronises the device: the work behind every event recorded so far is
+        // done, and the allocator's next `process_events` completes those frees (in a what-if
+        // replay whose garbage collection or OOM path releases a segment where the recording
+        // did not, that is where PyTorch would have completed them).
+        let pending = std::mem::take(&mut self.pending);
+        self.done.extend(pending);
         self.inner.free(own)
     }
 
@@ -233,6 +245,9 @@ impl DeviceMemory for ReplayDevice {
 
     fn record_event(&mut self, stream: u64) -> Result<StreamEvent, DeviceError> {
         if stream >= DEFERRED_STREAMS {
+            if !self.done.contains(&stream) {
+                self.pending.insert(stream);
+            }
             return Ok(StreamEvent { stream, ticket: 1 });
         }
         self.inner.record_event(stream)
@@ -247,6 +262,7 @@ impl DeviceMemory for ReplayDevice {
 
     fn synchronize_event(&mut self, event: StreamEvent) -> Result<(), DeviceError> {
         if event.stream >= DEFERRED_STREAMS {
+            self.pending.remove(&event.stream);
             self.done.insert(event.stream);
             return Ok(());
         }
@@ -255,6 +271,7 @@ impl DeviceMemory for ReplayDevice {
 
     fn synchronize_stream(&mut self, stream: u64) -> Result<(), DeviceError> {
         if stream >= DEFERRED_STREAMS {
+            self.pending.remove(&stream);
             self.done.insert(stream);
             return Ok(());
         }

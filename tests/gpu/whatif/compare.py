@@ -19,9 +19,10 @@ What-if, for every run made under another config C (and fraction F): the base ru
 num_alloc_retries, num_ooms and whether it fits (PyTorch: no OOM at all). First the two runs'
 request sequences are compared (sequences.py): a changed sequence is reported apart, not as a
 failure. So is a changed timing: the same requests, but a free deferred by `record_stream`
-completed later in the run than in the base run, or earlier in a run that never synchronised
-(num_sync_all_streams 0). The allocator never delays a completion and completes one early only
-when it synchronises, so the GPU's work took another time there, and the replay, which completes deferred frees where the base
+completed later in the run than in the base run, or earlier where no synchronisation of the
+allocator explains it (sequences.completed_otherwise). The allocator never delays a completion
+and completes one early only when it synchronises, so the GPU's work took another time there,
+and the replay, which completes deferred frees where the base
 run did (and on its own OOM path), cannot know it; the replay's figures are shown beside. A run that an uncaught OOM ended is compared on fits and on which allocation failed
 first, when its requests up to the OOM are the base run's. A config PyTorch 2.11 refused must
 be refused by gpumem too.
@@ -330,15 +331,13 @@ def pair_plan(run, base):
     theirs = request_sequence(base.events())
     difference = first_difference(theirs, ours)
     if difference is None:
-        synchronised = (run.stats or {}).get("num_sync_all_streams", 1) != 0
-        moved = completed_otherwise(base.events(), run.events(), synchronised)
+        moved = completed_otherwise(base.events(), run.events(), run.stats or {})
         if moved is not None:
             block, base_at, run_at = moved
             return "timing", (f"same requests, but the deferred free of allocation {block} "
                               f"completed after request {run_at}, in the base run after "
-                              f"{base_at}" + ("" if synchronised else
-                                              ", in a run that never synchronised")
-                              + ": the GPU's timing differed")
+                              f"{base_at}, where no synchronisation of the allocator explains "
+                              "it: the GPU's timing differed")
         return "full", "same request sequence"
     oom_at = first_oom_index(run.events())
     if run.status == "oom" and oom_at is not None:

@@ -76,48 +76,64 @@ def allocs_before(events, index):
     return sum(1 for event in events[:index] if event["action"] == "alloc")
 
 
+SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom")
+
+
 def deferred_completions(events):
-    """{allocation ordinal: requests before its completion} for every block whose
-    `free_completed` did not follow its `free_requested` at once: a free `record_stream`
-    deferred until the side stream's work was done, completed when the allocator found it done
-    (GPU timing) or when its OOM path synchronised (the allocator's own decision)."""
+    """{allocation ordinal: (requests before its completion, whether a segment event or an OOM
+    follows the completion before the next request)} for every block whose `free_completed`
+    did not follow its `free_requested` at once: a free `record_stream` deferred until the side
+    stream's work was done, completed when the allocator found it done (GPU timing) or when it
+    synchronised (its own decision)."""
     ordinal_at = {}
     completions = {}
     ordinal = requests = 0
+    open_blocks = []
     previous = None
     for event in events:
         action = event["action"]
-        if action == "alloc":
-            ordinal_at[event["addr"]] = ordinal
-            ordinal += 1
+        if action in ("alloc", "free_requested"):
+            open_blocks = []
             requests += 1
-        elif action == "free_requested":
-            requests += 1
+            if action == "alloc":
+                ordinal_at[event["addr"]] = ordinal
+                ordinal += 1
+        elif action in SEGMENT_ACTIONS:
+            for block in open_blocks:
+                completions[block] = (completions[block][0], True)
+            open_blocks = []
         elif action == "free_completed":
             at_once = (previous is not None and previous["action"] == "free_requested"
                        and previous["addr"] == event["addr"])
             block = ordinal_at.pop(event["addr"], None)
             if not at_once and block is not None:
-                completions[block] = requests
+                completions[block] = (requests, False)
+                open_blocks.append(block)
         previous = event
     return completions
 
 
-def completed_otherwise(base_events, run_events, run_synchronised):
+def completed_otherwise(base_events, run_events, run_stats):
     """The first block (allocation ordinal, base's and run's request count at its completion)
     whose deferred free completed at another point in the run than in the base run for a reason
     only the GPU's timing gives, or None.
 
-    The allocator never delays a completion: only its synchronisations (the OOM path's and
-    empty_cache()'s, counted by num_sync_all_streams) complete pending frees early. A later
-    completion therefore shows the GPU took longer in the run; an earlier one does too in a run
-    that never synchronised (`run_synchronised` False). Either way the run's input differed
-    from the base run's, which no replay of the base run can know."""
+    The allocator never delays a completion: only its synchronisations complete pending frees
+    early (`num_sync_all_streams`: the OOM path's, each followed by its retry, counted by
+    `num_alloc_retries`, which makes a segment or raises an OOM; and empty_cache()'s). A later
+    completion therefore shows the GPU took longer in the run; so does an earlier one in a run
+    that never synchronised, or, in a run whose every synchronisation was an OOM path's retry,
+    an earlier one that no segment event or OOM follows before the next request. Either way the
+    run's input differed from the base run's, which no replay of the base run can know."""
+    syncs = run_stats.get("num_sync_all_streams")
+    retries = run_stats.get("num_alloc_retries")
     base = deferred_completions(base_events)
     run = deferred_completions(run_events)
     for block in sorted(run):
-        if block not in base or run[block] == base[block]:
+        if block not in base or run[block][0] == base[block][0]:
             continue
-        if run[block] > base[block] or not run_synchronised:
-            return block, base[block], run[block]
+        at, then_segments = run[block]
+        if at > base[block][0] or syncs == 0 or \
+                (syncs is not None and syncs == retries and not then_segments):
+            return block, base[block][0], at
     return None

@@ -156,15 +156,25 @@ class SequenceTest(unittest.TestCase):
             return events + [event("free_requested", 1024, addr=2),
                              event("free_completed", 1024, addr=2)]
         base = job(2)
-        self.assertEqual(sequences.deferred_completions(base), {0: 4})
+        self.assertEqual(sequences.deferred_completions(base), {0: (4, False)})
         self.assertEqual(sequences.deferred_completions(job(0)), {}, "completed at once")
-        self.assertIsNone(sequences.completed_otherwise(base, base, True))
-        # Earlier in the run: an OOM path's synchronisation could have done it, unless the
-        # run never synchronised.
-        self.assertIsNone(sequences.completed_otherwise(base, job(1), True))
-        self.assertEqual(sequences.completed_otherwise(base, job(1), False), (0, 4, 3))
+        synced = {"num_sync_all_streams": 1, "num_alloc_retries": 0}
+        never = {"num_sync_all_streams": 0, "num_alloc_retries": 0}
+        retried = {"num_sync_all_streams": 1, "num_alloc_retries": 1}
+        self.assertIsNone(sequences.completed_otherwise(base, base, synced))
+        # Earlier in the run: a synchronisation could have done it (an empty_cache() that
+        # released nothing shows nothing), unless the run never synchronised, or synchronised
+        # only on OOM paths, whose retry makes a segment (or raises an OOM) right after.
+        earlier = job(1)
+        self.assertIsNone(sequences.completed_otherwise(base, earlier, synced))
+        self.assertEqual(sequences.completed_otherwise(base, earlier, never), (0, 4, 3))
+        self.assertEqual(sequences.completed_otherwise(base, earlier, retried), (0, 4, 3))
+        on_the_oom_path = list(earlier)
+        on_the_oom_path.insert(4, event("segment_alloc", 20 << 20, addr=99))
+        self.assertEqual(sequences.deferred_completions(on_the_oom_path), {0: (3, True)})
+        self.assertIsNone(sequences.completed_otherwise(base, on_the_oom_path, retried))
         # Later: only the GPU's timing delays a completion.
-        self.assertEqual(sequences.completed_otherwise(base, job(3), True), (0, 4, 5))
+        self.assertEqual(sequences.completed_otherwise(base, job(3), synced), (0, 4, 5))
 
     def test_the_unpickler_builds_no_objects(self):
         with tempfile.NamedTemporaryFile(suffix=".pickle") as f:
