@@ -239,6 +239,14 @@ impl CachingAllocator {
             if block.segment != segment {
                 return Err(format!("block {at:#x}: wrong segment"));
             }
+            // A cudaMalloc segment's blocks carry its range (expandable ones carry none).
+            let carried = match region.expandable {
+                Some(_) => (0, 0),
+                None => (region.base, region.size),
+            };
+            if (block.segment_base.addr(), block.segment_size) != carried {
+                return Err(format!("block {at:#x}: carries the wrong segment range"));
+            }
             if block.size == 0 {
                 return Err(format!("block {at:#x}: empty"));
             }

@@ -255,6 +255,10 @@ pub struct CachingAllocator {
     /// Whether anything listens to the event stream: the history records or an observer is
     /// subscribed. Kept apart so an unobserved allocator pays one branch per event.
     listening: bool,
+    /// Whether something listens to more than the segment events: the history records, or
+    /// an observer not [`MemoryObserver::segment_events_only`]. When not, a malloc or free
+    /// that touches no segment emits nothing.
+    listening_to_all: bool,
     /// The caller-supplied context stamped on every event ([`CachingAllocator::set_trace_context`]).
     context: u32,
     /// The streams other than its own each allocated block was used on (`record_stream`;
@@ -292,6 +296,7 @@ impl CachingAllocator {
             trace: TraceRecorder::default(),
             observers: events::Observers::default(),
             listening: false,
+            listening_to_all: false,
             context: 0,
             stream_uses: BTreeMap::new(),
             cuda_events: BTreeMap::new(),
@@ -384,6 +389,7 @@ impl CachingAllocator {
 
     fn update_listening(&mut self) {
         self.listening = self.trace.enabled() || !self.observers.is_empty();
+        self.listening_to_all = self.trace.enabled() || self.observers.want_every_event();
     }
 
     /// Emits one event (see [`MemoryEvent`] for what `addr`, `size` and `bytes` mean per
@@ -401,7 +407,8 @@ impl CachingAllocator {
         pool: Pool,
         owner: PoolOwner,
     ) {
-        if self.listening {
+        // `kind` is a constant where this is inlined, so a malloc or free tests one flag.
+        if self.listening_to_all || (self.listening && kind.is_segment_event()) {
             self.tell(
                 MemoryEvent {
                     kind,
@@ -788,6 +795,8 @@ impl CachingAllocator {
             event_count: 0,
             mapped: true,
             segment: NO_SEGMENT,
+            segment_base: base,
+            segment_size: size,
             prev: NIL,
             next: NIL,
             gc_count_base: 0,
@@ -866,6 +875,7 @@ impl CachingAllocator {
                 block.size,
                 block.owner,
             );
+            let (segment_base, segment_size) = (block.segment_base, block.segment_size);
             let piece = self.blocks.insert(Block {
                 stream,
                 ptr: front,
@@ -878,6 +888,8 @@ impl CachingAllocator {
                 event_count: 0,
                 mapped: true,
                 segment,
+                segment_base,
+                segment_size,
                 prev: before,
                 next: id,
                 gc_count_base: 0,
@@ -954,10 +966,7 @@ impl CachingAllocator {
                 .get(block.segment)
                 .map(|segment| (segment.base, segment.size()))
         } else {
-            self.segments
-                .range(..=block.ptr)
-                .next_back()
-                .map(|(_, segment)| (segment.base, segment.size))
+            Some((block.segment_base, block.segment_size))
         };
         segment
             .and_then(|(base, extent)| {

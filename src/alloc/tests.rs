@@ -630,16 +630,69 @@ fn block_addresses_are_derived_from_their_segments_address() {
     assert_eq!(y.ptr.addr(), base + 5 * MIB);
     assert_eq!(y.ptr.space(), crate::device::MemorySpace::Simulated);
     a.free(y).expect("free");
-    // Bookkeeping that no longer knows the block's segment: the malloc is refused as an
-    // internal error, and the cached block stays cached.
-    let saved = a.segments.remove(&base).expect("segment");
+    // Every block carries its segment's range.
+    assert!(
+        a.blocks
+            .iter()
+            .all(|(_, block)| (block.segment_base, block.segment_size)
+                == (segment.base, segment.size))
+    );
+    // Bookkeeping that no longer knows the block's segment (the cached block carries a range
+    // it does not fit in): the malloc is refused as an internal error, and the cached block
+    // stays cached.
+    let (cached, _) = a
+        .blocks
+        .iter()
+        .find(|(_, block)| block.is_free() && block.ptr == base + 5 * MIB)
+        .expect("the freed block");
+    a.blocks.at_mut(cached).segment_size = 5 * MIB;
     let err = a.malloc(3 * MIB).expect_err("no segment for the block");
     assert!(matches!(err, AllocError::Internal(_)), "{err:?}");
     assert!(err
         .to_string()
         .starts_with("internal allocator error: the block at"));
-    a.segments.insert(base, saved);
+    a.blocks.at_mut(cached).segment_size = segment.size;
     a.check_invariants().expect("consistent after the refusal");
     let again = a.malloc(3 * MIB).expect("alloc");
     assert_eq!(again.ptr.addr(), base + 5 * MIB);
+}
+
+/// An observer that wants only segment events, and keeps the kinds it is told.
+struct SegmentKinds(Vec<EventKind>);
+
+impl MemoryObserver for SegmentKinds {
+    fn on_event(&mut self, event: &MemoryEvent) {
+        self.0.push(event.kind);
+    }
+
+    fn segment_events_only(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_segment_only_observer_is_told_every_segment_event() {
+    let mut a = allocator("");
+    let kinds = Rc::new(std::cell::RefCell::new(SegmentKinds(Vec::new())));
+    a.subscribe(Box::new(Rc::clone(&kinds)));
+    assert!(a.is_listened_to());
+    let x = a.malloc(5 * MIB).expect("alloc");
+    a.free(x).expect("free");
+    a.empty_cache().expect("empty_cache");
+    // Alone, it is told no malloc or free: the allocator skips building them.
+    assert_eq!(
+        kinds.borrow().0,
+        [EventKind::SegmentAlloc, EventKind::SegmentFree]
+    );
+    // Beside an observer of every event it may be told more, never less.
+    let every = Rc::new(std::cell::RefCell::new(EventLog::default()));
+    a.subscribe(Box::new(Rc::clone(&every)));
+    kinds.borrow_mut().0.clear();
+    let y = a.malloc(5 * MIB).expect("alloc");
+    a.free(y).expect("free");
+    a.empty_cache().expect("empty_cache");
+    let told = kinds.borrow().0.clone();
+    assert!(told.contains(&EventKind::SegmentAlloc) && told.contains(&EventKind::SegmentFree));
+    assert!(told.contains(&EventKind::Alloc), "{told:?}");
+    assert_eq!(every.borrow().events().len(), told.len());
 }

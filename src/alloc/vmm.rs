@@ -13,7 +13,7 @@
 use super::block::{Block, BlockId, Pool, PoolOwner, SegmentId, NIL};
 use super::expandable::{reserved_pages, ExpandableSegment, SegmentTable};
 use super::{AllocError, CachingAllocator, EventKind, Request};
-use crate::device::DeviceError;
+use crate::device::{DeviceError, DevicePtr};
 
 impl CachingAllocator {
     /// PyTorch's `try_allocate_expandable_block`: finds the lowest-addressed place of the
@@ -131,6 +131,8 @@ impl CachingAllocator {
             event_count: 0,
             mapped: false,
             segment,
+            segment_base: DevicePtr::NULL,
+            segment_size: 0,
             prev: NIL,
             next: NIL,
             gc_count_base: 0,
@@ -183,6 +185,8 @@ impl CachingAllocator {
                 event_count: 0,
                 mapped: false,
                 segment: segment_id,
+                segment_base: DevicePtr::NULL,
+                segment_size: 0,
                 prev: id,
                 next,
                 gc_count_base: 0,
@@ -303,6 +307,8 @@ impl CachingAllocator {
             event_count: 0,
             mapped: true,
             segment: model.segment,
+            segment_base: model.segment_base,
+            segment_size: model.segment_size,
             prev,
             next,
             gc_count_base: 0,

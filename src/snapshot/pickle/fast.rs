@@ -80,17 +80,89 @@ pub type FastEvent = (Entry, usize, Vec<(u32, Value)>);
 /// Returns the entry (its `empty_cache_frame` left for the caller, who holds the stacks), the
 /// bytes it took and the memo entries it made, or `None` when the bytes are not an event dict
 /// in a layout it knows (the caller then parses them generically). Nothing is changed unless it
-/// succeeds.
-pub fn fast_event(bytes: &[u8], memo: &Memo) -> Option<FastEvent> {
+/// succeeds, but `layout`, which only ever holds keys as they were really written.
+pub fn fast_event(bytes: &[u8], memo: &Memo, layout: &mut KeyLayout) -> Option<FastEvent> {
     let mut parser = Fast {
         bytes,
         at: 0,
         memo,
         next_id: memo.next_id(),
         puts: Vec::new(),
+        layout,
     };
     let event = parser.event()?;
     Some((event, parser.at, parser.puts))
+}
+
+/// Most keys of an event whose encoding [`KeyLayout`] remembers (PyTorch writes at most 9).
+const LAYOUT_KEYS: usize = 12;
+
+/// Longest encoded key [`KeyLayout`] remembers: opcode, 4-byte length and a 19-byte name
+/// (`compile_context` takes 20 bytes, `internal_metadata` 22).
+const KEY_BYTES: usize = 24;
+
+/// One key as an earlier event wrote it: its encoded bytes (opcode, length and name), padded
+/// into three words with a mask for the bytes that count.
+#[derive(Clone, Copy)]
+struct KnownKey {
+    words: [u64; 3],
+    masks: [u64; 3],
+    length: usize,
+    field: Field,
+}
+
+/// The encoded keys of the last events, by position in the dict.
+///
+/// A trace's events are written by one pickler in one key order, so the key at position `n`
+/// is almost always the bytes the previous event had there. Checking those bytes is three
+/// masked word compares; reading the key as a string and matching its name cost about a third
+/// of the fast path (`perf`, 2026-12-03). A key that differs is read the ordinary way and
+/// remembered in its place instead.
+#[derive(Default)]
+pub struct KeyLayout {
+    keys: [Option<KnownKey>; LAYOUT_KEYS],
+}
+
+impl KeyLayout {
+    /// The field of the key remembered at `position` and its encoded length, when `bytes`
+    /// start with it.
+    #[inline(always)]
+    fn known(&self, position: usize, bytes: &[u8]) -> Option<(Field, usize)> {
+        let key = self.keys.get(position)?.as_ref()?;
+        let window: &[u8; KEY_BYTES] = bytes.get(..KEY_BYTES)?.try_into().ok()?;
+        let mut differ = 0;
+        for (index, chunk) in window.chunks_exact(8).enumerate() {
+            let word = u64::from_le_bytes(chunk.try_into().ok()?);
+            differ |= (word ^ key.words[index]) & key.masks[index];
+        }
+        (differ == 0).then_some((key.field, key.length))
+    }
+
+    /// Remembers `encoded` (a whole key: opcode, length, name) as the key at `position`.
+    fn learn(&mut self, position: usize, encoded: &[u8], field: Field) {
+        let Some(slot) = self.keys.get_mut(position) else {
+            return;
+        };
+        if encoded.len() > KEY_BYTES {
+            *slot = None;
+            return;
+        }
+        let mut padded = [0u8; KEY_BYTES];
+        let mut mask = [0u8; KEY_BYTES];
+        padded[..encoded.len()].copy_from_slice(encoded);
+        mask[..encoded.len()].fill(0xff);
+        let word = |bytes: &[u8; KEY_BYTES], index: usize| {
+            let mut eight = [0u8; 8];
+            eight.copy_from_slice(&bytes[index * 8..index * 8 + 8]);
+            u64::from_le_bytes(eight)
+        };
+        *slot = Some(KnownKey {
+            words: [0, 1, 2].map(|index| word(&padded, index)),
+            masks: [0, 1, 2].map(|index| word(&mask, index)),
+            length: encoded.len(),
+            field,
+        });
+    }
 }
 
 struct Fast<'a> {
@@ -99,6 +171,7 @@ struct Fast<'a> {
     memo: &'a Memo,
     next_id: u32,
     puts: Vec<(u32, Value)>,
+    layout: &'a mut KeyLayout,
 }
 
 impl<'a> Fast<'a> {
@@ -307,6 +380,32 @@ impl<'a> Fast<'a> {
         Some((first, second))
     }
 
+    /// The next key's field: the key the layout remembers at `position` when the bytes match
+    /// it and no memo store follows, else read and (when plainly written) remembered.
+    #[inline(always)]
+    fn key(&mut self, position: usize) -> Option<Field> {
+        let rest = self.bytes.get(self.at..)?;
+        if let Some((field, length)) = self.layout.known(position, rest) {
+            if !matches!(
+                rest.get(length)?,
+                &(op::MEMOIZE | op::BINPUT | op::LONG_BINPUT)
+            ) {
+                self.at += length;
+                return Some(field);
+            }
+        }
+        let start = self.at;
+        match self.plain_text()? {
+            Some(key) => {
+                let field = field(key)?;
+                self.layout
+                    .learn(position, &self.bytes[start..self.at], field);
+                Some(field)
+            }
+            None => field(self.text()?.bytes()?),
+        }
+    }
+
     fn event(&mut self) -> Option<Entry> {
         if let Some(id) = self.memo_store()? {
             self.puts.push((id, Value::Elided));
@@ -317,15 +416,14 @@ impl<'a> Fast<'a> {
         let mut kind = None;
         let mut event = RawEvent::new(Action::Alloc);
         let (mut has_addr, mut has_size) = (false, false);
+        let mut position = 0;
         loop {
             if self.bytes.get(self.at)? == &op::SETITEMS {
                 self.at += 1;
                 break;
             }
-            let field = match self.plain_text()? {
-                Some(key) => field(key)?,
-                None => field(self.text()?.bytes()?)?,
-            };
+            let field = self.key(position)?;
+            position += 1;
             if kind.is_none() && field != Field::Action {
                 return None;
             }

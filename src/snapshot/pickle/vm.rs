@@ -16,7 +16,7 @@ use std::io::Read;
 use std::rc::Rc;
 
 use super::entry::{Entry, Trace};
-use super::fast::fast_event;
+use super::fast::{fast_event, KeyLayout};
 use super::frames::{FrameId, SharedFrame, StackId, Stacks};
 use super::from_dict;
 use super::input::{Input, InputError};
@@ -181,6 +181,8 @@ pub struct Unpickler<R, F> {
     budget: Budget,
     /// Every distinct frame and stack read so far (a streaming read interns them).
     stacks: Stacks,
+    /// The keys of the last trace events as written, for the fast path to recognise.
+    layout: KeyLayout,
 }
 
 type Step<E> = Result<(), StreamError<E>>;
@@ -202,6 +204,7 @@ impl<R: Read, E, F: FnMut(Emitted<'_>) -> Result<(), E>> Unpickler<R, F> {
             whole: false,
             budget: Budget::new(ReadLimits::default(), None),
             stacks: Stacks::default(),
+            layout: KeyLayout::default(),
         }
     }
 
@@ -913,7 +916,7 @@ impl<R: Read, E, F: FnMut(Emitted<'_>) -> Result<(), E>> Unpickler<R, F> {
             return self.push(Value::Dict(Vec::new()));
         }
         let fast = match self.input.window(EVENT_WINDOW) {
-            Ok(window) => fast_event(window, &self.memo),
+            Ok(window) => fast_event(window, &self.memo, &mut self.layout),
             Err(error) => return Err(self.input_error(error)),
         };
         let Some((entry, used, puts)) = fast else {

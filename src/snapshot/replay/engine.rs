@@ -221,6 +221,10 @@ impl MemoryObserver for SegmentLog {
             self.0.push((event.kind, event.addr, event.size));
         }
     }
+
+    fn segment_events_only(&self) -> bool {
+        true
+    }
 }
 
 /// The run of releases (and deferred completions) since the last other event.
