@@ -1,7 +1,7 @@
 //! The replay's device: the simulated GPU (capacity, context, 2 MiB pages), except that a
 //! segment gpumem asks for is placed where PyTorch's driver placed the same segment: the
 //! recording's next `cudaMalloc` while the replay's device calls are the recording's
-//! ([`super::sequence`]), else the one the trace just recorded of that size.
+//! (the `sequence` module), else the one the trace just recorded of that size.
 //!
 //! Addresses decide best-fit ties between equal-size cached blocks, so a replay that placed
 //! segments by the simulator's model of a different process's address space would split other
@@ -31,7 +31,7 @@ use super::sequence::{CallSequence, DeviceCall};
 
 /// Where the recording placed segments, for the replay's device to follow: the recorded
 /// `segment_alloc`s waiting for the malloc that follows them (the segment "made at the same
-/// allocation"), and the recording's whole sequence of device calls ([`CallSequence`]), which
+/// allocation"), and the recording's whole sequence of device calls (`CallSequence`), which
 /// places a segment the recording made at another allocation as long as the replay's calls so
 /// far are the recording's. Shared by the engine, which reads the trace, and the device.
 #[derive(Debug, Clone, Default)]
