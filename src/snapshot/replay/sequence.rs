@@ -188,20 +188,17 @@ impl CallSequence {
 mod tests {
     use super::*;
 
+    /// A recorded `cudaMalloc` of `size` bytes at `address`.
+    fn malloc(address: u64, size: u64) -> DeviceCall {
+        DeviceCall::Malloc { address, size }
+    }
+
     const MIB: u64 = 1 << 20;
 
     #[test]
     fn a_call_made_earlier_than_recorded_still_gets_the_recorded_address() {
-        let mut sequence = CallSequence::known(&[
-            DeviceCall::Malloc {
-                address: 0x7000_0000,
-                size: 20 * MIB,
-            },
-            DeviceCall::Malloc {
-                address: 0x7140_0000,
-                size: 20 * MIB,
-            },
-        ]);
+        let mut sequence =
+            CallSequence::known(&[malloc(0x7000_0000, 20 * MIB), malloc(0x7140_0000, 20 * MIB)]);
         sequence.follow();
         assert_eq!(sequence.malloc(20 * MIB), Some(0x7000_0000));
         assert_eq!(sequence.malloc(20 * MIB), Some(0x7140_0000));
@@ -211,17 +208,11 @@ mod tests {
     #[test]
     fn the_first_different_call_ends_the_sequence_for_good() {
         let mut sequence = CallSequence::known(&[
-            DeviceCall::Malloc {
-                address: 0x7000_0000,
-                size: 2 * MIB,
-            },
+            malloc(0x7000_0000, 2 * MIB),
             DeviceCall::Free {
                 address: 0x7000_0000,
             },
-            DeviceCall::Malloc {
-                address: 0x7000_0000,
-                size: 2 * MIB,
-            },
+            malloc(0x7000_0000, 2 * MIB),
         ]);
         sequence.follow();
         assert_eq!(sequence.malloc(2 * MIB), Some(0x7000_0000));
@@ -236,21 +227,12 @@ mod tests {
     #[test]
     fn two_mallocs_of_different_sizes_may_change_places_but_not_a_free() {
         let mut sequence = CallSequence::known(&[
-            DeviceCall::Malloc {
-                address: 0x7000_0000,
-                size: 2 * MIB,
-            },
-            DeviceCall::Malloc {
-                address: 0x9000_0000,
-                size: 20 * MIB,
-            },
+            malloc(0x7000_0000, 2 * MIB),
+            malloc(0x9000_0000, 20 * MIB),
             DeviceCall::Free {
                 address: 0x7000_0000,
             },
-            DeviceCall::Malloc {
-                address: 0xa000_0000,
-                size: 20 * MIB,
-            },
+            malloc(0xa000_0000, 20 * MIB),
         ]);
         sequence.follow();
         assert_eq!(sequence.malloc(20 * MIB), Some(0x9000_0000));
@@ -264,14 +246,8 @@ mod tests {
     #[test]
     fn a_first_pass_follows_a_lagging_replay_and_notes_one_that_runs_ahead() {
         let mut lagging = CallSequence::default();
-        lagging.recorded(DeviceCall::Malloc {
-            address: 0x7000_0000,
-            size: 2 * MIB,
-        });
-        lagging.recorded(DeviceCall::Malloc {
-            address: 0x7020_0000,
-            size: 2 * MIB,
-        });
+        lagging.recorded(malloc(0x7000_0000, 2 * MIB));
+        lagging.recorded(malloc(0x7020_0000, 2 * MIB));
         assert_eq!(lagging.malloc(2 * MIB), Some(0x7000_0000));
         assert_eq!(lagging.malloc(2 * MIB), Some(0x7020_0000));
         assert!(!lagging.ran_ahead());
@@ -279,10 +255,7 @@ mod tests {
         let mut ahead = CallSequence::default();
         assert_eq!(ahead.malloc(2 * MIB), None);
         assert!(ahead.ran_ahead() && !ahead.in_step());
-        ahead.recorded(DeviceCall::Malloc {
-            address: 0x7000_0000,
-            size: 2 * MIB,
-        });
+        ahead.recorded(malloc(0x7000_0000, 2 * MIB));
         assert_eq!(ahead.malloc(2 * MIB), None);
     }
 
