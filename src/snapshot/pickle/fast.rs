@@ -10,9 +10,13 @@ use super::frames::StackId;
 use super::opcodes::{self as op, long, unsigned_long};
 use super::value::{Memo, Value};
 use crate::snapshot::model::Action;
+use frozen::Frozen;
 use tail::Template;
 
+mod frozen;
 mod tail;
+#[cfg(test)]
+mod testing;
 
 /// The fields of an event dict, as the fast path recognises their keys.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -86,27 +90,43 @@ pub type FastEvent = (Entry, usize, Vec<(u32, Value)>);
 /// succeeds, but `layout`, which only ever holds keys and templates as they were really
 /// written.
 ///
-/// The previous event's `Template` is tried first; when the bytes do not follow it, the
-/// event is read key by key and becomes the template for the next one.
+/// Three ways, fastest first: a frozen layout (`Frozen`: the whole event compared at once, when
+/// it repeats an earlier one but for its integers), then the previous event's `Template` (its
+/// keys compared, its values read), then key by key; an event read the slower way is frozen,
+/// or becomes the template, for the next ones.
 pub fn fast_event(bytes: &[u8], memo: &Memo, layout: &mut KeyLayout) -> Option<FastEvent> {
-    let KeyLayout { keys, template } = layout;
-    let mut parser = Fast::new(bytes, memo, keys);
-    if let Some(event) = template.read(&mut parser) {
-        return Some((event, parser.at, parser.puts));
+    let KeyLayout {
+        keys,
+        template,
+        frozen,
+    } = layout;
+    if let Some(read) = frozen.read(bytes, memo, keys) {
+        return Some(read);
     }
     let mut parser = Fast::new(bytes, memo, keys);
-    let event = parser.event()?;
-    let (used, puts) = (parser.at, parser.puts);
-    template.learn(&mut Fast::new(bytes, memo, keys));
-    Some((event, used, puts))
+    let read = match template.read(&mut parser) {
+        Some(event) => (event, parser.at, parser.puts),
+        None => {
+            let mut parser = Fast::new(bytes, memo, keys);
+            let event = parser.event()?;
+            let read = (event, parser.at, parser.puts);
+            template.learn(&mut Fast::new(bytes, memo, keys));
+            read
+        }
+    };
+    if read.2.is_empty() {
+        frozen.learn(bytes, memo, keys);
+    }
+    Some(read)
 }
 
-/// What the fast path remembers of the events it read: each key's encoding by position, and
-/// the whole layout of the last event (`Template`).
+/// What the fast path remembers of the events it read: each key's encoding by position, the
+/// whole layout of the last event (`Template`) and the events frozen (`Frozen`).
 #[derive(Default)]
 pub struct KeyLayout {
     keys: KnownKeys,
     template: Template,
+    frozen: Frozen,
 }
 
 /// Most keys of an event whose encoding [`KeyLayout`] remembers (PyTorch writes at most 9).

@@ -2,69 +2,10 @@
 //! learn a template from one event and read another against it, then compare with
 //! `Fast::event` on the same bytes.
 
+use super::super::testing::{alloc, binint, dict, event, key_by_key, long8, text};
 use super::super::{FastEvent, KnownKeys};
 use super::*;
 use crate::snapshot::pickle::value::{Memo, MemoEntry};
-
-/// `BINUNICODE`: how serde-pickle writes every string.
-fn text(name: &str) -> Vec<u8> {
-    let mut bytes = vec![op::BINUNICODE];
-    bytes.extend_from_slice(&(name.len() as u32).to_le_bytes());
-    bytes.extend_from_slice(name.as_bytes());
-    bytes
-}
-
-/// `LONG1` of eight bytes: serde-pickle's form of an integer beyond 32 bits.
-fn long8(value: i64) -> Vec<u8> {
-    let mut bytes = vec![op::LONG1, 8];
-    bytes.extend_from_slice(&value.to_le_bytes());
-    bytes
-}
-
-fn binint(value: i32) -> Vec<u8> {
-    let mut bytes = vec![op::BININT];
-    bytes.extend_from_slice(&value.to_le_bytes());
-    bytes
-}
-
-/// An event dict after its `EMPTY_DICT`, from encoded keys and values, followed by the next
-/// event's `EMPTY_DICT`s (room for the template's three-word reads).
-fn dict(items: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
-    let mut bytes = vec![op::MARK];
-    for (key, value) in items {
-        bytes.extend_from_slice(key);
-        bytes.extend_from_slice(value);
-    }
-    bytes.push(op::SETITEMS);
-    bytes.extend_from_slice(&[op::EMPTY_DICT; 32]);
-    bytes
-}
-
-/// An event as serde-pickle (and `gpumem bench replay`) writes it.
-fn event(action: &str, addr: i64, size: Vec<u8>, stream: i32) -> Vec<(Vec<u8>, Vec<u8>)> {
-    vec![
-        (text("action"), text(action)),
-        (text("addr"), long8(addr)),
-        (text("size"), size),
-        (text("stream"), binint(stream)),
-        (text("time_us"), long8(1_700_000_000_000_000)),
-        (text("compile_context"), text("N/A")),
-        (text("user_metadata"), text("")),
-        (text("frames"), vec![op::EMPTY_LIST]),
-    ]
-}
-
-fn alloc() -> Vec<u8> {
-    dict(&event("alloc", 0x7faa_d880_0000, binint(1 << 20), 0))
-}
-
-/// What `Fast::event` reads from `bytes`.
-fn key_by_key(bytes: &[u8], memo: &Memo) -> Option<FastEvent> {
-    let mut keys = KnownKeys::default();
-    let mut parser = Fast::new(bytes, memo, &mut keys);
-    let entry = parser.event()?;
-    Some((entry, parser.at, parser.puts))
-}
 
 /// A template learned from `first` (as if read key by key).
 fn learned(first: &[u8], memo: &Memo) -> Template {
@@ -102,7 +43,12 @@ fn reads_events_that_differ_only_in_their_values() {
     let first = alloc();
     for next in [
         alloc(),
-        dict(&event("free_requested", 0x7faa_d880_0000, binint(1 << 20), 0)),
+        dict(&event(
+            "free_requested",
+            0x7faa_d880_0000,
+            binint(1 << 20),
+            0,
+        )),
         dict(&event("segment_alloc", -5, binint(7), 3)),
         // Another integer form: a size beyond 32 bits, a one-byte size.
         dict(&event("alloc", 1, long8(5 << 40), 0)),
@@ -125,7 +71,10 @@ fn refuses_events_whose_keys_differ() {
     let mut fewer = event("alloc", 1, binint(2), 0);
     fewer.pop();
     let mut more = event("alloc", 1, binint(2), 0);
-    more.push((text("pool_id"), vec![op::BININT1, 1, op::BININT1, 2, op::TUPLE2]));
+    more.push((
+        text("pool_id"),
+        vec![op::BININT1, 1, op::BININT1, 2, op::TUPLE2],
+    ));
     let mut device_free = event("alloc", 1, binint(2), 0);
     device_free[1].0 = text("device_free");
     for next in [renamed, swapped, short_form, fewer, more, device_free] {
@@ -158,7 +107,10 @@ fn leaves_memo_opcodes_to_the_key_by_key_path() {
     let mut before = dict(&items);
     before.splice(0..0, [op::MEMOIZE]);
     let mut after = dict(&items);
-    let end = after.iter().rposition(|&byte| byte == op::SETITEMS).unwrap_or(0);
+    let end = after
+        .iter()
+        .rposition(|&byte| byte == op::SETITEMS)
+        .unwrap_or(0);
     after.splice(end + 1..end + 1, [op::BINPUT, 3]);
     let mut frames = items;
     frames[7].1 = vec![op::EMPTY_LIST, op::BINPUT, 4];
@@ -299,5 +251,8 @@ fn never_disagrees_with_the_key_by_key_path() {
             refused += 1;
         }
     }
-    assert!(read > 1000 && refused > 1000, "{read} read, {refused} refused");
+    assert!(
+        read > 1000 && refused > 1000,
+        "{read} read, {refused} refused"
+    );
 }
