@@ -2,6 +2,11 @@
 //! Python's pickler (protocols 2 to 5), serde-pickle and PyTorch's C++ writer (TorchScript's
 //! pickler) write, without building values. Anything it does not recognise goes the generic
 //! way (the unpickler builds the dict and `from_dict.rs` reads it).
+//!
+//! Consecutive events of a trace share their layout, so the fast path reads most of them
+//! against what it remembers of the earlier ones: `frozen` (an earlier event byte for byte but
+//! for its integers), then `tail` (the last event's keys in order); both fall back to reading
+//! key by key, and both are tested to read exactly what that reads or refuse.
 
 use std::rc::Rc;
 
