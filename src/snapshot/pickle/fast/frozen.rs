@@ -13,14 +13,12 @@
 //! reading the same keys, action, texts and frames, and integers that the same decoding gives.
 //! What follows the closing `SETITEMS` is read by the same code (`Fast::finish`).
 
-use super::{field, Fast, Field, Kind};
+use super::{field, Fast, Field, Kind, KnownKeys};
 use crate::snapshot::model::Action;
 use crate::snapshot::pickle::entry::RawEvent;
 use crate::snapshot::pickle::frames::StackId;
 use crate::snapshot::pickle::opcodes as op;
 use crate::snapshot::pickle::value::Memo;
-
-use super::KnownKeys;
 
 /// Longest frozen event, in words (an event of 8 keys without frames takes about 24).
 const MOST_WORDS: usize = 40;
@@ -28,7 +26,9 @@ const MOST_WORDS: usize = 40;
 /// Most integers a frozen event holds.
 const MOST_INTEGERS: usize = 12;
 
-/// Layouts kept, by a hash of their first 24 bytes (which hold the action's name).
+/// Layouts kept, by a hash of their bytes 8 to 24 (which hold the length and the start of the
+/// action's name in the layouts serde-pickle writes); two layouts with the same hash replace
+/// each other.
 const LAYOUTS: usize = 16;
 
 /// Credit a freezing costs; a frozen read earns one (up to `MOST_CREDIT`). A file whose events
@@ -89,7 +89,8 @@ impl Default for Frozen {
     }
 }
 
-/// The slot of the layout the event starting with `head` may follow.
+/// The slot of the layout the event starting with `head` may follow (only a hint: the whole
+/// event is compared before it is taken to follow it).
 #[inline(always)]
 fn slot(head: &[u8; 24]) -> usize {
     let word = |index: usize| {
