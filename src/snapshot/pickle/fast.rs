@@ -2,6 +2,11 @@
 //! Python's pickler (protocols 2 to 5), serde-pickle and PyTorch's C++ writer (TorchScript's
 //! pickler) write, without building values. Anything it does not recognise goes the generic
 //! way (the unpickler builds the dict and `from_dict.rs` reads it).
+//!
+//! Consecutive events of a trace share their layout, so the fast path reads most of them
+//! against what it remembers of the earlier ones: `frozen` (an earlier event byte for byte but
+//! for its integers), then `tail` (the last event's keys in order); both fall back to reading
+//! key by key, and both are tested to read exactly what that reads or refuse.
 
 use std::rc::Rc;
 
@@ -10,6 +15,13 @@ use super::frames::StackId;
 use super::opcodes::{self as op, long, unsigned_long};
 use super::value::{Memo, Value};
 use crate::snapshot::model::Action;
+use frozen::Frozen;
+use tail::Template;
+
+mod frozen;
+mod tail;
+#[cfg(test)]
+mod testing;
 
 /// The fields of an event dict, as the fast path recognises their keys.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -80,18 +92,46 @@ pub type FastEvent = (Entry, usize, Vec<(u32, Value)>);
 /// Returns the entry (its `empty_cache_frame` left for the caller, who holds the stacks), the
 /// bytes it took and the memo entries it made, or `None` when the bytes are not an event dict
 /// in a layout it knows (the caller then parses them generically). Nothing is changed unless it
-/// succeeds, but `layout`, which only ever holds keys as they were really written.
+/// succeeds, but `layout`, which only ever holds keys and templates as they were really
+/// written.
+///
+/// Three ways, fastest first: a frozen layout (`Frozen`: the whole event compared at once, when
+/// it repeats an earlier one but for its integers), then the previous event's `Template` (its
+/// keys compared, its values read), then key by key; an event read the slower way is frozen,
+/// or becomes the template, for the next ones.
 pub fn fast_event(bytes: &[u8], memo: &Memo, layout: &mut KeyLayout) -> Option<FastEvent> {
-    let mut parser = Fast {
-        bytes,
-        at: 0,
-        memo,
-        next_id: memo.next_id(),
-        puts: Vec::new(),
-        layout,
+    let KeyLayout {
+        keys,
+        template,
+        frozen,
+    } = layout;
+    if let Some(read) = frozen.read(bytes, memo, keys) {
+        return Some(read);
+    }
+    let mut parser = Fast::new(bytes, memo, keys);
+    let read = match template.read(&mut parser) {
+        Some(event) => (event, parser.at, parser.puts),
+        None => {
+            let mut parser = Fast::new(bytes, memo, keys);
+            let event = parser.event()?;
+            let read = (event, parser.at, parser.puts);
+            template.learn(&mut Fast::new(bytes, memo, keys));
+            read
+        }
     };
-    let event = parser.event()?;
-    Some((event, parser.at, parser.puts))
+    if read.2.is_empty() {
+        frozen.learn(bytes, memo, keys);
+    }
+    Some(read)
+}
+
+/// What the fast path remembers of the events it read: each key's encoding by position, the
+/// whole layout of the last event (`Template`) and the events frozen (`Frozen`).
+#[derive(Default)]
+pub struct KeyLayout {
+    keys: KnownKeys,
+    template: Template,
+    frozen: Frozen,
 }
 
 /// Most keys of an event whose encoding [`KeyLayout`] remembers (PyTorch writes at most 9).
@@ -111,7 +151,8 @@ struct KnownKey {
     field: Field,
 }
 
-/// The encoded keys of the last events, by position in the dict.
+/// The encoded keys of the last events, by position in the dict (for events the `Template`
+/// does not take).
 ///
 /// A trace's events are written by one pickler in one key order, so the key at position `n`
 /// is almost always the bytes the previous event had there. Checking those bytes is three
@@ -119,11 +160,11 @@ struct KnownKey {
 /// of the fast path (`perf`, 2026-12-03). A key that differs is read the ordinary way and
 /// remembered in its place instead.
 #[derive(Default)]
-pub struct KeyLayout {
+struct KnownKeys {
     keys: [Option<KnownKey>; LAYOUT_KEYS],
 }
 
-impl KeyLayout {
+impl KnownKeys {
     /// The field of the key remembered at `position` and its encoded length, when `bytes`
     /// start with it.
     #[inline(always)]
@@ -171,10 +212,23 @@ struct Fast<'a> {
     memo: &'a Memo,
     next_id: u32,
     puts: Vec<(u32, Value)>,
-    layout: &'a mut KeyLayout,
+    layout: &'a mut KnownKeys,
 }
 
 impl<'a> Fast<'a> {
+    /// A parser at the start of `bytes` (just after an event's `EMPTY_DICT`).
+    #[inline(always)]
+    fn new(bytes: &'a [u8], memo: &'a Memo, layout: &'a mut KnownKeys) -> Fast<'a> {
+        Fast {
+            bytes,
+            at: 0,
+            memo,
+            next_id: memo.next_id(),
+            puts: Vec::new(),
+            layout,
+        }
+    }
+
     #[inline]
     fn byte(&mut self) -> Option<u8> {
         let byte = *self.bytes.get(self.at)?;
@@ -453,11 +507,23 @@ impl<'a> Fast<'a> {
                 Field::Pool => event.pool = self.pool()?,
             }
         }
+        self.finish(kind?, event, has_addr, has_size)
+    }
+
+    /// The end of an event dict, after its `SETITEMS`: the entry its fields make.
+    #[inline(always)]
+    fn finish(
+        &mut self,
+        kind: Kind,
+        mut event: RawEvent,
+        has_addr: bool,
+        has_size: bool,
+    ) -> Option<Entry> {
         // PyTorch's C++ writer memoizes a dict it holds twice after the dict is complete.
         if let Some(id) = self.memo_store()? {
             self.puts.push((id, Value::Elided));
         }
-        match kind? {
+        match kind {
             Kind::Memory(action) => {
                 event.action = action;
                 (has_addr && has_size).then_some(Entry::Memory(event))
