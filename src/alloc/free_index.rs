@@ -84,6 +84,10 @@ impl<V: Copy> FreeIndex<V> {
     /// Only called while some chunk exists.
     #[inline(always)]
     fn chunk_of(&self, key: u128) -> usize {
+        // Most maps (a size class's few blocks) are one chunk.
+        if self.firsts.len() == 1 {
+            return 0;
+        }
         self.firsts
             .partition_point(|&first| first <= key)
             .saturating_sub(1)

@@ -107,11 +107,11 @@ impl<V: Copy> SizeClassMap<V> {
     #[inline]
     pub fn take_first_from(&mut self, key: u128) -> Option<(u128, V)> {
         let class = class_of(size_of(key));
-        let from = match self.classes.get(class).and_then(|map| map.first_from(key)) {
-            Some(_) => (class, key),
-            None => (self.occupied_from(class + 1)?, 0),
-        };
-        self.take_in(from.0, from.1)
+        if let Some(taken) = self.take_in(class, key) {
+            return Some(taken);
+        }
+        let next = self.occupied_from(class + 1)?;
+        self.take_in(next, 0)
     }
 
     /// Takes the first entry at or above `key` from the map of `class`.
