@@ -50,17 +50,16 @@ impl<V: Copy> Chunk<V> {
 
 /// An ordered map of unique `u128` keys to values, the blocks' ids (see the module's comment).
 ///
-/// Invariants: no chunk is empty; chunks hold ascending keys and follow each other in order;
-/// `firsts[i]` is `chunks[i].keys[0]`; `len` is the number of keys.
+/// Invariants: no chunk is empty, except the only one: a map that empties keeps its last
+/// chunk, so a size class whose one block comes and goes (a malloc's split and the free's
+/// merge, again and again) allocates and frees nothing; chunks hold ascending keys and follow
+/// each other in order; `firsts[i]` is `chunks[i].keys[0]` (stale in an empty only chunk);
+/// `len` is the number of keys.
 #[derive(Debug, Clone)]
 pub struct FreeIndex<V> {
     firsts: Vec<u128>,
     chunks: Vec<Chunk<V>>,
     len: usize,
-    /// The last chunk emptied, kept with its capacity: a size class's map empties and fills
-    /// again all the time, and freeing and reallocating its vectors each time cost more than
-    /// the map's own work.
-    spare: Option<Chunk<V>>,
 }
 
 impl<V: Copy> FreeIndex<V> {
@@ -70,7 +69,6 @@ impl<V: Copy> FreeIndex<V> {
             firsts: Vec::new(),
             chunks: Vec::new(),
             len: 0,
-            spare: None,
         }
     }
 
@@ -138,10 +136,10 @@ impl<V: Copy> FreeIndex<V> {
     pub fn insert(&mut self, key: u128, id: V) -> Option<V> {
         if self.chunks.is_empty() {
             // Grown as it fills: most maps of a size class hold a few keys.
-            let mut chunk = self.spare.take().unwrap_or(Chunk {
+            let mut chunk = Chunk {
                 keys: Vec::new(),
                 ids: Vec::new(),
-            });
+            };
             chunk.keys.push(key);
             chunk.ids.push(id);
             self.chunks.push(chunk);
@@ -190,19 +188,32 @@ impl<V: Copy> FreeIndex<V> {
     #[inline(always)]
     fn take_at(&mut self, c: usize, p: usize) -> (u128, V) {
         let chunk = &mut self.chunks[c];
-        let key = chunk.keys.remove(p);
-        let id = chunk.ids.remove(p);
-        self.len -= 1;
-        let left = chunk.keys.len();
-        if left == 0 {
-            self.spare = Some(self.chunks.remove(c));
-            self.firsts.remove(c);
-        } else {
-            if p == 0 {
-                self.firsts[c] = chunk.keys[0];
+        let (key, id) = if p + 1 == chunk.keys.len() {
+            // The last key (a size class's only block, often): no shift, no `memmove` call.
+            match (chunk.keys.pop(), chunk.ids.pop()) {
+                (Some(key), Some(id)) => (key, id),
+                _ => unreachable!("position {p} is valid"),
             }
-            if left < MERGE_BELOW {
-                self.merge_small(c);
+        } else {
+            (chunk.keys.remove(p), chunk.ids.remove(p))
+        };
+        self.len -= 1;
+        let first = chunk.keys.first().copied();
+        let left = chunk.keys.len();
+        match first {
+            // The only chunk stays, empty (see the invariants).
+            None if self.chunks.len() == 1 => {}
+            None => {
+                self.chunks.remove(c);
+                self.firsts.remove(c);
+            }
+            Some(first) => {
+                if p == 0 {
+                    self.firsts[c] = first;
+                }
+                if left < MERGE_BELOW {
+                    self.merge_small(c);
+                }
             }
         }
         (key, id)
@@ -292,9 +303,11 @@ mod tests {
         assert_eq!(index.len(), model.len());
         assert_eq!(index.firsts.len(), index.chunks.len());
         for (first, chunk) in index.firsts.iter().zip(&index.chunks) {
-            assert!(!chunk.keys.is_empty() && chunk.keys.len() <= CAP);
+            assert!(chunk.keys.len() <= CAP);
             assert_eq!(chunk.keys.len(), chunk.ids.len());
-            assert_eq!(*first, chunk.keys[0]);
+            if index.len > 0 {
+                assert_eq!(Some(first), chunk.keys.first());
+            }
         }
         let all: Vec<_> = index.iter().collect();
         let expected: Vec<_> = model.iter().map(|(&k, &v)| (k, v)).collect();
@@ -366,7 +379,14 @@ mod tests {
                 assert!(model.remove(&key).is_some());
             }
             check(&index, &model);
-            assert!(index.chunks.is_empty());
+            assert!(index.chunks.len() <= 1);
+            // And it fills again from its kept chunk.
+            assert_eq!(index.insert(5, 1), None);
+            assert_eq!(index.insert(3, 2), None);
+            assert_eq!(index.first_from(4), Some((5, 1)));
+            assert_eq!(index.take_first_from(0), Some((3, 2)));
+            assert_eq!(index.remove(5), Some(1));
+            assert_eq!(index.first_from(0), None);
         }
     }
 
