@@ -1,19 +1,18 @@
 //! An ordered map from a free block's `u128` key to a value (its id), kept as short sorted runs
 //! ("chunks") of at most [`CAP`] keys under a sorted array of each chunk's first key: a B+ tree
-//! of height two with wide nodes.
+//! of height two with wide nodes. Each size class of a stream's free blocks is one
+//! (`super::size_classes`).
 //!
-//! Why not `std`'s `BTreeMap`: a replay does a best-fit search and removal, then the split
-//! remainder's insert, on every malloc, and two removals and an insert on every free; std's
-//! tree (11 keys a node) spends ~400 instructions on each, walking three levels and moving
-//! entries with out-of-line `memcpy` calls. Here a search is two binary searches over
-//! contiguous `u128`s (the chunk firsts, then one chunk) and an insert or removal shifts at
-//! most [`CAP`] keys inside one chunk. The order is exactly the keys' order, so the pools'
-//! best-fit order (PyTorch's) does not depend on this choice.
+//! Why not `std`'s `BTreeMap`: a class usually holds a few blocks, which this keeps in one
+//! vector (a search is one binary search, an insert or removal one short shift), while a class
+//! that holds thousands (many cached blocks of one size) still costs two binary searches and a
+//! shift of at most [`CAP`] entries, not a shift of the whole class. The order is exactly the
+//! keys' order, so the pools' best-fit order (PyTorch's) does not depend on this choice.
 
 /// The most keys a chunk holds; a chunk that would hold more is split in two halves.
 ///
 /// Small enough that shifting a chunk's tail is a few cache lines, large enough that the
-/// top-level array stays short (a pool of 2,000 free blocks has about 60 chunks).
+/// top-level array stays short (a class of 2,000 free blocks has about 60 chunks).
 const CAP: usize = 64;
 
 /// A chunk this small after a removal is merged with a neighbour that has room, so that
@@ -367,7 +366,7 @@ mod tests {
                 }
             }
             check(&index, &model);
-            // Drain it through best-fit takes: the chunks go away with their last keys.
+            // Drain it through best-fit takes: only one chunk, empty, stays.
             while let Some((key, _)) = index.take_first_from(0) {
                 assert!(model.remove(&key).is_some());
             }
