@@ -7,8 +7,9 @@
 //! The unmapped ranges of expandable segments sit in a second set keyed like
 //! `BlockComparatorAddress` by (stream, address).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
+use super::size_classes::SizeClassMap;
 use crate::device::DevicePtr;
 
 /// Index of a block in the `BlockArena`.
@@ -220,7 +221,7 @@ fn unpack(key: SizeAddress) -> (u64, u64) {
 #[derive(Debug)]
 struct StreamBlocks {
     stream: StreamId,
-    blocks: BTreeMap<SizeAddress, BlockId>,
+    blocks: SizeClassMap<BlockId>,
 }
 
 /// The cached free blocks of one pool, ordered by (stream, size, address), and the unmapped
@@ -240,7 +241,7 @@ pub struct BlockPool {
 
 impl BlockPool {
     #[inline]
-    fn set(&self, stream: StreamId) -> Option<&BTreeMap<SizeAddress, BlockId>> {
+    fn set(&self, stream: StreamId) -> Option<&SizeClassMap<BlockId>> {
         self.streams
             .iter()
             .find(|entry| entry.stream == stream)
@@ -248,7 +249,7 @@ impl BlockPool {
     }
 
     #[inline]
-    fn set_mut(&mut self, stream: StreamId) -> Option<&mut BTreeMap<SizeAddress, BlockId>> {
+    fn set_mut(&mut self, stream: StreamId) -> Option<&mut SizeClassMap<BlockId>> {
         self.streams
             .iter_mut()
             .find(|entry| entry.stream == stream)
@@ -257,7 +258,7 @@ impl BlockPool {
 
     /// The set of `stream`, created (in stream order) when missing.
     #[inline]
-    fn set_or_new(&mut self, stream: StreamId) -> &mut BTreeMap<SizeAddress, BlockId> {
+    fn set_or_new(&mut self, stream: StreamId) -> &mut SizeClassMap<BlockId> {
         // Most programs use one stream: its set comes first.
         if self
             .streams
@@ -270,7 +271,7 @@ impl BlockPool {
     }
 
     #[cold]
-    fn set_or_new_slow(&mut self, stream: StreamId) -> &mut BTreeMap<SizeAddress, BlockId> {
+    fn set_or_new_slow(&mut self, stream: StreamId) -> &mut SizeClassMap<BlockId> {
         let index = match self.streams.iter().position(|entry| entry.stream >= stream) {
             Some(index) if self.streams[index].stream == stream => index,
             Some(index) => {
@@ -288,7 +289,7 @@ impl BlockPool {
     /// The smallest free block of `stream` with at least `size` bytes, lowest address first.
     #[inline]
     pub fn best_fit(&self, stream: StreamId, size: u64) -> Option<FreeKey> {
-        let (&key, &id) = self.set(stream)?.range(size_address(size, 0)..).next()?;
+        let (key, id) = self.set(stream)?.first_from(size_address(size, 0))?;
         let (size, ptr) = unpack(key);
         Some((stream, size, ptr, id))
     }
@@ -297,8 +298,7 @@ impl BlockPool {
     #[inline]
     pub fn take_best_fit(&mut self, stream: StreamId, size: u64) -> Option<BlockId> {
         self.set_mut(stream)?
-            .extract_if(size_address(size, 0).., |_, _| true)
-            .next()
+            .take_first_from(size_address(size, 0))
             .map(|(_, id)| id)
     }
 
@@ -310,8 +310,8 @@ impl BlockPool {
             .set(stream)
             .into_iter()
             // (size, address) is unique in a stream's set, so starting there starts at `key`.
-            .flat_map(move |set| set.range(size_address(size, ptr)..))
-            .map(move |(&key, &id)| {
+            .flat_map(move |set| set.range_from(size_address(size, ptr)))
+            .map(move |(key, id)| {
                 let (size, ptr) = unpack(key);
                 (stream, size, ptr, id)
             });
@@ -331,8 +331,8 @@ impl BlockPool {
         let same = self
             .set(stream)
             .into_iter()
-            .flat_map(move |set| set.range(..size_address(size, ptr)).rev())
-            .map(move |(&key, &id)| {
+            .flat_map(move |set| set.range_below(size_address(size, ptr)).rev())
+            .map(move |(key, id)| {
                 let (size, ptr) = unpack(key);
                 (stream, size, ptr, id)
             });
@@ -358,7 +358,7 @@ impl BlockPool {
             return false;
         };
         let key = size_address(size, ptr);
-        match set.remove(&key) {
+        match set.remove(key) {
             Some(cached) if cached == id => true,
             // Another block at this place (a caller's bug): it stays.
             Some(cached) => {
@@ -372,7 +372,7 @@ impl BlockPool {
     /// Whether this block is cached here.
     pub fn contains(&self, stream: StreamId, size: u64, ptr: u64, id: BlockId) -> bool {
         self.set(stream)
-            .is_some_and(|set| set.get(&size_address(size, ptr)) == Some(&id))
+            .is_some_and(|set| set.get(size_address(size, ptr)) == Some(id))
     }
 
     /// Number of cached blocks.
@@ -418,13 +418,13 @@ impl StreamBlocks {
     fn new(stream: StreamId) -> StreamBlocks {
         StreamBlocks {
             stream,
-            blocks: BTreeMap::new(),
+            blocks: SizeClassMap::new(),
         }
     }
 
     fn keys(&self) -> impl DoubleEndedIterator<Item = FreeKey> + '_ {
         let stream = self.stream;
-        self.blocks.iter().map(move |(&key, &id)| {
+        self.blocks.iter().map(move |(key, id)| {
             let (size, ptr) = unpack(key);
             (stream, size, ptr, id)
         })
