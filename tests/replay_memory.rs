@@ -51,6 +51,14 @@ impl Pickle {
         self
     }
 
+    /// `bytes` (one value) and `MEMOIZE`, as a value never fetched again: its memo id is
+    /// taken, under a name no string has.
+    fn memoized(&mut self, bytes: &[u8]) -> &mut Pickle {
+        self.op(bytes).op(&[0x94]);
+        self.memo.push(String::from("\0not a string"));
+        self
+    }
+
     /// `BININT`.
     fn int(&mut self, value: i32) -> &mut Pickle {
         self.op(b"J").op(&value.to_le_bytes())
@@ -89,6 +97,33 @@ fn allocations(count: i32, freed: bool) -> Vec<u8> {
             pickle.entry("free_completed", addr, 512);
         }
     }
+    pickle.end_snapshot()
+}
+
+/// `count` allocations of 512 bytes, each freed, as Python's pickler writes PyTorch's
+/// snapshots: every entry dict memoized, each entry's own `compile_context` string object
+/// (PyTorch's writer makes a new one per entry: a new memoized `"N/A"` each time) and its own
+/// memoized empty `frames` list, the entries appended in batches of 1,000. Every entry adds
+/// three memo ids, none of them ever fetched again.
+fn python_pickled_allocations(count: u32) -> Vec<u8> {
+    let mut pickle = Pickle::snapshot_start();
+    pickle.op(b"(");
+    let mut entries = 0u32;
+    for i in 0..count as i32 {
+        let addr = (1 << 21) + 512 * i;
+        for action in ["alloc", "free_requested", "free_completed"] {
+            pickle.memoized(b"}").op(b"(").text("action").text(action);
+            pickle.text("addr").int(addr).text("size").int(512);
+            pickle.text("stream").op(b"K\x00");
+            pickle.text("compile_context").memoized(b"\x8c\x03N/A");
+            pickle.text("frames").memoized(b"]").op(b"u");
+            entries += 1;
+            if entries.is_multiple_of(1000) {
+                pickle.op(b"e(");
+            }
+        }
+    }
+    pickle.op(b"e");
     pickle.end_snapshot()
 }
 
@@ -416,6 +451,11 @@ fn crafted_files_stay_within_the_memory_bound() {
             Outcome::Replays,
         ),
         ("segment-events", segment_events(300_000), Outcome::Replays),
+        (
+            "python-pickled",
+            python_pickled_allocations(100_000),
+            Outcome::Replays,
+        ),
     ];
     for (name, bytes, expected) in &cases {
         check(&dir, name, bytes, *expected);

@@ -12,8 +12,9 @@ use std::rc::Rc;
 
 use super::entry::{Entry, Marker, MarkerKind, RawEvent};
 use super::frames::StackId;
+use super::memo::Memo;
 use super::opcodes::{self as op, long, unsigned_long};
-use super::value::{Memo, Value};
+use super::value::Value;
 use crate::snapshot::model::Action;
 use frozen::Frozen;
 use tail::Template;

@@ -21,8 +21,9 @@ pub struct ReadLimits {
     /// snapshots nest 7 deep (the snapshot, `segments`, a segment, its `blocks`, a block, its
     /// `frames`, a frame), 9 in the legacy layout whose blocks carry a `history`.
     pub max_depth: u32,
-    /// Most values the memo keeps at once (memo entries of containers that a streaming read
-    /// drops take no room and do not count).
+    /// Most memo ids holding a value at once (ids of containers that a streaming read drops
+    /// hold none and do not count). Every id is also charged to the memory budget; this bound
+    /// only names a flood of ids plainly.
     pub max_memo_entries: usize,
     /// Bytes of values the reader may hold at once, whatever the file's size.
     pub base_memory: u64,
@@ -46,7 +47,7 @@ impl Default for ReadLimits {
     fn default() -> Self {
         ReadLimits {
             max_depth: 64,
-            max_memo_entries: 1 << 24,
+            max_memo_entries: 1 << 30,
             base_memory: 32 * MIB,
             memory_per_byte: 1,
             base_work: 64 * MIB,

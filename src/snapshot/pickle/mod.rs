@@ -18,6 +18,7 @@ pub(crate) mod frames;
 mod from_dict;
 mod input;
 pub(crate) mod limits;
+mod memo;
 mod opcodes;
 pub(crate) mod records;
 mod shape;

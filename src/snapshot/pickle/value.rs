@@ -1,4 +1,4 @@
-//! The values the streaming unpickler builds, and its memo.
+//! The values the streaming unpickler builds (its memo: `memo.rs`).
 //!
 //! Only what a snapshot needs is kept: scalars, strings, tuples, lists and dicts. A streaming
 //! read also keeps a snapshot's parts in the reader's own compact forms as soon as they are
@@ -6,10 +6,11 @@
 //! ([`Value::Frame`], [`Value::Stack`]), segments and blocks become records
 //! ([`Value::Segment`], [`List::blocks`]). Its memo keeps strings, scalars, interned frames
 //! and stacks, empty lists and short flat tuples, but not other containers: a later reference
-//! to one reads back as [`Value::Elided`]. That keeps memory in proportion to the live state,
-//! not to the length of the trace, and no reference can make the reader copy a container.
+//! to one reads back as [`Value::Elided`], and it keeps each distinct value once (`memo.rs`).
+//! That keeps memory in proportion to the live state plus a 4-byte slot per memo id (Python's
+//! pickler memoizes a few objects in every trace entry), and no reference can make the reader
+//! copy a container.
 
-use std::collections::HashMap;
 use std::rc::Rc;
 
 use super::entry::Entry;
@@ -192,7 +193,7 @@ impl Value {
 
     /// Whether this is a scalar, a string, an interned frame or stack, an empty list or a
     /// short tuple of scalars and strings: what a streaming read's memo keeps whole.
-    fn is_flat(&self) -> bool {
+    pub(super) fn is_flat(&self) -> bool {
         match self {
             Value::Dict(_) | Value::Event(_) | Value::Elided | Value::Segment(_) => false,
             Value::List(list) => list.is_empty(),
@@ -218,149 +219,9 @@ impl Value {
 /// `segment_pool_id` and `pool_id`).
 const FLAT_TUPLE: usize = 8;
 
-/// What a memo entry holds, with what the reader's limits need to know of it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MemoEntry {
-    /// The value kept.
-    pub value: Value,
-    /// Levels of containers in it.
-    pub depth: u32,
-    /// Bytes of memory it holds, by the reader's accounting.
-    pub cost: u64,
-}
-
-/// The unpickler's memo: ids are assigned to every memoized value, but only what
-/// [`Memo::form`] keeps is stored.
-#[derive(Debug, Default)]
-pub struct Memo {
-    kept: HashMap<u32, MemoEntry>,
-    /// One past the highest id assigned (`MEMOIZE` uses it as the next id).
-    next: u32,
-    /// Whether containers are kept whole (reading a whole snapshot into values).
-    containers: bool,
-}
-
-impl Memo {
-    /// A memo that keeps containers whole: for reading a whole (small) pickle as values.
-    pub fn keeping_containers() -> Memo {
-        Memo {
-            containers: true,
-            ..Memo::default()
-        }
-    }
-
-    /// Whether containers are kept whole.
-    pub fn keeps_containers(&self) -> bool {
-        self.containers
-    }
-
-    /// The id `MEMOIZE` gives the next value.
-    pub fn next_id(&self) -> u32 {
-        self.next
-    }
-
-    /// Values kept.
-    pub fn len(&self) -> usize {
-        self.kept.len()
-    }
-
-    /// Whether nothing is kept.
-    pub fn is_empty(&self) -> bool {
-        self.kept.is_empty()
-    }
-
-    /// What the memo keeps of `value` (a streaming read interns frames and stacks before):
-    /// flat values whole (`Value::is_flat`), everything whole when the memo keeps
-    /// containers, otherwise nothing (the id then reads back as [`Value::Elided`]).
-    pub fn form(&self, value: &Value) -> Option<Value> {
-        match value {
-            Value::Event(_) => None,
-            _ if self.containers || value.is_flat() => Some(value.clone()),
-            _ => None,
-        }
-    }
-
-    /// Records `entry` under `id` (the caller made it with [`Memo::form`]; `None` forgets
-    /// what the id held). Returns the entry it replaces, if any.
-    pub fn put(&mut self, id: u32, entry: Option<MemoEntry>) -> Option<MemoEntry> {
-        self.next = self.next.max(id.saturating_add(1));
-        match entry {
-            Some(entry) => self.kept.insert(id, entry),
-            None => self.kept.remove(&id),
-        }
-    }
-
-    /// The depth and cost of the entry under `id` (0 and 0 for a container that was not
-    /// kept), without copying it; `None` for an id never assigned.
-    pub fn peek(&self, id: u32) -> Option<(u32, u64)> {
-        match self.kept.get(&id) {
-            Some(entry) => Some((entry.depth, entry.cost)),
-            None if id < self.next => Some((0, 0)),
-            None => None,
-        }
-    }
-
-    /// The value under `id`: what was kept, [`Value::Elided`] for a container that was not,
-    /// `None` for an id never assigned (a corrupted pickle).
-    pub fn value(&self, id: u32) -> Option<Value> {
-        match self.kept.get(&id) {
-            Some(entry) => Some(entry.value.clone()),
-            None if id < self.next => Some(Value::Elided),
-            None => None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn put(memo: &mut Memo, id: u32, value: &Value) {
-        let form = memo.form(value).map(|value| MemoEntry {
-            value,
-            depth: 0,
-            cost: 0,
-        });
-        memo.put(id, form);
-    }
-
-    fn list(items: Vec<Value>) -> Value {
-        Value::List(Box::new(List {
-            items,
-            ..List::default()
-        }))
-    }
-
-    #[test]
-    fn memo_keeps_flat_values_only() {
-        let mut memo = Memo::default();
-        put(&mut memo, 0, &Value::Str("alloc".into()));
-        put(&mut memo, 1, &list(vec![Value::Int(1)]));
-        put(&mut memo, 2, &Value::Stack(StackId::EMPTY));
-        put(&mut memo, 4, &Value::Tuple(vec![list(Vec::new())]));
-        put(&mut memo, 5, &list(Vec::new()));
-        assert_eq!(memo.value(0), Some(Value::Str("alloc".into())));
-        assert_eq!(memo.value(1), Some(Value::Elided));
-        assert_eq!(memo.value(2), Some(Value::Stack(StackId::EMPTY)));
-        assert_eq!(memo.value(3), Some(Value::Elided), "assigned, not kept");
-        assert_eq!(
-            memo.value(4),
-            Some(Value::Elided),
-            "a tuple holding a container is not kept"
-        );
-        assert_eq!(memo.value(5), Some(list(Vec::new())), "an empty list is");
-        assert_eq!(memo.value(6), None);
-        assert_eq!(memo.next_id(), 6);
-        assert_eq!(memo.len(), 3);
-        assert_eq!(memo.peek(3), Some((0, 0)));
-    }
-
-    #[test]
-    fn a_whole_read_keeps_containers() {
-        let mut memo = Memo::keeping_containers();
-        put(&mut memo, 0, &list(vec![Value::Int(1)]));
-        assert_eq!(memo.value(0), Some(list(vec![Value::Int(1)])));
-    }
 
     #[test]
     fn a_key_set_twice_reads_as_the_last() {

@@ -21,10 +21,11 @@ use super::frames::{FrameId, SharedFrame, StackId, Stacks};
 use super::from_dict;
 use super::input::{Input, InputError};
 use super::limits::{Budget, ReadLimits, Refusal};
+use super::memo::{Memo, MemoEntry};
 use super::opcodes::{self as op, long, unsigned_long};
 use super::records::{BlockRecord, SegmentRecord};
 use super::shape::{frame_bytes, frame_of, holds_segments, stack_items, take_blocks, trace_of};
-use super::value::{List, Memo, MemoEntry, Place, Section, Value};
+use super::value::{List, Place, Section, Value};
 
 /// Look-ahead the event fast path wants in the buffer: events larger than this are parsed
 /// generically. (An event without frames takes about 170 bytes; the unread bytes, at most
@@ -36,22 +37,9 @@ const EVENT_WINDOW: usize = 16 << 10;
 /// the vector that holds it.
 const VALUE_BYTES: u64 = 2 * std::mem::size_of::<Slot>() as u64;
 
-/// Bytes charged for a memo entry, its value included but not what the value points to: the
-/// hash table's bucket (key, entry and control byte) four times over. A hash table grows by
-/// doubling when 7/8 full, and while it moves its entries the old table and the new one, twice
-/// as large, are both allocated: 3.4 buckets per entry at that moment (measured: a flood of
-/// memoized strings took twice what two buckets per entry allowed).
-const MEMO_ENTRY_BYTES: u64 = 4 * (std::mem::size_of::<(u32, MemoEntry)>() as u64 + 1);
-
 /// Bytes a string holds beside its text: the two reference counts of its `Rc<str>`, and the
 /// memory allocator's header and rounding (a short string takes a 32-byte chunk).
 const STRING_HEADER_BYTES: u64 = 32;
-
-/// The memory a memo entry holds: the entry, and what its value holds beyond a slot (an
-/// entry's cost is that of a copy on the stack).
-fn memo_bytes(entry: &MemoEntry) -> u64 {
-    MEMO_ENTRY_BYTES + entry.cost.saturating_sub(VALUE_BYTES)
-}
 
 /// Bytes charged for one MARK, or for one memoized container waiting to be complete (its
 /// place in two tables).
@@ -494,15 +482,10 @@ impl<R: Read, E, F: FnMut(Emitted<'_>) -> Result<(), E>> Unpickler<R, F> {
         Ok(id)
     }
 
-    /// Puts `entry` in the memo under `id`, holding its memory and giving back what it
-    /// replaces.
+    /// Puts `entry` in the memo under `id`, holding the memory the memo grew by.
     fn keep(&mut self, id: u32, entry: Option<MemoEntry>) -> Step<E> {
-        if let Some(entry) = &entry {
-            self.hold(memo_bytes(entry))?;
-        }
-        if let Some(old) = self.memo.put(id, entry) {
-            self.budget.release(memo_bytes(&old));
-        }
+        let grew = self.memo.put(id, entry);
+        self.hold(grew)?;
         self.budget
             .check_memo(self.memo.len(), self.input.offset())
             .map_err(|refusal| self.refused(refusal))

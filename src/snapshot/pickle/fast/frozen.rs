@@ -17,8 +17,8 @@ use super::{field, Fast, Field, Kind, KnownKeys};
 use crate::snapshot::model::Action;
 use crate::snapshot::pickle::entry::RawEvent;
 use crate::snapshot::pickle::frames::StackId;
+use crate::snapshot::pickle::memo::Memo;
 use crate::snapshot::pickle::opcodes as op;
-use crate::snapshot::pickle::value::Memo;
 
 /// Longest frozen event, in words (an event of 8 keys without frames takes about 24).
 const MOST_WORDS: usize = 40;

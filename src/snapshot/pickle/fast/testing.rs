@@ -1,8 +1,8 @@
 //! Events as serde-pickle writes them, for the fast path's tests.
 
 use super::{Fast, FastEvent, KnownKeys};
+use crate::snapshot::pickle::memo::Memo;
 use crate::snapshot::pickle::opcodes as op;
-use crate::snapshot::pickle::value::Memo;
 
 /// `BINUNICODE`: how serde-pickle writes every string.
 pub fn text(name: &str) -> Vec<u8> {

@@ -5,7 +5,7 @@
 use super::super::testing::{alloc, binint, dict, event, key_by_key, long8, text};
 use super::super::{FastEvent, KnownKeys};
 use super::*;
-use crate::snapshot::pickle::value::{Memo, MemoEntry};
+use crate::snapshot::pickle::memo::{Memo, MemoEntry};
 
 /// A template learned from `first` (as if read key by key).
 fn learned(first: &[u8], memo: &Memo) -> Template {
