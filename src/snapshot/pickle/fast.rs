@@ -101,10 +101,19 @@ pub type FastEvent = (Entry, usize, Vec<(u32, Value)>);
 /// keys compared, its values read), then key by key; an event read the slower way is frozen,
 /// or becomes the template, for the next ones.
 pub fn fast_event(bytes: &[u8], memo: &Memo, layout: &mut KeyLayout) -> Option<FastEvent> {
+    // What was learnt may name memo ids by their bytes: forgotten once an id that held a
+    // string holds another value.
+    if layout.epoch != memo.epoch() {
+        *layout = KeyLayout {
+            epoch: memo.epoch(),
+            ..KeyLayout::default()
+        };
+    }
     let KeyLayout {
         keys,
         template,
         frozen,
+        ..
     } = layout;
     if let Some(read) = frozen.read(bytes, memo, keys) {
         return Some(read);
@@ -133,6 +142,8 @@ pub struct KeyLayout {
     keys: KnownKeys,
     template: Template,
     frozen: Frozen,
+    /// The memo's [`Memo::epoch`] when this was learnt.
+    epoch: u64,
 }
 
 /// Most keys of an event whose encoding [`KeyLayout`] remembers (PyTorch writes at most 9).
@@ -262,7 +273,7 @@ impl<'a> Fast<'a> {
                 self.at += 1;
                 let id = self.next_id;
                 self.next_id = self.next_id.saturating_add(1);
-                id
+                return Some(Some(id));
             }
             op::BINPUT => {
                 self.at += 1;
@@ -274,7 +285,12 @@ impl<'a> Fast<'a> {
             }
             _ => return Some(None),
         };
-        self.next_id = self.next_id.max(id.saturating_add(1));
+        // An id given again (which picklers never do) may replace a string that a remembered
+        // key names: left to the generic path, which changes the memo's epoch.
+        if id < self.next_id {
+            return None;
+        }
+        self.next_id = id.saturating_add(1);
         Some(Some(id))
     }
 
@@ -457,8 +473,49 @@ impl<'a> Fast<'a> {
                     .learn(position, &self.bytes[start..self.at], field);
                 Some(field)
             }
+            None => self.memo_key(position),
+        }
+    }
+
+    /// A key that is not written out: a memo reference to a string stored before this event
+    /// (how Python's pickler writes every key after its first use) is remembered by its bytes
+    /// like a written key, valid while the memo's epoch stays; anything else is read as text.
+    fn memo_key(&mut self, position: usize) -> Option<Field> {
+        let start = self.at;
+        match self.memo_text()? {
+            Some(name) => {
+                let key = field(name)?;
+                self.layout
+                    .learn(position, &self.bytes[start..self.at], key);
+                Some(key)
+            }
             None => field(self.text()?.bytes()?),
         }
+    }
+
+    /// A memo reference to a string stored before this event, borrowed from the memo (no
+    /// copy); `Some(None)` with nothing read for anything else, which [`Fast::text`] reads.
+    #[inline(always)]
+    fn memo_text(&mut self) -> Option<Option<&'a [u8]>> {
+        let start = self.at;
+        let id = match *self.bytes.get(start)? {
+            op::BINGET => {
+                self.at += 1;
+                u32::from(self.byte()?)
+            }
+            op::LONG_BINGET => {
+                self.at += 1;
+                self.u32()?
+            }
+            _ => return Some(None),
+        };
+        if self.puts.iter().any(|(put, _)| *put == id) {
+            // Stored in this same event: not in the memo yet.
+            self.at = start;
+            return Some(None);
+        }
+        let memo: &'a Memo = self.memo;
+        Some(Some(memo.text(id)?.as_bytes()))
     }
 
     fn event(&mut self) -> Option<Entry> {
@@ -484,7 +541,11 @@ impl<'a> Fast<'a> {
             }
             match field {
                 Field::Action => {
-                    kind = Some(match self.plain_text()? {
+                    let name = match self.plain_text()? {
+                        Some(name) => Some(name),
+                        None => self.memo_text()?,
+                    };
+                    kind = Some(match name {
                         Some(name) => Kind::of_name(name)?,
                         None => Kind::of_name(self.text()?.bytes()?)?,
                     });
@@ -500,7 +561,7 @@ impl<'a> Fast<'a> {
                 Field::Stream => event.stream = self.int()?,
                 Field::TimeUs => event.time_us = self.int()?,
                 Field::Text => {
-                    if self.plain_text()?.is_none() {
+                    if self.plain_text()?.is_none() && self.memo_text()?.is_none() {
                         self.text()?.bytes()?;
                     }
                 }

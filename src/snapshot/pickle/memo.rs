@@ -105,10 +105,16 @@ pub struct Memo {
     entries: Vec<MemoEntry>,
     /// The index of each shareable value in `entries`.
     shared: HashMap<SharedKey, u32>,
+    /// The string last stored or found, with its index: PyTorch's writer memoizes the same
+    /// `compile_context` text in entry after entry, and comparing it with this is cheaper than
+    /// hashing it (the table's hasher resists crafted collisions, which costs time).
+    recent_text: Option<(Rc<str>, u32)>,
     /// One past the highest id assigned (`MEMOIZE` uses it as the next id).
     next: u32,
     /// Ids that hold a value.
     kept_ids: usize,
+    /// How many times an id holding a string was given another value (see [`Memo::epoch`]).
+    epoch: u64,
     /// Whether containers are kept whole (reading a whole snapshot into values).
     containers: bool,
 }
@@ -179,6 +185,13 @@ impl Memo {
             }
             old.unwrap_or(NOT_KEPT)
         };
+        if old != index && old != NOT_KEPT {
+            let held_text = self
+                .entries
+                .get(old as usize)
+                .is_some_and(|entry| matches!(entry.value, Value::Str(_)));
+            self.epoch += u64::from(held_text);
+        }
         match (old == NOT_KEPT, index == NOT_KEPT) {
             (true, false) => self.kept_ids += 1,
             (false, true) => self.kept_ids -= 1,
@@ -190,8 +203,16 @@ impl Memo {
     /// The index in `entries` of `entry`'s value, stored now when no id held it before, and
     /// the bytes that took.
     fn index_of(&mut self, entry: MemoEntry) -> (u32, u64) {
+        if let (Value::Str(text), Some((recent, index))) = (&entry.value, &self.recent_text) {
+            if entry.depth == 0 && text == recent {
+                return (*index, 0);
+            }
+        }
         let key = SharedKey::of(&entry);
         if let Some(&index) = key.as_ref().and_then(|key| self.shared.get(key)) {
+            if let Some(SharedKey::Text(text)) = key {
+                self.recent_text = Some((text, index));
+            }
             return (index, 0);
         }
         // `entries` cannot reach `NOT_KEPT` values: each costs the memory budget more than
@@ -202,6 +223,9 @@ impl Memo {
         let mut held = ENTRY_BYTES + entry.cost;
         self.entries.push(entry);
         if let Some(key) = key {
+            if let SharedKey::Text(text) = &key {
+                self.recent_text = Some((text.clone(), index));
+            }
             self.shared.insert(key, index);
             held += SHARED_BYTES;
         }
@@ -220,6 +244,21 @@ impl Memo {
             Some(index) => Some(self.entries.get(index as usize)),
             None if id < self.next => Some(None),
             None => None,
+        }
+    }
+
+    /// Changes whenever an id that held a string is given another value (which picklers never
+    /// do): the fast path, which remembers a memo reference's bytes as the key it named,
+    /// forgets what it learnt then.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The string under `id`, when it holds one, without copying it.
+    pub fn text(&self, id: u32) -> Option<&str> {
+        match &self.entry(id)??.value {
+            Value::Str(text) => Some(text),
+            _ => None,
         }
     }
 
@@ -345,6 +384,21 @@ mod tests {
         assert!(put(&mut memo, 3, &empty_list(12, trace)) > SLOT_BYTES);
         assert_eq!(memo.value(3), Some(empty_list(12, trace)));
         assert_eq!(memo.value(2), Some(empty_list(11, trace)));
+    }
+
+    #[test]
+    fn the_epoch_changes_only_when_a_string_is_replaced() {
+        let mut memo = Memo::default();
+        put(&mut memo, 0, &Value::Str("action".into()));
+        put(&mut memo, 1, &list(Vec::new()));
+        memo.put(1, None);
+        put(&mut memo, 0, &Value::Str("action".into()));
+        assert_eq!(memo.epoch(), 0);
+        assert_eq!(memo.text(0), Some("action"));
+        assert_eq!(memo.text(1), None);
+        put(&mut memo, 0, &Value::Str("size".into()));
+        assert_eq!(memo.epoch(), 1);
+        assert_eq!(memo.text(0), Some("size"));
     }
 
     #[test]
