@@ -275,13 +275,9 @@ impl<'a> Fast<'a> {
                 self.next_id = self.next_id.saturating_add(1);
                 return Some(Some(id));
             }
-            op::BINPUT => {
+            opcode @ (op::BINPUT | op::LONG_BINPUT) => {
                 self.at += 1;
-                u32::from(self.byte()?)
-            }
-            op::LONG_BINPUT => {
-                self.at += 1;
-                self.u32()?
+                self.memo_id(opcode == op::LONG_BINPUT)?
             }
             _ => return Some(None),
         };
@@ -294,12 +290,19 @@ impl<'a> Fast<'a> {
         Some(Some(id))
     }
 
-    fn memo_ref(&mut self, opcode: u8) -> Option<Value> {
-        let id = if opcode == op::BINGET {
-            u32::from(self.byte()?)
+    /// A memo id: the argument of `BINPUT`/`BINGET` (one byte) or of their `LONG_` forms
+    /// (four).
+    #[inline(always)]
+    fn memo_id(&mut self, long: bool) -> Option<u32> {
+        if long {
+            self.u32()
         } else {
-            self.u32()?
-        };
+            self.byte().map(u32::from)
+        }
+    }
+
+    fn memo_ref(&mut self, opcode: u8) -> Option<Value> {
+        let id = self.memo_id(opcode == op::LONG_BINGET)?;
         // An id stored earlier in this same event is only a string key or value.
         if let Some((_, value)) = self.puts.iter().rev().find(|(put, _)| *put == id) {
             return Some(value.clone());
@@ -498,17 +501,12 @@ impl<'a> Fast<'a> {
     #[inline(always)]
     fn memo_text(&mut self) -> Option<Option<&'a [u8]>> {
         let start = self.at;
-        let id = match *self.bytes.get(start)? {
-            op::BINGET => {
-                self.at += 1;
-                u32::from(self.byte()?)
-            }
-            op::LONG_BINGET => {
-                self.at += 1;
-                self.u32()?
-            }
-            _ => return Some(None),
-        };
+        let opcode = *self.bytes.get(start)?;
+        if !matches!(opcode, op::BINGET | op::LONG_BINGET) {
+            return Some(None);
+        }
+        self.at += 1;
+        let id = self.memo_id(opcode == op::LONG_BINGET)?;
         if self.puts.iter().any(|(put, _)| *put == id) {
             // Stored in this same event: not in the memo yet.
             self.at = start;
