@@ -288,6 +288,7 @@ impl<V: Copy> FreeIndex<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alloc::xorshift::next;
     use std::collections::BTreeMap;
 
     /// Checks the structure's invariants and that it holds exactly `model`'s entries.
@@ -306,14 +307,6 @@ mod tests {
         assert_eq!(all, expected);
         let reversed: Vec<_> = index.iter().rev().collect();
         assert_eq!(reversed, expected.into_iter().rev().collect::<Vec<_>>());
-    }
-
-    /// A small deterministic generator (xorshift), so the test needs no randomness crate.
-    fn next(state: &mut u64) -> u64 {
-        *state ^= *state << 13;
-        *state ^= *state >> 7;
-        *state ^= *state << 17;
-        *state
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub mod summary;
 pub(crate) mod trace;
 mod trial;
 mod vmm;
+#[cfg(test)]
+pub(crate) mod xorshift;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};

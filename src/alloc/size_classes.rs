@@ -198,6 +198,7 @@ impl<V: Copy> SizeClassMap<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alloc::xorshift::next;
     use std::collections::BTreeMap;
 
     #[test]
@@ -220,14 +221,6 @@ mod tests {
         assert_eq!(class_of(31), 31);
         assert_eq!(class_of(32), 32);
         assert_eq!(class_of(33), 32);
-    }
-
-    /// A small deterministic generator (xorshift).
-    fn next(state: &mut u64) -> u64 {
-        *state ^= *state << 13;
-        *state ^= *state >> 7;
-        *state ^= *state << 17;
-        *state
     }
 
     #[test]

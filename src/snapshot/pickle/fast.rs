@@ -468,24 +468,16 @@ impl<'a> Fast<'a> {
                 return Some(field);
             }
         }
+        // A key written out, or a memo reference to a string stored before this event (how
+        // Python's pickler writes every key after its first use), is remembered by its bytes
+        // (a memo reference's valid while the memo's epoch stays); anything else is read as
+        // text.
         let start = self.at;
-        match self.plain_text()? {
-            Some(key) => {
-                let field = field(key)?;
-                self.layout
-                    .learn(position, &self.bytes[start..self.at], field);
-                Some(field)
-            }
-            None => self.memo_key(position),
-        }
-    }
-
-    /// A key that is not written out: a memo reference to a string stored before this event
-    /// (how Python's pickler writes every key after its first use) is remembered by its bytes
-    /// like a written key, valid while the memo's epoch stays; anything else is read as text.
-    fn memo_key(&mut self, position: usize) -> Option<Field> {
-        let start = self.at;
-        match self.memo_text()? {
+        let name = match self.plain_text()? {
+            Some(name) => Some(name),
+            None => self.memo_text()?,
+        };
+        match name {
             Some(name) => {
                 let key = field(name)?;
                 self.layout
