@@ -68,6 +68,25 @@ fn dump_to(allocator: &CachingAllocator, path: &Path, empty_cache_frames: &[usiz
 
 /// The snapshot [`dump`] writes.
 fn snapshot_of(allocator: &CachingAllocator, empty_cache_frames: &[usize]) -> Snapshot {
+    snapshot_framed(allocator, &|index| {
+        if empty_cache_frames.contains(&index) {
+            vec![Frame {
+                name: "empty_cache".into(),
+                filename: "torch/cuda/memory.py".into(),
+                line: 1,
+            }]
+        } else {
+            Vec::new()
+        }
+    })
+}
+
+/// The snapshot of `allocator` with the frames `frames_of` gives each history entry (by
+/// index).
+fn snapshot_framed(
+    allocator: &CachingAllocator,
+    frames_of: &dyn Fn(usize) -> Vec<Frame>,
+) -> Snapshot {
     let device_traces = vec![allocator
         .trace()
         .entries()
@@ -81,15 +100,7 @@ fn snapshot_of(allocator: &CachingAllocator, empty_cache_frames: &[usize]) -> Sn
             time_us: entry.time_us,
             compile_context: "N/A".into(),
             user_metadata: String::new(),
-            frames: if empty_cache_frames.contains(&index) {
-                vec![Frame {
-                    name: "empty_cache".into(),
-                    filename: "torch/cuda/memory.py".into(),
-                    line: 1,
-                }]
-            } else {
-                Vec::new()
-            },
+            frames: frames_of(index),
         })
         .collect()];
     Snapshot {
@@ -617,6 +628,85 @@ fn private_pools_are_rebuilt_from_the_files_segments() {
     assert_eq!(report.counts.pooled_allocs, 5);
     assert_eq!(report.counts.empty_cache_calls, 1);
     let _ = pooled;
+}
+
+/// The frames of an allocation made while cudagraph trees record a graph
+/// (`torch.compile(mode="reduce-overhead")`), innermost first.
+fn recording_frames() -> Vec<Frame> {
+    let frame = |name: &str, filename: &str, line| Frame {
+        name: name.into(),
+        filename: filename.into(),
+        line,
+    };
+    vec![
+        frame("forward", "/work/model.py", 12),
+        frame(
+            "_record",
+            "/usr/lib/python3/dist-packages/torch/_inductor/cudagraph_trees.py",
+            1316,
+        ),
+        frame("step", "/work/train.py", 40),
+    ]
+}
+
+/// Two CUDA-graph captures, each begun by `torch.cuda.graph.__enter__`'s `empty_cache()`: the
+/// first releases nothing, so the trace shows no sign of it but the allocations' frames; the
+/// second releases a cached segment, and its releases and the frames are one call, not two.
+/// The self-replay makes both calls (`num_sync_all_streams`); without frames it sees only the
+/// release.
+#[test]
+fn graph_captures_seen_in_the_frames_make_their_empty_cache() {
+    let mut recording = recorder("", None);
+    let kept = recording.malloc(6 * MIB).expect("splits a 20 MiB segment");
+    let graph = recording.new_graph_pool_id();
+    let mut captured = Vec::new();
+    let mut capture = |recording: &mut CachingAllocator, sizes: &[u64]| {
+        recording.empty_cache().expect("torch.cuda.graph.__enter__");
+        recording
+            .begin_allocate_to_pool(graph, PoolFilter::Stream(SIDE))
+            .expect("capture_begin");
+        for &size in sizes {
+            recording.malloc_on(SIDE, size).expect("graph pool");
+            captured.push(recording.trace().len() - 1);
+        }
+        recording.end_allocate_to_pool(graph).expect("capture_end");
+    };
+    capture(&mut recording, &[4 * MIB, 2 * MIB]);
+    // Between the captures, an eager allocation on the capture stream (a warm-up, the inputs'
+    // copies) and one on the default stream.
+    let eager = recording.malloc_on(SIDE, MIB).expect("eager");
+    recording.free(eager).expect("free");
+    let small = recording.malloc(512 * 1024).expect("small pool");
+    let big = recording.malloc(30 * MIB).expect("its own segment");
+    recording.free(big).expect("cached");
+    capture(&mut recording, &[3 * MIB]);
+    // It released the eager block's small segment and the big one.
+    assert_eq!(recording.stats().num_device_free, 2);
+    recording.free(small).expect("free");
+    recording.free(kept).expect("free");
+    assert_eq!(recording.stats().num_sync_all_streams, 2);
+    let snapshot = snapshot_framed(&recording, &|index| {
+        if captured.contains(&index) {
+            recording_frames()
+        } else {
+            Vec::new()
+        }
+    });
+    let path = common::scratch("graph-captures").join("run.pickle");
+    pickle::dump(&path, &snapshot).expect("dump");
+    let report = replayed(&path, None);
+    assert_reproduces(&recording, &report);
+    assert_eq!(report.counts.graph_captures, 2);
+    assert_eq!(report.counts.empty_cache_calls, 2);
+    assert!(report
+        .to_string()
+        .contains("2 CUDA-graph captures seen in the frames"));
+
+    let bare = common::scratch("graph-captures-bare").join("run.pickle");
+    pickle::dump(&bare, &snapshot_framed(&recording, &|_| Vec::new())).expect("dump");
+    let report = replayed(&bare, None);
+    assert_eq!(report.counts.graph_captures, 0);
+    assert_eq!(report.stat("num_sync_all_streams"), 1);
 }
 
 /// The replay's errors stay clear: a pool misuse in the allocator API is an error value, and

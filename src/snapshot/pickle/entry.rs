@@ -2,7 +2,7 @@
 //! ([`RawEvent`]), or a marker that changes no memory ([`Marker`]: `user_defined`, `annotate`),
 //! and which trace it came from ([`Trace`]).
 
-use super::frames::StackId;
+use super::frames::{StackId, StackSigns};
 use crate::snapshot::model::Action;
 
 /// The fields of one allocator event of a trace (`alloc`, `free_requested`, `free_completed`,
@@ -20,8 +20,9 @@ pub struct RawEvent {
     pub stream: i64,
     /// `time_us` (0 when absent, before PyTorch 2.2).
     pub time_us: i64,
-    /// Whether its frames name `empty_cache` (a release by `torch.cuda.empty_cache()`).
-    pub empty_cache_frame: bool,
+    /// What its frames tell of calls the trace does not record: `empty_cache` named (a
+    /// release by `torch.cuda.empty_cache()`), a CUDA-graph capture underway.
+    pub signs: StackSigns,
     /// Its frames, innermost first ([`StackId::EMPTY`] when recorded without), resolved by
     /// the reader's [`Stacks`](super::frames::Stacks).
     pub stack: StackId,
@@ -38,7 +39,7 @@ impl RawEvent {
             size: 0,
             stream: 0,
             time_us: 0,
-            empty_cache_frame: false,
+            signs: StackSigns::default(),
             stack: StackId::EMPTY,
             pool: (0, 0),
         }

@@ -90,7 +90,7 @@ impl Text<'_> {
 pub type FastEvent = (Entry, usize, Vec<(u32, Value)>);
 
 /// Parses one event dict from `bytes`, which start just after its `EMPTY_DICT` opcode.
-/// Returns the entry (its `empty_cache_frame` left for the caller, who holds the stacks), the
+/// Returns the entry (its `signs` left for the caller, who holds the stacks), the
 /// bytes it took and the memo entries it made, or `None` when the bytes are not an event dict
 /// in a layout it knows (the caller then parses them generically). Nothing is changed unless it
 /// succeeds, but `layout`, which only ever holds keys and templates as they were really

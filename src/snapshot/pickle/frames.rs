@@ -13,6 +13,45 @@ use crate::snapshot::model::Frame;
 /// release by `empty_cache()`, not by a malloc's retry.
 const EMPTY_CACHE: &str = "empty_cache";
 
+/// The frames that show an allocation made inside a CUDA-graph capture (file, by the end of
+/// its path, and function). PyTorch 2.11 records no trace entry for a capture's begin, nor for
+/// the `empty_cache()` that `torch.cuda.graph.__enter__` makes before every capture when that
+/// call releases nothing; only the Python frames of the allocations made in the capture show
+/// it:
+/// - `torch.cuda.graph.__enter__` itself (torch/cuda/graphs.py): an allocation made while
+///   the capture begins (`capture_begin`, e.g. the generator's graph-safe state), after that
+///   `empty_cache()`;
+/// - cudagraph trees' `_record` (torch/_inductor/cudagraph_trees.py), the function whose
+///   `with torch.cuda.graph(...)` body runs the model to record it: every capture a
+///   `torch.compile(mode="reduce-overhead")` job makes. Its warm-up runs (`run_eager`) use the
+///   same pool and stream but no capture, so they are not named.
+///
+/// Both names have been stable since PyTorch 2.0. A capture a user writes
+/// (`with torch.cuda.graph(g): model(x)`) shows only the user's own frames: not recognised.
+const CAPTURE_FRAMES: [(&str, &str); 3] = [
+    ("torch/cuda/graphs.py", "__enter__"),
+    ("torch/cuda/graphs.py", "capture_begin"),
+    ("torch/_inductor/cudagraph_trees.py", "_record"),
+];
+
+/// Whether `frame` is one of [`CAPTURE_FRAMES`] (a path with either separator).
+fn is_capture_frame(frame: &SharedFrame) -> bool {
+    CAPTURE_FRAMES.iter().any(|(file, name)| {
+        *name == &*frame.name
+            && (frame.filename.ends_with(file)
+                || frame.filename.ends_with(&file.replace('/', "\\")))
+    })
+}
+
+/// What a stack's frames tell of allocator calls the trace does not record.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StackSigns {
+    /// One of its frames is `empty_cache`: a release under it is `torch.cuda.empty_cache()`'s.
+    pub empty_cache: bool,
+    /// One of its frames shows a CUDA-graph capture underway ([`CAPTURE_FRAMES`]).
+    pub graph_capture: bool,
+}
+
 /// One distinct frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FrameId(u32);
@@ -67,8 +106,8 @@ pub struct Stacks {
     /// By [`StackId`]; entry 0 is the empty stack.
     stacks: Vec<Rc<[FrameId]>>,
     stack_ids: HashMap<Rc<[FrameId]>, StackId>,
-    /// Per stack: whether one of its frames is `empty_cache`.
-    empty_cache: Vec<bool>,
+    /// Per stack: what its frames tell.
+    signs: Vec<StackSigns>,
 }
 
 impl Default for Stacks {
@@ -79,7 +118,7 @@ impl Default for Stacks {
             frame_ids: HashMap::new(),
             stacks: vec![Rc::clone(&empty)],
             stack_ids: HashMap::from([(empty, StackId::EMPTY)]),
-            empty_cache: vec![false],
+            signs: vec![StackSigns::default()],
         }
     }
 }
@@ -106,14 +145,17 @@ impl Stacks {
         }
         let id = StackId(u32::try_from(self.stacks.len()).ok()?);
         let shared: Rc<[FrameId]> = Rc::from(frames);
-        let mentions = frames.iter().any(|frame| {
-            self.frames
-                .get(frame.0 as usize)
-                .is_some_and(|frame| &*frame.name == EMPTY_CACHE)
-        });
+        let mut signs = StackSigns::default();
+        for frame in frames
+            .iter()
+            .filter_map(|frame| self.frames.get(frame.0 as usize))
+        {
+            signs.empty_cache |= &*frame.name == EMPTY_CACHE;
+            signs.graph_capture |= is_capture_frame(frame);
+        }
         self.stacks.push(Rc::clone(&shared));
         self.stack_ids.insert(shared, id);
-        self.empty_cache.push(mentions);
+        self.signs.push(signs);
         let bytes = ENTRY_BYTES + 2 * std::mem::size_of_val(frames) as u64;
         Some((id, bytes))
     }
@@ -134,10 +176,12 @@ impl Stacks {
 
     /// Whether one of the frames of stack `id` is `empty_cache`.
     pub fn mentions_empty_cache(&self, id: StackId) -> bool {
-        self.empty_cache
-            .get(id.0 as usize)
-            .copied()
-            .unwrap_or(false)
+        self.signs(id).empty_cache
+    }
+
+    /// What the frames of stack `id` tell (nothing for an id this table did not give).
+    pub fn signs(&self, id: StackId) -> StackSigns {
+        self.signs.get(id.0 as usize).copied().unwrap_or_default()
     }
 
     /// Distinct stacks (the empty one included).
@@ -197,5 +241,39 @@ mod tests {
         assert!(stacks.mentions_empty_cache(with));
         assert!(!stacks.mentions_empty_cache(without));
         assert!(!stacks.mentions_empty_cache(StackId::EMPTY));
+    }
+
+    fn torch_frame(name: &str, filename: &str) -> SharedFrame {
+        SharedFrame {
+            name: name.into(),
+            filename: filename.into(),
+            line: 1,
+        }
+    }
+
+    #[test]
+    fn a_stack_inside_a_graph_capture_is_marked() {
+        let mut stacks = Stacks::default();
+        let site = "/usr/lib/python3/site-packages/torch/_inductor/cudagraph_trees.py";
+        let (record, _) = stacks.frame(torch_frame("_record", site)).expect("room");
+        let (warm_up, _) = stacks.frame(torch_frame("run_eager", site)).expect("room");
+        let (begin, _) = stacks
+            .frame(torch_frame(
+                "capture_begin",
+                "C:\\Python\\Lib\\site-packages\\torch\\cuda\\graphs.py",
+            ))
+            .expect("room");
+        let (user, _) = stacks
+            .frame(torch_frame("_record", "train.py"))
+            .expect("room");
+        let (recording, _) = stacks.stack(&[record, user]).expect("room");
+        let (beginning, _) = stacks.stack(&[begin]).expect("room");
+        let (warming, _) = stacks.stack(&[warm_up, user]).expect("room");
+        let (own, _) = stacks.stack(&[user]).expect("room");
+        assert!(stacks.signs(recording).graph_capture);
+        assert!(stacks.signs(beginning).graph_capture);
+        assert!(!stacks.signs(warming).graph_capture);
+        assert!(!stacks.signs(own).graph_capture);
+        assert_eq!(stacks.signs(StackId(99)), StackSigns::default());
     }
 }

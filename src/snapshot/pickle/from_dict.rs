@@ -10,7 +10,7 @@ use super::value::Value;
 use crate::snapshot::model::Action;
 
 /// Reads a trace entry from a generic dict (its `frames` already interned by the unpickler),
-/// or says what is wrong with it. The event's `empty_cache_frame` is left for the caller, who
+/// or says what is wrong with it. The event's `signs` are left for the caller, who
 /// holds the stacks.
 pub fn event(dict: &Value) -> Result<Entry, String> {
     let action = match dict.get("action") {
@@ -58,7 +58,7 @@ pub fn event(dict: &Value) -> Result<Entry, String> {
         size: int(dict, "size", 0)?,
         stream: int(dict, "stream", 0)?,
         time_us,
-        empty_cache_frame: false,
+        signs: Default::default(),
         stack,
         pool,
     }))

@@ -32,7 +32,7 @@ use thiserror::Error;
 
 pub use decode::Remainder;
 pub use entry::{Entry, Marker, MarkerKind, RawEvent, Trace};
-pub use frames::{SharedFrame, StackId, Stacks};
+pub use frames::{SharedFrame, StackId, StackSigns, Stacks};
 pub use limits::ReadLimits;
 pub use records::{BlockRecord, BlockState, SegmentRecord};
 pub use vm::Emitted;

@@ -946,7 +946,7 @@ impl<R: Read, E, F: FnMut(Emitted<'_>) -> Result<(), E>> Unpickler<R, F> {
         let index = self.events;
         self.events += 1;
         if let Entry::Memory(event) = &mut entry {
-            event.empty_cache_frame = self.stacks.mentions_empty_cache(event.stack);
+            event.signs = self.stacks.signs(event.stack);
         }
         (self.handler)(Emitted {
             list,

@@ -38,6 +38,11 @@
 //! releases as the malloc's, and `num_sync_all_streams` (and, for a malloc that then
 //! succeeds, `num_alloc_retries`) may differ from the recording's by one.
 //!
+//! A CUDA-graph capture begins with an `empty_cache()` too (`torch.cuda.graph.__enter__`),
+//! which the trace shows only by what it releases: the first allocation of a stream whose
+//! frames show a capture underway (`StackSigns::graph_capture`), after one that did not, ends
+//! its run as an `empty_cache()`, releases or not.
+//!
 //! # Private pools
 //!
 //! A 2.11 trace names no pool, but the file's segments do (`segment_pool_id`). Given the
@@ -46,7 +51,7 @@
 //! them, after it was made, to that pool, as a capture or `use_mem_pool` did.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
 
 use serde::Serialize;
@@ -122,6 +127,9 @@ pub struct Counts {
     pub snapshots: u64,
     /// `empty_cache()` calls inferred from the trace.
     pub empty_cache_calls: u64,
+    /// CUDA-graph captures seen in the allocations' frames (each began with an
+    /// `empty_cache()`, counted in [`Counts::empty_cache_calls`]).
+    pub graph_captures: u64,
     /// Allocations routed to a private pool (they lie in a segment the file's segments give
     /// to one).
     pub pooled_allocs: u64,
@@ -246,6 +254,11 @@ struct Run {
     leading: Vec<(StreamId, Allocation)>,
     /// Whether a release's frames name `empty_cache`.
     empty_cache_frame: bool,
+    /// Whether the malloc that ends the run is the first of a CUDA-graph capture (its frames
+    /// say so, the stream's allocation before did not): `torch.cuda.graph.__enter__`
+    /// synchronised and called `empty_cache()` before the capture began, so the run's releases
+    /// and completions are that call's, and it was made even when the trace shows nothing.
+    capture: bool,
     /// The made-up streams of completions recorded after a release of the run: PyTorch's OOM
     /// path completed them; the replayed malloc's should too, else they are done after it.
     after_release: Vec<StreamId>,
@@ -260,6 +273,7 @@ impl Run {
             && self.completions == 0
             && self.adjacent == 0
             && !self.empty_cache_frame
+            && !self.capture
             && self.release_sizes.is_empty()
             && self.leading.is_empty()
             && self.after_release.is_empty()
@@ -306,6 +320,12 @@ pub struct Engine {
     made_at: AddressMap<u64>,
     /// The index of the event being replayed.
     index: u64,
+    /// By recorded stream: whether its last allocation was made in a CUDA-graph capture, as
+    /// its frames tell.
+    capturing: HashMap<i64, bool>,
+    /// Whether the trace starts mid-run ([`Engine::start_from`]): a stream's first allocation
+    /// in a capture may then continue one begun before the window, so it begins none.
+    started_mid_run: bool,
     /// What was replayed.
     pub counts: Counts,
     /// The first OOM of the replay.
@@ -351,6 +371,8 @@ impl Engine {
             pools: HashSet::new(),
             made_at: AddressMap::default(),
             index: 0,
+            capturing: HashMap::new(),
+            started_mid_run: false,
             counts: Counts::default(),
             first_oom: None,
             ooms: Vec::new(),
@@ -420,6 +442,7 @@ impl Engine {
             }
         }
         self.skipped.extend(seeded.failed.iter().copied());
+        self.started_mid_run = true;
         self.log.borrow_mut().0.clear();
         self.allocator.reset_accumulated_stats();
         self.allocator.reset_peak_stats();
@@ -518,7 +541,7 @@ impl Engine {
                 self.segments.recorded(index, device_event(&event));
                 self.run.releases += 1;
                 self.run.release_sizes.push(event.size.max(0) as u64);
-                self.run.empty_cache_frame |= event.empty_cache_frame;
+                self.run.empty_cache_frame |= event.signs.empty_cache;
             }
             Action::SegmentAlloc | Action::SegmentMap => {
                 self.segments.recorded(index, device_event(&event));
@@ -538,6 +561,7 @@ impl Engine {
                 self.complete_deferred(&event).map_err(fail)?;
             }
             Action::Alloc => {
+                self.see_capture(&event);
                 self.end_run(Some(&event)).map_err(fail)?;
                 self.alloc(index, &event).map_err(fail)?;
             }
@@ -590,6 +614,22 @@ impl Engine {
         Ok(())
     }
 
+    /// Notes whether the allocation of `event` begins a CUDA-graph capture: its frames show a
+    /// capture underway and its stream's allocation before did not (a trace without frames
+    /// shows none). Frees carry the frames of their allocation, and PyTorch 2.11 records
+    /// `oom` entries without frames, so only allocations tell.
+    fn see_capture(&mut self, event: &RawEvent) {
+        let inside = event.signs.graph_capture;
+        let before = self
+            .capturing
+            .insert(event.stream, inside)
+            .unwrap_or(self.started_mid_run);
+        if inside && !before {
+            self.run.capture = true;
+            self.counts.graph_captures += 1;
+        }
+    }
+
     /// Whether a `free_completed` completes a deferred free still waiting in the replay.
     fn is_deferred(&self, event: &RawEvent) -> bool {
         self.live
@@ -614,6 +654,8 @@ impl Engine {
         // completed block would have served the malloc).
         let missed = run.new_memory > 0 || malloc.is_some_and(|event| event.action == Action::Oom);
         let on_oom_path = match malloc {
+            // The capture's synchronisation and `empty_cache()` completed them.
+            _ if run.capture => false,
             Some(event) if missed && !run.leading.is_empty() => {
                 let size = non_negative(event.size, "size")?;
                 match self.outlook(event)? {
@@ -656,7 +698,7 @@ impl Engine {
             }
         }
         let empty_cache = match malloc {
-            _ if run.empty_cache_frame => true,
+            _ if run.empty_cache_frame || run.capture => true,
             None => run.shows_empty_cache(),
             Some(event) => {
                 run.releases > 0

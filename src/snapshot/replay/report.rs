@@ -412,6 +412,13 @@ impl fmt::Display for ReplayReport {
                 counts.empty_cache_calls
             )?;
         }
+        if counts.graph_captures > 0 {
+            writeln!(
+                f,
+                "                  {} CUDA-graph captures seen in the frames, each begun with an empty_cache()",
+                counts.graph_captures
+            )?;
+        }
         writeln!(
             f,
             "  peak allocated  {}",
