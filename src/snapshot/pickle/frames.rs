@@ -26,21 +26,31 @@ const EMPTY_CACHE: &str = "empty_cache";
 ///   `torch.compile(mode="reduce-overhead")` job makes. Its warm-up runs (`run_eager`) use the
 ///   same pool and stream but no capture, so they are not named.
 ///
-/// Both names have been stable since PyTorch 2.0. A capture a user writes
-/// (`with torch.cuda.graph(g): model(x)`) shows only the user's own frames: not recognised.
+/// Both names have been stable since PyTorch 2.0. The body of a capture a user writes
+/// (`with torch.cuda.graph(g): model(x)`, `make_graphed_callables`) shows only the user's own
+/// frames: see [`StackSigns::capture_stream`].
 const CAPTURE_FRAMES: [(&str, &str); 3] = [
-    ("torch/cuda/graphs.py", "__enter__"),
-    ("torch/cuda/graphs.py", "capture_begin"),
-    ("torch/_inductor/cudagraph_trees.py", "_record"),
+    (GRAPHS_PY, "__enter__"),
+    (GRAPHS_PY, "capture_begin"),
+    (CUDAGRAPH_TREES_PY, "_record"),
 ];
 
-/// Whether `frame` is one of [`CAPTURE_FRAMES`] (a path with either separator).
+/// `torch.cuda.graph`'s file.
+const GRAPHS_PY: &str = "torch/cuda/graphs.py";
+
+/// cudagraph trees' file (`torch.compile(mode="reduce-overhead")`).
+const CUDAGRAPH_TREES_PY: &str = "torch/_inductor/cudagraph_trees.py";
+
+/// Whether `frame` is in `file` (a path ending so, with either separator).
+fn in_file(frame: &SharedFrame, file: &str) -> bool {
+    frame.filename.ends_with(file) || frame.filename.ends_with(&file.replace('/', "\\"))
+}
+
+/// Whether `frame` is one of [`CAPTURE_FRAMES`].
 fn is_capture_frame(frame: &SharedFrame) -> bool {
-    CAPTURE_FRAMES.iter().any(|(file, name)| {
-        *name == &*frame.name
-            && (frame.filename.ends_with(file)
-                || frame.filename.ends_with(&file.replace('/', "\\")))
-    })
+    CAPTURE_FRAMES
+        .iter()
+        .any(|(file, name)| *name == &*frame.name && in_file(frame, file))
 }
 
 /// What a stack's frames tell of allocator calls the trace does not record.
@@ -50,6 +60,12 @@ pub struct StackSigns {
     pub empty_cache: bool,
     /// One of its frames shows a CUDA-graph capture underway ([`CAPTURE_FRAMES`]).
     pub graph_capture: bool,
+    /// A capture begins in `torch.cuda.graph.__enter__` and no cudagraph trees frame is on
+    /// the stack: a capture the user's code (or `make_graphed_callables`) makes, which runs on
+    /// the stream `torch.cuda.graph` keeps for captures (`default_capture_stream`, one per
+    /// process, used by nothing else) unless the caller gives one. cudagraph trees give their
+    /// own stream, which their warm-ups use too.
+    pub capture_stream: bool,
 }
 
 /// One distinct frame.
@@ -146,13 +162,17 @@ impl Stacks {
         let id = StackId(u32::try_from(self.stacks.len()).ok()?);
         let shared: Rc<[FrameId]> = Rc::from(frames);
         let mut signs = StackSigns::default();
+        let mut in_tree = false;
         for frame in frames
             .iter()
             .filter_map(|frame| self.frames.get(frame.0 as usize))
         {
             signs.empty_cache |= &*frame.name == EMPTY_CACHE;
             signs.graph_capture |= is_capture_frame(frame);
+            signs.capture_stream |= is_capture_frame(frame) && in_file(frame, GRAPHS_PY);
+            in_tree |= in_file(frame, CUDAGRAPH_TREES_PY);
         }
+        signs.capture_stream &= !in_tree;
         self.stacks.push(Rc::clone(&shared));
         self.stack_ids.insert(shared, id);
         self.signs.push(signs);
@@ -274,6 +294,17 @@ mod tests {
         assert!(stacks.signs(beginning).graph_capture);
         assert!(!stacks.signs(warming).graph_capture);
         assert!(!stacks.signs(own).graph_capture);
+        assert!(
+            stacks.signs(beginning).capture_stream,
+            "a capture the user makes"
+        );
+        assert!(!stacks.signs(recording).capture_stream);
+        let (tree_begin, _) = stacks.stack(&[begin, record]).expect("room");
+        assert!(stacks.signs(tree_begin).graph_capture);
+        assert!(
+            !stacks.signs(tree_begin).capture_stream,
+            "cudagraph trees capture on their own stream"
+        );
         assert_eq!(stacks.signs(StackId(99)), StackSigns::default());
     }
 }

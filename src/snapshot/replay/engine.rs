@@ -316,6 +316,8 @@ pub struct Engine {
     routes: PoolRoutes,
     /// The private pools made so far.
     pools: HashSet<MemPoolId>,
+    /// By recorded stream: the private pool its last allocation went to, if it went to one.
+    stream_pools: HashMap<i64, MemPoolId>,
     /// Index of the last `segment_alloc` recorded at each address (for [`PoolRoutes`]).
     made_at: AddressMap<u64>,
     /// The index of the event being replayed.
@@ -323,6 +325,12 @@ pub struct Engine {
     /// By recorded stream: whether its last allocation was made in a CUDA-graph capture, as
     /// its frames tell.
     capturing: HashMap<i64, bool>,
+    /// The stream `torch.cuda.graph` keeps for the captures users make, once an allocation's
+    /// frames name it ([`StackSigns::capture_stream`](crate::snapshot::pickle::StackSigns)):
+    /// every allocation on it is made in a capture.
+    capture_stream: Option<i64>,
+    /// The stream of the last allocation.
+    last_alloc_stream: Option<i64>,
     /// Whether the trace starts mid-run ([`Engine::start_from`]): a stream's first allocation
     /// in a capture may then continue one begun before the window, so it begins none.
     started_mid_run: bool,
@@ -369,10 +377,13 @@ impl Engine {
             next_stream: DEFERRED_STREAMS,
             routes,
             pools: HashSet::new(),
+            stream_pools: HashMap::new(),
             made_at: AddressMap::default(),
             index: 0,
             capturing: HashMap::new(),
             started_mid_run: false,
+            capture_stream: None,
+            last_alloc_stream: None,
             counts: Counts::default(),
             first_oom: None,
             ooms: Vec::new(),
@@ -614,17 +625,34 @@ impl Engine {
         Ok(())
     }
 
-    /// Notes whether the allocation of `event` begins a CUDA-graph capture: its frames show a
-    /// capture underway and its stream's allocation before did not (a trace without frames
-    /// shows none). Frees carry the frames of their allocation, and PyTorch 2.11 records
-    /// `oom` entries without frames, so only allocations tell.
+    /// Notes whether the allocation of `event` begins a CUDA-graph capture (a trace without
+    /// frames shows none; frees carry the frames of their allocation, and PyTorch 2.11 records
+    /// most `oom` entries without frames, so only allocations tell):
+    /// - its frames show a capture underway and its stream's allocation before did not;
+    /// - or it is on `torch.cuda.graph`'s capture stream (learnt from the frames of the
+    ///   first allocation on it, made as a capture began) and the allocation before it, on
+    ///   any stream, was not: the captures users make run one after another on that stream,
+    ///   with the warm-ups and eager code between them on others.
     fn see_capture(&mut self, event: &RawEvent) {
-        let inside = event.signs.graph_capture;
+        let stream = event.stream;
+        let first_on_stream = !self.capturing.contains_key(&stream);
+        if event.signs.capture_stream && first_on_stream && self.capture_stream.is_none() {
+            self.capture_stream = Some(stream);
+        }
+        let dedicated = self.capture_stream == Some(stream);
+        let inside = event.signs.graph_capture || dedicated;
         let before = self
             .capturing
-            .insert(event.stream, inside)
+            .insert(stream, inside)
             .unwrap_or(self.started_mid_run);
-        if inside && !before {
+        let continues = if dedicated {
+            self.last_alloc_stream
+                .map_or(self.started_mid_run, |last| last == stream)
+        } else {
+            before
+        };
+        self.last_alloc_stream = Some(stream);
+        if inside && !continues {
             self.run.capture = true;
             self.counts.graph_captures += 1;
         }
@@ -798,10 +826,18 @@ impl Engine {
 
     /// The private pool an allocation recorded at `event` goes to, if any.
     fn route(&self, event: &RawEvent) -> Option<MemPoolId> {
-        if self.routes.is_empty() || event.action != Action::Alloc {
+        if self.routes.is_empty() {
             return None;
         }
-        self.routes.pool_of(event.addr as u64, self.index)
+        match event.action {
+            Action::Alloc => self.routes.pool_of(event.addr as u64, self.index),
+            // An `oom` has no address. A pool serving a stream (a capture, cudagraph trees'
+            // warm-up, `use_mem_pool`) serves it until it is left, so a stream whose last
+            // allocation went to a private pool asked that pool: its OOM path skips
+            // `release_cached_blocks` (PyTorch's `captures_underway` is not empty).
+            Action::Oom => self.stream_pools.get(&event.stream).copied(),
+            _ => None,
+        }
     }
 
     /// Makes `pool` (if any) serve `stream`, creating it with one lasting use the first time
@@ -838,8 +874,13 @@ impl Engine {
         let size = non_negative(event.size, "size")?;
         let stream = event.stream as u64;
         let pool = self.route(event);
-        if pool.is_some() {
-            self.counts.pooled_allocs += 1;
+        if event.action == Action::Alloc {
+            if let Some(pool) = pool {
+                self.counts.pooled_allocs += 1;
+                self.stream_pools.insert(event.stream, pool);
+            } else {
+                self.stream_pools.remove(&event.stream);
+            }
         }
         self.enter_pool(pool, stream)?;
         let result = self.allocator.malloc_on(stream, size);

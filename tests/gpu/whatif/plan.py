@@ -116,6 +116,22 @@ def build_plan():
             runs.append(RunSpec(f"{workload}.{label}.frac", workload, "whatif", conf=conf,
                                 config_label=label, base=base, tight_fraction=True,
                                 priority=6, **frac))
+    # CUDA-graph captures beyond the what-if workloads, for the self-replay only (issue 16:
+    # every capture's empty_cache() counted): a compiled language model recording training
+    # and inference graphs, and captures written by hand (torch.cuda.graph,
+    # make_graphed_callables), each with and without the tight fraction.
+    runs.append(RunSpec("compiled_lm.warmup", "compiled_lm", "warmup", no_history=True,
+                        timeout_s=WARMUP_TIMEOUT_S, expected_s=90, priority=0,
+                        note="fills the compile cache; not compared"))
+    for workload, extra in (("compiled_lm", dict(compile_kw, needs=["compiled_lm.warmup"])),
+                            ("user_graphs", {})):
+        base = f"{workload}.base"
+        runs.append(RunSpec(base, workload, "base", priority=2, **extra))
+        frac = dict(extra)
+        frac["needs"] = frac.get("needs", []) + [base]
+        runs.append(RunSpec(f"{workload}.default.frac", workload, "whatif", conf="",
+                            config_label="default", base=base, tight_fraction=True,
+                            priority=6, **frac))
     runs.append(RunSpec("bs_search.base", "bs_search", "base", limit_bytes=BS_SEARCH_LIMIT,
                         priority=2, note="batch-size search catching OOMs under a fraction"))
     for label, conf, _ in CONFIGS:

@@ -424,6 +424,96 @@ def compiled(job):
     job.synchronize()
 
 
+def compiled_lm(job):
+    """torch.compile(mode="reduce-overhead") of a small language model (2 blocks, width 256,
+    vocabulary 4096): 6 training steps on 8 x 128 tokens (forward and backward graphs), then
+    inference without gradients at two lengths, each recorded as a graph of its own. Every
+    recording is a CUDA-graph capture in cudagraph trees' private pool, each begun by
+    torch.cuda.graph's empty_cache()."""
+    seed_all(8)
+    model = LanguageModel(4096, 256, 4, 2).to(job.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def loss_of(tokens):
+        logits = model(tokens[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+    train_step = job.compile(loss_of)
+    for _ in range(6):
+        tokens = torch.randint(0, 4096, (8, 129), device=job.device)
+        if job.cuda:
+            torch.compiler.cudagraph_mark_step_begin()
+        loss = train_step(tokens)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del tokens, loss
+    model.eval()
+    infer = job.compile(lambda tokens: model(tokens).argmax(-1))
+    with torch.no_grad():
+        for length in (64, 64, 96, 96, 64):
+            tokens = torch.randint(0, 4096, (4, length), device=job.device)
+            if job.cuda:
+                torch.compiler.cudagraph_mark_step_begin()
+            out = infer(tokens).clone()
+            del tokens, out
+    job.synchronize()
+
+
+def user_graphs(job):
+    """CUDA graphs captured by hand, as the CUDA-graphs guide shows: a conv net's inference
+    warmed up on a side stream, captured with torch.cuda.graph at batch 32, then at batch 64
+    in the same pool, both replayed; then an MLP's training step through
+    torch.cuda.make_graphed_callables. Each capture begins with torch.cuda.graph's
+    empty_cache(); on the CPU the same calls run eagerly."""
+    seed_all(9)
+    model = SmallConvNet().to(job.device).eval()
+    graphs, outputs, inputs = [], [], []
+    pool = None
+    with torch.no_grad():
+        for batch in (32, 64):
+            static_in = torch.randn(batch, 3, 64, 64, device=job.device)
+            side = job.stream()
+            if side is not None:
+                side.wait_stream(torch.cuda.current_stream(job.device))
+            with job.on_stream(side):
+                for _ in range(3):
+                    model(static_in)
+            job.wait_stream(side)
+            if job.cuda:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    static_out = model(static_in)
+                pool = graph.pool()
+                graphs.append(graph)
+            else:
+                static_out = model(static_in)
+            inputs.append(static_in)
+            outputs.append(static_out)
+        for step in range(4):
+            for index, static_in in enumerate(inputs):
+                static_in.copy_(torch.randn_like(static_in))
+                if job.cuda:
+                    graphs[index].replay()
+                else:
+                    outputs[index] = model(static_in)
+                prediction = outputs[index].argmax(-1).clone()
+                del prediction
+    mlp = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512)).to(job.device)
+    optimizer = torch.optim.SGD(mlp.parameters(), lr=1e-3)
+    sample = torch.randn(64, 512, device=job.device, requires_grad=True)
+    if job.cuda:
+        mlp = torch.cuda.make_graphed_callables(mlp, (sample,))
+    for _ in range(4):
+        x = torch.randn(64, 512, device=job.device)
+        loss = mlp(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del x, loss
+    job.synchronize()
+
+
 def moe(job):
     """Mixture-of-experts training: 2 top-2 MoE layers of 8 experts (width 512, hidden 1024)
     over 8 x 256 tokens, Adam, 4 steps. The experts' slices have data-dependent sizes."""
@@ -567,6 +657,8 @@ WORKLOADS = {
     "kv_decoder": kv_decoder,
     "prefetch": prefetch,
     "compiled": compiled,
+    "compiled_lm": compiled_lm,
+    "user_graphs": user_graphs,
     "moe": moe,
     "bs_search": bs_search,
     "mlp": mlp,
