@@ -848,18 +848,31 @@ impl CachingAllocator {
     /// Blocks of expandable segments leave the inactive-split counters alone. The found block
     /// is out of its pool; should its address not lie inside its segment (a bookkeeping bug),
     /// it goes back to the pool and nothing changes.
+    #[inline]
     fn alloc_found_block(
         &mut self,
         id: BlockId,
         request: Request,
         orig_size: u64,
     ) -> Result<Allocation, AllocError> {
+        let split = self.should_split(self.blocks.at(id), request.size, request.expandable);
+        self.hand_out(id, request, orig_size, split)
+    }
+
+    /// [`CachingAllocator::alloc_found_block`] with the decision to split made by the caller
+    /// (the checkpoint restore splits whenever the block is larger than the request).
+    fn hand_out(
+        &mut self,
+        id: BlockId,
+        request: Request,
+        orig_size: u64,
+        split: bool,
+    ) -> Result<Allocation, AllocError> {
         let size = request.size;
         let pool = request.pool;
         let block = self.blocks.at(id);
         let already_split = block.is_split();
         let counts_split = !block.is_expandable();
-        let split = self.should_split(block, size, request.expandable);
         let handed_size = if split { size } else { block.size };
         let address = match self.device_address(block, handed_size) {
             Ok(address) => address,

@@ -27,7 +27,7 @@ use serde::Serialize;
 
 use super::block::{BlockPool, Pool, StreamId};
 pub use super::block::{PoolOwner, DEFAULT_OWNER};
-use super::{AllocError, CachingAllocator};
+use super::{AllocError, Allocation, CachingAllocator};
 
 /// A memory pool's id, PyTorch's `MempoolId_t`: `(0, 0)` for the default pools; a graph pool
 /// made by `graph_pool_handle()` is `(n, 0)`, a `torch.cuda.MemPool()` is `(0, n)`. Snapshots
@@ -418,6 +418,50 @@ impl CachingAllocator {
         list
     }
 
+    /// Allocates, in private pool `id`, the free block that starts at address `ptr`, taking
+    /// exactly `size` bytes of it: what cudagraph trees' checkpoint restore does to each block
+    /// of a checkpointed segment (PyTorch's `setCheckpointPoolState`, through
+    /// `setSegmentStateToCheckpoint`: `alloc_found_block` with the block's own size as the
+    /// request, split off the front whenever the free block is larger, counted in the pool
+    /// the block is in, small or large, whatever its size). No rounding, no search, no device
+    /// memory, no events processed. An error, with nothing changed, when the pool is unknown,
+    /// or no free block of it starts at `ptr`, or that block is smaller than `size`.
+    pub fn allocate_block_at(
+        &mut self,
+        id: MemPoolId,
+        ptr: u64,
+        size: u64,
+    ) -> Result<Allocation, AllocError> {
+        let owner = self.pool_owner(id)?;
+        // PyTorch looks the block up among the pool's free blocks too (`ptrs_to_blocks`).
+        let found = [Pool::Small, Pool::Large].into_iter().find_map(|kind| {
+            self.pool_ref(owner, kind)
+                .iter()
+                .find(|&(_, _, start, _)| start == ptr)
+                .map(|key| (kind, key))
+        });
+        let Some((kind, (stream, block_size, _, block))) = found else {
+            return Err(AllocError::Pool(format!(
+                "no free block of pool {id} starts at {ptr:#x}"
+            )));
+        };
+        if size == 0 || block_size < size {
+            return Err(AllocError::Pool(format!(
+                "the free block at {ptr:#x} holds {block_size} bytes, not {size}"
+            )));
+        }
+        self.uncache(block);
+        let request = super::Request {
+            stream,
+            size,
+            pool: kind,
+            owner,
+            alloc_size: size,
+            expandable: self.blocks.at(block).is_expandable(),
+        };
+        self.hand_out(block, request, size, block_size > size)
+    }
+
     /// The id of the pool `owner` (the default id for the default pools).
     pub fn pool_id(&self, owner: PoolOwner) -> MemPoolId {
         if owner == DEFAULT_OWNER {
@@ -562,6 +606,70 @@ mod tests {
         assert_eq!(get(&a, "reserved_bytes.all.current"), 0);
         assert!(a.private_pools().is_empty(), "forgotten once empty");
         assert_eq!(a.pool_use_count(id), None);
+        a.check_invariants().expect("consistent");
+    }
+
+    /// cudagraph trees' checkpoint restore: the pool's free blocks are taken back at their
+    /// addresses, exactly their sizes — a whole 2 MiB small segment counted in the small pool,
+    /// a block split whenever it is larger, even by less than a malloc would split off — and
+    /// a wrong address or size is an error that changes nothing.
+    #[test]
+    fn a_checkpoint_restore_takes_blocks_at_their_addresses() {
+        let mut a = allocator("");
+        let id = a.new_graph_pool_id();
+        a.create_pool(id).expect("pool");
+        a.begin_allocate_to_pool(id, PoolFilter::AllStreams)
+            .expect("capture");
+        let small = a.malloc(4096).expect("a small segment of the pool");
+        let large = a.malloc(6 * MIB).expect("a 20 MiB segment of the pool");
+        a.end_allocate_to_pool(id).expect("end");
+        let (small_base, large_base) = (small.ptr.addr(), large.ptr.addr());
+        a.free(small).expect("free");
+        a.free(large).expect("free");
+        let before = a.stats().clone();
+        let error = a
+            .allocate_block_at(id, small_base + 512, 512)
+            .expect_err("no block starts there");
+        assert!(matches!(error, AllocError::Pool(_)), "{error}");
+        a.allocate_block_at(id, small_base, 4 * MIB)
+            .expect_err("larger than the block");
+        a.allocate_block_at(MemPoolId::new(0, 99), small_base, 512)
+            .expect_err("no such pool");
+        assert_eq!(a.stats(), &before, "nothing changed");
+
+        let whole = a
+            .allocate_block_at(id, small_base, 2 * MIB)
+            .expect("the whole small segment");
+        assert_eq!((whole.ptr.addr(), whole.size), (small_base, 2 * MIB));
+        assert_eq!(
+            get(&a, "allocated_bytes.small_pool.current"),
+            2 * MIB as i64
+        );
+        assert_eq!(
+            get(&a, "requested_bytes.small_pool.current"),
+            2 * MIB as i64
+        );
+        // 6 MiB of the 20 MiB segment, then the rest in two pieces, the last 512 bytes
+        // split off although a malloc would not split so little from a large block.
+        let front = a.allocate_block_at(id, large_base, 6 * MIB).expect("front");
+        let middle = a
+            .allocate_block_at(id, large_base + 6 * MIB, 14 * MIB - 512)
+            .expect("middle");
+        let tail = a
+            .allocate_block_at(id, large_base + 20 * MIB - 512, 512)
+            .expect("tail");
+        assert_eq!(tail.size, 512);
+        assert_eq!(get(&a, "allocation.large_pool.current"), 3);
+        assert_eq!(
+            get(&a, "allocated_bytes.large_pool.current"),
+            20 * MIB as i64
+        );
+        assert_eq!(get(&a, "num_device_alloc"), 2, "no device memory");
+        a.check_invariants().expect("consistent");
+        for block in [whole, front, middle, tail] {
+            a.free(block).expect("free");
+        }
+        assert_eq!(get(&a, "inactive_split.all.current"), 0, "merged back");
         a.check_invariants().expect("consistent");
     }
 

@@ -35,6 +35,11 @@ const CAPTURE_FRAMES: [(&str, &str); 3] = [
     (CUDAGRAPH_TREES_PY, "_record"),
 ];
 
+/// The cudagraph trees function that puts a private pool back to a checkpoint
+/// (`torch._C._cuda_setCheckpointPoolState`) before it records a new graph after replaying
+/// others: its allocations are the checkpoint's blocks, each at its own address and size.
+const CHECKPOINT_RESTORE: &str = "apply_checkpoint_execution_state_in_allocator";
+
 /// `torch.cuda.graph`'s file.
 const GRAPHS_PY: &str = "torch/cuda/graphs.py";
 
@@ -66,6 +71,9 @@ pub struct StackSigns {
     /// process, used by nothing else) unless the caller gives one. cudagraph trees give their
     /// own stream, which their warm-ups use too.
     pub capture_stream: bool,
+    /// A frame is cudagraph trees' checkpoint restore ([`CHECKPOINT_RESTORE`]): an
+    /// allocation under it takes the free block at its address, exactly its size.
+    pub checkpoint_restore: bool,
 }
 
 /// One distinct frame.
@@ -171,6 +179,8 @@ impl Stacks {
             signs.graph_capture |= is_capture_frame(frame);
             signs.capture_stream |= is_capture_frame(frame) && in_file(frame, GRAPHS_PY);
             in_tree |= in_file(frame, CUDAGRAPH_TREES_PY);
+            signs.checkpoint_restore |=
+                &*frame.name == CHECKPOINT_RESTORE && in_file(frame, CUDAGRAPH_TREES_PY);
         }
         signs.capture_stream &= !in_tree;
         self.stacks.push(Rc::clone(&shared));
@@ -294,6 +304,16 @@ mod tests {
         assert!(stacks.signs(beginning).graph_capture);
         assert!(!stacks.signs(warming).graph_capture);
         assert!(!stacks.signs(own).graph_capture);
+        let (restore, _) = stacks
+            .frame(torch_frame(
+                "apply_checkpoint_execution_state_in_allocator",
+                site,
+            ))
+            .expect("room");
+        let (restoring, _) = stacks.stack(&[restore, user]).expect("room");
+        assert!(stacks.signs(restoring).checkpoint_restore);
+        assert!(!stacks.signs(restoring).graph_capture);
+        assert!(!stacks.signs(recording).checkpoint_restore);
         assert!(
             stacks.signs(beginning).capture_stream,
             "a capture the user makes"

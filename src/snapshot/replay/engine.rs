@@ -133,6 +133,9 @@ pub struct Counts {
     /// Allocations routed to a private pool (they lie in a segment the file's segments give
     /// to one).
     pub pooled_allocs: u64,
+    /// Of those, blocks cudagraph trees' checkpoint restore took back at their recorded
+    /// addresses (`setCheckpointPoolState`).
+    pub restored_blocks: u64,
     /// Events of other devices' traces (not replayed).
     pub other_device_events: u64,
 }
@@ -865,6 +868,39 @@ impl Engine {
         self.allocator.release_pool(pool).map_err(fail)
     }
 
+    /// An allocation of cudagraph trees' checkpoint restore (its frames say so) in a private
+    /// pool: the free block at its address, exactly its size, when gpumem's pool has that
+    /// block there (a self-replay, whose segments lie at the recorded addresses); `None` for
+    /// any other allocation, or when the pool has no such block (another config placed the
+    /// pool's memory otherwise): the replay then asks for it as for any request.
+    fn restore_block(
+        &mut self,
+        event: &RawEvent,
+    ) -> Result<Option<(u64, Result<Allocation, AllocError>)>, String> {
+        if !event.signs.checkpoint_restore {
+            return Ok(None);
+        }
+        let Some(pool) = self.route(event) else {
+            return Ok(None);
+        };
+        let size = non_negative(event.size, "size")?;
+        if !self.pools.contains(&pool) {
+            return Ok(None);
+        }
+        match self
+            .allocator
+            .allocate_block_at(pool, event.address(), size)
+        {
+            Ok(allocation) => {
+                self.counts.pooled_allocs += 1;
+                self.counts.restored_blocks += 1;
+                self.stream_pools.insert(event.stream, pool);
+                Ok(Some((size, Ok(allocation))))
+            }
+            Err(_) => Ok(None),
+        }
+    }
+
     /// The event's request (its size, on its stream, in its pool) through the allocator; the
     /// size and the allocator's answer.
     fn malloc(
@@ -900,7 +936,10 @@ impl Engine {
                 "alloc at {addr:#x}, which is already allocated (no free_completed since)"
             ));
         }
-        let (size, result) = self.malloc(event)?;
+        let (size, result) = match self.restore_block(event)? {
+            Some(restored) => restored,
+            None => self.malloc(event)?,
+        };
         match result {
             Ok(allocation) => {
                 self.live.insert(
