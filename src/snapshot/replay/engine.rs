@@ -140,6 +140,9 @@ pub struct Counts {
     pub other_device_events: u64,
 }
 
+/// A request replayed: its size and the allocator's answer.
+type Asked = (u64, Result<Allocation, AllocError>);
+
 /// Bytes in a mebibyte.
 const MIB: u64 = 1 << 20;
 
@@ -876,7 +879,7 @@ impl Engine {
     fn restore_block(
         &mut self,
         event: &RawEvent,
-    ) -> Result<Option<(u64, Result<Allocation, AllocError>)>, String> {
+    ) -> Result<Option<Asked>, String> {
         if !event.signs.checkpoint_restore {
             return Ok(None);
         }
@@ -906,7 +909,7 @@ impl Engine {
     fn malloc(
         &mut self,
         event: &RawEvent,
-    ) -> Result<(u64, Result<Allocation, AllocError>), String> {
+    ) -> Result<Asked, String> {
         let size = non_negative(event.size, "size")?;
         let stream = event.stream as u64;
         let pool = self.route(event);
