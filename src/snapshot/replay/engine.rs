@@ -876,10 +876,7 @@ impl Engine {
     /// block there (a self-replay, whose segments lie at the recorded addresses); `None` for
     /// any other allocation, or when the pool has no such block (another config placed the
     /// pool's memory otherwise): the replay then asks for it as for any request.
-    fn restore_block(
-        &mut self,
-        event: &RawEvent,
-    ) -> Result<Option<Asked>, String> {
+    fn restore_block(&mut self, event: &RawEvent) -> Result<Option<Asked>, String> {
         if !event.signs.checkpoint_restore {
             return Ok(None);
         }
@@ -906,10 +903,7 @@ impl Engine {
 
     /// The event's request (its size, on its stream, in its pool) through the allocator; the
     /// size and the allocator's answer.
-    fn malloc(
-        &mut self,
-        event: &RawEvent,
-    ) -> Result<Asked, String> {
+    fn malloc(&mut self, event: &RawEvent) -> Result<Asked, String> {
         let size = non_negative(event.size, "size")?;
         let stream = event.stream as u64;
         let pool = self.route(event);
