@@ -63,7 +63,7 @@ fn is_capture_frame(frame: &SharedFrame) -> bool {
 pub struct StackSigns {
     /// One of its frames is `empty_cache`: a release under it is `torch.cuda.empty_cache()`'s.
     pub empty_cache: bool,
-    /// One of its frames shows a CUDA-graph capture underway ([`CAPTURE_FRAMES`]).
+    /// One of its frames shows a CUDA-graph capture underway (`CAPTURE_FRAMES` in this module).
     pub graph_capture: bool,
     /// A capture begins in `torch.cuda.graph.__enter__` and no cudagraph trees frame is on
     /// the stack: a capture the user's code (or `make_graphed_callables`) makes, which runs on
@@ -71,8 +71,9 @@ pub struct StackSigns {
     /// process, used by nothing else) unless the caller gives one. cudagraph trees give their
     /// own stream, which their warm-ups use too.
     pub capture_stream: bool,
-    /// A frame is cudagraph trees' checkpoint restore ([`CHECKPOINT_RESTORE`]): an
-    /// allocation under it takes the free block at its address, exactly its size.
+    /// A frame is cudagraph trees' checkpoint restore
+    /// (`apply_checkpoint_execution_state_in_allocator`): an allocation under it takes the
+    /// free block at its address, exactly its size.
     pub checkpoint_restore: bool,
 }
 
