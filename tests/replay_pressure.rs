@@ -630,6 +630,49 @@ fn private_pools_are_rebuilt_from_the_files_segments() {
     let _ = pooled;
 }
 
+/// A free made at once right before a malloc that needs new memory reads, in the trace, as a
+/// deferred free its OOM path might have completed. Under another config the replay cannot
+/// tell the recording's path from its own state: unless the recording shows that path (a
+/// release, an `oom`), the free was made at once. Here the default-config recording frees a
+/// 16 MiB block and makes a new 24 MiB segment; under expandable segments that block and the
+/// mapped tail after it serve the 24 MiB, which a replay holding the block back for the OOM
+/// path misses: it maps more, goes over the fraction, synchronises and retries.
+#[test]
+fn a_free_made_at_once_before_new_memory_stays_one_in_a_what_if() {
+    let sequence = |allocator: &mut CachingAllocator| {
+        let x = allocator.malloc(16 * MIB).expect("x");
+        let y = allocator.malloc(16 * MIB).expect("y");
+        allocator.free(y).expect("free");
+        let z = allocator.malloc(24 * MIB).expect("z");
+        for block in [x, z] {
+            allocator.free(block).expect("free");
+        }
+    };
+    let mut recording = recorder("", None);
+    sequence(&mut recording);
+    assert_eq!(recording.stats().num_device_alloc, 3, "z made a segment");
+    let path = dump(&recording, "free-at-once-what-if", &[]);
+    // 40 MiB: two 20 MiB pages.
+    let fraction = (40 * MIB) as f64 / TOTAL as f64;
+    let conf = format!("expandable_segments:True,per_process_memory_fraction:{fraction}");
+    let mut truth = recorder("expandable_segments:True", Some(fraction));
+    sequence(&mut truth);
+    let what_if = replayed(&path, Some(&conf));
+    for key in [
+        "num_device_alloc",
+        "num_alloc_retries",
+        "num_sync_all_streams",
+        "reserved_bytes.all.peak",
+    ] {
+        assert_eq!(
+            what_if.stat(key),
+            truth.stats().get(key).expect(key),
+            "{key}\n{what_if}"
+        );
+    }
+    assert_eq!(truth.stats().num_alloc_retries, 0);
+}
+
 /// The frames of an allocation made while cudagraph trees record a graph
 /// (`torch.compile(mode="reduce-overhead")`), innermost first.
 fn recording_frames() -> Vec<Frame> {

@@ -337,6 +337,14 @@ pub struct Engine {
     capture_stream: Option<i64>,
     /// The stream of the last allocation.
     last_alloc_stream: Option<i64>,
+    /// Whether the replay's config decides as the recorded run's did (a self-replay): only
+    /// then can the replay's state tell what PyTorch's malloc did where the trace does not
+    /// show it.
+    recorded_config: bool,
+    /// Whether a decision so far took [`Engine::follows_recorded_config`] for granted: a
+    /// replay that ran before the recorded config was known must then run again if it was
+    /// not.
+    assumed_recorded_config: bool,
     /// Whether the trace starts mid-run ([`Engine::start_from`]): a stream's first allocation
     /// in a capture may then continue one begun before the window, so it begins none.
     started_mid_run: bool,
@@ -388,6 +396,8 @@ impl Engine {
             index: 0,
             capturing: HashMap::new(),
             started_mid_run: false,
+            recorded_config: true,
+            assumed_recorded_config: false,
             capture_stream: None,
             last_alloc_stream: None,
             counts: Counts::default(),
@@ -464,6 +474,18 @@ impl Engine {
         self.allocator.reset_accumulated_stats();
         self.allocator.reset_peak_stats();
         Ok(())
+    }
+
+    /// Says whether the replay's config decides as the recorded run's did (the default: yes;
+    /// a what-if replay says no).
+    pub fn follows_recorded_config(&mut self, recorded: bool) {
+        self.recorded_config = recorded;
+    }
+
+    /// Whether a decision so far relied on the replay's config being the recorded run's (see
+    /// [`Engine::follows_recorded_config`]).
+    pub fn assumed_recorded_config(&self) -> bool {
+        self.assumed_recorded_config
     }
 
     /// Makes `free_requested` free the block: for traces without `free_completed` events
@@ -687,9 +709,20 @@ impl Engine {
         // recorded releases (with expandable segments, whose releases are not predicted: if a
         // completed block would have served the malloc).
         let missed = run.new_memory > 0 || malloc.is_some_and(|event| event.action == Action::Oom);
+        // Whether PyTorch's malloc took its OOM path is a fact of the recording. Under another
+        // config the replay's state cannot tell it, so completions that read as frees made at
+        // once (right after their `free_requested`) are taken as such unless the recording
+        // shows that path itself: a release in the run, or the malloc's recorded `oom`.
+        let shown = run.releases > 0 || malloc.is_some_and(|event| event.action == Action::Oom);
+        let adjacent_only = run.adjacent >= run.leading.len() as u64;
+        if adjacent_only && !shown && missed && !run.leading.is_empty() && self.recorded_config {
+            // The replay's state decides below: right only if its config is the recording's.
+            self.assumed_recorded_config = true;
+        }
         let on_oom_path = match malloc {
             // The capture's synchronisation and `empty_cache()` completed them.
             _ if run.capture => false,
+            _ if adjacent_only && !shown && !self.recorded_config => false,
             Some(event) if missed && !run.leading.is_empty() => {
                 let size = non_negative(event.size, "size")?;
                 match self.outlook(event)? {

@@ -179,6 +179,8 @@ impl Pass {
             && recording.routes().is_empty()
             && !recording.frees_on_request()
             && same_behaviour(&self.conf, &conf)
+            // It read before the file named its config, taking it for the recorded one.
+            && (!self.engine.assumed_recorded_config() || recording.is_recorded_conf(&self.conf))
             // A replay that made a segment before the recording did (a what-if config): a
             // pass knowing the trace's every device call places it where the driver did.
             && !self.hints.as_ref().is_some_and(Hints::ran_ahead))
@@ -217,6 +219,8 @@ impl Pass {
         if recording.frees_on_request() {
             self.engine.free_on_request();
         }
+        self.engine
+            .follows_recorded_config(recording.is_recorded_conf(&self.conf));
         if let Some(hints) = &self.hints {
             hints.follow();
         }

@@ -132,6 +132,26 @@ def build_plan():
         runs.append(RunSpec(f"{workload}.default.frac", workload, "whatif", conf="",
                             config_label="default", base=base, tight_fraction=True,
                             priority=6, **frac))
+    # Pools, shapes and streams beyond the what-if workloads (issue 16), each under the
+    # defaults, expandable segments and max_split_size_mb:64, with and without the fraction.
+    runs.append(RunSpec("compiled_shapes.warmup", "compiled_shapes", "warmup",
+                        no_history=True, timeout_s=WARMUP_TIMEOUT_S, expected_s=90,
+                        priority=0, note="fills the compile cache; not compared"))
+    for workload in ("mem_pools", "compiled_shapes", "two_streams"):
+        extra = (dict(compile_kw, needs=[f"{workload}.warmup"])
+                 if workload == "compiled_shapes" else {})
+        base = f"{workload}.base"
+        runs.append(RunSpec(base, workload, "base", priority=2, **extra))
+        for label, conf in (("default", ""), ("expandable", "expandable_segments:True"),
+                            ("split64", "max_split_size_mb:64")):
+            if label != "default":
+                runs.append(RunSpec(f"{workload}.{label}", workload, "whatif", conf=conf,
+                                    config_label=label, base=base, priority=4, **extra))
+            frac = dict(extra)
+            frac["needs"] = frac.get("needs", []) + [base]
+            runs.append(RunSpec(f"{workload}.{label}.frac", workload, "whatif", conf=conf,
+                                config_label=label, base=base, tight_fraction=True,
+                                priority=6, **frac))
     runs.append(RunSpec("bs_search.base", "bs_search", "base", limit_bytes=BS_SEARCH_LIMIT,
                         priority=2, note="batch-size search catching OOMs under a fraction"))
     for label, conf, _ in CONFIGS:

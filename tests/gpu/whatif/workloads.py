@@ -43,6 +43,9 @@ class Job:
         self.cuda = self.device.type == "cuda"
         self.caught_ooms = 0
         self.notes = {}
+        # Objects the snapshot must find alive: a MemPool destroyed when the workload returns
+        # would empty its cache (emptyCache(pool id)) before the snapshot is taken.
+        self.kept = []
 
     def caught_oom(self, error):
         """Counts an OOM the workload survived and keeps the first line of its message."""
@@ -514,6 +517,109 @@ def user_graphs(job):
     job.synchronize()
 
 
+def mem_pools(job):
+    """torch.cuda.MemPool with use_mem_pool (PyTorch 2.5+): a conv net's weights made in a pool
+    of their own; staging buffers made on a side stream in a second pool, dropped midway and
+    followed by empty_cache(), which leaves the pool in use its cached segment; 12 training
+    steps in the default pools. Both pools live until the snapshot (job.kept): a pool
+    destroyed earlier empties its own cache, which a 2.11 trace shows only by the segments it
+    releases, with no pool named. On the CPU the same tensors without pools."""
+    seed_all(10)
+    weights_pool = torch.cuda.MemPool() if job.cuda else None
+    with (torch.cuda.use_mem_pool(weights_pool) if job.cuda else contextlib.nullcontext()):
+        model = SmallConvNet(100).to(job.device)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    side = job.stream()
+    staging_pool = torch.cuda.MemPool() if job.cuda else None
+    staged = []
+    with job.on_stream(side):
+        with (torch.cuda.use_mem_pool(staging_pool) if job.cuda else contextlib.nullcontext()):
+            for index in range(6):
+                staged.append(torch.randn(32 + 8 * index, 3, 64, 64, device=job.device))
+    job.wait_stream(side)
+    for step in range(12):
+        if step == 6:
+            staged.clear()
+            job.empty_cache()
+        images = staged[step % len(staged)] if staged else torch.randn(48, 3, 64, 64,
+                                                                      device=job.device)
+        labels = torch.randint(0, 100, (images.shape[0],), device=job.device)
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del images, labels, loss
+    job.kept += [weights_pool, staging_pool, model, optimizer]
+    job.synchronize()
+
+
+def compiled_shapes(job):
+    """torch.compile(mode="reduce-overhead", dynamic=False) of a residual MLP (width 512) run at
+    batch sizes 16, 32, 16, 48, 32, 48, 16 with training steps between: each new size is
+    compiled and recorded as a graph of its own in cudagraph trees' one pool, and going back to
+    a size replays its graph (checkpoint restores when a new recording follows replays)."""
+    seed_all(11)
+    model = ResidualMLP(width=512, hidden=2048, blocks=2).to(job.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    if job.cuda:
+        step_fn = torch.compile(lambda x: model(x).square().mean(), mode="reduce-overhead",
+                                dynamic=False)
+    else:
+        step_fn = torch.compile(lambda x: model(x).square().mean(), backend="eager",
+                                dynamic=False)
+    for batch in (16, 32, 16, 48, 32, 48, 16):
+        for _ in range(2):
+            x = torch.randn(batch, 64, 512, device=job.device)
+            if job.cuda:
+                torch.compiler.cudagraph_mark_step_begin()
+            loss = step_fn(x)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del x, loss
+    job.synchronize()
+
+
+def two_streams(job):
+    """Two side streams around a conv net's training: one copies the next batch in
+    (record_stream on the default stream); the other computes an auxiliary head on the
+    features, handed over with wait_stream and record_stream, and the features die on the
+    default stream while that work may still run. 16 steps."""
+    seed_all(12)
+    model = SmallConvNet(10).to(job.device)
+    aux_head = nn.Linear(128, 10).to(job.device)
+    params = list(model.parameters()) + list(aux_head.parameters())
+    optimizer = torch.optim.SGD(params, lr=1e-2)
+    copy_stream, aux_stream = job.stream(), job.stream()
+    host = [job.pin(torch.randn(64, 3, 64, 64)) for _ in range(4)]
+
+    def load(step):
+        with job.on_stream(copy_stream):
+            return host[step % 4].to(job.device, non_blocking=True)
+
+    upcoming = load(0)
+    for step in range(16):
+        job.wait_stream(copy_stream)
+        images = upcoming
+        job.record_stream(images)
+        upcoming = load(step + 1)
+        features = torch.flatten(model.features(images), 1)
+        if aux_stream is not None:
+            aux_stream.wait_stream(torch.cuda.current_stream(job.device))
+        with job.on_stream(aux_stream):
+            if aux_stream is not None:
+                features.record_stream(aux_stream)
+            aux = aux_head(features).square().mean()
+        job.wait_stream(aux_stream)
+        loss = model.head(features).square().mean() + aux
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del images, features, aux, loss
+    del upcoming
+    job.synchronize()
+
+
 def moe(job):
     """Mixture-of-experts training: 2 top-2 MoE layers of 8 experts (width 512, hidden 1024)
     over 8 x 256 tokens, Adam, 4 steps. The experts' slices have data-dependent sizes."""
@@ -659,6 +765,9 @@ WORKLOADS = {
     "compiled": compiled,
     "compiled_lm": compiled_lm,
     "user_graphs": user_graphs,
+    "mem_pools": mem_pools,
+    "compiled_shapes": compiled_shapes,
+    "two_streams": two_streams,
     "moe": moe,
     "bs_search": bs_search,
     "mlp": mlp,
