@@ -462,6 +462,14 @@ impl CachingAllocator {
         self.hand_out(block, request, size, block_size > size)
     }
 
+    /// How many free blocks private pool `id` caches (0 for an unknown pool): what
+    /// [`CachingAllocator::allocate_block_at`] looks through.
+    pub fn cached_blocks_in_pool(&self, id: MemPoolId) -> usize {
+        self.pools.owner(id).map_or(0, |owner| {
+            self.pool_ref(owner, Pool::Small).len() + self.pool_ref(owner, Pool::Large).len()
+        })
+    }
+
     /// The id of the pool `owner` (the default id for the default pools).
     pub fn pool_id(&self, owner: PoolOwner) -> MemPoolId {
         if owner == DEFAULT_OWNER {

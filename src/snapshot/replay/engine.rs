@@ -140,6 +140,17 @@ pub struct Counts {
     pub other_device_events: u64,
 }
 
+/// Free blocks the checkpoint restores of a replay may look through in all
+/// ([`CachingAllocator::allocate_block_at`] reads a private pool's free blocks, as PyTorch
+/// does): this many, plus [`RESTORE_SCAN_PER_EVENT`] per event replayed. A real job's pools
+/// cache hundreds of blocks and restore a few times; a crafted file that restores at every
+/// event in a pool of many thousands is bounded by it (later restores are asked for as any
+/// request).
+const RESTORE_SCAN_BASE: u64 = 1 << 24;
+
+/// See [`RESTORE_SCAN_BASE`].
+const RESTORE_SCAN_PER_EVENT: u64 = 64;
+
 /// A request replayed: its size and the allocator's answer.
 type Asked = (u64, Result<Allocation, AllocError>);
 
@@ -322,6 +333,8 @@ pub struct Engine {
     routes: PoolRoutes,
     /// The private pools made so far.
     pools: HashSet<MemPoolId>,
+    /// Free blocks the checkpoint restores looked through so far (see [`RESTORE_SCAN_BASE`]).
+    restore_scanned: u64,
     /// By recorded stream: the private pool its last allocation went to, if it went to one.
     stream_pools: HashMap<i64, MemPoolId>,
     /// Index of the last `segment_alloc` recorded at each address (for [`PoolRoutes`]).
@@ -392,6 +405,7 @@ impl Engine {
             routes,
             pools: HashSet::new(),
             stream_pools: HashMap::new(),
+            restore_scanned: 0,
             made_at: AddressMap::default(),
             index: 0,
             capturing: HashMap::new(),
@@ -920,6 +934,13 @@ impl Engine {
         if !self.pools.contains(&pool) {
             return Ok(None);
         }
+        let cost = self.allocator.cached_blocks_in_pool(pool) as u64;
+        let budget = RESTORE_SCAN_BASE
+            .saturating_add(RESTORE_SCAN_PER_EVENT.saturating_mul(self.counts.events));
+        if self.restore_scanned.saturating_add(cost) > budget {
+            return Ok(None);
+        }
+        self.restore_scanned += cost;
         match self
             .allocator
             .allocate_block_at(pool, event.address(), size)
