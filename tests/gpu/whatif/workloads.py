@@ -427,6 +427,17 @@ def compiled(job):
     job.synchronize()
 
 
+def graphed_step(job, optimizer, step_fn, *inputs):
+    """One training step through a reduce-overhead compiled loss: a new step for cudagraph
+    trees (so the previous step's outputs may be overwritten), backward, the optimizer."""
+    if job.cuda:
+        torch.compiler.cudagraph_mark_step_begin()
+    loss = step_fn(*inputs)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def compiled_lm(job):
     """torch.compile(mode="reduce-overhead") of a small language model (2 blocks, width 256,
     vocabulary 4096): 6 training steps on 8 x 128 tokens (forward and backward graphs), then
@@ -444,13 +455,8 @@ def compiled_lm(job):
     train_step = job.compile(loss_of)
     for _ in range(6):
         tokens = torch.randint(0, 4096, (8, 129), device=job.device)
-        if job.cuda:
-            torch.compiler.cudagraph_mark_step_begin()
-        loss = train_step(tokens)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        del tokens, loss
+        graphed_step(job, optimizer, train_step, tokens)
+        del tokens
     model.eval()
     infer = job.compile(lambda tokens: model(tokens).argmax(-1))
     with torch.no_grad():
@@ -570,13 +576,8 @@ def compiled_shapes(job):
     for batch in (16, 32, 16, 48, 32, 48, 16):
         for _ in range(2):
             x = torch.randn(batch, 64, 512, device=job.device)
-            if job.cuda:
-                torch.compiler.cudagraph_mark_step_begin()
-            loss = step_fn(x)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            del x, loss
+            graphed_step(job, optimizer, step_fn, x)
+            del x
     job.synchronize()
 
 
