@@ -350,6 +350,8 @@ pub struct Engine {
     capture_stream: Option<i64>,
     /// The stream of the last allocation.
     last_alloc_stream: Option<i64>,
+    /// Whether the last allocation was made in a capture.
+    last_alloc_inside: bool,
     /// Whether the replay's config decides as the recorded run's did (a self-replay): only
     /// then can the replay's state tell what PyTorch's malloc did where the trace does not
     /// show it.
@@ -414,6 +416,7 @@ impl Engine {
             assumed_recorded_config: false,
             capture_stream: None,
             last_alloc_stream: None,
+            last_alloc_inside: false,
             counts: Counts::default(),
             first_oom: None,
             ooms: Vec::new(),
@@ -677,6 +680,15 @@ impl Engine {
     ///   with the warm-ups and eager code between them on others.
     fn see_capture(&mut self, event: &RawEvent) {
         let stream = event.stream;
+        // The common case, one table look-up spared: the same stream as the allocation
+        // before, which was outside a capture, and no sign of one now.
+        if self.last_alloc_stream == Some(stream)
+            && !self.last_alloc_inside
+            && !event.signs.graph_capture
+            && self.capture_stream != Some(stream)
+        {
+            return;
+        }
         let first_on_stream = !self.capturing.contains_key(&stream);
         if event.signs.capture_stream && first_on_stream && self.capture_stream.is_none() {
             self.capture_stream = Some(stream);
@@ -694,6 +706,7 @@ impl Engine {
             before
         };
         self.last_alloc_stream = Some(stream);
+        self.last_alloc_inside = inside;
         if inside && !continues {
             self.run.capture = true;
             self.counts.graph_captures += 1;
@@ -961,7 +974,7 @@ impl Engine {
         let size = non_negative(event.size, "size")?;
         let stream = event.stream as u64;
         let pool = self.route(event);
-        if event.action == Action::Alloc {
+        if event.action == Action::Alloc && !self.routes.is_empty() {
             if let Some(pool) = pool {
                 self.counts.pooled_allocs += 1;
                 self.stream_pools.insert(event.stream, pool);
