@@ -176,14 +176,20 @@ class LanguageModel(nn.Module):
         return self.head(self.norm(x))
 
 
+def learn(optimizer, loss):
+    """One optimizer step from `loss`: backward, the update, the gradients dropped (set to
+    None, so their blocks are freed before the next forward)."""
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def lm_step(model, optimizer, tokens):
     """One next-token training step; the logits and loss are dropped before returning."""
     logits = model(tokens[:, :-1])
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
     del logits
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    learn(optimizer, loss)
 
 
 def conv_bn_relu(cin, cout):
@@ -323,9 +329,7 @@ def unet(job):
         images = torch.randn(8, 3, 128, 128, device=job.device)
         target = torch.randn(8, 3, 128, 128, device=job.device)
         loss = F.mse_loss(model(images), target)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        learn(optimizer, loss)
         del images, target, loss
     job.synchronize()
 
@@ -392,9 +396,7 @@ def prefetch(job):
         job.record_stream(labels)
         upcoming = load(step + 1)
         loss = F.cross_entropy(model(images), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        learn(optimizer, loss)
         del images, labels, loss
     del upcoming
     job.synchronize()
@@ -420,9 +422,7 @@ def compiled(job):
         if job.cuda:
             torch.compiler.cudagraph_mark_step_begin()
         loss = step_fn(x, y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        learn(optimizer, loss)
         del x, y, loss
     job.synchronize()
 
@@ -433,9 +433,7 @@ def graphed_step(job, optimizer, step_fn, *inputs):
     if job.cuda:
         torch.compiler.cudagraph_mark_step_begin()
     loss = step_fn(*inputs)
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    learn(optimizer, loss)
 
 
 def compiled_lm(job):
@@ -516,9 +514,7 @@ def user_graphs(job):
     for _ in range(4):
         x = torch.randn(64, 512, device=job.device)
         loss = mlp(x).square().mean()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        learn(optimizer, loss)
         del x, loss
     job.synchronize()
 
@@ -551,9 +547,7 @@ def mem_pools(job):
                                                                       device=job.device)
         labels = torch.randint(0, 100, (images.shape[0],), device=job.device)
         loss = F.cross_entropy(model(images), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        learn(optimizer, loss)
         del images, labels, loss
     job.kept += [weights_pool, staging_pool, model, optimizer]
     job.synchronize()
@@ -613,9 +607,7 @@ def two_streams(job):
             aux = aux_head(features).square().mean()
         job.wait_stream(aux_stream)
         loss = model.head(features).square().mean() + aux
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        learn(optimizer, loss)
         del images, features, aux, loss
     del upcoming
     job.synchronize()
@@ -631,9 +623,7 @@ def moe(job):
         x = torch.randn(8 * 256, 512, device=job.device)
         target = torch.randn(8 * 256, 512, device=job.device)
         loss = F.mse_loss(layers(x), target)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        learn(optimizer, loss)
         del x, target, loss
     job.synchronize()
 
@@ -709,9 +699,7 @@ def mlp(job):
     for _ in range(3):
         x = torch.randn(16, 128, 1024, device=job.device)
         loss = F.mse_loss(model(x), x)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        learn(optimizer, loss)
         del x, loss
     job.synchronize()
 
