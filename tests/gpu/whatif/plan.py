@@ -28,6 +28,10 @@ CONFIGS = [
 
 # Workloads run under every config, with and without the tight fraction.
 WHATIF_WORKLOADS = ["transformer_ckpt", "unet", "kv_decoder", "prefetch", "compiled", "moe"]
+# A second wave under the same configs, added to find what the first six did not show: a
+# channels_last ResNet with an evaluation pass, mixed precision with gradient accumulation and
+# changing sequence lengths, a cuDNN LSTM, and batched inference over varying shapes.
+WHATIF_WORKLOADS += ["resnet", "amp_lm", "lstm", "serve"]
 
 # The batch-size search always runs under its own limit (the fraction it searches within).
 BS_SEARCH_LIMIT = 3 * GIB

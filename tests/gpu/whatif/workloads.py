@@ -746,6 +746,145 @@ def fsdp(job):
             os.unlink(rendezvous.name)
 
 
+# --- second-wave workloads (issue 16: held-back workloads check the same two things) ------
+
+
+class BasicBlock(nn.Module):
+    """A ResNet basic block: two 3x3 convolutions with batch norm, a projection shortcut when
+    the shape changes."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
+                                       nn.BatchNorm2d(cout))
+                         if stride != 1 or cin != cout else nn.Identity())
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """A small ResNet: a 7x7 stem, four stages of two basic blocks (64..512 channels)."""
+
+    def __init__(self, classes=100):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False),
+                                  nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        stages = []
+        width = 64
+        for c, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            stages += [BasicBlock(width, c, stride), BasicBlock(c, c, 1)]
+            width = c
+        self.stages = nn.Sequential(*stages)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x):
+        x = self.stages(self.stem(x))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def resnet(job):
+    """ResNet training in channels_last (batch 32 x 3 x 160 x 160, SGD with momentum, 3 steps),
+    then an evaluation pass under no_grad at batch 96: the training blocks are cached when the
+    larger inference activations arrive, as in a train-then-validate loop."""
+    seed_all(9)
+    model = ResNet().to(job.device, memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(3):
+        images = torch.randn(32, 3, 160, 160, device=job.device).to(
+            memory_format=torch.channels_last)
+        labels = torch.randint(0, 100, (32,), device=job.device)
+        loss = F.cross_entropy(model(images), labels)
+        learn(optimizer, loss)
+        del images, labels, loss
+    model.eval()
+    with torch.no_grad():
+        for _ in range(2):
+            images = torch.randn(96, 3, 160, 160, device=job.device).to(
+                memory_format=torch.channels_last)
+            predictions = model(images).argmax(-1)
+            del images, predictions
+    job.synchronize()
+
+
+def amp_lm(job):
+    """Mixed-precision language-model training: autocast to float16 (no cast cache) with a
+    GradScaler, two micro-batches accumulated per optimizer step, and a sequence length that
+    changes from step to step (96, 224, 160, 256 tokens; batch 6), so the activations come in
+    many sizes. 4 blocks (d_model 384), vocabulary 12000, AdamW."""
+    seed_all(10)
+    model = LanguageModel(12000, 384, 6, 4).to(job.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cuda", enabled=job.cuda)
+    autocast_type = "cuda" if job.cuda else "cpu"
+    amp_dtype = torch.float16 if job.cuda else torch.bfloat16
+    for length in (96, 224, 160, 256):
+        for _ in range(2):
+            tokens = torch.randint(0, 12000, (6, length + 1), device=job.device)
+            # Without autocast's cache of cast weights: it is freed at the context's exit in
+            # hash-table order (by address), which changes the request sequence from run to run.
+            with torch.autocast(autocast_type, dtype=amp_dtype, cache_enabled=False):
+                logits = model(tokens[:, :-1])
+                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                       tokens[:, 1:].reshape(-1)) / 2
+            del logits
+            scaler.scale(loss).backward()
+            del tokens, loss
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+    job.synchronize()
+
+
+def lstm(job):
+    """A two-layer LSTM tagger (embedding 256, hidden 512) trained on padded batches whose
+    length changes every step (batch 48; 80, 140, 60, 200, 120 steps): cuDNN's RNN workspace
+    and reserve space are sized by the sequence length. Adam, gradient clipping."""
+    seed_all(11)
+    embed = nn.Embedding(5000, 256).to(job.device)
+    rnn = nn.LSTM(256, 512, num_layers=2, batch_first=True).to(job.device)
+    head = nn.Linear(512, 40).to(job.device)
+    parameters = [*embed.parameters(), *rnn.parameters(), *head.parameters()]
+    optimizer = torch.optim.Adam(parameters, lr=1e-3)
+    for length in (80, 140, 60, 200, 120):
+        tokens = torch.randint(0, 5000, (48, length), device=job.device)
+        tags = torch.randint(0, 40, (48, length), device=job.device)
+        hidden, _ = rnn(embed(tokens))
+        loss = F.cross_entropy(head(hidden).reshape(-1, 40), tags.reshape(-1))
+        del hidden
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del tokens, tags, loss
+    job.synchronize()
+
+
+def serve(job):
+    """Batched inference of a transformer encoder (nn.TransformerEncoder, 4 layers, d_model
+    512, float16) over a queue of requests whose batch and length vary (1 x 512 up to 48 x
+    384 tokens), never emptying the cache: each new shape is served from blocks cached for
+    the ones before, split and merged, as in a serving process."""
+    seed_all(12)
+    layer = nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True, dropout=0.0)
+    model = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+    model = model.to(job.device, torch.float16 if job.cuda else torch.float32).eval()
+    dtype = torch.float16 if job.cuda else torch.float32
+    requests = [(1, 512), (8, 128), (32, 64), (4, 384), (48, 384), (16, 256), (2, 96),
+                (24, 320), (48, 128), (12, 512), (40, 200), (6, 448)]
+    with torch.inference_mode():
+        for batch, length in requests:
+            x = torch.randn(batch, length, 512, device=job.device, dtype=dtype)
+            pooled = model(x).mean(1)
+            del x, pooled
+    job.synchronize()
+
+
 WORKLOADS = {
     "transformer_ckpt": transformer_ckpt,
     "unet": unet,
@@ -761,4 +900,8 @@ WORKLOADS = {
     "bs_search": bs_search,
     "mlp": mlp,
     "fsdp": fsdp,
+    "resnet": resnet,
+    "amp_lm": amp_lm,
+    "lstm": lstm,
+    "serve": serve,
 }
