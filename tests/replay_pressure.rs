@@ -535,7 +535,8 @@ fn a_what_if_segment_made_at_another_allocation_follows_the_recorded_calls() {
             sequence: 2,
             same_allocation: 0,
             above_last_large: 1,
-            model: 0
+            model: 0,
+            mirror: 0
         }
     );
     let text = what_if.to_string();

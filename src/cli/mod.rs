@@ -260,10 +260,12 @@ enum Command {
         /// steps from its peak), for each config, and the total memory a real GPU needs.
         #[arg(long)]
         min_capacity: bool,
-        /// Where segments are placed: where PyTorch's driver put the recording's (while the
-        /// replay's cudaMalloc/cudaFree calls are the recording's, or the segment the trace
-        /// made at the same allocation), else above the last large one, else the simulator's
-        /// model (recorded, under any config), or always the model (model).
+        /// Where segments are placed: where PyTorch's driver put the recording's while the
+        /// replay's cudaMalloc/cudaFree calls are the recording's; under another config, then
+        /// where the driver's model puts them in the recording's address space, knowing the
+        /// memory the recording shows others held; else at the segment the trace made at the
+        /// same allocation, above the last large one, or by the simulator's model (recorded),
+        /// or always the simulator's model (model).
         #[arg(long, value_enum, default_value_t = PlacementArg::Recorded)]
         placement: PlacementArg,
         /// Replay device N's trace (its position in the file's `device_traces`); by default
@@ -328,9 +330,9 @@ enum Command {
 /// `--placement`.
 #[derive(Clone, Copy, ValueEnum)]
 enum PlacementArg {
-    /// Where PyTorch's driver placed the recording's segment (while the replay's device calls
-    /// are the recording's, or the one made at the same allocation; under any config), else
-    /// above the last large segment, else the model.
+    /// Where PyTorch's driver placed the recording's segment while the replay's device calls
+    /// are the recording's; under another config, the driver's model in the recording's
+    /// address space; else the same allocation's, above the last large segment, or the model.
     Recorded,
     /// The simulator's placement model.
     Model,

@@ -14,6 +14,7 @@
 //! `cuMemMap` + `cuMemSetAccess`, `cuMemUnmap` + `cuMemRelease`, `cuMemAddressFree`).
 
 mod address;
+pub(crate) mod address_space;
 #[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub mod bench;

@@ -7,6 +7,7 @@
 use std::cell::Cell;
 use std::collections::BTreeMap;
 
+use super::address_space::AddressSpace;
 use super::streams::{StreamEvent, StreamWork};
 use super::{DeviceError, DeviceMemory, DevicePtr, DriverMemory, MemorySpace, ProcessMemory};
 
@@ -33,232 +34,12 @@ pub const H200_DRIVER_RESERVED_BYTES: u64 = 644_939_776;
 /// `cudaMalloc` hands out physical memory in 2 MiB pages, so a segment costs its size rounded
 /// up to this in the free figure.
 pub const DEVICE_PAGE: u64 = 2 * MIB;
-/// The driver reserves virtual address space in chunks of multiples of 32 MiB.
-const VA_CHUNK: u64 = 32 * MIB;
-/// The top of the virtual address window segments are placed in (as seen in the recorded
-/// traces; only relative placement matters).
-const VA_TOP: u64 = 0x7FAA_DA00_0000;
-/// The bottom of the window: addresses below it are never handed out.
-const VA_FLOOR: u64 = 1 << 32;
 /// The largest simulated device: its segments must fit in the modelled address window
 /// (`VA_FLOOR..VA_TOP`, about 140 TB) with room for the driver's 32 MiB chunking.
 pub const MAX_TOTAL_MEMORY: u64 = 64 << 40;
-/// Address space below the top that is taken before the first `cudaMalloc` in a PyTorch
-/// process on the H200 (context, modules), except two ranges described in `AddressSpace::new`.
-const VA_PRETAKEN: u64 = 512 * MIB;
 /// The physical allocation granularity of `cuMemCreate` (`cuMemGetAllocationGranularity`,
 /// minimum, pinned device memory): 2 MiB on the H200, as on every current NVIDIA GPU.
 pub const VMM_GRANULARITY: u64 = 2 * MIB;
-/// Where the H200's driver put the first range reserved for an expandable segment in a PyTorch
-/// process (`cuMemAddressReserve`, measured: tests/fixtures/pytorch-traces/
-/// traces_expandable_addr.json.gz); later ranges go above it (see
-/// [`AddressSpace::place_reservation`]).
-const VMM_FLOOR: u64 = 0x3_0200_0000;
-/// Reserved ranges start on 32 MiB boundaries (measured: each new range began at the first
-/// 32 MiB boundary past the end of the range below it).
-const VMM_ALIGN: u64 = 32 * MIB;
-
-/// One range of virtual address space the driver reserved, from which segments are carved.
-#[derive(Debug, Clone)]
-struct Chunk {
-    base: u64,
-    size: u64,
-    /// Addresses at or above this (up to `base + size`) were never used since the chunk's
-    /// segments last shrank back.
-    bump: u64,
-    /// Segments in the chunk: address → size.
-    segments: BTreeMap<u64, u64>,
-    /// Ranges present before the process's first allocation never return to free space.
-    persistent: bool,
-}
-
-impl Chunk {
-    /// Where a segment of `size` fits in this chunk, if anywhere: above the bump first, else
-    /// the lowest hole below it.
-    fn place(&self, size: u64) -> Option<u64> {
-        if self.base + self.size - self.bump >= size {
-            return Some(self.bump);
-        }
-        let mut cursor = self.base;
-        for (&address, &length) in &self.segments {
-            if address >= self.bump {
-                break;
-            }
-            if address - cursor >= size {
-                return Some(cursor);
-            }
-            cursor = address + length;
-        }
-        None
-    }
-}
-
-/// The driver's virtual address placement, modelled from the recorded H200 traces
-/// (see docs in the repository's reference notes): chunks of `roundup(size, 32 MiB)` packed
-/// top-down, the most recently created chunk tried first, bump allocation inside a chunk.
-#[derive(Debug, Clone)]
-struct AddressSpace {
-    /// Chunks in creation order.
-    chunks: Vec<Chunk>,
-    /// Ranges used by others (base, size).
-    taken: Vec<(u64, u64)>,
-    /// Virtual ranges reserved with `cuMemAddressReserve`: base → size.
-    reservations: BTreeMap<u64, u64>,
-}
-
-impl AddressSpace {
-    fn new() -> Self {
-        let top = VA_TOP;
-        // In a PyTorch process the top 512 MiB are already in use except two ranges that
-        // behave as older chunks with nothing above their bump: [top-98, top-96) MiB, tried
-        // first, and [top-24, top) MiB.
-        let older = Chunk {
-            base: top - 24 * MIB,
-            size: 24 * MIB,
-            bump: top - 24 * MIB,
-            segments: BTreeMap::new(),
-            persistent: true,
-        };
-        let newer = Chunk {
-            base: top - 98 * MIB,
-            size: 2 * MIB,
-            bump: top - 98 * MIB,
-            segments: BTreeMap::new(),
-            persistent: true,
-        };
-        let taken = vec![
-            (top - VA_PRETAKEN, VA_PRETAKEN - 98 * MIB),
-            (top - 96 * MIB, 72 * MIB),
-        ];
-        AddressSpace {
-            chunks: vec![older, newer],
-            taken,
-            reservations: BTreeMap::new(),
-        }
-    }
-
-    /// Every range in use (pre-taken, `cudaMalloc` chunks, reservations), highest first.
-    fn used_ranges(&self) -> Vec<(u64, u64)> {
-        let mut used: Vec<(u64, u64)> = self
-            .taken
-            .iter()
-            .copied()
-            .chain(self.chunks.iter().map(|chunk| (chunk.base, chunk.size)))
-            .chain(self.reservations.iter().map(|(&base, &size)| (base, size)))
-            .collect();
-        used.sort_unstable_by_key(|range| std::cmp::Reverse(range.0));
-        used
-    }
-
-    /// Where `cuMemAddressReserve` puts a range of `size` bytes, and records it there; `None`
-    /// when the window has no room.
-    ///
-    /// Measured on the H200 (driver 580) in PyTorch processes with `expandable_segments:True`
-    /// (tests/fixtures/pytorch-traces/traces_expandable_addr.json.gz, 6 traces): ranges are
-    /// placed bottom-up, first fit: the lowest address from [`VMM_FLOOR`] on, on a
-    /// [`VMM_ALIGN`] boundary, where the range fits below everything above it — far below the
-    /// `cudaMalloc` window, which is filled top-down. A range freed earlier is reused by the
-    /// next reservation that fits in it. This order matters to the allocator: PyTorch maps
-    /// into the lowest-addressed expandable segment with room, so where a range left reserved
-    /// by a failed request lands decides which segment later allocations grow.
-    fn place_reservation(&mut self, size: u64, align: u64) -> Option<u64> {
-        let align = align.max(VMM_ALIGN);
-        let mut used = self.used_ranges();
-        used.sort_unstable_by_key(|&(base, _)| base);
-        let mut candidate = VMM_FLOOR.div_ceil(align) * align;
-        for (base, length) in used {
-            let end = base.checked_add(length)?;
-            if end <= candidate {
-                continue;
-            }
-            if base >= candidate.checked_add(size)? {
-                break;
-            }
-            candidate = end.div_ceil(align).checked_mul(align)?;
-        }
-        if candidate.checked_add(size)? > VA_TOP {
-            return None;
-        }
-        self.reservations.insert(candidate, size);
-        Some(candidate)
-    }
-
-    /// Forgets the reservation at `base`; `false` unless it exists with exactly `size` bytes.
-    fn free_reservation(&mut self, base: u64, size: u64) -> bool {
-        if self.reservations.get(&base) != Some(&size) {
-            return false;
-        }
-        self.reservations.remove(&base);
-        true
-    }
-
-    /// The reservation holding `[address, address + size)`, as (base, size).
-    fn reservation_holding(&self, address: u64, size: u64) -> Option<(u64, u64)> {
-        let (&base, &length) = self.reservations.range(..=address).next_back()?;
-        (address.checked_add(size)? <= base + length).then_some((base, length))
-    }
-
-    /// Places a segment of `size` bytes; `None` when the address window has no room left.
-    fn allocate(&mut self, size: u64) -> Option<u64> {
-        for chunk in self.chunks.iter_mut().rev() {
-            if let Some(address) = chunk.place(size) {
-                chunk.segments.insert(address, size);
-                chunk.bump = chunk.bump.max(address + size);
-                return Some(address);
-            }
-        }
-        let chunk_size = size.div_ceil(VA_CHUNK) * VA_CHUNK;
-        let base = self.highest_gap(chunk_size)? - chunk_size;
-        let mut segments = BTreeMap::new();
-        segments.insert(base, size);
-        self.chunks.push(Chunk {
-            base,
-            size: chunk_size,
-            bump: base + size,
-            segments,
-            persistent: false,
-        });
-        Some(base)
-    }
-
-    /// The top of the highest free gap strictly larger than `size`, if any.
-    fn highest_gap(&self, size: u64) -> Option<u64> {
-        let used = self.used_ranges();
-        let mut gap_top = VA_TOP;
-        for (base, length) in used {
-            let end = base + length;
-            if gap_top > end && gap_top - end > size {
-                return Some(gap_top);
-            }
-            gap_top = gap_top.min(base);
-        }
-        (gap_top.saturating_sub(VA_FLOOR) > size).then_some(gap_top)
-    }
-
-    /// Frees the segment at `address`; `false` if there is none.
-    fn free(&mut self, address: u64) -> bool {
-        let Some(position) = self
-            .chunks
-            .iter()
-            .position(|chunk| chunk.segments.contains_key(&address))
-        else {
-            return false;
-        };
-        let chunk = &mut self.chunks[position];
-        let size = chunk.segments.remove(&address).unwrap_or(0);
-        if address + size == chunk.bump {
-            chunk.bump = chunk
-                .segments
-                .iter()
-                .next_back()
-                .map_or(chunk.base, |(&start, &length)| start + length);
-        }
-        if chunk.segments.is_empty() && !chunk.persistent {
-            self.chunks.remove(position);
-        }
-        true
-    }
-}
 
 /// A simulated GPU of a given capacity.
 ///
@@ -640,6 +421,7 @@ impl DeviceMemory for SimDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::address_space::{VA_FLOOR, VA_PRETAKEN, VA_TOP, VMM_ALIGN, VMM_FLOOR};
 
     /// The simulated address `offset` bytes past `base` (tests probe misaligned and outside
     /// addresses, which the allocator never derives).

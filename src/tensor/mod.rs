@@ -107,7 +107,7 @@ pub struct Runtime {
 /// need it.
 enum DeviceOrigin {
     /// A simulated GPU, as it was before anything used it.
-    Sim(SimDevice),
+    Sim(Box<SimDevice>),
     /// A CUDA GPU.
     Cuda(Arc<CudaGpu>),
 }
@@ -130,7 +130,7 @@ impl Runtime {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn sim(device: SimDevice, conf: AllocConf) -> Result<Rc<Runtime>, AllocError> {
-        let origin = DeviceOrigin::Sim(device.fresh());
+        let origin = DeviceOrigin::Sim(Box::new(device.fresh()));
         let allocator = CachingAllocator::new(Box::new(device), conf)?;
         Ok(Runtime::assemble(allocator, Box::new(SimBackend), origin))
     }
@@ -168,7 +168,7 @@ impl Runtime {
             DeviceOrigin::Cuda(gpu) => Box::new(CudaBackend::new(Arc::clone(gpu))),
         };
         let origin = match &self.origin {
-            DeviceOrigin::Sim(device) => DeviceOrigin::Sim(device.fresh()),
+            DeviceOrigin::Sim(device) => DeviceOrigin::Sim(Box::new(device.fresh())),
             DeviceOrigin::Cuda(gpu) => DeviceOrigin::Cuda(Arc::clone(gpu)),
         };
         Ok(Runtime::assemble(allocator, backend, origin))

@@ -27,6 +27,7 @@ use crate::device::forward_device_memory;
 use crate::device::sim::SimDevice;
 use crate::device::{DeviceError, DeviceMemory, DevicePtr, MemorySpace, StreamEvent};
 
+use super::mirror::DriverMirror;
 use super::sequence::{CallSequence, DeviceCall};
 
 /// Where the recording placed segments, for the replay's device to follow: the recorded
@@ -45,6 +46,24 @@ struct Placements {
     sequence: CallSequence,
     /// How the segments were placed so far.
     placed: PlacedBy,
+    /// The driver's model in the recording's addresses, for a what-if replay.
+    mirror: Mirror,
+    /// Whether the replay's config is another than the recorded one (a what-if replay):
+    /// segments the recording does not place are then placed by the mirror.
+    what_if: bool,
+}
+
+/// The state of a replay's [`DriverMirror`].
+#[derive(Debug, Default)]
+enum Mirror {
+    /// Not yet started: the trace recorded no segment yet.
+    #[default]
+    Unstarted,
+    /// Started at the recording's first segment.
+    Active(Box<DriverMirror>),
+    /// Not used: the replay's device made a segment before the trace recorded one (a seeded
+    /// start state), or the first recorded segment fits no window.
+    Off,
 }
 
 /// How a replay's `cudaMalloc` segments were placed, for the report: a segment placed by the
@@ -60,12 +79,16 @@ pub struct PlacedBy {
     pub above_last_large: u64,
     /// Where the simulator's model puts it (or above every live segment, when that is taken).
     pub model: u64,
+    /// Where the driver's model, run in the recording's addresses and knowing the memory the
+    /// recording shows others held, puts it (a what-if replay's segment the recording does
+    /// not place: `replay/mirror.rs`).
+    pub mirror: u64,
 }
 
 impl PlacedBy {
     /// Every segment placed.
     pub fn total(&self) -> u64 {
-        self.sequence + self.same_allocation + self.above_last_large + self.model
+        self.sequence + self.same_allocation + self.above_last_large + self.model + self.mirror
     }
 
     /// Segments at an address the recording's driver chose.
@@ -81,6 +104,7 @@ enum PlacedHow {
     SameAllocation,
     AboveLastLarge,
     Model,
+    Mirror,
 }
 
 impl Hints {
@@ -109,6 +133,75 @@ impl Hints {
         self.0.borrow_mut().sequence.follow();
     }
 
+    /// The replay's config is another than the recorded one (`what_if`), or the same.
+    pub fn what_if(&self, what_if: bool) {
+        self.0.borrow_mut().what_if = what_if;
+    }
+
+    /// The trace recorded a `segment_alloc` of `size` bytes at `address`: the mirror starts
+    /// at the first and learns from every one.
+    pub fn recorded_segment(&self, address: u64, size: u64) {
+        let mirror = &mut self.0.borrow_mut().mirror;
+        match mirror {
+            Mirror::Unstarted => {
+                *mirror = match DriverMirror::from_first_segment(address, size).map(Box::new) {
+                    Some(mut started) => {
+                        if started.recorded_malloc(address, size) {
+                            Mirror::Active(started)
+                        } else {
+                            Mirror::Off
+                        }
+                    }
+                    None => Mirror::Off,
+                };
+            }
+            Mirror::Active(started) => {
+                if !started.recorded_malloc(address, size) {
+                    *mirror = Mirror::Off;
+                }
+            }
+            Mirror::Off => {}
+        }
+    }
+
+    /// The trace recorded the `segment_free` of the segment at `address`.
+    pub fn recorded_segment_free(&self, address: u64) {
+        if let Mirror::Active(mirror) = &mut self.0.borrow_mut().mirror {
+            mirror.recorded_free(address);
+        }
+    }
+
+    /// Where the mirror puts the replay's next segment of `size` bytes, in a what-if replay.
+    fn mirror_place(&self, size: u64) -> Option<u64> {
+        let mut placements = self.0.borrow_mut();
+        if !placements.what_if {
+            return None;
+        }
+        match &mut placements.mirror {
+            Mirror::Active(mirror) => mirror.place(size),
+            _ => None,
+        }
+    }
+
+    /// The replay's device made a segment at `address` (`by_mirror`: where the mirror said).
+    fn device_made(&self, address: u64, size: u64, by_mirror: bool) {
+        let mut placements = self.0.borrow_mut();
+        match &mut placements.mirror {
+            // A segment before the trace's first: a seeded start state, whose process's
+            // window the mirror cannot know.
+            Mirror::Unstarted => placements.mirror = Mirror::Off,
+            Mirror::Active(mirror) if !by_mirror => mirror.placed(address, size),
+            _ => {}
+        }
+    }
+
+    /// The replay's device freed its segment at `address`.
+    fn device_freed(&self, address: u64) {
+        if let Mirror::Active(mirror) = &mut self.0.borrow_mut().mirror {
+            mirror.freed(address);
+        }
+    }
+
     /// Whether the replay made a device call before the pass had read the recording's: a
     /// pass that knows every call could have followed it further.
     pub fn ran_ahead(&self) -> bool {
@@ -132,6 +225,7 @@ impl Hints {
             PlacedHow::SameAllocation => &mut placed.same_allocation,
             PlacedHow::AboveLastLarge => &mut placed.above_last_large,
             PlacedHow::Model => &mut placed.model,
+            PlacedHow::Mirror => &mut placed.mirror,
         };
         *counter += 1;
     }
@@ -153,6 +247,7 @@ impl Hints {
     /// The replay gave back the segment at `address`.
     fn freed(&self, address: u64) {
         self.0.borrow_mut().sequence.free(address);
+        self.device_freed(address);
     }
 }
 
@@ -238,13 +333,27 @@ impl DeviceMemory for ReplayDevice {
             .last_large_end
             .and_then(|end| end.checked_next_multiple_of(SEGMENT_ALIGNMENT))
             .filter(|_| large);
-        let chosen = [
-            (usable(in_sequence), PlacedHow::Sequence),
-            (usable(at_allocation), PlacedHow::SameAllocation),
-            (usable(above_last_large), PlacedHow::AboveLastLarge),
-        ]
-        .into_iter()
-        .find_map(|(address, how)| address.map(|address| (address, how)));
+        let by_mirror = || {
+            let address = self.hints.mirror_place(bytes)?;
+            if usable(Some(address)).is_none() {
+                // The mirror holds every live segment, so this is a file it cannot follow:
+                // forget its placement and use the other rules.
+                self.hints.device_freed(address);
+                return None;
+            }
+            Some(address)
+        };
+        let sequence = usable(in_sequence).map(|address| (address, PlacedHow::Sequence));
+        let chosen = sequence
+            .or_else(|| by_mirror().map(|address| (address, PlacedHow::Mirror)))
+            .or_else(|| {
+                [
+                    (usable(at_allocation), PlacedHow::SameAllocation),
+                    (usable(above_last_large), PlacedHow::AboveLastLarge),
+                ]
+                .into_iter()
+                .find_map(|(address, how)| address.map(|address| (address, how)))
+            });
         let (address, how) = match chosen {
             Some((address, how)) => {
                 if large {
@@ -269,6 +378,8 @@ impl DeviceMemory for ReplayDevice {
             },
         };
         self.hints.count(how);
+        self.hints
+            .device_made(address, bytes, matches!(how, PlacedHow::Mirror));
         self.live.insert(address, (bytes, own));
         Ok(DevicePtr::simulated(address))
     }

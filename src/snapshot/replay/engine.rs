@@ -592,6 +592,7 @@ impl Engine {
                         hints.recorded(DeviceCall::Free {
                             address: event.addr as u64,
                         });
+                        hints.recorded_segment_free(event.addr as u64);
                     }
                 }
                 self.segments.recorded(index, device_event(&event));
@@ -610,6 +611,7 @@ impl Engine {
                     hints.push(address, size);
                     if event.action == Action::SegmentAlloc {
                         hints.recorded(DeviceCall::Malloc { address, size });
+                        hints.recorded_segment(address, size);
                     }
                 }
             }

@@ -34,6 +34,7 @@ pub mod engine;
 pub mod frames;
 pub(crate) mod held;
 pub(crate) mod limit;
+mod mirror;
 mod pass;
 pub mod peaks;
 pub(crate) mod ranges;
@@ -115,12 +116,14 @@ impl ReplayError {
 #[serde(rename_all = "snake_case")]
 pub enum Placement {
     /// Where PyTorch's driver placed the recording's segment: the recording's next
-    /// `cudaMalloc` while the replay's device calls are the recording's, or the segment the
-    /// trace made at the same allocation (every segment of a self-replay; under a what-if
-    /// config, every segment the config leaves as it was); else right above the last large
-    /// segment (the driver's bump pointer); else the simulator's model
-    /// (`replay/sequence.rs`, `replay/device.rs`). A recorded address that would overlap a live
-    /// segment is never used, so a placement never fails.
+    /// `cudaMalloc` while the replay's device calls are the recording's (every segment of a
+    /// self-replay). Under a what-if config, once they differ, where the driver's model puts
+    /// the segment in the recording's address space, knowing the memory the recording shows
+    /// others held (`replay/mirror.rs`; for a trace that starts with its process). Else the
+    /// segment the trace made at the same allocation, right above the last large segment (the
+    /// driver's bump pointer), or the simulator's model (`replay/sequence.rs`,
+    /// `replay/device.rs`). A recorded address that would overlap a live segment is never
+    /// used, so a placement never fails.
     #[default]
     Recorded,
     /// Always the simulator's placement model (the H200 driver's, as measured in another

@@ -223,6 +223,7 @@ impl Pass {
             .follows_recorded_config(recording.is_recorded_conf(&self.conf));
         if let Some(hints) = &self.hints {
             hints.follow();
+            hints.what_if(!recording.is_recorded_conf(&self.conf));
         }
         Ok(plan)
     }

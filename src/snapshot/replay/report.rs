@@ -553,6 +553,12 @@ impl ReplayReport {
                 placed.recorded()
             ));
         }
+        if placed.mirror > 0 {
+            parts.push(format!(
+                "{} where the driver's model puts them in the recording's address space",
+                placed.mirror
+            ));
+        }
         if placed.above_last_large > 0 {
             parts.push(format!(
                 "{} right above the last large one",

@@ -35,6 +35,15 @@ GPUMEM = os.environ.get("GPUMEM") or os.path.normpath(
     os.path.join(HERE, "..", "..", "..", "target", "debug", "gpumem"))
 
 
+RESULTS = os.path.join(HERE, "results")
+# What-if pairs of results/ whose replay still differs from PyTorch's own run, each because the
+# H200's driver placed a segment where the placement model (device/address_space.rs, run in the
+# recording's addresses) does not, and a best-fit tie broke the other way: pinned host memory
+# the trace does not show (prefetch), a segment put in an older chunk than the rules say (lstm),
+# and a process whose hidden memory differed from the base run's (resnet, 96 MiB lower).
+KNOWN_WHATIF_DIFFERENCES = {"prefetch.split128.frac", "lstm.combo.frac", "resnet.split64.frac"}
+
+
 def event(action, size, stream=7, addr=0):
     """A trace event as PyTorch writes it (only the keys the harness reads)."""
     return {"action": action, "size": size, "stream": stream, "addr": addr, "frames": []}
@@ -413,6 +422,30 @@ class CompareTest(unittest.TestCase):
         self.assertIn(selfs["unet.no_history"]["verdict"], ("MISMATCH", "refused as expected"))
         self.assertEqual(rc, 1 if selfs["unet.no_history"]["verdict"] == "MISMATCH" else 0)
         self.assertIn("What-if pairs", text)
+
+    @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
+    def test_the_h200_recordings_in_results(self):
+        """Every run recorded on the H200 and kept in results/: each self-replay exact, and
+        every what-if pair with the base run's request sequence exact but the few known below
+        (a fix may shorten the list; a pair that starts to differ fails)."""
+        tars = [f for f in os.listdir(RESULTS) if f.endswith(".tar")]
+        if not tars:
+            self.skipTest("no recordings in results/")
+        printed = io.StringIO()
+        out_json = os.path.join(self.tmp, "recorded.json")
+        with contextlib.redirect_stdout(printed):
+            compare.main([RESULTS, "--gpumem", GPUMEM, "--jobs", "2", "--json", out_json,
+                          "--unpack-to", os.path.join(self.tmp, "unpacked")])
+        with open(out_json) as f:
+            result = json.load(f)
+        text = printed.getvalue()
+        wrong = [r["run"] for r in result["self_replay"]
+                 if r["verdict"] not in ("exact", "exact in the window", "refused as expected")]
+        self.assertEqual(wrong, [], text)
+        differing = {p["run"] for p in result["pairs"] if p["verdict"] == "differs"}
+        self.assertLessEqual(differing, KNOWN_WHATIF_DIFFERENCES, text)
+        exact = [p for p in result["pairs"] if p["verdict"] == "exact"]
+        self.assertGreaterEqual(len(exact), 141, text)
 
     def fake_gpumem(self, answers):
         """A stand-in binary: answers[(pickle name, alloc conf)] = (exit status, JSON or text)."""

@@ -1,0 +1,679 @@
+//! Where the H200's driver places segments in the virtual address space: `cudaMalloc`'s
+//! chunks and `cuMemAddressReserve`'s ranges, modelled from recorded PyTorch traces
+//! (../shared/reference/cuda-address-placement.md). The simulated device places its segments
+//! with it; a what-if replay runs two more copies in a recording's own addresses
+//! (`snapshot::replay::mirror`): one that follows the recording and learns from it the memory
+//! no allocator event shows ([`AddressSpace::adopt`]), and one that places the replay's
+//! segments knowing that memory.
+//!
+//! Only relative placement matters to the allocator: which of two equal free blocks has the
+//! lower address decides a best-fit tie.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+const MIB: u64 = 1 << 20;
+
+/// The driver reserves virtual address space in chunks of multiples of 32 MiB.
+const VA_CHUNK: u64 = 32 * MIB;
+/// The top of the virtual address window segments are placed in (as seen in the recorded
+/// traces; only relative placement matters).
+pub(super) const VA_TOP: u64 = 0x7FAA_DA00_0000;
+/// The bottom of the window: addresses below it are never handed out.
+pub(super) const VA_FLOOR: u64 = 1 << 32;
+/// Address space below the top that is taken before the first `cudaMalloc` in a PyTorch
+/// process on the H200 (context, modules), except two ranges described in
+/// `AddressSpace::below`.
+pub(super) const VA_PRETAKEN: u64 = 512 * MIB;
+/// Where the first 2 MiB segment of a PyTorch process lands, below the window's top: the
+/// bottom of the first range free at the start (`AddressSpace::below`).
+const FIRST_SMALL_DEPTH: u64 = 98 * MIB;
+/// The top of the range above it that is taken at the start, below the window's top.
+const PRETAKEN_MIDDLE_TOP: u64 = 24 * MIB;
+/// Where the H200's driver put the first range reserved for an expandable segment in a PyTorch
+/// process (`cuMemAddressReserve`, measured: tests/fixtures/pytorch-traces/
+/// traces_expandable_addr.json.gz); later ranges go above it (see
+/// [`AddressSpace::place_reservation`]).
+pub(super) const VMM_FLOOR: u64 = 0x3_0200_0000;
+/// Reserved ranges start on 32 MiB boundaries (measured: each new range began at the first
+/// 32 MiB boundary past the end of the range below it).
+pub(super) const VMM_ALIGN: u64 = 32 * MIB;
+
+/// One range of virtual address space the driver reserved, from which segments are carved.
+#[derive(Debug, Clone)]
+struct Chunk {
+    base: u64,
+    size: u64,
+    /// Addresses at or above this (up to `base + size`) were never used since the chunk's
+    /// segments last shrank back.
+    bump: u64,
+    /// Segments in the chunk, and memory of others held in it: address → size.
+    segments: BTreeMap<u64, u64>,
+    /// Ranges present before the process's first allocation never return to free space.
+    persistent: bool,
+}
+
+impl Chunk {
+    fn end(&self) -> u64 {
+        self.base + self.size
+    }
+
+    fn holds(&self, address: u64, size: u64) -> bool {
+        address >= self.base && address.saturating_add(size) <= self.end()
+    }
+
+    /// Where a segment of `size` fits in this chunk, if anywhere: above the bump first, else
+    /// the lowest hole below it that fits.
+    fn place(&self, size: u64) -> Option<u64> {
+        if self.end() - self.bump >= size {
+            return Some(self.bump);
+        }
+        let mut cursor = self.base;
+        for (&address, &length) in &self.segments {
+            if address >= self.bump {
+                break;
+            }
+            if address - cursor >= size {
+                return Some(cursor);
+            }
+            cursor = address + length;
+        }
+        None
+    }
+
+    /// The bump after a segment left: where the highest remaining one ends.
+    fn settle_bump(&mut self) {
+        self.bump = self
+            .segments
+            .iter()
+            .next_back()
+            .map_or(self.base, |(&start, &length)| start + length);
+    }
+}
+
+/// A change to the memory of others an address space knows (learnt from a recording by
+/// [`AddressSpace::adopt`], passed on to another with [`AddressSpace::apply`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Others {
+    /// Something outside the allocator holds `[address, address + size)`.
+    Hold { address: u64, size: u64 },
+    /// It let that range go: a segment was placed across it.
+    Release { address: u64, size: u64 },
+}
+
+/// The driver's virtual address placement, modelled from the recorded H200 traces
+/// (see docs in the repository's reference notes): chunks of `roundup(size, 32 MiB)` packed
+/// top-down, the most recently created chunk tried first, bump allocation inside a chunk.
+#[derive(Debug, Clone)]
+pub(crate) struct AddressSpace {
+    /// The top of the window.
+    top: u64,
+    /// Chunks in creation order.
+    chunks: Vec<Chunk>,
+    /// Ranges used by others outside any chunk (base, size).
+    taken: Vec<(u64, u64)>,
+    /// Addresses of chunk entries that are others' memory, not segments.
+    others: BTreeSet<u64>,
+    /// Virtual ranges reserved with `cuMemAddressReserve`: base → size.
+    reservations: BTreeMap<u64, u64>,
+}
+
+impl AddressSpace {
+    /// The address space of a fresh PyTorch process on the H200, at the measured addresses.
+    pub(crate) fn new() -> Self {
+        Self::fresh_below(VA_TOP)
+    }
+
+    /// The same at another window's `top`, e.g. a recorded process's; `None` for a top the
+    /// window cannot end at (not on a 2 MiB boundary, or too low to hold a process's start).
+    pub(crate) fn below(top: u64) -> Option<Self> {
+        let plausible =
+            top.is_multiple_of(2 * MIB) && (VA_FLOOR + (1 << 30)..=1 << 57).contains(&top);
+        plausible.then(|| Self::fresh_below(top))
+    }
+
+    fn fresh_below(top: u64) -> Self {
+        // In a PyTorch process the top 512 MiB are already in use except two ranges that
+        // behave as older chunks with nothing above their bump: [top-98, top-96) MiB, tried
+        // first, and [top-24, top) MiB. The first is the top of a chunk whose rest,
+        // [top-512, top-98), a library holds at first: the what-if recordings
+        // (tests/gpu/whatif/results) show that range free and filled lowest hole first from a
+        // job's first cuBLAS or cuDNN call on, which no allocator event marks; a replay
+        // learns it from its recording (`Others::Release`).
+        let older = Chunk {
+            base: top - PRETAKEN_MIDDLE_TOP,
+            size: PRETAKEN_MIDDLE_TOP,
+            bump: top - PRETAKEN_MIDDLE_TOP,
+            segments: BTreeMap::new(),
+            persistent: true,
+        };
+        let held_base = top - VA_PRETAKEN;
+        let held_size = VA_PRETAKEN - FIRST_SMALL_DEPTH;
+        let newer = Chunk {
+            base: held_base,
+            size: held_size + 2 * MIB,
+            bump: top - FIRST_SMALL_DEPTH,
+            segments: BTreeMap::from([(held_base, held_size)]),
+            persistent: true,
+        };
+        let taken = vec![(
+            top - FIRST_SMALL_DEPTH + 2 * MIB,
+            FIRST_SMALL_DEPTH - 2 * MIB - PRETAKEN_MIDDLE_TOP,
+        )];
+        AddressSpace {
+            top,
+            chunks: vec![older, newer],
+            taken,
+            others: BTreeSet::from([held_base]),
+            reservations: BTreeMap::new(),
+        }
+    }
+
+    /// The top of the window.
+    pub(crate) fn top(&self) -> u64 {
+        self.top
+    }
+
+    /// How far below its window's top a fresh process puts its first segment of `size` bytes:
+    /// where a recording's window ends, from its first `segment_alloc`.
+    pub(crate) fn first_segment_depth(size: u64) -> Option<u64> {
+        let address = AddressSpace::new().allocate(size)?;
+        Some(VA_TOP - address)
+    }
+
+    /// Every range in use (pre-taken, `cudaMalloc` chunks, reservations), highest first.
+    fn used_ranges(&self) -> Vec<(u64, u64)> {
+        let mut used: Vec<(u64, u64)> = self
+            .taken
+            .iter()
+            .copied()
+            .chain(self.chunks.iter().map(|chunk| (chunk.base, chunk.size)))
+            .chain(self.reservations.iter().map(|(&base, &size)| (base, size)))
+            .collect();
+        used.sort_unstable_by_key(|range| std::cmp::Reverse(range.0));
+        used
+    }
+
+    /// Where `cuMemAddressReserve` puts a range of `size` bytes, and records it there; `None`
+    /// when the window has no room.
+    ///
+    /// Measured on the H200 (driver 580) in PyTorch processes with `expandable_segments:True`
+    /// (tests/fixtures/pytorch-traces/traces_expandable_addr.json.gz, 6 traces): ranges are
+    /// placed bottom-up, first fit: the lowest address from [`VMM_FLOOR`] on, on a
+    /// [`VMM_ALIGN`] boundary, where the range fits below everything above it — far below the
+    /// `cudaMalloc` window, which is filled top-down. A range freed earlier is reused by the
+    /// next reservation that fits in it. This order matters to the allocator: PyTorch maps
+    /// into the lowest-addressed expandable segment with room, so where a range left reserved
+    /// by a failed request lands decides which segment later allocations grow.
+    pub(super) fn place_reservation(&mut self, size: u64, align: u64) -> Option<u64> {
+        let align = align.max(VMM_ALIGN);
+        let mut used = self.used_ranges();
+        used.sort_unstable_by_key(|&(base, _)| base);
+        let mut candidate = VMM_FLOOR.div_ceil(align) * align;
+        for (base, length) in used {
+            let end = base.checked_add(length)?;
+            if end <= candidate {
+                continue;
+            }
+            if base >= candidate.checked_add(size)? {
+                break;
+            }
+            candidate = end.div_ceil(align).checked_mul(align)?;
+        }
+        if candidate.checked_add(size)? > self.top {
+            return None;
+        }
+        self.reservations.insert(candidate, size);
+        Some(candidate)
+    }
+
+    /// Forgets the reservation at `base`; `false` unless it exists with exactly `size` bytes.
+    pub(super) fn free_reservation(&mut self, base: u64, size: u64) -> bool {
+        if self.reservations.get(&base) != Some(&size) {
+            return false;
+        }
+        self.reservations.remove(&base);
+        true
+    }
+
+    /// The reservation holding `[address, address + size)`, as (base, size).
+    pub(super) fn reservation_holding(&self, address: u64, size: u64) -> Option<(u64, u64)> {
+        let (&base, &length) = self.reservations.range(..=address).next_back()?;
+        (address.checked_add(size)? <= base + length).then_some((base, length))
+    }
+
+    /// Places a segment of `size` bytes; `None` when the address window has no room left.
+    pub(crate) fn allocate(&mut self, size: u64) -> Option<u64> {
+        if size == 0 {
+            return None;
+        }
+        for chunk in self.chunks.iter_mut().rev() {
+            if let Some(address) = chunk.place(size) {
+                chunk.segments.insert(address, size);
+                chunk.bump = chunk.bump.max(address + size);
+                return Some(address);
+            }
+        }
+        let chunk_size = size.div_ceil(VA_CHUNK).checked_mul(VA_CHUNK)?;
+        let base = self.highest_gap(chunk_size)? - chunk_size;
+        self.open_chunk(base, chunk_size, size);
+        Some(base)
+    }
+
+    fn open_chunk(&mut self, base: u64, chunk_size: u64, size: u64) {
+        self.chunks.push(Chunk {
+            base,
+            size: chunk_size,
+            bump: base + size,
+            segments: BTreeMap::from([(base, size)]),
+            persistent: false,
+        });
+    }
+
+    /// The top of the highest free gap strictly larger than `size`, if any.
+    fn highest_gap(&self, size: u64) -> Option<u64> {
+        self.gaps()
+            .into_iter()
+            .find(|&(base, top)| top - base > size)
+            .map(|(_, top)| top)
+    }
+
+    /// The free gaps between used ranges, highest first, as (base, top); the lowest ends at
+    /// the window's floor.
+    fn gaps(&self) -> Vec<(u64, u64)> {
+        let mut gaps = Vec::new();
+        let mut gap_top = self.top;
+        for (base, length) in self.used_ranges() {
+            let end = base.saturating_add(length);
+            if gap_top > end {
+                gaps.push((end, gap_top));
+            }
+            gap_top = gap_top.min(base);
+        }
+        if gap_top > VA_FLOOR {
+            gaps.push((VA_FLOOR, gap_top));
+        }
+        gaps
+    }
+
+    /// Frees the segment at `address`; `false` if there is none (others' memory is not a
+    /// segment).
+    pub(crate) fn free(&mut self, address: u64) -> bool {
+        if self.others.contains(&address) {
+            return false;
+        }
+        let Some(position) = self
+            .chunks
+            .iter()
+            .position(|chunk| chunk.segments.contains_key(&address))
+        else {
+            return false;
+        };
+        let chunk = &mut self.chunks[position];
+        let size = chunk.segments.remove(&address).unwrap_or(0);
+        if address + size == chunk.bump {
+            chunk.settle_bump();
+        }
+        if chunk.segments.is_empty() && !chunk.persistent {
+            self.chunks.remove(position);
+        }
+        true
+    }
+
+    /// A segment of `size` bytes is at `address`, placed there by another (the replay put it
+    /// at a recorded address): the model takes it as its own placement, and memory of others
+    /// across it as let go. Returns what it let go.
+    pub(crate) fn insert(&mut self, address: u64, size: u64) -> Vec<Others> {
+        let released = self.release_across(address, size);
+        if let Some(chunk) = self
+            .chunks
+            .iter_mut()
+            .rev()
+            .find(|chunk| chunk.holds(address, size))
+        {
+            if !overlaps_any(&chunk.segments, address, size) {
+                chunk.segments.insert(address, size);
+                chunk.bump = chunk.bump.max(address + size);
+            }
+            return released;
+        }
+        if self.chunk_across(address, size) {
+            // Half inside a chunk the model made otherwise: no chunk can hold it.
+            return released;
+        }
+        let room = self.room_above(address);
+        let chunk_size = size
+            .div_ceil(VA_CHUNK)
+            .saturating_mul(VA_CHUNK)
+            .min(room)
+            .max(size);
+        self.open_chunk(address, chunk_size, size);
+        released
+    }
+
+    /// The recorded driver put a segment of `size` bytes at `address`: placed there as
+    /// [`AddressSpace::insert`] does, and the memory of others the placement reveals learnt,
+    /// so that the model, from the same state, would have chosen `address` itself:
+    /// - inside a chunk, above its bump: what lies between the bump and `address` is held;
+    /// - inside a chunk, in a hole: the part of the hole below `address` is held (the driver
+    ///   takes a hole's bottom);
+    /// - in a new chunk: the rest of the gap above the chunk is held (the driver opens a chunk
+    ///   at the top of the highest gap larger than it), and so is every higher gap larger
+    ///   than the chunk.
+    ///
+    /// Returns every change to others' memory, for another address space to [`apply`].
+    ///
+    /// [`apply`]: AddressSpace::apply
+    pub(crate) fn adopt(&mut self, address: u64, size: u64) -> Vec<Others> {
+        let mut changes = self.release_across(address, size);
+        if let Some(position) = self
+            .chunks
+            .iter()
+            .rposition(|chunk| chunk.holds(address, size))
+        {
+            let chunk = &self.chunks[position];
+            if overlaps_any(&chunk.segments, address, size) {
+                return changes;
+            }
+            let held = if address >= chunk.bump {
+                Some((chunk.bump, address - chunk.bump))
+            } else {
+                let hole_base = chunk
+                    .segments
+                    .range(..address)
+                    .next_back()
+                    .map_or(chunk.base, |(&start, &length)| start + length);
+                Some((hole_base, address - hole_base))
+            };
+            let chunk = &mut self.chunks[position];
+            if let Some((base, length)) = held.filter(|&(_, length)| length > 0) {
+                chunk.segments.insert(base, length);
+                self.others.insert(base);
+                changes.push(Others::Hold {
+                    address: base,
+                    size: length,
+                });
+            }
+            let chunk = &mut self.chunks[position];
+            chunk.segments.insert(address, size);
+            chunk.bump = chunk.bump.max(address + size);
+            return changes;
+        }
+        if self.chunk_across(address, size) {
+            return changes;
+        }
+        let chunk_size = size.div_ceil(VA_CHUNK).saturating_mul(VA_CHUNK);
+        let room = self.room_above(address);
+        let chunk_size = chunk_size.min(room).max(size);
+        let chunk_top = address + chunk_size;
+        let mut held = Vec::new();
+        for (base, top) in self.gaps() {
+            if base <= address && address < top {
+                // The chunk's own gap: the driver would have opened it at the gap's top.
+                if top > chunk_top {
+                    held.push((chunk_top, top - chunk_top));
+                }
+                break;
+            }
+            if base >= chunk_top && top - base > chunk_size {
+                // A higher gap the chunk would have fitted in.
+                held.push((base, top - base));
+            }
+        }
+        for (base, length) in held {
+            self.taken.push((base, length));
+            changes.push(Others::Hold {
+                address: base,
+                size: length,
+            });
+        }
+        self.open_chunk(address, chunk_size, size);
+        changes
+    }
+
+    /// Takes on a change to others' memory another address space learnt.
+    pub(crate) fn apply(&mut self, change: Others) {
+        match change {
+            Others::Hold { address, size } => {
+                if let Some(chunk) = self
+                    .chunks
+                    .iter_mut()
+                    .rev()
+                    .find(|chunk| chunk.holds(address, size))
+                {
+                    if !overlaps_any(&chunk.segments, address, size) {
+                        chunk.segments.insert(address, size);
+                        chunk.bump = chunk.bump.max(address + size);
+                        self.others.insert(address);
+                    }
+                } else if !self.chunk_across(address, size)
+                    && !self.taken.iter().any(|&(base, length)| {
+                        base < address.saturating_add(size) && address < base + length
+                    })
+                {
+                    self.taken.push((address, size));
+                }
+            }
+            Others::Release { address, size } => {
+                self.taken
+                    .retain(|&(base, length)| (base, length) != (address, size));
+                if self.others.remove(&address) {
+                    for chunk in &mut self.chunks {
+                        if chunk.segments.get(&address) == Some(&size) {
+                            chunk.segments.remove(&address);
+                            chunk.settle_bump();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Lets go of every range of others' memory that overlaps `[address, address + size)`.
+    fn release_across(&mut self, address: u64, size: u64) -> Vec<Others> {
+        let end = address.saturating_add(size);
+        let mut released = Vec::new();
+        self.taken.retain(|&(base, length)| {
+            let across = base < end && address < base + length;
+            if across {
+                released.push(Others::Release {
+                    address: base,
+                    size: length,
+                });
+            }
+            !across
+        });
+        for chunk in &mut self.chunks {
+            let across: Vec<(u64, u64)> = chunk
+                .segments
+                .range(..end)
+                .filter(|&(&start, &length)| {
+                    self.others.contains(&start) && start + length > address
+                })
+                .map(|(&start, &length)| (start, length))
+                .collect();
+            for (start, length) in across {
+                chunk.segments.remove(&start);
+                self.others.remove(&start);
+                released.push(Others::Release {
+                    address: start,
+                    size: length,
+                });
+            }
+            chunk.settle_bump_if_above();
+        }
+        released
+    }
+
+    /// Whether `[address, address + size)` overlaps a chunk without lying inside it.
+    fn chunk_across(&self, address: u64, size: u64) -> bool {
+        let end = address.saturating_add(size);
+        self.chunks
+            .iter()
+            .any(|chunk| chunk.base < end && address < chunk.end() && !chunk.holds(address, size))
+    }
+
+    /// The free room from `address` up to the next used range (or the window's top).
+    fn room_above(&self, address: u64) -> u64 {
+        self.used_ranges()
+            .into_iter()
+            .filter(|&(base, _)| base > address)
+            .map(|(base, _)| base)
+            .min()
+            .unwrap_or(self.top)
+            .saturating_sub(address)
+    }
+}
+
+impl Chunk {
+    /// Lowers the bump to the highest entry's end when entries above it were removed.
+    fn settle_bump_if_above(&mut self) {
+        let highest_end = self
+            .segments
+            .iter()
+            .next_back()
+            .map_or(self.base, |(&start, &length)| start + length);
+        if highest_end < self.bump {
+            self.bump = highest_end;
+        }
+    }
+}
+
+/// Whether `[address, address + size)` overlaps an entry of `entries` (address → size).
+fn overlaps_any(entries: &BTreeMap<u64, u64>, address: u64, size: u64) -> bool {
+    let end = address.saturating_add(size);
+    entries
+        .range(..end)
+        .next_back()
+        .is_some_and(|(&start, &length)| start + length > address)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOP: u64 = 0x7F00_0000_0000;
+
+    fn space() -> AddressSpace {
+        AddressSpace::below(TOP).expect("a plausible top")
+    }
+
+    #[test]
+    fn a_window_is_placed_as_the_measured_one_wherever_its_top_is() {
+        let mut measured = AddressSpace::new();
+        let mut moved = space();
+        for size in [2 * MIB, 20 * MIB, 2 * MIB, 100 * MIB, 20 * MIB, 64 * MIB] {
+            let here = measured.allocate(size).map(|address| VA_TOP - address);
+            let there = moved.allocate(size).map(|address| TOP - address);
+            assert_eq!(here, there, "{size}");
+        }
+        assert_eq!(AddressSpace::first_segment_depth(2 * MIB), Some(98 * MIB));
+        assert_eq!(AddressSpace::first_segment_depth(20 * MIB), Some(24 * MIB));
+        assert!(
+            AddressSpace::below(TOP + MIB).is_none(),
+            "not on a 2 MiB boundary"
+        );
+        assert!(
+            AddressSpace::below(VA_FLOOR).is_none(),
+            "too low for a process's start"
+        );
+    }
+
+    #[test]
+    fn a_recorded_segment_in_the_startup_hold_releases_it_and_the_part_below_stays_held() {
+        let mut recording = space();
+        assert_eq!(recording.adopt(TOP - 98 * MIB, 2 * MIB), vec![]);
+        let changes = recording.adopt(TOP - 448 * MIB, 32 * MIB);
+        assert_eq!(
+            changes,
+            vec![
+                Others::Release {
+                    address: TOP - 512 * MIB,
+                    size: 414 * MIB
+                },
+                Others::Hold {
+                    address: TOP - 512 * MIB,
+                    size: 64 * MIB
+                },
+            ]
+        );
+        // From then on the range fills from its bottom up, lowest hole first.
+        assert_eq!(recording.allocate(64 * MIB), Some(TOP - 416 * MIB));
+        assert_eq!(recording.allocate(20 * MIB), Some(TOP - 352 * MIB));
+        assert!(recording.free(TOP - 416 * MIB));
+        assert_eq!(recording.allocate(40 * MIB), Some(TOP - 416 * MIB));
+    }
+
+    #[test]
+    fn a_gap_the_driver_skipped_is_learnt_as_held() {
+        let mut recording = space();
+        recording.adopt(TOP - 98 * MIB, 2 * MIB);
+        // The model would open the first large chunk right below the 512 MiB taken at the
+        // start; the driver put it 1 GiB lower, so something held the range between.
+        let first_chunk_top = TOP - 512 * MIB;
+        let changes = recording.adopt(first_chunk_top - 1024 * MIB - 32 * MIB, 20 * MIB);
+        assert_eq!(
+            changes,
+            vec![Others::Hold {
+                address: first_chunk_top - 1024 * MIB,
+                size: 1024 * MIB
+            }]
+        );
+        // A segment above a chunk's bump: the space between was held.
+        let changes = recording.adopt(first_chunk_top - 1024 * MIB - 32 * MIB + 24 * MIB, 8 * MIB);
+        assert_eq!(
+            changes,
+            vec![Others::Hold {
+                address: first_chunk_top - 1024 * MIB - 12 * MIB,
+                size: 4 * MIB
+            }]
+        );
+        // The next chunk goes below the learnt one, as the driver's would.
+        assert_eq!(
+            recording.allocate(40 * MIB),
+            Some(first_chunk_top - 1024 * MIB - 32 * MIB - 64 * MIB)
+        );
+    }
+
+    #[test]
+    fn another_space_places_around_what_the_recording_taught() {
+        let mut recording = space();
+        let mut replay = space();
+        for (address, size) in [(TOP - 98 * MIB, 2 * MIB), (TOP - 448 * MIB, 32 * MIB)] {
+            for change in recording.adopt(address, size) {
+                replay.apply(change);
+            }
+        }
+        // The replay's config made other segments than the recording: the first 64 MiB goes
+        // where the driver would put it, above what the library still holds.
+        assert_eq!(replay.allocate(64 * MIB), Some(TOP - 448 * MIB));
+        // A hold that overlaps the replay's own segments is not taken on.
+        replay.apply(Others::Hold {
+            address: TOP - 420 * MIB,
+            size: 4 * MIB,
+        });
+        assert_eq!(replay.allocate(4 * MIB), Some(TOP - 384 * MIB));
+        // A release lets the range go: once the chunk's tail is used, its hole is next.
+        replay.apply(Others::Release {
+            address: TOP - 512 * MIB,
+            size: 64 * MIB,
+        });
+        assert_eq!(replay.allocate(284 * MIB), Some(TOP - 380 * MIB));
+        assert_eq!(replay.allocate(64 * MIB), Some(TOP - 512 * MIB));
+    }
+
+    #[test]
+    fn a_segment_inserted_across_held_memory_releases_it_and_others_memory_is_never_freed() {
+        let mut replay = space();
+        let released = replay.insert(TOP - 300 * MIB, 10 * MIB);
+        assert_eq!(
+            released,
+            vec![Others::Release {
+                address: TOP - 512 * MIB,
+                size: 414 * MIB
+            }]
+        );
+        assert!(!replay.free(TOP - 512 * MIB), "the hold was others' memory");
+        assert!(replay.free(TOP - 300 * MIB));
+        assert!(!replay.free(TOP - 300 * MIB), "freed once");
+    }
+}
