@@ -324,28 +324,14 @@ impl AddressSpace {
     /// across it as let go. Returns what it let go.
     pub(crate) fn insert(&mut self, address: u64, size: u64) -> Vec<Others> {
         let released = self.release_across(address, size);
-        if let Some(chunk) = self
-            .chunks
-            .iter_mut()
-            .rev()
-            .find(|chunk| chunk.holds(address, size))
-        {
-            if !overlaps_any(&chunk.segments, address, size) {
-                chunk.segments.insert(address, size);
-                chunk.bump = chunk.bump.max(address + size);
-            }
+        if self.put_in_chunk(address, size).is_some() {
             return released;
         }
         if self.chunk_across(address, size) {
             // Half inside a chunk the model made otherwise: no chunk can hold it.
             return released;
         }
-        let room = self.room_above(address);
-        let chunk_size = size
-            .div_ceil(VA_CHUNK)
-            .saturating_mul(VA_CHUNK)
-            .min(room)
-            .max(size);
+        let chunk_size = self.chunk_size_at(address, size);
         self.open_chunk(address, chunk_size, size);
         released
     }
@@ -374,26 +360,25 @@ impl AddressSpace {
             if overlaps_any(&chunk.segments, address, size) {
                 return changes;
             }
-            let held = if address >= chunk.bump {
-                Some((chunk.bump, address - chunk.bump))
+            // What lies below the segment down to the bump (above it) or to its hole's bottom.
+            let held_base = if address >= chunk.bump {
+                chunk.bump
             } else {
-                let hole_base = chunk
+                chunk
                     .segments
                     .range(..address)
                     .next_back()
-                    .map_or(chunk.base, |(&start, &length)| start + length);
-                Some((hole_base, address - hole_base))
+                    .map_or(chunk.base, |(&start, &length)| start + length)
             };
             let chunk = &mut self.chunks[position];
-            if let Some((base, length)) = held.filter(|&(_, length)| length > 0) {
-                chunk.segments.insert(base, length);
-                self.others.insert(base);
+            if address > held_base {
+                chunk.segments.insert(held_base, address - held_base);
+                self.others.insert(held_base);
                 changes.push(Others::Hold {
-                    address: base,
-                    size: length,
+                    address: held_base,
+                    size: address - held_base,
                 });
             }
-            let chunk = &mut self.chunks[position];
             chunk.segments.insert(address, size);
             chunk.bump = chunk.bump.max(address + size);
             return changes;
@@ -401,9 +386,7 @@ impl AddressSpace {
         if self.chunk_across(address, size) {
             return changes;
         }
-        let chunk_size = size.div_ceil(VA_CHUNK).saturating_mul(VA_CHUNK);
-        let room = self.room_above(address);
-        let chunk_size = chunk_size.min(room).max(size);
+        let chunk_size = self.chunk_size_at(address, size);
         let chunk_top = address + chunk_size;
         let mut held = Vec::new();
         for (base, top) in self.gaps() {
@@ -433,26 +416,20 @@ impl AddressSpace {
     /// Takes on a change to others' memory another address space learnt.
     pub(crate) fn apply(&mut self, change: Others) {
         match change {
-            Others::Hold { address, size } => {
-                if let Some(chunk) = self
-                    .chunks
-                    .iter_mut()
-                    .rev()
-                    .find(|chunk| chunk.holds(address, size))
-                {
-                    if !overlaps_any(&chunk.segments, address, size) {
-                        chunk.segments.insert(address, size);
-                        chunk.bump = chunk.bump.max(address + size);
-                        self.others.insert(address);
-                    }
-                } else if !self.chunk_across(address, size)
+            Others::Hold { address, size } => match self.put_in_chunk(address, size) {
+                Some(true) => {
+                    self.others.insert(address);
+                }
+                Some(false) => {}
+                None if !self.chunk_across(address, size)
                     && !self.taken.iter().any(|&(base, length)| {
                         base < address.saturating_add(size) && address < base + length
-                    })
+                    }) =>
                 {
                     self.taken.push((address, size));
                 }
-            }
+                None => {}
+            },
             Others::Release { address, size } => {
                 self.taken
                     .retain(|&(base, length)| (base, length) != (address, size));
@@ -466,6 +443,22 @@ impl AddressSpace {
                 }
             }
         }
+    }
+
+    /// Puts an entry of `size` bytes at `address` in the chunk that holds it, unless it
+    /// overlaps one there: `None` when no chunk holds it, else whether it was put.
+    fn put_in_chunk(&mut self, address: u64, size: u64) -> Option<bool> {
+        let chunk = self
+            .chunks
+            .iter_mut()
+            .rev()
+            .find(|chunk| chunk.holds(address, size))?;
+        if overlaps_any(&chunk.segments, address, size) {
+            return Some(false);
+        }
+        chunk.segments.insert(address, size);
+        chunk.bump = chunk.bump.max(address + size);
+        Some(true)
     }
 
     /// Lets go of every range of others' memory that overlaps `[address, address + size)`.
@@ -510,6 +503,15 @@ impl AddressSpace {
         self.chunks
             .iter()
             .any(|chunk| chunk.base < end && address < chunk.end() && !chunk.holds(address, size))
+    }
+
+    /// The chunk the driver opened for a segment of `size` bytes found at `address` outside
+    /// every chunk: `roundup(size, 32 MiB)`, cut short by the next used range above.
+    fn chunk_size_at(&self, address: u64, size: u64) -> u64 {
+        size.div_ceil(VA_CHUNK)
+            .saturating_mul(VA_CHUNK)
+            .min(self.room_above(address))
+            .max(size)
     }
 
     /// The free room from `address` up to the next used range (or the window's top).
