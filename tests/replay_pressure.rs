@@ -497,6 +497,75 @@ fn segments_made(path: &Path, report: &ReplayReport) -> Vec<(u64, u64)> {
     made.0.clone()
 }
 
+/// Under a what-if config that changes every large segment (`large_segment_size_mb:64`, issue
+/// 16: `moe.lseg64` and `transformer_ckpt.lseg64` differed), the segments the recording does
+/// not place go where the driver's model puts them in the recording's own address space,
+/// knowing what the recording shows: here, the range below the window's top that a library
+/// holds until the job's first library call. The recording's 32 MiB segment lands in it, so
+/// from then on the range is free above the part below that segment, and the replay's next
+/// new segment goes to the bottom of the free part, not at the recorded address of the
+/// segment made at the same allocation.
+#[test]
+fn a_what_if_segment_goes_where_the_drivers_model_puts_it_in_the_recordings_address_space() {
+    let (mut recording, placements) = placed_recorder();
+    // The recording's window: a fresh process's first 2 MiB segment lies 98 MiB below its top.
+    let top = 0x7F00_0000_0000_u64;
+    let below = |mib: u64| top - mib * MIB;
+    let mut blocks = Vec::new();
+    for (segment, size, request) in [
+        (below(98), 2 * MIB, MIB),
+        (below(24), 20 * MIB, 6 * MIB),
+        (below(448), 32 * MIB, 32 * MIB),
+        (below(416), 64 * MIB, 64 * MIB),
+    ] {
+        placements.push(segment, size);
+        let block = recording.malloc(request).expect("alloc");
+        assert_eq!(block.ptr.addr(), segment);
+        blocks.push(block);
+    }
+    let path = dump(&recording, "mirror-placement", &[]);
+    let what_if = replayed(&path, Some("large_segment_size_mb:64"));
+    // 6 MiB now makes a 64 MiB segment, which then serves the 32 MiB request too.
+    assert_eq!(
+        segments_made(&path, &what_if),
+        [
+            (below(98), 2 * MIB),
+            // Before the library call: the top of the highest gap below the held 512 MiB.
+            (below(576), 64 * MIB),
+            // After it: the held range is free above what lies below the recorded 32 MiB
+            // segment (the recording never shows that part free).
+            (below(448), 64 * MIB),
+        ],
+        "{what_if}"
+    );
+    assert_eq!(
+        (what_if.placed.sequence, what_if.placed.mirror),
+        (1, 2),
+        "{what_if}"
+    );
+    assert!(
+        what_if
+            .to_string()
+            .contains("2 where the driver's model puts them in the recording's address space"),
+        "{what_if}"
+    );
+    // The self-replay follows the recording's addresses, as before.
+    let own = replayed(&path, None);
+    assert_eq!(own.placed.mirror, 0);
+    assert_eq!(
+        segments_made(&path, &own),
+        [
+            (below(98), 2 * MIB),
+            (below(24), 20 * MIB),
+            (below(448), 32 * MIB),
+            (below(416), 64 * MIB)
+        ]
+    );
+    for block in blocks {
+        recording.free(block).expect("free");
+    }
+}
+
 /// A what-if config that makes the recording's second segment one allocation earlier (issue
 /// 16: `roundup_power2_divisions` moved `moe`'s 20 MiB segments): the driver sees the same
 /// calls, so the segment goes where the recording's did; a third, which the recording never
