@@ -62,7 +62,8 @@ enum Mirror {
     /// Started at the recording's first segment.
     Active(Box<DriverMirror>),
     /// Not used: the replay's device made a segment before the trace recorded one (a seeded
-    /// start state), or the first recorded segment fits no window.
+    /// start state), the first recorded segment fits no window, or a later one lies above the
+    /// window the first implies (not a fresh process's trace).
     Off,
 }
 
