@@ -115,6 +115,18 @@ pub(crate) struct AddressSpace {
     others: BTreeSet<u64>,
     /// Virtual ranges reserved with `cuMemAddressReserve`: base → size.
     reservations: BTreeMap<u64, u64>,
+    /// Every range in use (`taken`, the chunks, the reservations) by (base, kind) → size, kept
+    /// as they change, so that finding a gap costs no sort (a replay may hold thousands of
+    /// chunks and asks at every new one).
+    used: BTreeMap<(u64, Used), u64>,
+}
+
+/// Which kind of range an entry of `AddressSpace::used` is (two kinds may share a base).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Used {
+    Taken,
+    Chunk,
+    Reservation,
 }
 
 impl AddressSpace {
@@ -159,13 +171,46 @@ impl AddressSpace {
             top - FIRST_SMALL_DEPTH + 2 * MIB,
             FIRST_SMALL_DEPTH - 2 * MIB - PRETAKEN_MIDDLE_TOP,
         )];
-        AddressSpace {
+        let mut space = AddressSpace {
             top,
-            chunks: vec![older, newer],
-            taken,
+            chunks: Vec::new(),
+            taken: Vec::new(),
             others: BTreeSet::from([held_base]),
             reservations: BTreeMap::new(),
+            used: BTreeMap::new(),
+        };
+        for chunk in [older, newer] {
+            space.used.insert((chunk.base, Used::Chunk), chunk.size);
+            space.chunks.push(chunk);
         }
+        for (base, size) in taken {
+            space.take(base, size);
+        }
+        space
+    }
+
+    /// Others hold `[base, base + size)` outside every chunk.
+    fn take(&mut self, base: u64, size: u64) {
+        self.taken.push((base, size));
+        self.used.insert((base, Used::Taken), size);
+    }
+
+    /// Lets go of the ranges of `taken` that `release` picks; returns them.
+    fn untake(&mut self, release: impl Fn(u64, u64) -> bool) -> Vec<(u64, u64)> {
+        let mut released = Vec::new();
+        self.taken.retain(|&(base, size)| {
+            let gone = release(base, size);
+            if gone {
+                released.push((base, size));
+            }
+            !gone
+        });
+        for &(base, _) in &released {
+            if !self.taken.iter().any(|&(other, _)| other == base) {
+                self.used.remove(&(base, Used::Taken));
+            }
+        }
+        released
     }
 
     /// The top of the window.
@@ -180,17 +225,9 @@ impl AddressSpace {
         Some(VA_TOP - address)
     }
 
-    /// Every range in use (pre-taken, `cudaMalloc` chunks, reservations), highest first.
-    fn used_ranges(&self) -> Vec<(u64, u64)> {
-        let mut used: Vec<(u64, u64)> = self
-            .taken
-            .iter()
-            .copied()
-            .chain(self.chunks.iter().map(|chunk| (chunk.base, chunk.size)))
-            .chain(self.reservations.iter().map(|(&base, &size)| (base, size)))
-            .collect();
-        used.sort_unstable_by_key(|range| std::cmp::Reverse(range.0));
-        used
+    /// Every range in use (pre-taken, `cudaMalloc` chunks, reservations), lowest first.
+    fn used_ranges(&self) -> impl DoubleEndedIterator<Item = (u64, u64)> + '_ {
+        self.used.iter().map(|(&(base, _), &size)| (base, size))
     }
 
     /// Where `cuMemAddressReserve` puts a range of `size` bytes, and records it there; `None`
@@ -206,10 +243,8 @@ impl AddressSpace {
     /// by a failed request lands decides which segment later allocations grow.
     pub(super) fn place_reservation(&mut self, size: u64, align: u64) -> Option<u64> {
         let align = align.max(VMM_ALIGN);
-        let mut used = self.used_ranges();
-        used.sort_unstable_by_key(|&(base, _)| base);
         let mut candidate = VMM_FLOOR.div_ceil(align) * align;
-        for (base, length) in used {
+        for (base, length) in self.used_ranges() {
             let end = base.checked_add(length)?;
             if end <= candidate {
                 continue;
@@ -223,6 +258,7 @@ impl AddressSpace {
             return None;
         }
         self.reservations.insert(candidate, size);
+        self.used.insert((candidate, Used::Reservation), size);
         Some(candidate)
     }
 
@@ -232,6 +268,7 @@ impl AddressSpace {
             return false;
         }
         self.reservations.remove(&base);
+        self.used.remove(&(base, Used::Reservation));
         true
     }
 
@@ -260,6 +297,7 @@ impl AddressSpace {
     }
 
     fn open_chunk(&mut self, base: u64, chunk_size: u64, size: u64) {
+        self.used.insert((base, Used::Chunk), chunk_size);
         self.chunks.push(Chunk {
             base,
             size: chunk_size,
@@ -272,27 +310,31 @@ impl AddressSpace {
     /// The top of the highest free gap strictly larger than `size`, if any.
     fn highest_gap(&self, size: u64) -> Option<u64> {
         self.gaps()
-            .into_iter()
             .find(|&(base, top)| top - base > size)
             .map(|(_, top)| top)
     }
 
     /// The free gaps between used ranges, highest first, as (base, top); the lowest ends at
     /// the window's floor.
-    fn gaps(&self) -> Vec<(u64, u64)> {
-        let mut gaps = Vec::new();
+    fn gaps(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let mut used = self.used_ranges().rev();
         let mut gap_top = self.top;
-        for (base, length) in self.used_ranges() {
-            let end = base.saturating_add(length);
-            if gap_top > end {
-                gaps.push((end, gap_top));
+        let mut floor_given = false;
+        std::iter::from_fn(move || {
+            for (base, length) in used.by_ref() {
+                let end = base.saturating_add(length);
+                let top = gap_top;
+                gap_top = gap_top.min(base);
+                if top > end {
+                    return Some((end, top));
+                }
             }
-            gap_top = gap_top.min(base);
-        }
-        if gap_top > VA_FLOOR {
-            gaps.push((VA_FLOOR, gap_top));
-        }
-        gaps
+            if !floor_given && gap_top > VA_FLOOR {
+                floor_given = true;
+                return Some((VA_FLOOR, gap_top));
+            }
+            None
+        })
     }
 
     /// Frees the segment at `address`; `false` if there is none (others' memory is not a
@@ -314,7 +356,9 @@ impl AddressSpace {
             chunk.settle_bump();
         }
         if chunk.segments.is_empty() && !chunk.persistent {
+            let base = chunk.base;
             self.chunks.remove(position);
+            self.used.remove(&(base, Used::Chunk));
         }
         true
     }
@@ -403,7 +447,7 @@ impl AddressSpace {
             }
         }
         for (base, length) in held {
-            self.taken.push((base, length));
+            self.take(base, length);
             changes.push(Others::Hold {
                 address: base,
                 size: length,
@@ -426,13 +470,12 @@ impl AddressSpace {
                         base < address.saturating_add(size) && address < base + length
                     }) =>
                 {
-                    self.taken.push((address, size));
+                    self.take(address, size);
                 }
                 None => {}
             },
             Others::Release { address, size } => {
-                self.taken
-                    .retain(|&(base, length)| (base, length) != (address, size));
+                self.untake(|base, length| (base, length) == (address, size));
                 if self.others.remove(&address) {
                     for chunk in &mut self.chunks {
                         if chunk.segments.get(&address) == Some(&size) {
@@ -464,18 +507,18 @@ impl AddressSpace {
     /// Lets go of every range of others' memory that overlaps `[address, address + size)`.
     fn release_across(&mut self, address: u64, size: u64) -> Vec<Others> {
         let end = address.saturating_add(size);
-        let mut released = Vec::new();
-        self.taken.retain(|&(base, length)| {
-            let across = base < end && address < base + length;
-            if across {
-                released.push(Others::Release {
-                    address: base,
-                    size: length,
-                });
-            }
-            !across
-        });
+        let mut released: Vec<Others> = self
+            .untake(|base, length| base < end && address < base + length)
+            .into_iter()
+            .map(|(base, length)| Others::Release {
+                address: base,
+                size: length,
+            })
+            .collect();
         for chunk in &mut self.chunks {
+            if chunk.base >= end || chunk.end() <= address {
+                continue;
+            }
             let across: Vec<(u64, u64)> = chunk
                 .segments
                 .range(..end)
@@ -516,12 +559,11 @@ impl AddressSpace {
 
     /// The free room from `address` up to the next used range (or the window's top).
     fn room_above(&self, address: u64) -> u64 {
-        self.used_ranges()
-            .into_iter()
-            .filter(|&(base, _)| base > address)
-            .map(|(base, _)| base)
-            .min()
-            .unwrap_or(self.top)
+        let above = address.saturating_add(1);
+        self.used
+            .range((above, Used::Taken)..)
+            .next()
+            .map_or(self.top, |(&(base, _), _)| base)
             .saturating_sub(address)
     }
 }
