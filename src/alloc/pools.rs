@@ -549,6 +549,27 @@ mod tests {
         allocator.stats().get(key).expect(key)
     }
 
+    /// `torch.cuda.MemPool()`: a new pool id with its pool made.
+    fn new_mem_pool(allocator: &mut CachingAllocator) -> MemPoolId {
+        let id = allocator.new_mem_pool_id();
+        allocator.create_pool(id).expect("MemPool()");
+        id
+    }
+
+    /// `with use_mem_pool(id): body(allocator)` on every stream (or a capture into `id`).
+    fn in_pool<T>(
+        allocator: &mut CachingAllocator,
+        id: MemPoolId,
+        body: impl FnOnce(&mut CachingAllocator) -> T,
+    ) -> T {
+        allocator
+            .begin_allocate_to_pool(id, PoolFilter::AllStreams)
+            .expect("use the pool");
+        let result = body(allocator);
+        allocator.end_allocate_to_pool(id).expect("end");
+        result
+    }
+
     fn pool_of(allocator: &CachingAllocator, ptr: u64) -> Option<MemPoolId> {
         allocator
             .segment_snapshots()
@@ -565,9 +586,8 @@ mod tests {
         let mut a = allocator("");
         let log = Rc::new(RefCell::new(EventLog::default()));
         a.subscribe(Box::new(Rc::clone(&log)));
-        let id = a.new_mem_pool_id();
+        let id = new_mem_pool(&mut a);
         assert_eq!(id, MemPoolId::new(0, 1));
-        a.create_pool(id).expect("MemPool()");
         a.begin_allocate_to_pool(id, PoolFilter::AllStreams)
             .expect("use_mem_pool");
         assert_eq!(a.pool_use_count(id), Some(2));
@@ -626,11 +646,12 @@ mod tests {
         let mut a = allocator("");
         let id = a.new_graph_pool_id();
         a.create_pool(id).expect("pool");
-        a.begin_allocate_to_pool(id, PoolFilter::AllStreams)
-            .expect("capture");
-        let small = a.malloc(4096).expect("a small segment of the pool");
-        let large = a.malloc(6 * MIB).expect("a 20 MiB segment of the pool");
-        a.end_allocate_to_pool(id).expect("end");
+        let (small, large) = in_pool(&mut a, id, |a| {
+            (
+                a.malloc(4096).expect("a small segment of the pool"),
+                a.malloc(6 * MIB).expect("a 20 MiB segment of the pool"),
+            )
+        });
         let (small_base, large_base) = (small.ptr.addr(), large.ptr.addr());
         a.free(small).expect("free");
         a.free(large).expect("free");
@@ -748,10 +769,7 @@ mod tests {
         a.set_memory_fraction(60.0 * MIB as f64 / total)
             .expect("fraction");
         let id = a.new_mem_pool_id();
-        a.begin_allocate_to_pool(id, PoolFilter::AllStreams)
-            .expect("use");
-        let x = a.malloc(5 * MIB).expect("alloc");
-        a.end_allocate_to_pool(id).expect("end");
+        let x = in_pool(&mut a, id, |a| a.malloc(5 * MIB).expect("alloc"));
         a.free(x).expect("free");
         let live = a.malloc(30 * MIB).expect("alloc");
         let message = a
@@ -773,13 +791,9 @@ mod tests {
     #[test]
     fn use_on_oom_pools_serve_before_the_cache_is_flushed() {
         let mut a = allocator("");
-        let id = a.new_mem_pool_id();
-        a.create_pool(id).expect("MemPool()");
+        let id = new_mem_pool(&mut a);
         a.set_use_on_oom(id, true).expect("use_on_oom");
-        a.begin_allocate_to_pool(id, PoolFilter::AllStreams)
-            .expect("use");
-        let x = a.malloc(8 * MIB).expect("alloc");
-        a.end_allocate_to_pool(id).expect("end");
+        let x = in_pool(&mut a, id, |a| a.malloc(8 * MIB).expect("alloc"));
         a.release_pool(id).expect("end");
         a.free(x).expect("free");
         let total = a.device().total_memory() as f64;
@@ -798,14 +812,14 @@ mod tests {
     #[test]
     fn no_split_pools_hand_out_whole_blocks() {
         let mut a = allocator("");
-        let id = a.new_mem_pool_id();
-        a.create_pool(id).expect("MemPool()");
+        let id = new_mem_pool(&mut a);
         a.set_no_split(id).expect("no_split");
-        a.begin_allocate_to_pool(id, PoolFilter::AllStreams)
-            .expect("use");
-        let x = a.malloc(5 * MIB).expect("alloc");
-        let y = a.malloc(1000).expect("alloc");
-        a.end_allocate_to_pool(id).expect("end");
+        let (x, y) = in_pool(&mut a, id, |a| {
+            (
+                a.malloc(5 * MIB).expect("alloc"),
+                a.malloc(1000).expect("alloc"),
+            )
+        });
         assert_eq!((x.size, y.size), (20 * MIB, 2 * MIB));
         assert_eq!(get(&a, "inactive_split.all.current"), 0);
         a.check_invariants().expect("consistent");
@@ -855,12 +869,8 @@ mod tests {
     #[test]
     fn emptying_one_pool() {
         let mut a = allocator("");
-        let id = a.new_mem_pool_id();
-        a.create_pool(id).expect("MemPool()");
-        a.begin_allocate_to_pool(id, PoolFilter::AllStreams)
-            .expect("use");
-        let pooled = a.malloc(5 * MIB).expect("alloc");
-        a.end_allocate_to_pool(id).expect("end");
+        let id = new_mem_pool(&mut a);
+        let pooled = in_pool(&mut a, id, |a| a.malloc(5 * MIB).expect("alloc"));
         a.release_pool(id).expect("end");
         let default = a.malloc(5 * MIB).expect("alloc");
         a.record_stream(pooled, 5).expect("record");
@@ -890,10 +900,7 @@ mod tests {
         let mut a = allocator("expandable_segments:True");
         let x = a.malloc(5 * MIB).expect("alloc");
         let id = a.new_mem_pool_id();
-        a.begin_allocate_to_pool(id, PoolFilter::AllStreams)
-            .expect("use");
-        let y = a.malloc(5 * MIB).expect("alloc");
-        a.end_allocate_to_pool(id).expect("end");
+        let y = in_pool(&mut a, id, |a| a.malloc(5 * MIB).expect("alloc"));
         assert_eq!(a.expandable_segments().len(), 2);
         assert_eq!(pool_of(&a, y.ptr.addr()), Some(id));
         assert_ne!(pool_of(&a, x.ptr.addr()), pool_of(&a, y.ptr.addr()));
