@@ -654,6 +654,36 @@ mod tests {
         AddressSpace::below(TOP).expect("a plausible top")
     }
 
+    /// A recording's copy that adopted `segments` (address, size), and a replay's copy that
+    /// took on everything it learnt, and also holds those segments when `replay_holds_them`.
+    fn recording_and_replay(
+        segments: &[(u64, u64)],
+        replay_holds_them: bool,
+    ) -> (AddressSpace, AddressSpace) {
+        let mut recording = space();
+        let mut replay = space();
+        for &(address, size) in segments {
+            for change in recording.adopt(address, size) {
+                replay.apply(change);
+            }
+            if replay_holds_them {
+                replay.insert(address, size);
+            }
+        }
+        (recording, replay)
+    }
+
+    /// Allocates each (size, depth) in MiB in turn and asserts it lands `depth` below `TOP`.
+    fn assert_places(space: &mut AddressSpace, steps: &[(u64, u64)]) {
+        for &(size, depth) in steps {
+            assert_eq!(
+                space.allocate(size * MIB),
+                Some(TOP - depth * MIB),
+                "{size} MiB"
+            );
+        }
+    }
+
     #[test]
     fn a_window_is_placed_as_the_measured_one_wherever_its_top_is() {
         let mut measured = AddressSpace::new();
@@ -694,12 +724,9 @@ mod tests {
             ]
         );
         // From then on the range fills at its bump, then its lowest hole.
-        assert_eq!(recording.allocate(64 * MIB), Some(TOP - 416 * MIB));
-        assert_eq!(recording.allocate(20 * MIB), Some(TOP - 352 * MIB));
+        assert_places(&mut recording, &[(64, 416), (20, 352)]);
         assert!(recording.free(TOP - 416 * MIB));
-        assert_eq!(recording.allocate(40 * MIB), Some(TOP - 332 * MIB));
-        assert_eq!(recording.allocate(194 * MIB), Some(TOP - 292 * MIB));
-        assert_eq!(recording.allocate(40 * MIB), Some(TOP - 416 * MIB));
+        assert_places(&mut recording, &[(40, 332), (194, 292), (40, 416)]);
     }
 
     #[test]
@@ -735,13 +762,10 @@ mod tests {
 
     #[test]
     fn another_space_places_around_what_the_recording_taught() {
-        let mut recording = space();
-        let mut replay = space();
-        for (address, size) in [(TOP - 98 * MIB, 2 * MIB), (TOP - 448 * MIB, 32 * MIB)] {
-            for change in recording.adopt(address, size) {
-                replay.apply(change);
-            }
-        }
+        let (_, mut replay) = recording_and_replay(
+            &[(TOP - 98 * MIB, 2 * MIB), (TOP - 448 * MIB, 32 * MIB)],
+            false,
+        );
         // The replay's config made other segments than the recording: the first 64 MiB goes
         // where the driver would put it, above what the library still holds.
         assert_eq!(replay.allocate(64 * MIB), Some(TOP - 448 * MIB));
@@ -779,29 +803,21 @@ mod tests {
     #[test]
     fn a_large_segment_skips_a_chunk_opened_for_a_small_one_and_a_small_one_takes_any() {
         let mut space = space();
-        assert_eq!(space.allocate(2 * MIB), Some(TOP - 98 * MIB));
-        assert_eq!(space.allocate(20 * MIB), Some(TOP - 24 * MIB));
-        assert_eq!(space.allocate(2 * MIB), Some(TOP - 4 * MIB));
-        assert_eq!(space.allocate(2 * MIB), Some(TOP - 2 * MIB));
+        assert_places(&mut space, &[(2, 98), (20, 24), (2, 4), (2, 2)]);
         // The start's ranges are full: a chunk for a small segment, below them.
-        assert_eq!(space.allocate(2 * MIB), Some(TOP - 544 * MIB));
+        assert_places(&mut space, &[(2, 544)]);
         // Its 30 MiB of room take no 20 MiB segment: a chunk of its own, lower down.
-        assert_eq!(space.allocate(20 * MIB), Some(TOP - 576 * MIB));
+        assert_places(&mut space, &[(20, 576)]);
         // A small one goes into the newest chunk with room, whatever it was opened for.
-        assert_eq!(space.allocate(2 * MIB), Some(TOP - 556 * MIB));
-        assert_eq!(space.allocate(4 * MIB), Some(TOP - 554 * MIB));
+        assert_places(&mut space, &[(2, 556), (4, 554)]);
     }
 
     #[test]
     fn a_large_segment_recorded_in_a_small_chunk_lets_the_chunk_there_take_large_ones() {
-        let mut recording = space();
-        let mut replay = space();
-        for (address, size) in [(TOP - 98 * MIB, 2 * MIB), (TOP - 600 * MIB, 2 * MIB)] {
-            for change in recording.adopt(address, size) {
-                replay.apply(change);
-            }
-            replay.insert(address, size);
-        }
+        let (mut recording, mut replay) = recording_and_replay(
+            &[(TOP - 98 * MIB, 2 * MIB), (TOP - 600 * MIB, 2 * MIB)],
+            true,
+        );
         let learnt = recording.adopt(TOP - 598 * MIB, 4 * MIB);
         assert_eq!(
             learnt,
@@ -829,9 +845,8 @@ mod tests {
         space.adopt(TOP - 438 * MIB, 84 * MIB);
         assert!(space.free(TOP - 512 * MIB));
         // The 2 MiB segment at top-98 MiB is not the range's: its free top comes first.
-        assert_eq!(space.allocate(20 * MIB), Some(TOP - 354 * MIB));
-        assert_eq!(space.allocate(236 * MIB), Some(TOP - 334 * MIB));
+        assert_places(&mut space, &[(20, 354), (236, 334)]);
         // Then its lowest hole.
-        assert_eq!(space.allocate(40 * MIB), Some(TOP - 512 * MIB));
+        assert_places(&mut space, &[(40, 512)]);
     }
 }
