@@ -316,6 +316,7 @@ impl CachingAllocator {
             OomCause::DeviceFull
         };
         let expandable_trial = match cause {
+            _ if !self.expandable_trials => None,
             OomCause::Impossible | OomCause::NeverFits | OomCause::DriverRefused => None,
             _ => self.try_with_expandable(stream, requested, device_free, device_total),
         };
@@ -466,6 +467,33 @@ mod tests {
         assert_eq!(oom.diagnosis.cause, OomCause::OverFraction, "{}", oom.why());
         assert!(!oom.diagnosis.fits_with_expandable(), "{}", oom.why());
         assert_eq!(live.len(), 60);
+    }
+
+    #[test]
+    fn with_trials_off_the_diagnosis_tries_nothing_and_keeps_its_cause() {
+        let mib = 1 << 20;
+        let (mut allocator, _kept) = thinned(510);
+        allocator.set_expandable_trials(false);
+        let Err(AllocError::OutOfMemory(oom)) = allocator.malloc(12 * mib) else {
+            panic!("12 MiB must not fit");
+        };
+        assert_eq!(
+            oom.diagnosis.cause,
+            OomCause::Fragmentation,
+            "{}",
+            oom.why()
+        );
+        assert_eq!(oom.diagnosis.expandable_trial, None);
+        assert!(
+            !oom.why().contains("expandable_segments:True ("),
+            "{}",
+            oom.why()
+        );
+        allocator.set_expandable_trials(true);
+        let Err(AllocError::OutOfMemory(oom)) = allocator.malloc(12 * mib) else {
+            panic!("12 MiB must not fit");
+        };
+        assert!(oom.diagnosis.fits_with_expandable(), "{}", oom.why());
     }
 
     #[test]

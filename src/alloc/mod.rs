@@ -278,6 +278,9 @@ pub struct CachingAllocator {
     /// The streams recorded for a block while a private pool was active (PyTorch's
     /// `block_to_cudagraph_stream_uses`).
     capture_stream_uses: BTreeMap<BlockId, Vec<StreamId>>,
+    /// Whether an out-of-memory error's diagnosis tries the request under expandable segments
+    /// ([`CachingAllocator::set_expandable_trials`]).
+    expandable_trials: bool,
 }
 
 impl CachingAllocator {
@@ -295,6 +298,7 @@ impl CachingAllocator {
             pools: pools::PrivatePools::default(),
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
+            expandable_trials: true,
             segments: BTreeMap::new(),
             expandable: SegmentTable::default(),
             trace: TraceRecorder::default(),
@@ -455,6 +459,15 @@ impl CachingAllocator {
     /// The byte cap from `set_per_process_memory_fraction`, if any.
     pub fn allowed_memory_maximum(&self) -> Option<u64> {
         self.allowed_memory_maximum
+    }
+
+    /// Whether an out-of-memory error's diagnosis tries the request under expandable segments
+    /// (`OomDiagnosis::expandable_trial`; on by default). The trial allocates every live block
+    /// again on a side allocator, so its cost grows with the live blocks: a replay that reports
+    /// only its first OOMs in full turns it off after them, and a trace that runs out of memory
+    /// thousands of times with many tensors live stays fast.
+    pub fn set_expandable_trials(&mut self, on: bool) {
+        self.expandable_trials = on;
     }
 
     /// `torch.cuda.set_per_process_memory_fraction(fraction)`: caps the bytes held from the

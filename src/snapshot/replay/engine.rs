@@ -1165,6 +1165,10 @@ impl Engine {
             self.first_oom = Some(record.clone());
         }
         self.ooms.push(record);
+        if self.ooms.len() >= answer::ANSWERED_OOMS {
+            // Later OOMs are only counted by cause: their diagnoses need no trial.
+            self.allocator.set_expandable_trials(false);
+        }
     }
 }
 
