@@ -38,10 +38,15 @@ GPUMEM = os.environ.get("GPUMEM") or os.path.normpath(
 RESULTS = os.path.join(HERE, "results")
 # What-if pairs of results/ whose replay still differs from PyTorch's own run, each because the
 # H200's driver placed a segment where the placement model (device/address_space.rs, run in the
-# recording's addresses) does not, and a best-fit tie broke the other way: pinned host memory
-# the trace does not show (prefetch), and a process whose hidden memory differed from the base
-# run's (resnet, 96 MiB lower; a 14 MiB segment in a new chunk while holes had room).
-KNOWN_WHATIF_DIFFERENCES = {"prefetch.split128.frac", "resnet.split64.frac"}
+# recording's addresses) cannot know to: pinned host memory the trace does not show
+# (prefetch); in resnet's evaluation, a chunk of hidden memory with a 14 MiB hole, which the
+# driver fills before the startup range (every resnet pair under a fraction that makes a new
+# 14 MiB segment there: split64, and gc06 and combo, whose first OOM then comes at another
+# request). The gc06 and combo pairs were exact under the model's former rule inside a chunk
+# (the tail, then the lowest hole), which the driver does not follow (tests/gpu/placement:
+# 98.6% of a bare driver's placements, against 100% for best fit).
+KNOWN_WHATIF_DIFFERENCES = {"prefetch.split128.frac", "resnet.split64.frac", "resnet.gc06.frac",
+                            "resnet.combo.frac"}
 
 
 def event(action, size, stream=7, addr=0):
@@ -452,13 +457,13 @@ class CompareTest(unittest.TestCase):
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
     def test_the_h200_recordings_in_results(self):
         """results/: the whole plan, recorded in five waves."""
-        self.check_recordings(RESULTS, 142)
+        self.check_recordings(RESULTS, 140)
 
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
     def test_a_second_recording_of_every_run_under_a_fraction(self):
         """results-frac/: every `.frac` run and its base run, recorded again on 2026-12-04
         (run_all.py --only '\\.frac$'): replays of other base recordings of the same jobs."""
-        self.check_recordings(os.path.join(HERE, "results-frac"), 68)
+        self.check_recordings(os.path.join(HERE, "results-frac"), 66)
 
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
     def test_repeated_recordings_of_the_pairs_that_differed(self):
