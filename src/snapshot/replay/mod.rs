@@ -13,7 +13,10 @@
 //! when the file's segments show private pools (their allocations are routed to them,
 //! [`engine::PoolRoutes`]). The end is compared with
 //! the file's `segments` (`endstate`), and the frames of the events the answer names are
-//! looked up ([`frames`]). What it found is a [`ReplayReport`] with its verdict ([`verdict`]).
+//! looked up ([`frames`]). A replay under pressure that placed segments the recording does not
+//! place runs once more under the simulator's placement (`placement_check.rs`), so that the
+//! verdict can say when the answer depends on where the driver puts segments. What it found is
+//! a [`ReplayReport`] with its verdict ([`verdict`]).
 //! Events are numbered from 1 in file order ([`event_number`]).
 //!
 //! ```no_run
@@ -37,6 +40,7 @@ pub(crate) mod limit;
 mod mirror;
 mod pass;
 pub mod peaks;
+pub(crate) mod placement_check;
 pub(crate) mod ranges;
 pub(crate) mod recording;
 pub mod report;
@@ -280,8 +284,11 @@ pub fn replay_reading(
     } else {
         // The first replay's allocator and live blocks go before the second's are made.
         drop(first);
-        replay_recording(path, &recording, options, progress, Vec::new())?
+        replay_recording(path, &recording, options, &mut *progress, Vec::new())?
     };
+    if placement_check::wanted(&report) {
+        placement_check::check(path, &recording, options, &mut report, progress)?;
+    }
     report.frames = frames::attach(path, &mut report.first_oom, &mut report.ooms);
     Ok((report, recording))
 }

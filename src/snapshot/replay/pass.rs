@@ -324,6 +324,7 @@ impl Pass {
             free_on_request: recording.frees_on_request(),
             recorded_conf,
             frames: Lookup::NotNeeded,
+            placement_check: None,
             devices: recording.devices(),
             host: HostMemory::of(&recording.remainder),
         })

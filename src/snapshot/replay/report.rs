@@ -163,6 +163,41 @@ impl StatScope {
     }
 }
 
+/// What the second replay of a replay under pressure, with every segment placed by the
+/// simulator's model, found (`placement_check.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PlacementCheck {
+    /// Whether the job fits there.
+    pub fits: bool,
+    /// Its OOMs.
+    pub ooms: u64,
+    /// The trace event of the first (numbered as the report numbers events).
+    pub first_oom_event: Option<u64>,
+    /// Its `num_alloc_retries`.
+    pub num_alloc_retries: i64,
+    /// Its `num_device_alloc`.
+    pub num_device_alloc: i64,
+}
+
+impl PlacementCheck {
+    /// The report's line: what the job did with segments placed by the model.
+    pub fn describe(&self) -> String {
+        let outcome = match (self.fits, self.first_oom_event) {
+            (true, _) => "it fits".to_string(),
+            (false, Some(event)) => format!(
+                "it does not fit ({} OOM{}, first at event {event})",
+                self.ooms,
+                if self.ooms == 1 { "" } else { "s" }
+            ),
+            (false, None) => format!("it does not fit ({} OOMs)", self.ooms),
+        };
+        format!(
+            "checked under pressure with every segment placed by the model: {outcome}, {} retries, {} cudaMalloc calls",
+            self.num_alloc_retries, self.num_device_alloc
+        )
+    }
+}
+
 /// Everything a replay reports.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReplayReport {
@@ -223,6 +258,9 @@ pub struct ReplayReport {
     pub recorded_conf: bool,
     /// Whether the OOM answers carry the frames recorded in the file ([`super::frames`]).
     pub frames: Lookup,
+    /// What the job does with every segment placed by the simulator's model, for a replay
+    /// under pressure that placed segments the recording does not (`placement_check.rs`).
+    pub placement_check: Option<PlacementCheck>,
 }
 
 impl ReplayReport {
@@ -299,6 +337,7 @@ impl ReplayReport {
             "limit": self.limit_json(),
             "recorded_actions": self.recorded_actions.iter().map(|(name, count)| (name.to_string(), json!(count))).collect::<Map<String, Value>>(),
             "free_on_request": self.free_on_request,
+            "placement_check": self.placement_check,
             "start": self.start,
             "devices": self.devices,
             "host": self.host,
@@ -377,6 +416,9 @@ impl fmt::Display for ReplayReport {
         )?;
         writeln!(f, "  allocator conf  {conf} ({conf_note})")?;
         writeln!(f, "  placement       {}", self.placement_text())?;
+        if let Some(check) = &self.placement_check {
+            writeln!(f, "                  {}", check.describe())?;
+        }
         self.write_limit(f)?;
         self.write_start(f)?;
         writeln!(

@@ -31,6 +31,10 @@ pub struct Verdict {
     pub unreproduced: u64,
     /// Why they were not reproduced, when there are any.
     pub unreproduced_why: Option<String>,
+    /// Whether the answer depends on where the driver places segments: with every segment
+    /// placed by the simulator's model the job fits where this replay's did not, or the
+    /// reverse (`placement_check.rs`).
+    pub borderline: bool,
 }
 
 impl ReplayReport {
@@ -72,8 +76,31 @@ impl ReplayReport {
         }
     }
 
-    /// The verdict.
+    /// The verdict, and whether it depends on the placement (see [`Verdict::borderline`]).
     pub fn verdict(&self) -> Verdict {
+        let mut verdict = self.verdict_as_placed();
+        let Some(check) = self.placement_check else {
+            return verdict;
+        };
+        if check.fits != verdict.fits {
+            verdict.borderline = true;
+            let otherwise = if check.fits {
+                "it fits".to_string()
+            } else {
+                match check.first_oom_event {
+                    Some(event) => format!("it runs out of memory at event {event}"),
+                    None => "it runs out of memory".to_string(),
+                }
+            };
+            verdict.text.push_str(&format!(
+                "; borderline: with every segment placed by the simulator's model {otherwise} (where the driver puts segments decides, and that moves with memory no snapshot shows)"
+            ));
+        }
+        verdict
+    }
+
+    /// The verdict of this replay's own placement.
+    fn verdict_as_placed(&self) -> Verdict {
         let counts = &self.counts;
         let start_failed = self.start.map_or(0, |start| start.failed);
         let ooms = counts.ooms + counts.recorded_ooms_reproduced + start_failed;
@@ -105,6 +132,7 @@ impl ReplayReport {
                 first_oom_event,
                 unreproduced,
                 unreproduced_why,
+                borderline: false,
             };
         }
         if unreproduced > 0 && self.capacity_source != CapacitySource::Given && self.recorded_conf {
@@ -118,6 +146,7 @@ impl ReplayReport {
                 first_oom_event,
                 unreproduced,
                 unreproduced_why,
+                borderline: false,
             };
         }
         let text = if unreproduced > 0 && !self.recorded_conf {
@@ -140,6 +169,7 @@ impl ReplayReport {
             first_oom_event,
             unreproduced,
             unreproduced_why,
+            borderline: false,
         }
     }
 }

@@ -429,6 +429,10 @@ def compare(runs, gpumem, jobs, timeout):
                 kind = "full" if row["kind"] == "timing" else row["kind"]
                 row["verdict"], fields = pair_verdict(run, runs[row["base"]], kind, result)
                 row["fields"] = [list(f) for f in fields]
+                # gpumem's own warning that its answer depends on where the driver places
+                # segments (a second replay with the simulator's placement disagreed).
+                row["borderline"] = bool(((result.report or {}).get("verdict") or {})
+                                         .get("borderline"))
                 if row["kind"] == "timing":
                     # Shown, not judged: the replay follows the base run's completions.
                     row["verdict"] = ("changed timing" if row["verdict"] == "differs"
@@ -475,6 +479,8 @@ def render(self_rows, pair_rows, missing_keys):
                 detail = row["why"] + (f" ({detail})" if detail else "")
         else:
             detail = row["why"]
+        if row.get("borderline"):
+            detail += " [gpumem: borderline, the answer depends on the placement]"
         out.append(f"  {row['run']:<34} {row['verdict']:<24} {detail}")
     out.append("")
     if missing_keys:
@@ -490,6 +496,10 @@ def render(self_rows, pair_rows, missing_keys):
         tally["what-if"][row["verdict"]] += 1
     for what, counts in tally.items():
         out.append(f"{what}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    flagged = [row for row in pair_rows if row.get("borderline")]
+    if flagged:
+        out.append(f"borderline (gpumem says its answer depends on the placement): {len(flagged)}, "
+                   f"{sum(row['verdict'] == 'differs' for row in flagged)} of them differing")
     return "\n".join(out) + "\n"
 
 
