@@ -148,10 +148,15 @@ def designed_sequences():
         alloc("y", 20)
         return ops
     # T3: 2 MiB segments until the start's ranges are full and chunks are opened for them,
-    # then a 20 MiB one: into a small segment's chunk with room, or a chunk of its own?
+    # then a 20 MiB one (the last such chunk has 10 MiB left: a chunk of its own either way).
     small_then_large = [["a", 2 << 20, -1, 0] for _ in range(40)] + [["a", 20 << 20, -1, 0],
                                                                     ["a", 2 << 20, -1, 0]]
-    return {"designed/T1": build(20), "designed/T2": build(30), "designed/T3": small_then_large}
+    # T4: as T3, but stopping at 30 small segments, so that the last chunk opened for one has
+    # 30 MiB of room when the 20 MiB request comes.
+    room_left = [["a", 2 << 20, -1, 0] for _ in range(30)] + [["a", 20 << 20, -1, 0],
+                                                            ["a", 2 << 20, -1, 0]]
+    return {"designed/T1": build(20), "designed/T2": build(30), "designed/T3": small_then_large,
+            "designed/T4": room_left}
 
 
 def play(ops, mode):
