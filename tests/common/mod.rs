@@ -124,3 +124,28 @@ pub fn tests_path(relative: &str) -> PathBuf {
         .join("tests")
         .join(relative)
 }
+
+/// Runs `python3 -m unittest MODULE` in `folder` (relative to the repository) with `env` added,
+/// and fails the test unless unittest reports OK; skipped, with a note, where python3 cannot
+/// be run. For the harnesses whose logic is Python (tests/gpu/whatif, tests/gpu/placement).
+pub fn python_unittest(folder: &str, module: &str, env: &[(&str, &str)]) {
+    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join(folder);
+    let mut command = Command::new("python3");
+    command
+        .args(["-m", "unittest", module])
+        .current_dir(&folder)
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = match command.output() {
+        Ok(output) => output,
+        Err(error) => {
+            eprintln!("skipped: python3 cannot be run here ({error})");
+            return;
+        }
+    };
+    let report = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{module}.py failed:\n{report}");
+    assert!(report.contains("OK"), "{report}");
+}

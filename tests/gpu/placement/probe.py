@@ -85,6 +85,21 @@ def sequences_from(paths, only):
     return found
 
 
+def with_addresses(ops, probed):
+    """A sequence's calls with the addresses the driver gave: each malloc its own, each free
+    its malloc's."""
+    ops = [list(op) for op in ops]
+    allocs = [op for op in ops if op[0] == "a"]
+    if len(allocs) != len(probed):
+        raise ValueError(f"{len(probed)} addresses for {len(allocs)} mallocs")
+    for op, address in zip(allocs, probed):
+        op[3] = address
+    for op in ops:
+        if op[0] == "f":
+            op[3] = ops[op[2]][3]
+    return ops
+
+
 def write_data(path, sequences):
     """The form `driver_tests` (src/device/address_space.rs) reads: gzipped JSON, name → calls
     [op, size, index of the malloc a free releases (-1 for a malloc), address]."""
@@ -249,19 +264,8 @@ def main():
                 print(f"{name}: {result['same']}/{result['segments']} placed as recorded"
                       f" (first differing: {result['first_differing']})", flush=True)
     json.dump(results, open(os.path.join(args.out, "probe.json"), "w"))
-    played = {}
-    for name, result in results.items():
-        if "error" in result:
-            continue
-        ops = [list(op) for op in sequences[name]]
-        addresses = iter(result["probed"])
-        for op in ops:
-            if op[0] == "a":
-                op[3] = next(addresses)
-        for op in ops:
-            if op[0] == "f":
-                op[3] = ops[op[2]][3]
-        played[name] = ops
+    played = {name: with_addresses(sequences[name], result["probed"])
+              for name, result in results.items() if "error" not in result}
     write_data(os.path.join(args.out, "probe-data.json.gz"), played)
     whole = sum(1 for r in results.values() if r.get("segments") == r.get("same"))
     total = sum(r.get("segments", 0) for r in results.values())
