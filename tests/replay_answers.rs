@@ -585,3 +585,33 @@ fn a_failing_event_without_frames_is_placed_by_the_nearest_earlier_stack() {
         "{stdout}"
     );
 }
+
+#[test]
+fn a_compared_config_under_pressure_is_checked_under_the_models_placement_too() {
+    // The convnet fixture on a device just large enough for it under max_split_size_mb:20:
+    // 34 retries, and segments its recording never made.
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/replay/fixtures/convnet.default.pickle");
+    let json = replay_json(&[
+        text(&fixture),
+        "--device",
+        "sim:1707081728",
+        "--compare",
+        "max_split_size_mb:20",
+    ]);
+    let row = &json["compare"][0];
+    assert!(row["num_alloc_retries"].as_i64() > Some(0), "{row:#}");
+    let check = &row["placement_check"];
+    assert!(check["fits"].is_boolean(), "{row:#}");
+    assert_eq!(row["borderline"], check["fits"] != row["fits"]);
+    // The same config as the main replay: the same check, in the report's own fields.
+    let main = replay_json(&[
+        text(&fixture),
+        "--device",
+        "sim:1707081728",
+        "--alloc-conf",
+        "max_split_size_mb:20",
+    ]);
+    assert_eq!(main["placement_check"], *check);
+    assert_eq!(main["verdict"]["borderline"], row["borderline"]);
+}

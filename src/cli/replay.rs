@@ -15,8 +15,8 @@ use gpumem::alloc::AllocConf;
 use gpumem::device::DeviceSpec;
 use gpumem::snapshot::replay::verdict::with_comparison;
 use gpumem::snapshot::replay::{
-    min_capacity_of, replay, replay_reading, replay_recording, CapacitySearch, Placement,
-    Recording, ReplayError, ReplayOptions, ReplayReport,
+    check_placement, min_capacity_of, replay, replay_reading, replay_recording, CapacitySearch,
+    Placement, Recording, ReplayError, ReplayOptions, ReplayReport,
 };
 use gpumem::viz::{Recorder, Timeline};
 
@@ -123,7 +123,10 @@ fn run_one(
     options: &ReplayOptions,
 ) -> Result<ReplayReport, CliError> {
     with_progress(&args.file, "replaying", |progress| {
-        replay_recording(&args.file, recording, options, progress, Vec::new())
+        let mut report =
+            replay_recording(&args.file, recording, options, &mut *progress, Vec::new())?;
+        check_placement(&args.file, recording, options, &mut report, progress)?;
+        Ok(report)
     })
 }
 
@@ -275,6 +278,8 @@ fn json_answer(
                     "alloc_conf": row.conf,
                     "fits": verdict.fits,
                     "verdict": verdict.text,
+                    "borderline": verdict.borderline,
+                    "placement_check": report.placement_check,
                     "ooms": report.counts.ooms,
                     "recorded_ooms_reproduced": report.counts.recorded_ooms_reproduced,
                     "first_oom_event": verdict.first_oom_event,
@@ -513,7 +518,12 @@ fn print_comparison(report: &ReplayReport, own_search: Option<&CapacitySearch>, 
             row.stat("num_device_alloc"),
             row.stat("num_alloc_retries"),
             verdict.ooms,
-            if verdict.fits { "fits" } else { "does not fit" }
+            match (verdict.fits, verdict.borderline) {
+                (true, false) => "fits",
+                (true, true) => "fits~",
+                (false, false) => "does not fit",
+                (false, true) => "does not fit~",
+            }
         );
         if let Some(found) = found {
             let text = found
@@ -532,6 +542,12 @@ fn print_comparison(report: &ReplayReport, own_search: Option<&CapacitySearch>, 
         .any(ReplayReport::peaks_lowered);
     if lowered {
         say!("* lowered by failed allocations, which were skipped: the job needs more than this");
+    }
+    let borderline = std::iter::once(report)
+        .chain(rows.iter().map(|row| &row.report))
+        .any(|row| row.verdict().borderline);
+    if borderline {
+        say!("~ borderline: with every segment placed by the simulator's model the answer is the other (where the driver puts segments decides)");
     }
 }
 

@@ -286,11 +286,27 @@ pub fn replay_reading(
         drop(first);
         replay_recording(path, &recording, options, &mut *progress, Vec::new())?
     };
-    if placement_check::wanted(&report) {
-        placement_check::check(path, &recording, options, &mut report, progress)?;
-    }
+    check_placement(path, &recording, options, &mut report, progress)?;
     report.frames = frames::attach(path, &mut report.first_oom, &mut report.ooms);
     Ok((report, recording))
+}
+
+/// When `report` (a replay of `path` with `options`) was under pressure and placed segments
+/// the recording does not place, replays the file once more with every segment placed by the
+/// simulator's model and puts what that found into `report`, whose verdict then says whether
+/// the answer depends on the placement (`placement_check.rs`). [`replay_reading`] does it for
+/// its own report; a caller of [`replay_recording`] (`gpumem replay --compare`) asks for it.
+pub fn check_placement(
+    path: &Path,
+    recording: &Recording,
+    options: &ReplayOptions,
+    report: &mut ReplayReport,
+    progress: Progress<'_>,
+) -> Result<(), ReplayError> {
+    if placement_check::wanted(report) {
+        placement_check::check(path, recording, options, report, progress)?;
+    }
+    Ok(())
 }
 
 /// Replays the file at `path`, which [`read`] (or [`replay_reading`]) made `recording` of,
