@@ -922,10 +922,11 @@ mod driver_tests {
                     } else if verbose {
                         let depth = |a: u64| (space.top() as i64 - a as i64) / MIB as i64;
                         eprintln!(
-                            "{name} #{step}: {} MiB at depth {} predicted {:?}",
+                            "{name} #{step}: {} MiB at depth {} predicted {:?} ({})",
                             size / MIB,
                             depth(*address),
-                            predicted.map(depth)
+                            predicted.map(depth),
+                            miss_kind(&space, *address, predicted, *size)
                         );
                     }
                     space.adopt(*address, *size);
@@ -935,6 +936,24 @@ mod driver_tests {
             }
         }
         (same, total)
+    }
+
+    /// Which choice a miss got wrong: the chunk (an existing one, or a new one), or the free
+    /// range inside the right chunk, or the gap a new chunk opened in.
+    fn miss_kind(space: &AddressSpace, actual: u64, predicted: Option<u64>, size: u64) -> &str {
+        let chunk_of = |address: u64| {
+            space
+                .chunks
+                .iter()
+                .position(|chunk| chunk.holds(address, size))
+        };
+        match (chunk_of(actual), predicted.and_then(chunk_of)) {
+            (Some(driver), Some(model)) if driver == model => "same chunk, another free range",
+            (Some(_), Some(_)) => "another existing chunk",
+            (Some(_), None) => "driver: an existing chunk, model: a new one",
+            (None, Some(_)) => "driver: a new chunk, model: an existing one",
+            (None, None) => "both a new chunk, in another gap",
+        }
     }
 
     /// Every segment of a sequence played in a bare process (CUDA started through the driver
