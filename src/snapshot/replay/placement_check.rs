@@ -125,17 +125,38 @@ mod tests {
         check.first_oom_event = Some(700);
         report.placement_check = Some(check);
         let verdict = report.verdict();
-        assert!(verdict.fits, "the answer stays this replay's own");
+        assert!(
+            !verdict.fits,
+            "a job that fits under one placement only does not fit"
+        );
         assert!(verdict.borderline);
         assert!(
-            verdict.text.contains(
-                "borderline: with every segment placed by the simulator's model it runs out of memory at event 700"
-            ),
+            verdict.text.starts_with("may not fit on ")
+                && verdict.text.contains(
+                    "with every segment placed by the simulator's model it runs out of memory at event 700"
+                ),
             "{}",
             verdict.text
         );
         assert!(report
             .to_string()
             .contains("it does not fit (2 OOMs, first at event 700)"));
+    }
+
+    #[test]
+    fn a_replay_that_ran_out_where_the_models_placement_fits_stays_does_not_fit() {
+        let mut report = replay(&convnet(), &pressed(Placement::Recorded), &mut no_progress)
+            .expect("the fixture replays");
+        report.counts.ooms = 1;
+        let verdict = report.verdict();
+        assert!(!verdict.fits && verdict.borderline);
+        assert!(
+            verdict.text.starts_with("does not fit on ")
+                && verdict.text.contains(
+                    "; borderline: with every segment placed by the simulator's model it fits"
+                ),
+            "{}",
+            verdict.text
+        );
     }
 }

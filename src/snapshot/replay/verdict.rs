@@ -7,7 +7,8 @@
 //! the recorded config did not, on a device the caller did not choose, does not fit either
 //! (the replay did not reproduce the run, so it cannot vouch for it). A replay without OOMs
 //! on a device the caller named, or under another config, fits whatever the recording did,
-//! and says why the recorded OOMs did not recur.
+//! and says why the recorded OOMs did not recur; unless the answer is borderline, when
+//! another placement of the segments runs out of memory (`placement_check.rs`).
 
 use serde::Serialize;
 
@@ -33,7 +34,7 @@ pub struct Verdict {
     pub unreproduced_why: Option<String>,
     /// Whether the answer depends on where the driver places segments: with every segment
     /// placed by the simulator's model the job fits where this replay's did not, or the
-    /// reverse (`placement_check.rs`).
+    /// reverse (`placement_check.rs`). A borderline job never `fits`.
     pub borderline: bool,
 }
 
@@ -77,23 +78,36 @@ impl ReplayReport {
     }
 
     /// The verdict, and whether it depends on the placement (see [`Verdict::borderline`]).
+    ///
+    /// A job fits only if it fits under both placements: when the recording's addresses
+    /// give no OOM but the simulator's model does, the answer hangs on where the driver puts
+    /// segments, which moves with memory no snapshot shows, so the verdict does not say
+    /// "fits" (the brief's rule: never say "fits" wrongly). When the replay ran out of memory
+    /// and the model's placement fits, the verdict stays "does not fit" and says the other.
     pub fn verdict(&self) -> Verdict {
         let mut verdict = self.verdict_as_placed();
         let Some(check) = self.placement_check else {
             return verdict;
         };
-        if check.fits != verdict.fits {
-            verdict.borderline = true;
-            let otherwise = if check.fits {
-                "it fits".to_string()
-            } else {
-                match check.first_oom_event {
-                    Some(event) => format!("it runs out of memory at event {event}"),
-                    None => "it runs out of memory".to_string(),
-                }
+        if check.fits == verdict.fits {
+            return verdict;
+        }
+        verdict.borderline = true;
+        const WHY: &str =
+            "where the driver puts segments decides, and that moves with memory no snapshot shows";
+        if verdict.fits {
+            let at = match check.first_oom_event {
+                Some(event) => format!(" at event {event}"),
+                None => String::new(),
             };
+            verdict.fits = false;
+            verdict.text = format!(
+                "may not fit on {}: borderline, no allocation failed with segments placed as the recording's driver placed them, but with every segment placed by the simulator's model it runs out of memory{at} ({WHY})",
+                self.device_words()
+            );
+        } else {
             verdict.text.push_str(&format!(
-                "; borderline: with every segment placed by the simulator's model {otherwise} (where the driver puts segments decides, and that moves with memory no snapshot shows)"
+                "; borderline: with every segment placed by the simulator's model it fits ({WHY})"
             ));
         }
         verdict

@@ -138,6 +138,10 @@ def main(argv=None):
         "history": history_options(args),
         "device": args.device,
         "python": platform.python_version(),
+        # How the driver loads kernels (unset: CUDA 12+'s lazy loading, on first use). A kernel
+        # module loaded on first use takes device memory no snapshot shows, in the address
+        # space the allocator's segments share (README: "Memory no snapshot shows").
+        "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", ""),
         "status": "failed",
         "stage": "import",
         "completed": False,
