@@ -456,6 +456,7 @@ fn search_json(found: &CapacitySearch) -> serde_json::Value {
         "real_gpu_context": found.real_context,
         "step": gpumem::snapshot::replay::search::STEP,
         "probes": found.probes,
+        "borderline_from": found.borderline_from,
     })
 }
 
@@ -467,9 +468,16 @@ fn describe_search(found: &CapacitySearch) -> String {
         format_size(found.upper),
         found.probes
     );
+    let borderline = match found.borderline_from {
+        Some(from) => format!(
+            "; borderline from {} ({from} bytes): from there the job fits with its segments where the recording's driver put them, but not with every segment placed by the simulator's model, and where the driver puts them moves with memory no snapshot shows",
+            format_size(from)
+        ),
+        None => String::new(),
+    };
     match (found.capacity, found.real_gpu) {
         (Some(bytes), Some(real)) => format!(
-            "min capacity    {} ({bytes} bytes, --device sim:{bytes}) of simulated device, whose CUDA context is modelled as {} (the H200's 527 MiB, at most an eighth of the device); a real GPU needs about {} of total memory (cudaMemGetInfo's total), assuming the {} context measured on the H200; {bounds}",
+            "min capacity    {} ({bytes} bytes, --device sim:{bytes}) of simulated device, whose CUDA context is modelled as {} (the H200's 527 MiB, at most an eighth of the device); a real GPU needs about {} of total memory (cudaMemGetInfo's total), assuming the {} context measured on the H200{borderline}; {bounds}",
             format_size(bytes),
             format_size(found.context),
             format_size(real),

@@ -5,7 +5,10 @@
 //! the job's peak allocated bytes cannot run it, so the largest such capacity is the lower
 //! bound, and the device asked for (or the simulated H200) the upper. A capacity fits when its
 //! replay fits ([`super::ReplayReport::fits`]): no allocation failed and no OOM PyTorch recorded
-//! recurred there, so the search never returns a capacity on which a recorded OOM recurs.
+//! recurred there, so the search never returns a capacity on which a recorded OOM recurs; and,
+//! for a replay under pressure that placed segments the recording does not, none failed with
+//! every segment placed by the simulator's model either (`placement_check.rs`): a capacity
+//! whose answer hangs on where the driver puts segments is not one the job fits on.
 //!
 //! The simulated device's CUDA context is modelled as the H200's (527 MiB) but never more than
 //! an eighth of the device ([`SimDevice::new`]); a real GPU's context does not shrink, so the
@@ -16,7 +19,9 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::{read, replay_recording, LimitPolicy, Recording, ReplayError, ReplayOptions};
+use super::{
+    check_placement, read, replay_recording, LimitPolicy, Recording, ReplayError, ReplayOptions,
+};
 use crate::alloc::AllocConf;
 use crate::device::sim::{SimDevice, H200_CONTEXT_BYTES};
 
@@ -45,8 +50,13 @@ pub struct CapacitySearch {
     pub real_gpu: Option<u64>,
     /// The CUDA context assumed for a real GPU.
     pub real_context: u64,
-    /// Replays run.
+    /// Replays run (placement checks not counted).
     pub probes: u32,
+    /// The smallest capacity on which the job fits at the recording's addresses, when it is
+    /// below `capacity`: from there up to `capacity` the answer depends on where the driver
+    /// puts the segments the recording does not place (`placement_check.rs`), so `capacity`
+    /// is the one that holds either way.
+    pub borderline_from: Option<u64>,
 }
 
 /// The smallest capacity, in steps, whose memory beside the simulated context holds `peak`.
@@ -110,47 +120,96 @@ pub fn min_capacity_of(
         real_gpu: None,
         real_context: H200_CONTEXT_BYTES,
         probes: 0,
+        borderline_from: None,
     };
     search.probes += 1;
-    let first = replay_recording(
-        path,
-        recording,
-        &options,
-        &mut super::no_progress,
-        Vec::new(),
-    )?;
+    let first = replay_checked(path, recording, &options)?;
     search.peak = first.stat("allocated_bytes.all.peak").max(0) as u64;
     let mut low = first_holding(search.peak).saturating_sub(1);
     search.lower = low * STEP;
     if !first.fits() {
         return Ok(search);
     }
-    let mut replay_on = |capacity: u64, search: &mut CapacitySearch| {
+    // Each probe answers twice: whether the job fits under both placements (the search's
+    // answer), and whether it fits at the recording's addresses alone, which bounds where the
+    // two part: the largest capacity seen failing as placed, the smallest seen fitting.
+    let mut as_placed = (low, upper / STEP);
+    let mut replay_on = |steps: u64, search: &mut CapacitySearch| {
         search.probes += 1;
-        options.capacity = Some(capacity);
-        replay_recording(
-            path,
-            recording,
-            &options,
-            &mut super::no_progress,
-            Vec::new(),
-        )
-        .map(|report| report.fits())
+        options.capacity = Some(steps * STEP);
+        let report = replay_checked(path, recording, &options)?;
+        if report.fits_as_placed() {
+            as_placed.1 = as_placed.1.min(steps);
+        } else {
+            as_placed.0 = as_placed.0.max(steps);
+        }
+        Ok::<bool, ReplayError>(report.fits())
     };
     let mut high = upper / STEP;
-    if high <= low || !replay_on(high * STEP, &mut search)? {
+    if high <= low || !replay_on(high, &mut search)? {
         search.lower = search.lower.min(upper);
         return Ok(search.found(upper));
     }
     while high - low > 1 {
         let middle = low + (high - low) / 2;
-        if replay_on(middle * STEP, &mut search)? {
+        if replay_on(middle, &mut search)? {
             high = middle;
         } else {
             low = middle;
         }
     }
+    let (mut failing, mut fitting) = as_placed;
+    // (`failing` above `fitting` would mean fitting is not monotone in the capacity there;
+    // the search assumes it is, and then names no range.)
+    if failing < fitting && fitting < high {
+        // Below the answer the job fits at the recording's addresses but not with the
+        // model's: find the smallest such capacity, by the recording's placement alone.
+        while fitting - failing > 1 {
+            let middle = failing + (fitting - failing) / 2;
+            search.probes += 1;
+            options.capacity = Some(middle * STEP);
+            let report = replay_recording(
+                path,
+                recording,
+                &options,
+                &mut super::no_progress,
+                Vec::new(),
+            )?;
+            if report.fits() {
+                fitting = middle;
+            } else {
+                failing = middle;
+            }
+        }
+        search.borderline_from = Some(fitting * STEP);
+    }
     Ok(search.found(high * STEP))
+}
+
+/// One probe of the search: the replay, and, under pressure, the placement check
+/// ([`check_placement`]), so that a capacity fits only if it fits however the driver places
+/// the segments the recording does not place. Near the smallest capacity every replay is under
+/// pressure, and there one best-fit tie, decided by a segment's address, can decide an OOM.
+fn replay_checked(
+    path: &Path,
+    recording: &Recording,
+    options: &ReplayOptions,
+) -> Result<super::ReplayReport, ReplayError> {
+    let mut report = replay_recording(
+        path,
+        recording,
+        options,
+        &mut super::no_progress,
+        Vec::new(),
+    )?;
+    check_placement(
+        path,
+        recording,
+        options,
+        &mut report,
+        &mut super::no_progress,
+    )?;
+    Ok(report)
 }
 
 impl CapacitySearch {
@@ -166,6 +225,33 @@ impl CapacitySearch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::snapshot::replay::{no_progress, replay, ReplayReport};
+
+    #[test]
+    fn the_answer_fits_under_both_placements_and_names_where_they_part() {
+        // Under the defaults this fixture's smallest device depends on the placement: a few
+        // steps below the answer the job fits at its recorded addresses only.
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/replay/fixtures/inference.default.pickle");
+        let found = min_capacity(&path, None, None, None).expect("the fixture replays");
+        let capacity = found.capacity.expect("it fits on the H200");
+        let from = found.borderline_from.expect("borderline below the answer");
+        assert!(from < capacity, "{found:?}");
+        let on = |capacity: u64| -> ReplayReport {
+            let options = ReplayOptions {
+                capacity: Some(capacity),
+                limit: LimitPolicy::Never,
+                ..ReplayOptions::default()
+            };
+            replay(&path, &options, &mut no_progress).expect("the fixture replays")
+        };
+        assert!(on(capacity).fits());
+        let below = on(capacity - STEP);
+        assert!(!below.fits() && below.verdict().borderline);
+        let first = on(from);
+        assert!(first.fits_as_placed() && !first.fits() && first.verdict().borderline);
+        assert!(!on(from - STEP).fits_as_placed());
+    }
 
     #[test]
     fn the_lower_bound_holds_the_peak_beside_the_context() {

@@ -113,6 +113,12 @@ impl ReplayReport {
         verdict
     }
 
+    /// Whether the job fits with this replay's own placement, whatever the placement check
+    /// found (`gpumem replay --min-capacity` reports where the two answers part).
+    pub fn fits_as_placed(&self) -> bool {
+        self.verdict_as_placed().fits
+    }
+
     /// The verdict of this replay's own placement.
     fn verdict_as_placed(&self) -> Verdict {
         let counts = &self.counts;
