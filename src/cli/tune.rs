@@ -210,7 +210,11 @@ pub fn render(ranking: &TuneRanking, seconds: f64) -> String {
         say_part!(
             "{:>4}  {:<4} {:>13} {:>14} {:>14} {:>7} {:>6}  {conf}",
             row.rank,
-            if row.fits { "yes" } else { "no" },
+            match (row.fits, row.borderline) {
+                (true, _) => "yes",
+                (false, false) => "no",
+                (false, true) => "no~",
+            },
             format_size(row.peak_reserved),
             format_size(row.peak_allocated),
             row.device_allocs,
@@ -221,6 +225,9 @@ pub fn render(ranking: &TuneRanking, seconds: f64) -> String {
             say_part!("  <- the job's own config");
         }
         say!();
+    }
+    if ranking.configs.iter().any(|row| row.borderline) {
+        say!("~ borderline: it fits with the segments where the recording's driver put them, or with every segment placed by the simulator's model, not both (where the driver puts segments decides)");
     }
     if !ranking.skipped.is_empty() {
         say!("not ranked ({}):", ranking.skipped.len());

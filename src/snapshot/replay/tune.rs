@@ -257,8 +257,13 @@ pub struct TuneRow {
     pub rank: usize,
     /// The config in PyTorch's syntax (`PYTORCH_CUDA_ALLOC_CONF`'s value; empty = defaults).
     pub alloc_conf: String,
-    /// Whether every allocation succeeded on the capacity.
+    /// Whether every allocation succeeded on the capacity, under both placements when the
+    /// replay was checked (`placement_check.rs`: a borderline config does not fit).
     pub fits: bool,
+    /// Whether the answer depends on where the driver puts segments: the replay at the
+    /// recording's addresses and the one with every segment placed by the simulator's model
+    /// disagree on whether the job fits.
+    pub borderline: bool,
     /// Allocations that failed (each skipped with its free: a peak then understates the job).
     pub ooms: u64,
     /// `reserved_bytes.all.peak`.
@@ -278,10 +283,12 @@ pub struct TuneRow {
 impl TuneRow {
     fn of(alloc_conf: String, report: &ReplayReport, recorded: bool) -> TuneRow {
         let stat = |key: &str| report.stat(key).max(0) as u64;
+        let verdict = report.verdict();
         TuneRow {
             rank: 0,
             alloc_conf,
-            fits: report.fits(),
+            fits: verdict.fits,
+            borderline: verdict.borderline,
             ooms: report.counts.ooms,
             peak_reserved: stat("reserved_bytes.all.peak"),
             peak_allocated: stat("allocated_bytes.all.peak"),
@@ -688,6 +695,7 @@ mod tests {
             rank: 0,
             alloc_conf: conf.into(),
             fits,
+            borderline: false,
             ooms: u64::from(!fits),
             peak_reserved: reserved,
             peak_allocated: 1,
