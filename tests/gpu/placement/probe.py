@@ -1,7 +1,7 @@
 """Is the driver's segment placement a function of the cudaMalloc/cudaFree sequence alone?
 
 usage: python3 probe.py --out DIR [--only REGEX] [--jobs N] [--mode torch|bare] [--random N]
-           [TAR_OR_DIR...]
+           [--designed] [TAR_OR_DIR...]
        python3 probe.py --export FILE.json.gz TAR_OR_DIR...   (no GPU: the recordings' own
            sequences, with their recorded addresses, as the model's tests read them)
 
@@ -171,11 +171,42 @@ def designed_sequences():
     room_left = [["a", 2 << 20, -1, 0] for _ in range(30)] + [["a", 20 << 20, -1, 0],
                                                             ["a", 2 << 20, -1, 0]]
     return {"designed/T1": build(20), "designed/T2": build(30), "designed/T3": small_then_large,
-            "designed/T4": room_left}
+            "designed/T4": room_left, "designed/T5": others_between("m"),
+            "designed/T6": others_between("h")}
 
 
-def play(ops, mode):
-    """Runs one sequence in this process; returns the probed address of every op."""
+def others_between(kind):
+    """T5 (`kind` "m", a module's 14 MiB global) and T6 ("h", 14 MiB of pinned host memory):
+    does others' memory take a freed hole of the segments' chunk, a chunk of its own, or
+    none the driver's segments see? Two 20 MiB segments, the lower freed (a 20 MiB hole);
+    then the other memory; then a 14 MiB segment (in the hole, unless the memory took it) and
+    a 2 MiB one; the memory let go; another 14 MiB segment (where the memory was?)."""
+    mib = 1 << 20
+    ops = [["a", 20 * mib, -1, 0], ["a", 20 * mib, -1, 0], ["f", 20 * mib, 0, 0],
+           [kind, 14 * mib, -1, 0], ["a", 14 * mib, -1, 0], ["a", 2 * mib, -1, 0]]
+    ops.append([HIDDEN_ALLOCS[kind], 14 * mib, 3, 0])
+    ops.append(["a", 14 * mib, -1, 0])
+    return ops
+
+
+# Memory others hold, played between segments (`designed/T5`, `T6`): ops `m` (a kernel
+# module with a SIZE-byte device global, as a library's or a lazily loaded kernel's module
+# takes device memory) and `mu` (its unload), `h` (SIZE bytes of pinned host memory,
+# `cuMemHostAlloc`, which takes addresses from the same unified address space) and `hf` (its
+# free). Each records the device address it got, so the data show whether such memory lands
+# in the chunks and holes that segments use.
+HIDDEN_ALLOCS = {"m": "mu", "h": "hf"}
+GLOBAL_NAME = b"gpumem_probe_global"
+
+
+def module_ptx(size):
+    """PTX text of a module holding one uninitialised device global of `size` bytes."""
+    return (".version 8.0\n.target sm_90\n.address_size 64\n"
+            f".visible .global .align 16 .b8 {GLOBAL_NAME.decode()}[{size}];\n").encode() + b"\0"
+
+
+def start(mode):
+    """libcuda, with a context current: through PyTorch (`torch`) or the driver API (`bare`)."""
     if mode == "torch":
         import torch
         torch.cuda.init()
@@ -187,7 +218,16 @@ def play(ops, mode):
         assert cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
         assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0
         assert cuda.cuCtxSetCurrent(context) == 0
-    probed, pointers = [], {}
+    return cuda
+
+
+def play(ops, mode, cuda=None):
+    """Runs one sequence in this process; returns the probed address of every op (a free's:
+    the address it released; None for a call that failed). `cuda`: libcuda, or a stand-in
+    (tests); started by `start(mode)` when not given."""
+    if cuda is None:
+        cuda = start(mode)
+    probed, pointers, handles = [], {}, {}
     for i, (op, size, index, _) in enumerate(ops):
         if op == "a":
             pointer = ctypes.c_uint64()
@@ -197,11 +237,39 @@ def play(ops, mode):
                 continue
             pointers[i] = pointer.value
             probed.append(pointer.value)
-        else:
+        elif op == "f":
             pointer = pointers.pop(index, None)
             if pointer is not None:
                 assert cuda.cuMemFree_v2(ctypes.c_uint64(pointer)) == 0
             probed.append(pointer)
+        elif op == "m":
+            module, pointer, got = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_size_t()
+            ptx = ctypes.c_char_p(module_ptx(size))
+            if cuda.cuModuleLoadData(ctypes.byref(module), ptx) != 0:
+                probed.append(None)
+                continue
+            # Asking for the global loads it, lazy loading or not.
+            assert cuda.cuModuleGetGlobal_v2(ctypes.byref(pointer), ctypes.byref(got), module,
+                                             GLOBAL_NAME) == 0
+            assert got.value == size
+            handles[i] = (module.value, pointer.value)
+            probed.append(pointer.value)
+        elif op == "h":
+            host, pointer = ctypes.c_void_p(), ctypes.c_uint64()
+            if cuda.cuMemHostAlloc(ctypes.byref(host), ctypes.c_size_t(size), 0) != 0:
+                probed.append(None)
+                continue
+            assert cuda.cuMemHostGetDevicePointer_v2(ctypes.byref(pointer), host, 0) == 0
+            handles[i] = (host.value, pointer.value)
+            probed.append(pointer.value)
+        elif op in ("mu", "hf"):
+            handle, pointer = handles.pop(index, (None, None))
+            if handle is not None:
+                release = cuda.cuModuleUnload if op == "mu" else cuda.cuMemFreeHost
+                assert release(ctypes.c_void_p(handle)) == 0
+            probed.append(pointer)
+        else:
+            raise ValueError(f"unknown op {op!r} at {i}")
     return probed
 
 
@@ -215,6 +283,8 @@ def main():
     p.add_argument("--random", type=int, default=0,
                    help="also play N random sequences (seeded 0..N-1) of segment sizes PyTorch "
                         "makes: 2 MiB, 20 MiB, and 2 MiB multiples up to 200 MiB")
+    p.add_argument("--designed", action="store_true",
+                   help="also play the designed sequences (T1-T6; --random N plays them too)")
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("paths", nargs="*")
     args = p.parse_args()
@@ -231,7 +301,7 @@ def main():
         p.error("--out is required")
     os.makedirs(args.out, exist_ok=True)
     sequences = sequences_from(args.paths, args.only)
-    if args.random:
+    if args.random or args.designed:
         sequences.update(designed_sequences())
     for seed in range(args.random):
         sequences[f"random/{seed}"] = random_sequence(seed)
@@ -247,12 +317,16 @@ def main():
             return name, {"error": done.stderr[-2000:]}
         probed = json.loads(done.stdout)
         ops = sequences[name]
+        hidden = [[i, op[0], op[1], got] for i, (op, got) in enumerate(zip(ops, probed))
+                  if op[0] not in ("a", "f")]
         allocs = [(op[3], got) for op, got in zip(ops, probed) if op[0] == "a"]
         same = sum(1 for recorded, got in allocs if recorded == got)
         first_wrong = next((i for i, (r, g) in enumerate(allocs) if r != g), None)
         return name, {"segments": len(allocs), "same": same, "first_differing": first_wrong,
                       "recorded": [r for r, _ in allocs], "probed": [g for _, g in allocs],
-                      "sizes": [op[1] for op in ops if op[0] == "a"]}
+                      "sizes": [op[1] for op in ops if op[0] == "a"],
+                      # others' memory: [op index, op, size, device address]
+                      "others": hidden}
 
     results = {}
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
@@ -263,9 +337,19 @@ def main():
             else:
                 print(f"{name}: {result['same']}/{result['segments']} placed as recorded"
                       f" (first differing: {result['first_differing']})", flush=True)
+                for index, op, size, got in result["others"]:
+                    print(f"  {name} op {index} {op} {size >> 20} MiB at "
+                          f"{'failed' if got is None else hex(got)}", flush=True)
+                if result["others"]:
+                    print(f"  {name} segments at " + " ".join(
+                        "failed" if got is None else hex(got) for got in result["probed"]),
+                        flush=True)
     json.dump(results, open(os.path.join(args.out, "probe.json"), "w"))
+    # The model's tests read segments only: sequences with others' memory are kept in
+    # probe.json ("others") and left out of the data file.
     played = {name: with_addresses(sequences[name], result["probed"])
-              for name, result in results.items() if "error" not in result}
+              for name, result in results.items()
+              if "error" not in result and not result["others"]}
     write_data(os.path.join(args.out, "probe-data.json.gz"), played)
     whole = sum(1 for r in results.values() if r.get("segments") == r.get("same"))
     total = sum(r.get("segments", 0) for r in results.values())
