@@ -483,9 +483,13 @@ fn describe_search(found: &CapacitySearch) -> String {
             format_size(real),
             format_size(found.real_context)
         ),
+        // Allocations failed on the largest device searched, so the peak there is lowered by
+        // them and bounds nothing: no range was searched.
         _ => format!(
-            "min capacity    does not fit even on {}; {bounds}",
-            format_size(found.upper)
+            "min capacity    does not fit even on {}, the largest device searched (give a larger one with --device sim:SIZE); {} replay{}",
+            format_size(found.upper),
+            found.probes,
+            if found.probes == 1 { "" } else { "s" }
         ),
     }
 }
