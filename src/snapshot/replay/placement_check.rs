@@ -130,13 +130,10 @@ mod tests {
             "a job that fits under one placement only does not fit"
         );
         assert!(verdict.borderline);
-        assert!(
-            verdict.text.starts_with("may not fit on ")
-                && verdict.text.contains(
-                    "with every segment placed by the simulator's model it runs out of memory at event 700"
-                ),
-            "{}",
-            verdict.text
+        assert_says(
+            &verdict.text,
+            "may not fit on ",
+            "with every segment placed by the simulator's model it runs out of memory at event 700",
         );
         assert!(report
             .to_string()
@@ -150,13 +147,15 @@ mod tests {
         report.counts.ooms = 1;
         let verdict = report.verdict();
         assert!(!verdict.fits && verdict.borderline);
-        assert!(
-            verdict.text.starts_with("does not fit on ")
-                && verdict.text.contains(
-                    "; borderline: with every segment placed by the simulator's model it fits"
-                ),
-            "{}",
-            verdict.text
+        assert_says(
+            &verdict.text,
+            "does not fit on ",
+            "; borderline: with every segment placed by the simulator's model it fits",
         );
+    }
+
+    /// A verdict's text starts with `start` and says `clause`.
+    fn assert_says(text: &str, start: &str, clause: &str) {
+        assert!(text.starts_with(start) && text.contains(clause), "{text}");
     }
 }
