@@ -350,6 +350,26 @@ fn min_capacity_names_the_real_gpu_a_small_job_needs() {
     let (stdout, _, _) = replay(&[text(&path), "--min-capacity"]);
     assert!(stdout.contains("a real GPU needs about"), "{stdout}");
     assert!(stdout.contains("an eighth of the device"), "{stdout}");
+    // Its answer depends on the placement a few steps below: named in JSON and in the text.
+    let from = found["borderline_from"]
+        .as_u64()
+        .expect("a borderline range");
+    assert!(from < capacity, "{found}");
+    assert!(stdout.contains("borderline from "), "{stdout}");
+    let (table, _, _) = replay(&[
+        text(&path),
+        "--compare",
+        "expandable_segments:True",
+        "--min-capacity",
+    ]);
+    assert!(
+        table.contains(&format!(
+            "{}~",
+            gpumem::alloc::format::format_size(capacity)
+        )),
+        "{table}"
+    );
+    assert!(table.contains("~ min capacity: "), "{table}");
 }
 
 /// The frame a user reads first in the recorded `event`: the innermost whose file is

@@ -537,9 +537,12 @@ fn print_comparison(report: &ReplayReport, own_search: Option<&CapacitySearch>, 
             }
         );
         if let Some(found) = found {
-            let text = found
-                .capacity
-                .map_or_else(|| "does not fit".to_string(), format_size);
+            let text = match (found.capacity, found.borderline_from) {
+                (None, _) => "does not fit".to_string(),
+                (Some(capacity), None) => format_size(capacity),
+                // Smaller devices fit at the recording's addresses only.
+                (Some(capacity), Some(_)) => format!("{}~", format_size(capacity)),
+            };
             say_part!(" {text:>14}");
         }
         say!();
@@ -559,6 +562,18 @@ fn print_comparison(report: &ReplayReport, own_search: Option<&CapacitySearch>, 
         .any(|row| row.verdict().borderline);
     if borderline {
         say!("~ borderline: one placement of the segments fits and the other does not (the recording's addresses, the simulator's model); it fits only if both do");
+    }
+    let searches = std::iter::once(own_search)
+        .chain(rows.iter().map(|row| row.search.as_ref()))
+        .flatten();
+    footnote_borderline_capacities(searches);
+}
+
+/// The footnote for `--compare`'s min capacity column, when a search found a range where the
+/// answer depends on the placement.
+fn footnote_borderline_capacities<'a>(mut searches: impl Iterator<Item = &'a CapacitySearch>) {
+    if searches.any(|found| found.borderline_from.is_some()) {
+        say!("~ min capacity: on somewhat smaller devices the job fits only with its segments where the recording's driver put them (how far down: borderline_from in --json)");
     }
 }
 
