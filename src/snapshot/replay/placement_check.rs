@@ -154,6 +154,38 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_job_fits_only_when_every_placement_tried_fits() {
+        let base = replay(&convnet(), &pressed(Placement::Recorded), &mut no_progress)
+            .expect("the fixture replays");
+        let checked = base.placement_check.expect("checked");
+        for ooms in [0, 1] {
+            for check_fits in [None, Some(true), Some(false)] {
+                let mut report = base.clone();
+                report.counts.ooms = ooms;
+                report.placement_check = check_fits.map(|fits| PlacementCheck {
+                    fits,
+                    ooms: u64::from(!fits),
+                    first_oom_event: (!fits).then_some(9),
+                    ..checked
+                });
+                let verdict = report.verdict();
+                let as_placed = ooms == 0;
+                assert_eq!(report.fits_as_placed(), as_placed);
+                assert_eq!(
+                    verdict.fits,
+                    as_placed && check_fits != Some(false),
+                    "{ooms} {check_fits:?}"
+                );
+                assert_eq!(
+                    verdict.borderline,
+                    check_fits.is_some_and(|fits| fits != as_placed),
+                    "{ooms} {check_fits:?}"
+                );
+            }
+        }
+    }
+
     /// A verdict's text starts with `start` and says `clause`.
     fn assert_says(text: &str, start: &str, clause: &str) {
         assert!(text.starts_with(start) && text.contains(clause), "{text}");
