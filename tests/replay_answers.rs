@@ -641,3 +641,22 @@ fn a_compared_config_under_pressure_is_checked_under_the_models_placement_too() 
     assert_eq!(main["placement_check"], *check);
     assert_eq!(main["verdict"]["borderline"], row["borderline"]);
 }
+
+#[test]
+fn a_verdict_under_a_configs_memory_fraction_names_the_cap_it_ran_under() {
+    let fixture = common::tests_path("replay/fixtures/convnet.default.pickle");
+    let json = replay_json(&[
+        text(&fixture),
+        "--device",
+        "sim:4GiB",
+        "--alloc-conf",
+        "per_process_memory_fraction:0.5",
+    ]);
+    let verdict = json["verdict"]["text"].as_str().expect("a verdict");
+    assert!(
+        verdict.starts_with(
+            "fits on 4.00 GiB under per_process_memory_fraction:0.5 (2.00 GiB allowed)"
+        ),
+        "{verdict}"
+    );
+}

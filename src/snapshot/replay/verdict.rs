@@ -39,9 +39,24 @@ pub struct Verdict {
 }
 
 impl ReplayReport {
-    /// Where the replay ran: "139.80 GiB", or "139.80 GiB under a cap of 3.00 GiB".
+    /// Where the replay ran: "139.80 GiB", "139.80 GiB under the inferred cap of 3.00 GiB",
+    /// or, under a config's memory fraction, "139.80 GiB under per_process_memory_fraction:0.5
+    /// (69.90 GiB allowed)".
     fn device_words(&self) -> String {
-        let device = format_size(self.capacity);
+        let mut device = format_size(self.capacity);
+        if let Some(fraction) = self
+            .conf
+            .per_process_memory_fraction
+            .filter(|&fraction| fraction < 1.0)
+        {
+            // The allocator's cap: fraction × the device's total memory, truncated (PyTorch's
+            // `allowed_memory_maximum`, `CachingAllocator::set_memory_fraction`).
+            let allowed = (fraction * self.capacity as f64) as u64;
+            device.push_str(&format!(
+                " under per_process_memory_fraction:{fraction} ({} allowed)",
+                format_size(allowed)
+            ));
+        }
         match self.limit_applied {
             Applied::Cap(cap) => format!("{device} under the inferred cap of {}", format_size(cap)),
             Applied::HeldElsewhere(held) => {
