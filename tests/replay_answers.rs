@@ -660,3 +660,13 @@ fn a_verdict_under_a_configs_memory_fraction_names_the_cap_it_ran_under() {
         "{verdict}"
     );
 }
+
+#[test]
+fn segment_differences_under_another_config_are_called_the_answer_not_an_error() {
+    let fixture = common::tests_path("replay/fixtures/convnet.default.pickle");
+    let clause = "(under another config than the recording's: the segments it would make)";
+    let (what_if, _, _) = replay(&[text(&fixture), "--alloc-conf", "max_split_size_mb:20"]);
+    assert!(what_if.contains(clause), "{what_if}");
+    let (own, _, _) = replay(&[text(&fixture)]);
+    assert!(own.contains("0 differ") && !own.contains(clause), "{own}");
+}

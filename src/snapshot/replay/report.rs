@@ -547,6 +547,14 @@ impl fmt::Display for ReplayReport {
                 segments.same_address, paired, segments.same_offset
             )?;
         }
+        if !self.recorded_conf && segments.differing > 0 {
+            // A what-if answer: the config changes the requests' rounding and the segments
+            // made, so differences from the recording are the answer, not an error.
+            write!(
+                f,
+                " (under another config than the recording's: the segments it would make)"
+            )?;
+        }
         writeln!(f)?;
         if self.free_on_request {
             writeln!(
