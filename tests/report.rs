@@ -72,6 +72,12 @@ fn a_replay_report_numbers_every_oom_as_the_text_does() {
     );
     let stats = &replay["final_stats"];
     assert_eq!(stats["num_ooms"].as_u64(), Some(ooms));
+    // It leads with the text's verdict, in the colour of a job that does not fit.
+    let verdict = replay["verdict"]["text"].as_str().expect("a verdict");
+    assert!(
+        page.contains(&format!("<p class=\"headline bad\">verdict: {verdict}</p>")),
+        "{verdict}"
+    );
 }
 
 #[test]

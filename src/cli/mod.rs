@@ -795,6 +795,8 @@ pub(crate) struct EndState {
     pub timelines: Vec<Drawn>,
     /// `--compare`'s table.
     pub comparison: Option<gpumem::viz::report::Comparison>,
+    /// The answer the report leads with (a replay's verdict).
+    pub headline: Option<gpumem::viz::report::Headline>,
 }
 
 impl Outputs {
@@ -868,6 +870,7 @@ impl Outputs {
         }
         if let Some(path) = &self.report {
             let input = ReportInput {
+                headline: end.headline.clone(),
                 title: end.title.clone(),
                 device: end.device.clone(),
                 panels: end
@@ -929,6 +932,7 @@ fn run(
         device: recording.devices_label(),
         timelines: recording.finish(options.config.text()),
         comparison: None,
+        headline: None,
     };
     outputs.write(&end)?;
     Ok(result?)

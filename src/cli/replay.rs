@@ -18,6 +18,7 @@ use gpumem::snapshot::replay::{
     check_placement, min_capacity_of, replay, replay_reading, replay_recording, CapacitySearch,
     Placement, Recording, ReplayError, ReplayOptions, ReplayReport,
 };
+use gpumem::viz::report::{Headline, Tone};
 use gpumem::viz::{Recorder, Timeline};
 
 use super::CliError;
@@ -222,7 +223,7 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         .collect();
     let verdict = with_comparison(&report, &compared);
     if args.outputs.wanted() {
-        let mut state = end_state(args, &report, &rows)?;
+        let mut state = end_state(args, &report, &rows, &verdict)?;
         // The report's text of the main run names what holds memory at its peaks too.
         if let Some(main) = state.timelines.first_mut() {
             main.summary = format!("{}\n{}", main.summary, super::sites::render(&sites));
@@ -324,6 +325,7 @@ fn end_state(
     args: &ReplayArgs,
     report: &ReplayReport,
     rows: &[Row],
+    verdict_text: &str,
 ) -> Result<super::EndState, CliError> {
     let drawn = |label: String, run: &ReplayReport| -> Result<super::Drawn, CliError> {
         Ok(super::Drawn {
@@ -350,10 +352,10 @@ fn end_state(
         let line = |name: &str, run: &ReplayReport| {
             vec![
                 name.to_string(),
-                if run.fits() {
-                    "fits".into()
-                } else {
-                    "does not fit".into()
+                match (run.fits(), run.verdict().borderline) {
+                    (true, _) => "fits".into(),
+                    (false, false) => "does not fit".into(),
+                    (false, true) => "does not fit (borderline)".into(),
                 },
                 format_size(run.stat("allocated_bytes.all.peak").max(0) as u64),
                 format_size(run.stat("reserved_bytes.all.peak").max(0) as u64),
@@ -388,7 +390,22 @@ fn end_state(
         device: "sim".into(),
         timelines,
         comparison,
+        headline: Some(headline(&format!("verdict: {verdict_text}"), report)),
     })
+}
+
+/// A report's lead line: `text`, in the tone of `report`'s verdict (borderline before fits).
+pub(crate) fn headline(text: &str, report: &ReplayReport) -> Headline {
+    let verdict = report.verdict();
+    let tone = match (verdict.fits, verdict.borderline) {
+        (_, true) => Tone::Caution,
+        (true, false) => Tone::Good,
+        (false, false) => Tone::Bad,
+    };
+    Headline {
+        text: text.to_string(),
+        tone,
+    }
 }
 
 /// The name the recorded (or given) config goes by in a comparison.

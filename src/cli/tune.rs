@@ -161,6 +161,18 @@ fn write_report(
             summary: format!("{report}\n{ranking}"),
         }],
         comparison: None,
+        headline: Some(super::replay::headline(
+            &format!(
+                "best config ({}): {}",
+                if best.alloc_conf.is_empty() {
+                    "PyTorch's defaults"
+                } else {
+                    &best.alloc_conf
+                },
+                report.verdict().text
+            ),
+            &report,
+        )),
     })
 }
 

@@ -72,9 +72,43 @@ pub struct Comparison {
     pub rows: Vec<Vec<String>>,
 }
 
+/// The answer a report leads with (`gpumem replay`'s verdict), shown under the title in the
+/// colour of its tone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Headline {
+    /// The answer, as the text report gives it.
+    pub text: String,
+    /// How it reads.
+    pub tone: Tone,
+}
+
+/// How a [`Headline`] reads: the job fits, does not, or the answer depends on what the file
+/// cannot show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tone {
+    /// It fits.
+    Good,
+    /// It does not fit.
+    Bad,
+    /// Borderline: it fits one way and not another.
+    Caution,
+}
+
+impl Tone {
+    fn class(self) -> &'static str {
+        match self {
+            Tone::Good => "good",
+            Tone::Bad => "bad",
+            Tone::Caution => "caution",
+        }
+    }
+}
+
 /// What a report shows.
 #[derive(Debug, Clone)]
 pub struct ReportInput<'a> {
+    /// The answer it leads with, if any.
+    pub headline: Option<Headline>,
     /// What was run (a script's path, a snapshot file).
     pub title: String,
     /// The device, as the subtitle names it (`sim`, `cuda:0`).
@@ -93,6 +127,7 @@ impl<'a> ReportInput<'a> {
         device: impl Into<String>,
     ) -> ReportInput<'a> {
         ReportInput {
+            headline: None,
             title: timeline.title.clone(),
             device: device.into(),
             panels: vec![Panel {
@@ -478,6 +513,16 @@ pub fn html(input: &ReportInput<'_>) -> Result<String, ChartError> {
         match &after[..end] {
             "TITLE" => page.push_str(&escape(&input.title)),
             "SUBTITLE" => page.push_str(&escape(&subtitle)),
+            "HEADLINE" => {
+                if let Some(headline) = &input.headline {
+                    let _ = write!(
+                        page,
+                        "<p class=\"headline {}\">{}</p>",
+                        headline.tone.class(),
+                        escape(&headline.text)
+                    );
+                }
+            }
             "CSS" => page.push_str(CSS),
             "COMPARISON" => page.push_str(&comparison),
             "PANELS" => page.push_str(&panels_html),
@@ -523,6 +568,10 @@ mod tests {
 
     fn planted_input<'a>(timeline: &'a Timeline, evil: &str) -> ReportInput<'a> {
         ReportInput {
+            headline: Some(Headline {
+                text: evil.into(),
+                tone: Tone::Caution,
+            }),
             title: evil.into(),
             device: evil.into(),
             panels: vec![Panel {
@@ -566,6 +615,7 @@ mod tests {
         assert!(!page.contains("<!--"));
         assert!(!page.contains("alert(1)</"), "no planted markup survives");
         assert!(page.contains("&lt;/script&gt;&lt;script&gt;alert(1)"));
+        assert!(page.contains("<p class=\"headline caution\">&lt;/script&gt;"));
         assert!(!page.contains("src=\"http"), "nothing is fetched");
         // The data element still holds the planted text, intact once parsed.
         let start = page.find("type=\"application/json\">").expect("data") + 24;
