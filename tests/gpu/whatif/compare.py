@@ -496,11 +496,28 @@ def render(self_rows, pair_rows, missing_keys):
         tally["what-if"][row["verdict"]] += 1
     for what, counts in tally.items():
         out.append(f"{what}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    fit = fit_tally(pair_rows)
+    if fit["pairs"]:
+        out.append(f"fit verdict: {fit['agree']} of {fit['pairs']} replayed pairs agree with PyTorch; "
+                   f"gpumem says \"fits\" where PyTorch ran out of memory: {fit['false_fits']}, "
+                   f"\"does not fit\" where PyTorch fit: {fit['false_alarms']}")
     flagged = [row for row in pair_rows if row.get("borderline")]
     if flagged:
         out.append(f"borderline (gpumem says its answer depends on the placement): {len(flagged)}, "
                    f"{sum(row['verdict'] == 'differs' for row in flagged)} of them differing")
     return "\n".join(out) + "\n"
+
+
+def fit_tally(pair_rows):
+    """Over the replayed pairs (changed timing included): how many give PyTorch's answer to
+    "does it fit?", and how many say it fits where PyTorch ran out of memory (what gpumem must
+    never say) or the reverse."""
+    verdicts = [fields[0][1:] for fields in (row.get("fields") or [] for row in pair_rows)
+                if fields and fields[0][0] == "fits"]
+    return {"pairs": len(verdicts),
+            "agree": sum(theirs == ours for theirs, ours in verdicts),
+            "false_fits": sum(ours is True and theirs is False for theirs, ours in verdicts),
+            "false_alarms": sum(ours is False and theirs is True for theirs, ours in verdicts)}
 
 
 def main(argv=None):

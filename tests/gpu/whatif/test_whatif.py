@@ -458,6 +458,12 @@ class CompareTest(unittest.TestCase):
         borderline = {p["run"] for p in result["pairs"] if p.get("borderline")}
         self.assertLessEqual(borderline, differing, text)
         self.assertIn("resnet.split64.frac", borderline, text)
+        # Never "fits" where PyTorch ran out of memory; "does not fit" where it fit only for
+        # the pair known to (borderline, above).
+        fit = compare.fit_tally(result["pairs"])
+        self.assertEqual(fit["false_fits"], 0, text)
+        self.assertLessEqual(fit["false_alarms"], 1, text)
+        self.assertIn("fit verdict: ", text)
         return exact
 
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
