@@ -188,8 +188,8 @@ pub fn min_capacity_of(
 
 /// One probe of the search: the replay, and, under pressure, the placement check
 /// ([`check_placement`]), so that a capacity fits only if it fits however the driver places
-/// the segments the recording does not place. Near the smallest capacity every replay is under
-/// pressure, and there one best-fit tie, decided by a segment's address, can decide an OOM.
+/// the segments the recording does not place. Near the smallest capacity most replays retry,
+/// and there one best-fit tie, decided by a segment's address, can decide an OOM.
 fn replay_checked(
     path: &Path,
     recording: &Recording,
