@@ -149,6 +149,54 @@ fn a_free_of_an_address_never_allocated_names_its_index() {
 }
 
 #[test]
+fn a_negative_size_is_refused_whatever_the_action() {
+    let dir = common::scratch("bad-size");
+    for (index, action) in ["free_requested", "segment_alloc", "free_completed"]
+        .into_iter()
+        .enumerate()
+    {
+        let mut events = vec![event("alloc", 4096, 512)];
+        events.push(event(action, 4096, -5));
+        let path = write(&dir, &format!("negative{index}.pickle"), &snapshot(events));
+        refused(&path, &["event 2:", "negative size -5"]);
+    }
+}
+
+#[test]
+fn a_field_of_the_wrong_type_names_its_value() {
+    let dir = common::scratch("bad-field");
+    // 2^64 as a size: pickled with a marker size, whose 8-byte LONG1 is then widened to the
+    // 9 bytes of 2^64 (an unframed pickle has no offsets to fix).
+    const MARKER: i64 = 0x1122_3344_5566_7788;
+    let mut bytes = snapshot(vec![event("alloc", 4096, MARKER)]);
+    let mut long1 = vec![0x8a, 8];
+    long1.extend_from_slice(&MARKER.to_le_bytes());
+    let at = bytes
+        .windows(long1.len())
+        .position(|window| window == long1.as_slice())
+        .expect("the marker is pickled as an 8-byte LONG1");
+    let mut two_to_the_64 = vec![0x8a, 9, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    bytes.splice(at..at + long1.len(), two_to_the_64.drain(..));
+    let mut text = event("alloc", 8192, 512);
+    if let Value::Dict(text) = &mut text {
+        text.insert(key("stream"), Value::String("s".into()));
+    }
+    let path = write(&dir, "wide.pickle", &bytes);
+    refused(
+        &path,
+        &[
+            "event 1:",
+            "'size' is an int wider than 64 bits, expected an int",
+        ],
+    );
+    let path = write(&dir, "text.pickle", &snapshot(vec![text]));
+    refused(
+        &path,
+        &["event 1:", "'stream' is a str ('s'), expected an int"],
+    );
+}
+
+#[test]
 fn a_trace_without_allocations_or_frees_names_skip_actions() {
     let dir = common::scratch("bad-skip");
     let bytes = snapshot(vec![event("alloc", 4096, 100), event("alloc", 4096, 100)]);

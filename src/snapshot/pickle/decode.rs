@@ -47,8 +47,8 @@ pub fn remainder(top: &Value, stacks: Stacks) -> Result<Remainder, String> {
             ..Remainder::default()
         }),
         other => Err(format!(
-            "the pickle holds a {}, not a dict with 'segments' and 'device_traces'",
-            other.type_name()
+            "the pickle holds {}, not a dict with 'segments' and 'device_traces'",
+            other.described()
         )),
     }
 }
@@ -66,8 +66,8 @@ fn snapshot(top: &Value, stacks: Stacks) -> Result<Remainder, String> {
         Some(Value::List(list)) => self::segments(&list.items, "segment")?,
         Some(other) => {
             return Err(format!(
-                "'segments' is a {}, expected a list",
-                other.type_name()
+                "'segments' is {}, expected a list",
+                other.described()
             ))
         }
         None => return Err("the dict has no 'segments'".into()),
@@ -76,8 +76,8 @@ fn snapshot(top: &Value, stacks: Stacks) -> Result<Remainder, String> {
         Some(Value::List(list)) => self::segments(&list.items, "host segment")?,
         Some(other) => {
             return Err(format!(
-                "'host_segments' is a {}, expected a list",
-                other.type_name()
+                "'host_segments' is {}, expected a list",
+                other.described()
             ))
         }
         None => Vec::new(),
@@ -97,8 +97,8 @@ fn snapshot(top: &Value, stacks: Stacks) -> Result<Remainder, String> {
             .collect::<Result<Vec<_>, _>>()?,
         Some(other) => {
             return Err(format!(
-                "'external_annotations' is a {}, expected a list",
-                other.type_name()
+                "'external_annotations' is {}, expected a list",
+                other.described()
             ))
         }
         None => Vec::new(),
@@ -119,10 +119,7 @@ fn snapshot(top: &Value, stacks: Stacks) -> Result<Remainder, String> {
 /// one flat list of entries).
 fn traces(value: &Value, key: &str) -> Result<Vec<(u32, u64)>, String> {
     let Value::List(outer) = value else {
-        return Err(format!(
-            "'{key}' is a {}, expected a list",
-            value.type_name()
-        ));
+        return Err(format!("'{key}' is {}, expected a list", value.described()));
     };
     if outer.streamed > 0 {
         return Ok(vec![(outer.id, outer.streamed)]);
@@ -135,8 +132,8 @@ fn traces(value: &Value, key: &str) -> Result<Vec<(u32, u64)>, String> {
             // A memoized empty list referenced again (one object for several devices).
             Value::Elided => Ok((u32::MAX, 0)),
             other => Err(format!(
-                "{key} holds a {}, expected one list per device",
-                other.type_name()
+                "{key} holds {}, expected one list per device",
+                other.described()
             )),
         })
         .collect()
@@ -150,8 +147,8 @@ fn segments(items: &[Value], what: &str) -> Result<Vec<SegmentRecord>, String> {
         .map(|(index, item)| match item {
             Value::Segment(record) => Ok((**record).clone()),
             other => Err(format!(
-                "{what} {index} is a {}, expected a dict",
-                other.type_name()
+                "{what} {index} is {}, expected a dict",
+                other.described()
             )),
         })
         .collect()
@@ -159,9 +156,12 @@ fn segments(items: &[Value], what: &str) -> Result<Vec<SegmentRecord>, String> {
 
 fn int(value: &Value, key: &str) -> Result<i64, String> {
     match value.get(key) {
-        Some(found) => found
-            .as_int()
-            .ok_or_else(|| format!("'{key}' is a {}, expected an int", found.type_name())),
+        Some(found) => found.as_int().ok_or_else(|| {
+            format!(
+                "'{key}' is {}, expected an int of 64 signed bits",
+                found.described()
+            )
+        }),
         None => Err(format!("no '{key}'")),
     }
 }
@@ -170,8 +170,8 @@ fn text(value: &Value, key: &str) -> Result<String, String> {
     match value.get(key) {
         Some(Value::Str(found)) => Ok(found.to_string()),
         Some(other) => Err(format!(
-            "'{key}' is a {}, expected a string",
-            other.type_name()
+            "'{key}' is {}, expected a string",
+            other.described()
         )),
         None => Err(format!("no '{key}'")),
     }
@@ -180,17 +180,14 @@ fn text(value: &Value, key: &str) -> Result<String, String> {
 fn flag(value: &Value, key: &str, default: bool) -> Result<bool, String> {
     match value.get(key) {
         Some(Value::Bool(found)) => Ok(*found),
-        Some(other) => Err(format!(
-            "'{key}' is a {}, expected a bool",
-            other.type_name()
-        )),
+        Some(other) => Err(format!("'{key}' is {}, expected a bool", other.described())),
         None => Ok(default),
     }
 }
 
 fn annotation(value: &Value) -> Result<Annotation, String> {
     let Value::Dict(_) = value else {
-        return Err(format!("a {}, expected a dict", value.type_name()));
+        return Err(format!("{}, expected a dict", value.described()));
     };
     Ok(Annotation {
         stage: text(value, "stage")?,
@@ -202,7 +199,7 @@ fn annotation(value: &Value) -> Result<Annotation, String> {
 
 fn settings(value: &Value) -> Result<AllocatorSettings, String> {
     let Value::Dict(_) = value else {
-        return Err(format!("a {}, expected a dict", value.type_name()));
+        return Err(format!("{}, expected a dict", value.described()));
     };
     let defaults = AllocatorSettings::default();
     let optional_int = |key: &str, default: i64| match value.get(key) {
@@ -211,10 +208,12 @@ fn settings(value: &Value) -> Result<AllocatorSettings, String> {
     };
     let garbage_collection_threshold = match value.get("garbage_collection_threshold") {
         Some(Value::Float(threshold)) => *threshold,
-        Some(other) => other
-            .as_int()
-            .map(|v| v as f64)
-            .ok_or_else(|| format!("'garbage_collection_threshold' is a {}", other.type_name()))?,
+        Some(other) => other.as_int().map(|v| v as f64).ok_or_else(|| {
+            format!(
+                "'garbage_collection_threshold' is {}, expected a number",
+                other.described()
+            )
+        })?,
         None => 0.0,
     };
     let mut divisions = defaults.roundup_power2_divisions;
@@ -227,20 +226,20 @@ fn settings(value: &Value) -> Result<AllocatorSettings, String> {
                     .and_then(|index| divisions.get_mut(index))
                     .ok_or_else(|| match key.as_str() {
                         Some(key) => format!("roundup_power2_divisions has a key '{key}', not a power of 2 from 1 to 32768"),
-                        None => format!("roundup_power2_divisions has a key that is a {}", key.type_name()),
+                        None => format!("roundup_power2_divisions has a key that is {}", key.described()),
                     })?;
                 *slot = count.as_int().ok_or_else(|| {
                     format!(
-                        "roundup_power2_divisions holds a {}, expected an int",
-                        count.type_name()
+                        "roundup_power2_divisions holds {}, expected an int",
+                        count.described()
                     )
                 })?;
             }
         }
         Some(other) => {
             return Err(format!(
-                "'roundup_power2_divisions' is a {}, expected a dict",
-                other.type_name()
+                "'roundup_power2_divisions' is {}, expected a dict",
+                other.described()
             ))
         }
         None => {}

@@ -80,7 +80,7 @@ fn field<'a>(dict: &'a Value, key: &str) -> Result<&'a Value, String> {
 }
 
 fn wrong(key: &str, value: &Value, expected: &str) -> String {
-    format!("'{key}' is a {}, expected {expected}", value.type_name())
+    format!("'{key}' is {}, expected {expected}", value.described())
 }
 
 /// A non-negative integer field.
@@ -112,7 +112,9 @@ fn address(dict: &Value, key: &str) -> Result<u64, String> {
 fn int(dict: &Value, key: &str, default: i64) -> Result<i64, String> {
     match dict.get(key) {
         None => Ok(default),
-        Some(value) => value.as_int().ok_or_else(|| wrong(key, value, "an int")),
+        Some(value) => value
+            .as_int()
+            .ok_or_else(|| wrong(key, value, "an int of 64 signed bits")),
     }
 }
 
@@ -137,10 +139,7 @@ fn stack(dict: &Value) -> Result<StackId, String> {
 /// `requested_size`/`frames` (and no address).
 pub fn block(dict: &Value) -> Result<BlockRecord, String> {
     let Value::Dict(_) = dict else {
-        return Err(format!(
-            "a block is a {}, expected a dict",
-            dict.type_name()
-        ));
+        return Err(format!("a block is {}, expected a dict", dict.described()));
     };
     let state = match field(dict, "state")? {
         Value::Str(name) => BlockState::from_name(name).ok_or_else(|| {
@@ -183,8 +182,8 @@ pub fn block(dict: &Value) -> Result<BlockRecord, String> {
 pub fn segment(dict: &Value, mut blocks: Vec<BlockRecord>) -> Result<SegmentRecord, String> {
     let Value::Dict(_) = dict else {
         return Err(format!(
-            "a segment is a {}, expected a dict",
-            dict.type_name()
+            "a segment is {}, expected a dict",
+            dict.described()
         ));
     };
     let base = address(dict, "address")?;

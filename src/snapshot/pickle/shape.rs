@@ -72,8 +72,8 @@ pub fn holds_segments(place: Place) -> bool {
 pub fn take_blocks(segment: &mut Value) -> Result<Vec<BlockRecord>, String> {
     let Value::Dict(entries) = segment else {
         return Err(format!(
-            "a segment is a {}, expected a dict",
-            segment.type_name()
+            "a segment is {}, expected a dict",
+            segment.described()
         ));
     };
     let blocks = entries
@@ -88,15 +88,15 @@ pub fn take_blocks(segment: &mut Value) -> Result<Vec<BlockRecord>, String> {
             }
             if let Some(item) = list.items.first() {
                 return Err(format!(
-                    "'blocks' holds a {}, expected dicts",
-                    item.type_name()
+                    "'blocks' holds {}, expected dicts",
+                    item.described()
                 ));
             }
             Ok(std::mem::take(&mut list.blocks))
         }
         Some(other) => Err(format!(
-            "'blocks' is a {}, expected a list",
-            other.type_name()
+            "'blocks' is {}, expected a list",
+            other.described()
         )),
         None => Err("no 'blocks'".into()),
     }

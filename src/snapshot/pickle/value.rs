@@ -191,6 +191,30 @@ impl Value {
         }
     }
 
+    /// The value as an error message names it: its type with its article, and a scalar's
+    /// value, e.g. "an int (18446744073709551615)", "None", "a str ('x')". A message saying
+    /// only "is a int, expected an int" would not tell a user that the int was out of range.
+    pub fn described(&self) -> String {
+        /// Longer strings are cut: a message names a value, it does not quote a file.
+        const SHOWN_CHARS: usize = 40;
+        match self {
+            Value::None => "None".to_string(),
+            Value::Bool(flag) => format!("a bool ({})", if *flag { "True" } else { "False" }),
+            Value::Int(value) => format!("an int ({value})"),
+            Value::Unsigned(value) => format!("an int ({value})"),
+            Value::BigInt => "an int wider than 64 bits".to_string(),
+            Value::Float(value) => format!("a float ({value})"),
+            Value::Str(text) if text.chars().count() > SHOWN_CHARS => {
+                let shown: String = text.chars().take(SHOWN_CHARS).collect();
+                format!("a str ('{shown}...')")
+            }
+            Value::Str(text) => format!("a str ('{text}')"),
+            Value::Bytes => "a bytes object".to_string(),
+            Value::Elided => "a shared object".to_string(),
+            other => format!("a {}", other.type_name()),
+        }
+    }
+
     /// Whether this is a scalar, a string, an interned frame or stack, an empty list or a
     /// short tuple of scalars and strings: what a streaming read's memo keeps whole.
     pub(super) fn is_flat(&self) -> bool {
@@ -237,5 +261,17 @@ mod tests {
         assert_eq!(Value::Unsigned(1 << 63).as_int(), None);
         assert_eq!(Value::BigInt.as_address(), None);
         assert_eq!(Section::of_key("device_traces"), Section::DeviceTraces);
+    }
+
+    #[test]
+    fn a_described_value_names_its_type_and_value() {
+        assert_eq!(Value::None.described(), "None");
+        assert_eq!(Value::Int(-5).described(), "an int (-5)");
+        assert_eq!(Value::BigInt.described(), "an int wider than 64 bits");
+        assert_eq!(Value::Bool(true).described(), "a bool (True)");
+        assert_eq!(Value::Str("x".into()).described(), "a str ('x')");
+        let long = Value::Str("y".repeat(100).into()).described();
+        assert_eq!(long, format!("a str ('{}...')", "y".repeat(40)));
+        assert_eq!(Value::Tuple(Vec::new()).described(), "a tuple");
     }
 }

@@ -538,6 +538,9 @@ impl Engine {
         // timeline restores the rest), so pictures number events as the text does.
         self.allocator.set_trace_context(index as u32);
         let fail = |message: String| SnapshotError::Event { index, message };
+        // PyTorch pickles a `size_t`, so a negative size is a damaged file, whatever the
+        // action: refused here rather than read as 0 where the action does not use the size.
+        non_negative(event.size, "size").map_err(fail)?;
         if event.action == Action::Alloc
             && self
                 .max_live
