@@ -61,6 +61,14 @@ fn check(name: &str, keep: usize) {
         .unwrap_or_else(|| panic!("{label}: starts mid-run\n{report}"));
     assert_eq!(start.layout, Layout::Exact, "{label}\n{report}");
     assert!(report.fits(), "{label}\n{report}");
+    // Its fit covers the window only, and says so: what came before is not in the file.
+    let verdict = report.verdict();
+    assert!(verdict.window_only, "{label}\n{report}");
+    assert!(
+        verdict.text.contains("for the trace's window only"),
+        "{label}: {}",
+        verdict.text
+    );
     let stats = json["memory_stats"].as_object().expect("memory_stats");
     let mut wrong = Vec::new();
     for (key, pytorch) in stats {
@@ -162,6 +170,7 @@ fn a_whole_trace_starts_from_nothing() {
     };
     let report = replay(&path, &options, &mut |_, _| {}).expect("replays");
     assert!(report.start.is_none());
+    assert!(!report.verdict().window_only);
     assert!(
         report.end_state.matches(),
         "{:?}",

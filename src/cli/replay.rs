@@ -237,7 +237,7 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
     } else {
         say_part!("{report}");
         if let Some(found) = &own_search {
-            say!("  {}", describe_search(found));
+            say!("  {}", describe_search(found, report.start.is_some()));
         }
         say!("{}", super::sites::render(&sites).trim_end());
         if !rows.is_empty() {
@@ -261,7 +261,7 @@ fn json_answer(
 ) -> serde_json::Value {
     let mut object = report.to_json();
     if let Some(found) = own_search {
-        object["min_capacity"] = search_json(found);
+        object["min_capacity"] = search_json(found, report.start.is_some());
     }
     if !rows.is_empty() {
         object["verdict"]["with_compare"] = json!(verdict);
@@ -291,7 +291,7 @@ fn json_answer(
                     "num_alloc_retries": report.stat("num_alloc_retries"),
                 });
                 if let Some(found) = &row.search {
-                    entry["min_capacity"] = search_json(found);
+                    entry["min_capacity"] = search_json(found, report.start.is_some());
                 }
                 entry
             })
@@ -394,11 +394,13 @@ fn end_state(
     })
 }
 
-/// A report's lead line: `text`, in the tone of `report`'s verdict (borderline before fits).
+/// A report's lead line: `text`, in the tone of `report`'s verdict (borderline before fits;
+/// a fit of a trace's window only is not shown as a plain fit either).
 pub(crate) fn headline(text: &str, report: &ReplayReport) -> Headline {
     let verdict = report.verdict();
     let tone = match (verdict.fits, verdict.borderline) {
         (_, true) => Tone::Caution,
+        (true, false) if verdict.window_only => Tone::Caution,
         (true, false) => Tone::Good,
         (false, false) => Tone::Bad,
     };
@@ -462,8 +464,11 @@ fn bench_report(snapshot: &Path, wanted: &BenchReport) -> Result<(), CliError> {
     Ok(())
 }
 
-fn search_json(found: &CapacitySearch) -> serde_json::Value {
+/// `--min-capacity`'s answer in JSON; `window_only` when the trace starts mid-run, so the
+/// capacity covers its window only (`verdict::WINDOW_ONLY`).
+fn search_json(found: &CapacitySearch, window_only: bool) -> serde_json::Value {
     json!({
+        "window_only": window_only,
         "capacity": found.capacity,
         "lower_bound": found.lower,
         "upper_bound": found.upper,
@@ -477,7 +482,8 @@ fn search_json(found: &CapacitySearch) -> serde_json::Value {
     })
 }
 
-fn describe_search(found: &CapacitySearch) -> String {
+/// `--min-capacity`'s answer in words; `window_only` as in [`search_json`].
+fn describe_search(found: &CapacitySearch, window_only: bool) -> String {
     let bounds = format!(
         "searched in 2 MiB steps between {} (below it the peak of {} allocated does not fit beside the CUDA context) and {}; {} replays",
         format_size(found.lower),
@@ -492,9 +498,14 @@ fn describe_search(found: &CapacitySearch) -> String {
         ),
         None => String::new(),
     };
+    let window = if window_only {
+        format!("; {}", gpumem::snapshot::replay::verdict::WINDOW_ONLY)
+    } else {
+        String::new()
+    };
     match (found.capacity, found.real_gpu) {
         (Some(bytes), Some(real)) => format!(
-            "min capacity    {} ({bytes} bytes, --device sim:{bytes}) of simulated device, whose CUDA context is modelled as {} (the H200's 527 MiB, at most an eighth of the device); a real GPU needs about {} of total memory (cudaMemGetInfo's total), assuming the {} context measured on the H200{borderline}; {bounds}",
+            "min capacity    {} ({bytes} bytes, --device sim:{bytes}) of simulated device, whose CUDA context is modelled as {} (the H200's 527 MiB, at most an eighth of the device); a real GPU needs about {} of total memory (cudaMemGetInfo's total), assuming the {} context measured on the H200{borderline}{window}; {bounds}",
             format_size(bytes),
             format_size(found.context),
             format_size(real),

@@ -90,7 +90,8 @@ pub enum Tone {
     Good,
     /// It does not fit.
     Bad,
-    /// Borderline: it fits one way and not another.
+    /// Borderline (it fits one way and not another), or it fits as far as the file shows
+    /// (a trace that starts mid-run).
     Caution,
 }
 

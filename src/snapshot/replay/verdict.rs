@@ -36,6 +36,10 @@ pub struct Verdict {
     /// placed by the simulator's model the job fits where this replay's did not, or the
     /// reverse (`placement_check.rs`). A borderline job never `fits`.
     pub borderline: bool,
+    /// Whether the answer covers the trace's window only: the trace starts mid-run
+    /// (PyTorch's history ring wrapped), so what the job needed before its first event is
+    /// not in the file, and a "fits" says so in its text.
+    pub window_only: bool,
 }
 
 impl ReplayReport {
@@ -145,6 +149,7 @@ impl ReplayReport {
         let unreproduced_why = (unreproduced > 0).then(|| self.unreproduced_why());
         let first_oom_event = self.first_oom.as_ref().map(|oom| oom.index);
         let device = self.device_words();
+        let window_only = self.start.is_some();
         if ooms > 0 {
             let first = match first_oom_event {
                 Some(index) => format!(", first at event {index}"),
@@ -168,6 +173,7 @@ impl ReplayReport {
                 unreproduced,
                 unreproduced_why,
                 borderline: false,
+                window_only,
             };
         }
         if unreproduced > 0 && self.capacity_source != CapacitySource::Given && self.recorded_conf {
@@ -182,9 +188,10 @@ impl ReplayReport {
                 unreproduced,
                 unreproduced_why,
                 borderline: false,
+                window_only,
             };
         }
-        let text = if unreproduced > 0 && !self.recorded_conf {
+        let mut text = if unreproduced > 0 && !self.recorded_conf {
             format!(
                 "fits on {device} under this config (the recorded run, under its own, ran out of memory {unreproduced} time{})",
                 plural(unreproduced)
@@ -197,6 +204,9 @@ impl ReplayReport {
         } else {
             format!("fits on {device}: no allocation failed")
         };
+        if window_only {
+            text.push_str(&format!("; {}", WINDOW_ONLY));
+        }
         Verdict {
             fits: true,
             text,
@@ -205,9 +215,16 @@ impl ReplayReport {
             unreproduced,
             unreproduced_why,
             borderline: false,
+            window_only,
         }
     }
 }
+
+/// What a "fits" of a trace that starts mid-run does not cover. The OOMs of a window are
+/// real whatever came before, but its fit is not the job's: the events before it (a first
+/// iteration, a warm-up, an evaluation) may have needed more, and no snapshot keeps their
+/// peak (PyTorch 2.11's `_snapshot()` records no `memory_stats()`).
+pub const WINDOW_ONLY: &str = "for the trace's window only: it starts mid-run (PyTorch's history ring kept only its last max_entries events), and what the job needed before its first event is not in the file";
 
 fn plural(count: u64) -> &'static str {
     if count == 1 {
