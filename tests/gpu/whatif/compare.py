@@ -2,6 +2,7 @@
 acceptance 1-2; the held-back recordings of issue 17).
 
 usage: python3 compare.py RESULTS --gpumem PATH [--jobs 2] [--json OUT.json] [--only REGEX]
+                          [--bases OTHER_RESULTS]
 
 RESULTS is the folder holding the whatif-results-*.tar files run_all.py wrote (they are
 unpacked into RESULTS/unpacked, snapshots decompressed), or a folder that already has runs/.
@@ -26,6 +27,11 @@ and the replay, which completes deferred frees where the base
 run did (and on its own OOM path), cannot know it; the replay's figures are shown beside. A run that an uncaught OOM ended is compared on fits and on which allocation failed
 first, when its requests up to the OOM are the base run's. A config PyTorch 2.11 refused must
 be refused by gpumem too.
+
+With --bases OTHER, every what-if run is paired with OTHER's base run of its workload instead
+of its own (a base recording made in another process, whose segments the driver placed
+around other memory): how much the answers hang on run-to-run differences of the recording.
+Self-replay then covers the runs of RESULTS and OTHER's bases.
 
 Exit status: 1 when any replay differs from PyTorch (a mismatch), 2 on bad arguments or no
 results, else 0. Runs that failed on the GPU machine are listed, not counted as mismatches.
@@ -63,6 +69,8 @@ def parse_args(argv=None):
     p.add_argument("--json", default="", help="also write every result to this JSON file")
     p.add_argument("--only", default="", help="compare only runs whose name matches this regex")
     p.add_argument("--timeout", type=float, default=600, help="seconds per replay")
+    p.add_argument("--bases", default="",
+                   help="pair the what-if runs with this other results folder's base runs")
     p.add_argument("--unpack-to", default="",
                    help="where to unpack the tars (default: RESULTS/unpacked, or a new folder "
                         "in /tmp when RESULTS is read-only)")
@@ -531,6 +539,17 @@ def main(argv=None):
     if not runs:
         print(f"compare.py: no run meta files in {folder}", file=sys.stderr)
         return 2
+    if args.bases:
+        # The other folder's tars go into a folder of their own, so that its base runs do
+        # not overwrite these ones on disk.
+        other_to = os.path.join(args.unpack_to, "bases") if args.unpack_to else ""
+        others = load_runs(runs_folder(args.bases, other_to), args.only)
+        bases = {run.meta.get("base") for run in runs.values()} - {None}
+        for name in bases:
+            if name in others:
+                runs[name] = others[name]
+            else:
+                runs.pop(name, None)
     self_rows, pair_rows, missing_keys = compare(runs, args.gpumem, args.jobs, args.timeout)
     sys.stdout.write(render(self_rows, pair_rows, missing_keys))
     if args.json:
