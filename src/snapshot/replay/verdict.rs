@@ -37,7 +37,7 @@ pub struct Verdict {
     /// reverse (`placement_check.rs`). A borderline job never `fits`.
     pub borderline: bool,
     /// Whether the answer covers the trace's window only: the trace starts mid-run
-    /// (PyTorch's history ring wrapped), so what the job needed before its first event is
+    /// (PyTorch's history ring wrapped, or recording began late), so what the job needed before its first event is
     /// not in the file, and a "fits" says so in its text.
     pub window_only: bool,
 }
@@ -224,7 +224,7 @@ impl ReplayReport {
 /// real whatever came before, but its fit is not the job's: the events before it (a first
 /// iteration, a warm-up, an evaluation) may have needed more, and no snapshot keeps their
 /// peak (PyTorch 2.11's `_snapshot()` records no `memory_stats()`).
-pub const WINDOW_ONLY: &str = "for the trace's window only: it starts mid-run (PyTorch's history ring kept only its last max_entries events), and what the job needed before its first event is not in the file";
+pub const WINDOW_ONLY: &str = "for the trace's window only: it starts mid-run (PyTorch's history ring kept only its last max_entries events, or recording began after the job's first allocations), and what the job needed before its first event is not in the file";
 
 fn plural(count: u64) -> &'static str {
     if count == 1 {
