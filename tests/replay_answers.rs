@@ -670,3 +670,20 @@ fn segment_differences_under_another_config_are_called_the_answer_not_an_error()
     let (own, _, _) = replay(&[text(&fixture)]);
     assert!(own.contains("0 differ") && !own.contains(clause), "{own}");
 }
+
+#[test]
+fn min_capacity_of_a_trace_that_starts_mid_run_is_the_windows() {
+    let path = common::tests_path("replay/fixtures/forms/v2.11-ring-wrapped.pickle");
+    let json = replay_json(&[text(&path), "--min-capacity"]);
+    assert_eq!(json["min_capacity"]["window_only"], true, "{json}");
+    assert_eq!(json["verdict"]["window_only"], true, "{json}");
+    let (stdout, _, _) = replay(&[text(&path), "--min-capacity"]);
+    let line = stdout
+        .lines()
+        .find(|line| line.trim_start().starts_with("min capacity"))
+        .unwrap_or_else(|| panic!("no min capacity in:\n{stdout}"));
+    assert!(line.contains("for the trace's window only"), "{line}");
+    let whole = common::tests_path("replay/fixtures/inference.default.pickle");
+    let json = replay_json(&[text(&whole), "--min-capacity"]);
+    assert_eq!(json["min_capacity"]["window_only"], false, "{json}");
+}

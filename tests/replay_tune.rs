@@ -186,3 +186,27 @@ fn the_report_holds_the_same_ranking_and_the_best_config() {
         "{last}"
     );
 }
+
+#[test]
+fn a_trace_that_starts_mid_run_fits_its_window_only() {
+    let wrapped = tests_path("replay/fixtures/forms/v2.11-ring-wrapped.pickle");
+    let dir = scratch("tune-window");
+    let grid = write(&dir, "grid.txt", "expandable_segments = False, True\n");
+    let wrapped = wrapped.to_str().expect("utf-8 path");
+    let grid = grid.to_str().expect("utf-8 path");
+    let (stdout, stderr, code) = run(&["replay", wrapped, "--tune", "--grid", grid]);
+    assert_eq!(code, 0, "{stderr}");
+    let best = stdout
+        .lines()
+        .find(|line| line.starts_with("best config: fits"))
+        .unwrap_or_else(|| panic!("no fitting best config in:\n{stdout}"));
+    assert!(best.contains("for the trace's window only"), "{best}");
+    let (stdout, stderr, code) = run(&["replay", wrapped, "--tune", "--grid", grid, "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let json: Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(json["window_only"], Value::Bool(true), "{stdout}");
+    // A trace from the job's start is not.
+    let (stdout, _, _) = run(&["replay", &fixture(), "--tune", "--grid", grid, "--json"]);
+    let json: Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(json["window_only"], Value::Bool(false), "{stdout}");
+}

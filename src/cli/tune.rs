@@ -251,7 +251,13 @@ pub fn render(ranking: &TuneRanking, seconds: f64) -> String {
         say!("no config was replayed");
         return out;
     };
-    let verdict = if best.fits {
+    let verdict = if best.fits && ranking.window_only {
+        format!(
+            "fits on {} ({})",
+            format_size(ranking.capacity),
+            gpumem::snapshot::replay::verdict::WINDOW_ONLY
+        )
+    } else if best.fits {
         format!("fits on {}", format_size(ranking.capacity))
     } else {
         format!(

@@ -331,6 +331,9 @@ pub struct TuneRanking {
     pub capacity_source: CapacitySource,
     /// Trace events each replay went through.
     pub events: u64,
+    /// Whether the trace starts mid-run, so a config that fits fits the window only
+    /// (`verdict::WINDOW_ONLY`).
+    pub window_only: bool,
     /// Worker threads used.
     pub threads: usize,
     /// Replays run: the job's own, and the grid's configs not left out beforehand (a config
@@ -525,6 +528,7 @@ pub fn tune_timed(
         capacity: own.capacity,
         capacity_source: own.capacity_source,
         events: own.counts.events,
+        window_only: own.start.is_some(),
         threads,
         replays: tasks.len(),
         configs,
