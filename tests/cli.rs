@@ -6,7 +6,7 @@ use std::path::Path;
 use serde_json::Value;
 
 mod common;
-use common::{gpumem, outcome, scratch, text};
+use common::{gpumem, outcome, scratch, tests_path, text};
 
 /// Pipes `input` into the REPL on sim; returns (stdout, stderr, exit code).
 fn repl(input: &str) -> (String, String, i32) {
@@ -254,6 +254,18 @@ fn usage_errors_exit_2() {
     let output = gpumem(&["run", "--device", "sim", "/nonexistent/x.rhai"], "");
     assert_eq!(output.status.code(), Some(2));
     assert!(text(&output.stderr).contains("cannot read /nonexistent/x.rhai"));
+    // A file that is not text (a snapshot given as a script) is named, and said to be so.
+    let pickle = tests_path("replay/fixtures/convnet.default.pickle");
+    let output = gpumem(
+        &["run", "--device", "sim", pickle.to_str().expect("utf-8")],
+        "",
+    );
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output.stderr).contains("convnet.default.pickle: it is not a text file"),
+        "{}",
+        text(&output.stderr)
+    );
     let output = gpumem(&["--no-such-flag"], "");
     assert_eq!(output.status.code(), Some(2));
     let output = gpumem(&["--device", "sim", "--alloc-conf", "bogus_key:1"], "");

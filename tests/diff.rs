@@ -101,4 +101,6 @@ fn an_unreadable_file_is_named() {
     let (_, stderr, code) = run(&["diff", a.to_str().unwrap(), "/nonexistent.pickle"]);
     assert_eq!(code, 2);
     assert!(stderr.contains("/nonexistent.pickle"), "{stderr}");
+    // Named once: the I/O error names the file already.
+    assert_eq!(stderr.matches("/nonexistent.pickle").count(), 1, "{stderr}");
 }

@@ -348,6 +348,20 @@ impl From<PlacementArg> for gpumem::snapshot::replay::Placement {
 }
 
 /// `--capacity SIZE`: a byte count as `--device sim:SIZE` takes it.
+/// The text of `path` (a script, an expected output, a grid), or why it cannot be had: "cannot
+/// read PATH: ERROR", or, for a file whose bytes are not UTF-8 (an image, a pickle given as a
+/// script), that it is not a text file, where std's own words ("stream did not contain valid
+/// UTF-8") name neither the file nor the fix.
+pub(crate) fn read_text(path: &Path, what: &str) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|error| match error.kind() {
+        std::io::ErrorKind::InvalidData => format!(
+            "cannot read {}: it is not a text file (its bytes are not UTF-8), and {what} is text",
+            path.display()
+        ),
+        _ => format!("cannot read {}: {error}", path.display()),
+    })
+}
+
 fn parse_capacity(text: &str) -> Result<u64, String> {
     gpumem::device::spec::parse_size(text).map_err(|error| error.to_string())
 }
@@ -904,8 +918,7 @@ fn run(
     outputs: &Outputs,
 ) -> Result<(), CliError> {
     let name = file.display().to_string();
-    let source = std::fs::read_to_string(file)
-        .map_err(|error| CliError::Io(format!("cannot read {name}: {error}")))?;
+    let source = read_text(file, "a script").map_err(CliError::Io)?;
     let pinned =
         directives::parse(&source).map_err(|error| CliError::Failed(format!("{name}: {error}")))?;
     let options = pinned_options(options, &pinned, file);

@@ -71,8 +71,7 @@ fn grid(args: &TuneArgs) -> Result<Grid, CliError> {
     let Some(path) = &args.grid else {
         return Ok(Grid::default_grid(&args.base));
     };
-    let text = std::fs::read_to_string(path)
-        .map_err(|error| CliError::Io(format!("cannot read {}: {error}", path.display())))?;
+    let text = super::read_text(path, "a grid").map_err(CliError::Io)?;
     Grid::parse(&text, &args.base)
         .map_err(|error| CliError::Usage(format!("--grid {}: {error}", path.display())))
 }

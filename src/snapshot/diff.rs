@@ -258,11 +258,11 @@ pub fn diff(a: &Path, b: &Path, options: &DiffOptions) -> Result<DiffReport, Dif
 /// Why a diff could not be made: which file could not be replayed.
 #[derive(Debug, thiserror::Error)]
 pub enum DiffError {
-    /// The first file.
-    #[error("{0}: {1}")]
+    /// The first file (named once: an unreadable file's error names it already).
+    #[error("{}", .1.naming(std::path::Path::new(.0)))]
     A(String, ReplayError),
-    /// The second file.
-    #[error("{0}: {1}")]
+    /// The second file (named as the first).
+    #[error("{}", .1.naming(std::path::Path::new(.0)))]
     B(String, ReplayError),
 }
 

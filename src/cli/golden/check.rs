@@ -220,11 +220,9 @@ pub fn check_script(script: &Path, options: &Options) -> ScriptResult {
 }
 
 fn execute(script: &Path, options: &Options) -> Execution {
-    let source = match std::fs::read_to_string(script) {
+    let source = match crate::cli::read_text(script, "a script") {
         Ok(source) => source,
-        Err(error) => {
-            return Execution::Unrunnable(format!("cannot read {}: {error}", script.display()))
-        }
+        Err(error) => return Execution::Unrunnable(error),
     };
     let pinned = match directives::parse(&source) {
         Ok(pinned) => pinned,

@@ -182,10 +182,10 @@ impl Repl {
     /// or config of a running session, so a script pinning different ones is refused.
     fn load(&mut self, path: &Path) -> Flow {
         let shown = path.display().to_string();
-        let source = match std::fs::read_to_string(path) {
+        let source = match crate::cli::read_text(path, "a script") {
             Ok(source) => source,
             Err(error) => {
-                self.error(&format!(":load: cannot read {shown}: {error}"));
+                self.error(&format!(":load: {error}"));
                 return Flow::Continue;
             }
         };
