@@ -104,3 +104,25 @@ fn an_unreadable_file_is_named() {
     // Named once: the I/O error names the file already.
     assert_eq!(stderr.matches("/nonexistent.pickle").count(), 1, "{stderr}");
 }
+
+#[test]
+fn a_job_whose_trace_starts_mid_run_is_compared_by_its_window() {
+    let wrapped = common::tests_path("replay/fixtures/forms/v2.11-ring-wrapped.pickle");
+    let whole = common::tests_path("replay/fixtures/forms/v2.11.pickle");
+    let (wrapped, whole) = (
+        wrapped.to_str().expect("utf-8"),
+        whole.to_str().expect("utf-8"),
+    );
+    let (stdout, stderr, code) = run(&["diff", wrapped, whole]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("window only    A starts mid-run"),
+        "{stdout}"
+    );
+    let (stdout, _, _) = run(&["diff", wrapped, whole, "--json"]);
+    let json: Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(json["a"]["window_only"], true, "{stdout}");
+    assert_eq!(json["b"]["window_only"], false, "{stdout}");
+    let (stdout, _, _) = run(&["diff", whole, whole]);
+    assert!(!stdout.contains("window only"), "{stdout}");
+}

@@ -82,6 +82,17 @@ fn print(report: &DiffReport) {
         conf(a),
         conf(b)
     );
+    let windows: Vec<&str> = [("A", a), ("B", b)]
+        .into_iter()
+        .filter(|(_, job)| job.window_only)
+        .map(|(name, _)| name)
+        .collect();
+    if !windows.is_empty() {
+        say!(
+            "  window only    {} starts mid-run (PyTorch's history ring kept only its last max_entries events, or recording began late): its peaks and counts are its trace's window's, and the job's may lie before it",
+            windows.join(" and ")
+        );
+    }
     say!("{:<18} {:>14} {:>14} {:>14}", "", "A", "B", "change");
     let sizes = |what: &str, x: u64, y: u64, change: Option<f64>| {
         say!(

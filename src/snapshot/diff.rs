@@ -39,6 +39,9 @@ pub struct JobFigures {
     pub ooms: u64,
     /// `oom` events the file records.
     pub recorded_ooms: u64,
+    /// Whether the trace starts mid-run: its peaks and counts are its window's, and the
+    /// job's may lie before it (`verdict::WINDOW_ONLY`).
+    pub window_only: bool,
     /// Memory at its peaks by allocation site.
     pub sites: SitesAtPeaks,
 }
@@ -57,6 +60,7 @@ impl JobFigures {
             retries: stat("num_alloc_retries"),
             ooms: report.counts.ooms,
             recorded_ooms: report.counts.recorded_ooms,
+            window_only: report.start.is_some(),
             sites,
         }
     }
