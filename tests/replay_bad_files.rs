@@ -60,7 +60,13 @@ fn a_truncated_pickle_says_where_it_ends() {
     let path = write(&dir, "half.pickle", &bytes[..bytes.len() / 2]);
     let stderr = refused(
         &path,
-        &["half.pickle", "ends early", "truncated", "trace events"],
+        &[
+            "half.pickle",
+            "ends early",
+            "truncated",
+            "dump the snapshot again",
+            "trace events",
+        ],
     );
     assert!(
         stderr.contains(&format!("at byte {}", bytes.len() / 2)),

@@ -253,7 +253,10 @@ impl<R: Read, E, F: FnMut(Emitted<'_>) -> Result<(), E>> Unpickler<R, F> {
         match error {
             InputError::Eof { offset } => StreamError::Pickle {
                 offset,
-                message: "the pickle ends early (the file is truncated)".into(),
+                // A file cut short (a process killed while `_dump_snapshot` wrote it, a copy
+                // interrupted) has lost the rest of its trace and the `allocator_settings`
+                // pickled after it, so there is nothing sound to replay: say what to do.
+                message: "the pickle ends early (the file is truncated: dump the snapshot again; a file cut short has lost the rest of its trace and the allocator settings written after it)".into(),
                 events: self.events,
             },
             InputError::TooLong {
