@@ -683,7 +683,7 @@ impl ReplayReport {
         };
         writeln!(
             f,
-            "  trace start     mid-run (PyTorch keeps only the last max_entries events): rebuilt from the file's end-state segments walked back over the trace: {} segments ({} reserved), {} live blocks ({}, {} of them freed by the trace), {layout}",
+            "  trace start     mid-run (PyTorch keeps only the last max_entries events, or recording began after the job's first allocations): rebuilt from the file's end-state segments walked back over the trace: {} segments ({} reserved), {} live blocks ({}, {} of them freed by the trace), {layout}",
             figures.segments,
             format_size(figures.reserved_bytes),
             figures.blocks,
