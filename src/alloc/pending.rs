@@ -218,6 +218,17 @@ impl CachingAllocator {
     ) -> Result<(), AllocError> {
         self.stats.num_sync_all_streams += 1;
         self.insert_deferred_events()?;
+        self.wait_for_events(|allocator, id| {
+            only.is_none_or(|owner| allocator.blocks.at(id).owner == owner)
+        })
+    }
+
+    /// Waits for every outstanding event of the blocks `wanted` picks, stream by stream, and
+    /// lets each go: a block whose last event this was completes its free.
+    fn wait_for_events(
+        &mut self,
+        wanted: impl Fn(&CachingAllocator, BlockId) -> bool,
+    ) -> Result<(), AllocError> {
         let streams: Vec<StreamId> = self.cuda_events.keys().copied().collect();
         for stream in streams {
             let mut index = 0;
@@ -226,7 +237,7 @@ impl CachingAllocator {
                 .get(&stream)
                 .and_then(|queue| queue.get(index))
             {
-                if only.is_some_and(|owner| self.blocks.at(id).owner != owner) {
+                if !wanted(self, id) {
                     index += 1;
                     continue;
                 }
@@ -236,6 +247,19 @@ impl CachingAllocator {
             }
         }
         Ok(())
+    }
+
+    /// Completes the pending free of `allocation` now: its block waits for none of its events
+    /// any more (each is waited for) and goes back to its pool, and no other pending free is
+    /// touched. For a replay whose trace records that completion at this point: PyTorch's
+    /// `process_events` completes only what is done, and a malloc in a capture or a private
+    /// pool runs none, so completing every finished free with it would be another reading.
+    /// Nothing happens for an allocation whose free is not pending.
+    pub fn complete_free_now(&mut self, allocation: Allocation) -> Result<(), AllocError> {
+        if allocation.is_null() {
+            return Ok(());
+        }
+        self.wait_for_events(|_, id| id == allocation.id)
     }
 
     /// Drops the oldest event of `stream`'s queue, and the queue once empty.

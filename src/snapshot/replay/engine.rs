@@ -36,7 +36,11 @@
 //! run in which a release's frames name `empty_cache`. Where the malloc would release the same
 //! itself, the trace cannot tell whether an `empty_cache()` came first: the replay takes the
 //! releases as the malloc's, and `num_sync_all_streams` (and, for a malloc that then
-//! succeeds, `num_alloc_retries`) may differ from the recording's by one.
+//! succeeds, `num_alloc_retries`) may differ from the recording's by one. Under a what-if
+//! config the replay's state is not the recording's, so the recording is asked first
+//! ([`Engine::recording_room`]): where the recorded run had room for the malloc's new memory
+//! with the released segments still held, its malloc cannot have released them (PyTorch's OOM
+//! path runs only after a `cudaMalloc` failed), and the run was an `empty_cache()`.
 //!
 //! A CUDA-graph capture begins with an `empty_cache()` too (`torch.cuda.graph.__enter__`),
 //! which the trace shows only by what it releases: the first allocation of a stream whose
@@ -47,7 +51,8 @@
 //!
 //! A 2.11 trace names no pool, but the file's segments do (`segment_pool_id`). Given the
 //! segments of private pools that still existed at the end (and the index of the
-//! `segment_alloc` that made each one), the replay routes every allocation that lies in one of
+//! `segment_alloc` that made each one, or of the `segment_map` that began an expandable
+//! one's mapped range), the replay routes every allocation that lies in one of
 //! them, after it was made, to that pool, as a capture or `use_mem_pool` did.
 
 use std::cell::RefCell;
@@ -261,6 +266,8 @@ struct Run {
     release_sizes: Vec<u64>,
     /// `segment_alloc`/`segment_map` events in it.
     new_memory: u64,
+    /// Bytes they acquired.
+    new_bytes: u64,
     /// Deferred completions in it.
     completions: u64,
     /// Of those, completions right after their `free_requested` (they read as immediate
@@ -287,6 +294,7 @@ impl Run {
     fn is_empty(&self) -> bool {
         self.releases == 0
             && self.new_memory == 0
+            && self.new_bytes == 0
             && self.completions == 0
             && self.adjacent == 0
             && !self.empty_cache_frame
@@ -309,6 +317,10 @@ pub struct Engine {
     live: AddressMap<Live>,
     /// Recorded addresses whose allocation failed in the replay; their frees are skipped.
     skipped: AddressSet,
+    /// Of those, the ones whose free the trace shows deferred (its `free_completed` came
+    /// later): their completion still belongs to the run it is recorded in, as the trace reads
+    /// the same whatever the replay could allocate.
+    skipped_deferred: AddressSet,
     /// The trace list replayed (the first that has events).
     trace: Option<u32>,
     /// The allocator's own events since the last recorded event was replayed: its segment
@@ -360,6 +372,13 @@ pub struct Engine {
     /// replay that ran before the recorded config was known must then run again if it was
     /// not.
     assumed_recorded_config: bool,
+    /// In a what-if replay of a trace that starts with its process: the bytes the recorded
+    /// run could reserve in all ([`Engine::recording_room`]), which tell a run of releases
+    /// its malloc did not need from one an `empty_cache()` made.
+    recording_room: Option<u64>,
+    /// Bytes the recording held in segments at this point of its trace (its `segment_alloc`
+    /// and `segment_map` sizes less its releases).
+    recorded_reserved: u64,
     /// Whether the trace starts mid-run ([`Engine::start_from`]): a stream's first allocation
     /// in a capture may then continue one begun before the window, so it begins none.
     started_mid_run: bool,
@@ -397,6 +416,7 @@ impl Engine {
             hints,
             live: AddressMap::default(),
             skipped: AddressSet::default(),
+            skipped_deferred: AddressSet::default(),
             trace: None,
             log,
             held: None,
@@ -414,6 +434,8 @@ impl Engine {
             started_mid_run: false,
             recorded_config: true,
             assumed_recorded_config: false,
+            recording_room: None,
+            recorded_reserved: 0,
             capture_stream: None,
             last_alloc_stream: None,
             last_alloc_inside: false,
@@ -480,8 +502,7 @@ impl Engine {
             if block.free_requested {
                 let mut event = RawEvent::new(Action::FreeRequested);
                 event.addr = block.addr as i64;
-                self.defer_free(&event)?;
-                self.counts.deferred_frees -= 1;
+                self.defer_free(&event, false)?;
                 self.pending_at_start.insert(block.addr);
             }
         }
@@ -497,6 +518,16 @@ impl Engine {
     /// a what-if replay says no).
     pub fn follows_recorded_config(&mut self, recorded: bool) {
         self.recorded_config = recorded;
+    }
+
+    /// Tells a what-if replay of a trace that starts with its process how many bytes the
+    /// recorded run could reserve in all (its device's room, or the limit its OOMs show).
+    /// A run of releases before a malloc that, in the recording, could have had its new
+    /// memory without them was then no OOM path of that malloc: the program called
+    /// `empty_cache()`, and the replay does, whatever the what-if config's malloc would do in
+    /// its place (see the module documentation).
+    pub fn recording_room(&mut self, room: u64) {
+        self.recording_room = Some(room);
     }
 
     /// Whether a decision so far relied on the replay's config being the recorded run's (see
@@ -559,7 +590,7 @@ impl Engine {
                 self.pair = Some((held_index, held, event));
                 return Ok(());
             }
-            self.defer_free(&held)
+            self.defer_free(&held, true)
                 .map_err(|message| SnapshotError::Event {
                     index: held_index,
                     message,
@@ -578,8 +609,7 @@ impl Engine {
                     | Action::SegmentAlloc
                     | Action::SegmentMap
             ) {
-                self.defer_free(&requested).map_err(at)?;
-                self.counts.deferred_frees -= 1;
+                self.defer_free(&requested, false).map_err(at)?;
                 self.complete_deferred(&completed).map_err(at)?;
                 self.run.adjacent += 1;
             } else {
@@ -599,23 +629,31 @@ impl Engine {
                     }
                 }
                 self.segments.recorded(index, device_event(&event));
+                self.recorded_reserved = self.recorded_reserved.saturating_sub(event.size as u64);
                 self.run.releases += 1;
                 self.run.release_sizes.push(event.size.max(0) as u64);
                 self.run.empty_cache_frame |= event.signs.empty_cache;
             }
             Action::SegmentAlloc | Action::SegmentMap => {
                 self.segments.recorded(index, device_event(&event));
+                self.recorded_reserved = self.recorded_reserved.saturating_add(event.size as u64);
                 self.run.new_memory += 1;
+                self.run.new_bytes = self.run.new_bytes.saturating_add(event.size as u64);
                 if event.action == Action::SegmentAlloc {
                     self.made_at.insert(event.addr as u64, index);
                 }
-                if let Some(hints) = &self.hints {
+                // Only a `cudaMalloc` tells where the driver puts one: pages mapped into an
+                // expandable segment lie in its address reservation, no place for a segment
+                // of a replay without expandable segments.
+                if let Some(hints) = self
+                    .hints
+                    .as_ref()
+                    .filter(|_| event.action == Action::SegmentAlloc)
+                {
                     let (address, size) = (event.addr as u64, event.size.max(0) as u64);
                     hints.push(address, size);
-                    if event.action == Action::SegmentAlloc {
-                        hints.recorded(DeviceCall::Malloc { address, size });
-                        hints.recorded_segment(address, size);
-                    }
+                    hints.recorded(DeviceCall::Malloc { address, size });
+                    hints.recorded_segment(address, size);
                 }
             }
             Action::FreeCompleted if self.is_deferred(&event) => {
@@ -662,7 +700,7 @@ impl Engine {
             message,
         };
         if let Some((_, held)) = self.held.take() {
-            self.defer_free(&held).map_err(fail)?;
+            self.defer_free(&held, true).map_err(fail)?;
         }
         if let Some((_, _, completed)) = self.pair.take() {
             self.end_run(None).map_err(fail)?;
@@ -720,9 +758,11 @@ impl Engine {
 
     /// Whether a `free_completed` completes a deferred free still waiting in the replay.
     fn is_deferred(&self, event: &RawEvent) -> bool {
+        let addr = event.addr as u64;
         self.live
-            .get(&(event.addr as u64))
+            .get(&addr)
             .is_some_and(|live| live.deferred.is_some())
+            || self.skipped_deferred.contains(&addr)
     }
 
     /// Before an event that is not part of a run of releases: decides whether the run was an
@@ -755,6 +795,7 @@ impl Engine {
             // The capture's synchronisation and `empty_cache()` completed them.
             _ if run.capture => false,
             _ if adjacent_only && !shown && !self.recorded_config => false,
+            Some(event) if self.room_shows_no_oom_path(event, &run) => false,
             Some(event) if missed && !run.leading.is_empty() => {
                 let size = non_negative(event.size, "size")?;
                 match self.outlook(event)? {
@@ -784,15 +825,16 @@ impl Engine {
             }
             _ => false,
         };
-        for (stream, _) in std::mem::take(&mut run.leading) {
+        for (stream, allocation) in std::mem::take(&mut run.leading) {
             if on_oom_path {
                 run.after_release.push(stream);
             } else {
                 // Completed one by one, in the recorded order (PyTorch walks its streams in
-                // an order of its own; the trace shows it).
+                // an order of its own; the trace shows it), each alone: other frees whose work
+                // is done wait for the malloc's own `process_events` (none in a private pool).
                 self.allocator
                     .synchronize_stream(stream)
-                    .and_then(|()| self.allocator.complete_finished_frees())
+                    .and_then(|()| self.allocator.complete_free_now(allocation))
                     .map_err(|error| format!("the allocator failed: {error}"))?;
             }
         }
@@ -803,7 +845,8 @@ impl Engine {
                 run.releases > 0
                     && run.after_release.is_empty()
                     && matches!(event.action, Action::Alloc | Action::Oom)
-                    && !self.malloc_releases(event, &run.release_sizes)?
+                    && (self.room_shows_no_oom_path(event, &run)
+                        || !self.malloc_releases_noting(event, &run.release_sizes)?)
             }
         };
         if empty_cache {
@@ -818,6 +861,37 @@ impl Engine {
             self.run.after_release = run.after_release;
         }
         Ok(())
+    }
+
+    /// Whether the recording shows that the malloc of `event` took no OOM path, so that the
+    /// releases and completions of `run` before it were not its own: it got its new memory (or
+    /// a cached block), and the recorded run had room for that memory with the released
+    /// segments still held ([`Engine::recording_room`]). PyTorch's OOM path runs only after a
+    /// `cudaMalloc` failed, which it could not have.
+    fn room_shows_no_oom_path(&self, event: &RawEvent, run: &Run) -> bool {
+        let released = run
+            .release_sizes
+            .iter()
+            .fold(0_u64, |sum, &size| sum.saturating_add(size));
+        event.action == Action::Alloc
+            && self
+                .recording_room
+                .is_some_and(|room| self.recorded_reserved.saturating_add(released) <= room)
+    }
+
+    /// [`Engine::malloc_releases`], noting when the replay's state reads the releases as the
+    /// malloc's: right for the recorded run's config only, so a replay that read the trace
+    /// before its config was known runs again under another one.
+    fn malloc_releases_noting(
+        &mut self,
+        event: &RawEvent,
+        released: &[u64],
+    ) -> Result<bool, String> {
+        let own = self.malloc_releases(event, released)?;
+        if own && self.recorded_config && event.action == Action::Alloc {
+            self.assumed_recorded_config = true;
+        }
+        Ok(own)
     }
 
     /// Whether the malloc of `event`, replayed now, would release exactly the segments
@@ -1046,7 +1120,11 @@ impl Engine {
                 self.held = Some((index, *event));
                 Ok(())
             }
-            None if self.skipped.contains(&addr) => Ok(()),
+            // Held as a live block's: whether the free was deferred shapes the runs around it.
+            None if self.skipped.contains(&addr) => {
+                self.held = Some((index, *event));
+                Ok(())
+            }
             None => Err(never_allocated("free_requested", addr)),
         }
     }
@@ -1069,16 +1147,24 @@ impl Engine {
 
     /// The held `free_requested` was not followed by its completion: the block was used on
     /// other streams. Freed on a busy stream of its own, it stays active until completed.
-    fn defer_free(&mut self, event: &RawEvent) -> Result<(), String> {
+    /// `counted`: whether [`Counts::deferred_frees`] counts it (the trace shows it deferred;
+    /// not a request made before the window, nor one whose completion a malloc's releases
+    /// follow at once).
+    fn defer_free(&mut self, event: &RawEvent, counted: bool) -> Result<(), String> {
         let addr = event.addr as u64;
         let Some(live) = self.live.get_mut(&addr) else {
+            if self.skipped.contains(&addr) {
+                self.skipped_deferred.insert(addr);
+            }
             return Ok(());
         };
         let stream = self.next_stream;
         self.next_stream += 1;
         live.deferred = Some(stream);
         let allocation = live.allocation;
-        self.counts.deferred_frees += 1;
+        if counted {
+            self.counts.deferred_frees += 1;
+        }
         let fail = |error: AllocError| format!("the allocator failed: {error}");
         self.allocator
             .record_stream(allocation, stream)
@@ -1099,6 +1185,10 @@ impl Engine {
             self.run.adjacent += 1;
         }
         let Some(live) = self.live.remove(&addr) else {
+            // An allocation the replay could not make: nothing to give back.
+            if self.skipped_deferred.remove(&addr) {
+                self.skipped.remove(&addr);
+            }
             return Ok(());
         };
         let Some(stream) = live.deferred else {

@@ -75,6 +75,12 @@ impl Pressure {
         }
     }
 
+    /// The most bytes the trace held in segments at once (after a `segment_alloc` or
+    /// `segment_map`), relative to its start; `None` before any.
+    pub fn highest(&self) -> Option<i64> {
+        self.highest.map(|(highest, _)| highest)
+    }
+
     /// Recorded OOMs seen.
     pub fn recorded_ooms(&self) -> u64 {
         self.ooms.len() as u64 + self.more_ooms

@@ -37,6 +37,7 @@ pub mod engine;
 pub mod frames;
 pub(crate) mod held;
 pub(crate) mod limit;
+pub(crate) mod mapped;
 mod mirror;
 mod pass;
 pub mod peaks;

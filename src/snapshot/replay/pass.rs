@@ -221,11 +221,44 @@ impl Pass {
         }
         self.engine
             .follows_recorded_config(recording.is_recorded_conf(&self.conf));
+        if let Some(room) = self.recording_room(&plan, recording) {
+            self.engine.recording_room(room);
+        }
         if let Some(hints) = &self.hints {
             hints.follow();
             hints.what_if(!recording.is_recorded_conf(&self.conf));
         }
         Ok(plan)
+    }
+
+    /// For a replay of a trace that starts with its process, under another config than the
+    /// recorded one or a fraction: the bytes the recorded run could reserve in all, as far
+    /// as the file shows. Under the recorded config and a fraction the recording never went
+    /// above, the replay describes the recorded run: the fraction's cap. Otherwise (a what-if
+    /// config, or a fraction the recording exceeded, so it did not run under it) the limit
+    /// its OOMs show (the least it can have been), else this device's room beside the CUDA
+    /// context. `None` for a self-replay (its own state decides as the recording did) and
+    /// where the file cannot tell: the trace starts mid-run (its reserved bytes are not
+    /// known), the limit changed while the job ran, or the recorded config collects garbage
+    /// (which releases below any limit, under a fraction the file does not record).
+    fn recording_room(&self, plan: &Plan, recording: &Recording) -> Option<u64> {
+        if !plan.start.is_empty() || recording.recorded_collects_garbage() {
+            return None;
+        }
+        let highest = recording.scan.pressure.highest().unwrap_or(0).max(0) as u64;
+        if recording.is_recorded_conf_but_fraction(&self.conf) {
+            match self.engine.allocator().allowed_memory_maximum() {
+                None => return None,
+                Some(cap) if highest <= cap => return Some(cap),
+                Some(_) => {}
+            }
+        }
+        match plan.limit {
+            Limit::NoRecordedOoms => Some(self.capacity.saturating_sub(self.context)),
+            Limit::Cap(bounds) => Some(bounds.lower),
+            Limit::Device { usable, .. } => Some(usable),
+            Limit::Inconsistent(_) => None,
+        }
     }
 
     /// Sets the memory fraction whose cap, truncated as PyTorch truncates it, is `cap`.

@@ -73,8 +73,9 @@ impl Recording {
     }
 
     /// Where the replayed device's private pools lie: the file's end-state segments that a
-    /// pool other than the default ones owns, each from the `segment_alloc` that made it
-    /// (from the trace's start when the trace does not show it).
+    /// pool other than the default ones owns, each from the `segment_alloc` that made it, or
+    /// for an expandable segment the `segment_map` that began its mapped range (from the
+    /// trace's start when the trace does not show it).
     pub fn routes(&self) -> PoolRoutes {
         let mut routes = PoolRoutes::default();
         for segment in &self.remainder.segments {
@@ -83,7 +84,11 @@ impl Recording {
             if pool.is_default() || segment.device != self.device_index as i64 {
                 continue;
             }
-            let made = self.scan.made_at(segment.address).unwrap_or(0);
+            let made = self
+                .scan
+                .made_at(segment.address)
+                .or_else(|| self.scan.mapped_since(segment.address))
+                .unwrap_or(0);
             routes.add(segment.address, segment.total_size, pool, made);
         }
         routes
@@ -186,6 +191,23 @@ impl Recording {
     pub fn is_recorded_conf(&self, conf: &AllocConf) -> bool {
         self.recorded_conf()
             .is_ok_and(|(recorded, _)| same_behaviour(conf, &recorded))
+    }
+
+    /// Whether `conf` is the recorded run's config but for a memory fraction, which no file
+    /// records: a replay under it describes the recorded run (a fraction given is taken as
+    /// the one it ran under), not a what-if.
+    pub fn is_recorded_conf_but_fraction(&self, conf: &AllocConf) -> bool {
+        let mut conf = conf.clone();
+        conf.per_process_memory_fraction = None;
+        self.is_recorded_conf(&conf)
+    }
+
+    /// Whether the recorded config collects garbage (`garbage_collection_threshold`), which
+    /// releases cached segments before a malloc runs out of room (under a fraction the file
+    /// does not show).
+    pub fn recorded_collects_garbage(&self) -> bool {
+        self.recorded_conf()
+            .is_ok_and(|(conf, _)| conf.garbage_collection_threshold > 0.0)
     }
 
     /// Whether the recorded run used expandable segments.

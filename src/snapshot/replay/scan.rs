@@ -13,6 +13,7 @@
 
 use super::addresses::{AddressMap, AddressSet};
 use super::limit::Pressure;
+use super::mapped::MappedSince;
 use super::ranges::Ranges;
 use super::sequence::DeviceCall;
 use crate::snapshot::model::Action;
@@ -91,6 +92,9 @@ pub struct Scan {
     pub first_segment_frees: Vec<FirstRelease>,
     /// Expandable-segment pages the trace has mapped or unmapped.
     pub touched_pages: Ranges,
+    /// The pages mapped now, and where each mapped range began (a private pool's expandable
+    /// segment is routed from there).
+    mapped: MappedSince,
     /// Pages unmapped before the trace mapped them.
     pub first_unmaps: Vec<FirstRelease>,
     /// Frees of blocks the trace already freed and did not allocate again (the trace
@@ -233,6 +237,7 @@ impl Scan {
             }
             Action::SegmentMap => {
                 self.touched_pages.insert(addr, addr.saturating_add(size));
+                self.mapped.map(addr, addr.saturating_add(size), index);
                 self.pressure.acquired(index, size);
             }
             Action::SegmentUnmap => {
@@ -246,6 +251,7 @@ impl Scan {
                     });
                 }
                 self.touched_pages.insert(addr, end);
+                self.mapped.unmap(addr, end);
                 self.pressure.released(size);
             }
             Action::Oom => self.pressure.oom(index, size, addr),
@@ -273,6 +279,12 @@ impl Scan {
     /// The number of the last `segment_alloc` recorded at `addr`, if any.
     pub fn made_at(&self, addr: u64) -> Option<u64> {
         self.made_at.get(&addr).copied()
+    }
+
+    /// The number of the `segment_map` that began the mapped range holding `addr`, if the
+    /// trace mapped it and it is still mapped (an expandable segment made in the trace).
+    pub fn mapped_since(&self, addr: u64) -> Option<u64> {
+        self.mapped.began(addr)
     }
 
     /// The trace list replayed, once an event was seen.

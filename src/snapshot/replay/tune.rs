@@ -36,6 +36,7 @@ use std::time::Instant;
 use serde::Serialize;
 use thiserror::Error;
 
+use super::recording::same_behaviour;
 use super::{replay, CapacitySource, ReplayError, ReplayOptions, ReplayReport};
 use crate::alloc::config::{COMMON_KEYS, CUDA_KEYS};
 use crate::alloc::AllocConf;
@@ -589,13 +590,6 @@ fn plan(grid: &Grid) -> (Vec<Task>, Vec<(usize, Skipped)>) {
         });
     }
     (tasks, skipped)
-}
-
-/// Whether two configs make the allocator decide alike (their source text aside).
-fn same_behaviour(a: &AllocConf, b: &AllocConf) -> bool {
-    let mut a = a.clone();
-    a.source.clone_from(&b.source);
-    a == *b
 }
 
 /// How settings in a config text are counted, for the tie-break toward simpler configs.
