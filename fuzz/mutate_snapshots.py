@@ -24,6 +24,7 @@ import copy
 import io
 import os
 import pickle
+import shutil
 import random
 import subprocess
 import sys
@@ -179,8 +180,9 @@ def main(argv=None):
             label = f"{os.path.basename(source)} [{what}] {' '.join(command[3:])}"
             if status not in (0, 2, 3) or "panicked" in stderr:
                 failures += 1
+                os.makedirs(args.keep, exist_ok=True)
                 kept = os.path.join(args.keep, f"bad-{args.seed}-{n}.pickle")
-                os.replace(mutant_path, kept)
+                shutil.move(mutant_path, kept)
                 print(f"FAIL exit {status} after {time.time() - started:.1f} s: {label}\n"
                       f"  kept as {kept}\n{stderr[-2000:]}", flush=True)
             elif status == 2 and rng.random() < args.show_errors:

@@ -231,6 +231,18 @@ fn groups(start: &StartState) -> Vec<Group<'_>> {
     groups
 }
 
+/// The bytes from a group's lowest address to the end of its highest segment.
+fn extent(group: &Group<'_>) -> u64 {
+    let low = group.segments.iter().map(|s| s.addr).min().unwrap_or(0);
+    let high = group
+        .segments
+        .iter()
+        .map(|s| s.addr.saturating_add(s.size))
+        .max()
+        .unwrap_or(0);
+    high.saturating_sub(low)
+}
+
 /// The pieces of a group, lowest first, offsets from its first segment's address.
 fn pieces(group: &Group<'_>) -> Vec<Piece> {
     let Some(first) = group.segments.first() else {
@@ -322,6 +334,12 @@ fn carve_group(
     hints: Option<&Hints>,
     seeded: &mut Seeded,
 ) -> Result<Option<Vec<(Allocation, Role)>>, String> {
+    // A group wider than the whole device cannot be carved into it (a damaged file's size,
+    // say), and its free space would make as many pieces as it has megabytes: the device
+    // ran out of memory, as it would have while carving.
+    if extent(group) > allocator.device().total_memory() {
+        return Ok(None);
+    }
     let stream = group.stream;
     let mut carved: Vec<(Allocation, Role)> = Vec::new();
     let give_back = |allocator: &mut CachingAllocator, carved: Vec<(Allocation, Role)>| {
@@ -423,6 +441,35 @@ mod tests {
             requested,
             free_requested: false,
             freed_at: None,
+        }
+    }
+
+    /// A damaged file's segment as wide as the address space: carving it would split its free
+    /// space into 2^44 pieces. It cannot fit the device, so its live blocks are allocated
+    /// alone, at once.
+    #[test]
+    fn a_segment_wider_than_the_device_is_not_carved() {
+        let base = 0x7f00_0000_0000;
+        for expandable in [false, true] {
+            let start = StartState {
+                segments: vec![StartSegment {
+                    addr: base,
+                    size: u64::MAX,
+                    stream: 0,
+                    pool: Pool::Small,
+                    expandable,
+                    blocks: vec![block(base + 1536, 512, 300)],
+                }],
+            };
+            let conf = AllocConf {
+                expandable_segments: expandable,
+                ..AllocConf::default()
+            };
+            let mut allocator =
+                CachingAllocator::new(Box::new(SimDevice::new(1 << 34)), conf).expect("allocator");
+            let seeded = seed(&mut allocator, &start, None).expect("seeds");
+            assert!(seeded.compact);
+            assert_eq!(seeded.live.len(), 1);
         }
     }
 
