@@ -1523,14 +1523,14 @@ mod what_if_on_sim {
             .collect()
     }
 
-    /// Records `ops` under `base_conf`, runs them directly under `conf`, replays the
-    /// recording under `conf` (placing segments by the model, or as recorded), and says which
-    /// counters differ.
+    /// Records `ops` under `base_conf` on the 16 GiB device, runs them directly under `conf`
+    /// on a device of `capacity` bytes, replays the recording under `conf` on a device of that
+    /// size (placing segments by the model, or as recorded), and says which counters differ.
     fn what_if_differences(
         base_conf: &str,
         conf: &str,
         ops: &[Op],
-        model: bool,
+        (capacity, model): (u64, bool),
     ) -> Result<(), String> {
         let mut base = recorder(base_conf, None);
         let calls = run(&mut base, ops, None);
@@ -1539,10 +1539,10 @@ mod what_if_on_sim {
         }
         let seen = seen_in(&base, &calls);
         let path = dump(&base, "what-if-on-sim", &[]);
-        let mut direct = recorder(conf, None);
+        let mut direct = recorder_on(SimDevice::new(capacity), conf, None);
         run(&mut direct, ops, Some(&seen));
         let options = ReplayOptions {
-            capacity: Some(TOTAL),
+            capacity: Some(capacity),
             conf: Some(AllocConf::parse(conf).expect("valid config")),
             placement: if model {
                 Placement::Model
@@ -1591,6 +1591,8 @@ mod what_if_on_sim {
             ],
             conf in config(),
             ops in proptest::collection::vec(op(), 1..120),
+            // The recording's device, or a smaller one the what-if asks about.
+            capacity in prop_oneof![4 => Just(TOTAL), 1 => Just(768 * MIB), 1 => Just(1536 * MIB)],
             model in any::<bool>(),
         ) {
             // The recorded config with a fraction describes the recorded run under it, not a
@@ -1606,7 +1608,7 @@ mod what_if_on_sim {
             } else {
                 conf
             };
-            let result = what_if_differences(base_conf, &conf, &ops, model);
+            let result = what_if_differences(base_conf, &conf, &ops, (capacity, model));
             prop_assert!(result.is_ok(), "{}", result.err().unwrap_or_default());
         }
     }
@@ -1671,7 +1673,38 @@ mod what_if_on_sim {
             },
         ];
         let conf = "per_process_memory_fraction:0.03,max_split_size_mb:40";
-        what_if_differences("", conf, &ops, false).unwrap_or_else(|wrong| panic!("{wrong}"));
+        what_if_differences("", conf, &ops, (TOTAL, false))
+            .unwrap_or_else(|wrong| panic!("{wrong}"));
+    }
+
+    /// The same on a smaller device than the recording's, with garbage collection: the
+    /// replay read the trace before the file named its config, and the releases (and the free
+    /// made at once before them) as the malloc's own; knowing the config is not the recorded
+    /// one, it reads them again with the recording's room.
+    #[test]
+    fn an_empty_cache_read_before_the_config_was_known_is_read_again() {
+        use Op::*;
+        let ops = [
+            Alloc {
+                slot: 6,
+                size: 10485760,
+                stream: 0,
+            },
+            Alloc {
+                slot: 6,
+                size: 12582913,
+                stream: 0,
+            },
+            EmptyCache,
+            Alloc {
+                slot: 0,
+                size: 2096641,
+                stream: 0,
+            },
+        ];
+        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
+        what_if_differences("", conf, &ops, (768 * MIB, false))
+            .unwrap_or_else(|wrong| panic!("{wrong}"));
     }
 
     /// A private pool's expandable segment mapped where a released default-pool one was: only
@@ -1693,7 +1726,7 @@ mod what_if_on_sim {
             "expandable_segments:True",
             "max_split_size_mb:40",
             &ops,
-            false,
+            (TOTAL, false),
         );
         result.unwrap_or_else(|wrong| panic!("{wrong}"));
     }
@@ -1745,7 +1778,7 @@ mod what_if_on_sim {
             },
         ];
         let conf = "roundup_power2_divisions:4";
-        what_if_differences("expandable_segments:True", conf, &ops, false)
+        what_if_differences("expandable_segments:True", conf, &ops, (TOTAL, false))
             .unwrap_or_else(|wrong| panic!("{wrong}"));
     }
 
@@ -1802,7 +1835,8 @@ mod what_if_on_sim {
             },
         ];
         let conf = "per_process_memory_fraction:0.02,roundup_power2_divisions:4";
-        what_if_differences("", conf, &ops, false).unwrap_or_else(|wrong| panic!("{wrong}"));
+        what_if_differences("", conf, &ops, (TOTAL, false))
+            .unwrap_or_else(|wrong| panic!("{wrong}"));
     }
 
     /// A free recorded as completed right before a pool's malloc completes alone: another
@@ -1867,6 +1901,7 @@ mod what_if_on_sim {
             },
         ];
         let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
-        what_if_differences("", conf, &ops, false).unwrap_or_else(|wrong| panic!("{wrong}"));
+        what_if_differences("", conf, &ops, (TOTAL, false))
+            .unwrap_or_else(|wrong| panic!("{wrong}"));
     }
 }

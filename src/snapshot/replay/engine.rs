@@ -376,6 +376,11 @@ pub struct Engine {
     /// run could reserve in all ([`Engine::recording_room`]), which tell a run of releases
     /// its malloc did not need from one an `empty_cache()` made.
     recording_room: Option<u64>,
+    /// Before the recorded config is known (a first pass, which reads as it replays): the
+    /// room the replay's device would give. Where it would read a run otherwise than the
+    /// replay's state did, a replay under another config runs again
+    /// ([`Engine::assumed_recorded_config`]).
+    provisional_room: Option<u64>,
     /// Bytes the recording held in segments at this point of its trace (its `segment_alloc`
     /// and `segment_map` sizes less its releases).
     recorded_reserved: u64,
@@ -435,6 +440,7 @@ impl Engine {
             recorded_config: true,
             assumed_recorded_config: false,
             recording_room: None,
+            provisional_room: None,
             recorded_reserved: 0,
             capture_stream: None,
             last_alloc_stream: None,
@@ -528,6 +534,13 @@ impl Engine {
     /// its place (see the module documentation).
     pub fn recording_room(&mut self, room: u64) {
         self.recording_room = Some(room);
+    }
+
+    /// Tells a replay that reads the trace before the file names its config (the first pass)
+    /// the room its device gives, to know whether [`Engine::recording_room`] could change its
+    /// reading under another config.
+    pub fn provisional_room(&mut self, room: u64) {
+        self.provisional_room = Some(room);
     }
 
     /// Whether a decision so far relied on the replay's config being the recorded run's (see
@@ -795,7 +808,7 @@ impl Engine {
             // The capture's synchronisation and `empty_cache()` completed them.
             _ if run.capture => false,
             _ if adjacent_only && !shown && !self.recorded_config => false,
-            Some(event) if self.room_shows_no_oom_path(event, &run) => false,
+            Some(event) if self.had_room(event, &run, self.recording_room) => false,
             Some(event) if missed && !run.leading.is_empty() => {
                 let size = non_negative(event.size, "size")?;
                 match self.outlook(event)? {
@@ -845,10 +858,19 @@ impl Engine {
                 run.releases > 0
                     && run.after_release.is_empty()
                     && matches!(event.action, Action::Alloc | Action::Oom)
-                    && (self.room_shows_no_oom_path(event, &run)
-                        || !self.malloc_releases_noting(event, &run.release_sizes)?)
+                    && (self.had_room(event, &run, self.recording_room)
+                        || !self.malloc_releases(event, &run.release_sizes)?)
             }
         };
+        // Read before the recorded config was known, from the replay's state: had the recording
+        // had the room, a replay under another config would read this run otherwise.
+        if self.recorded_config && self.recording_room.is_none() {
+            let own = on_oom_path || (run.releases > 0 && !empty_cache);
+            if own && malloc.is_some_and(|event| self.had_room(event, &run, self.provisional_room))
+            {
+                self.assumed_recorded_config = true;
+            }
+        }
         if empty_cache {
             self.allocator
                 .empty_cache()
@@ -866,32 +888,15 @@ impl Engine {
     /// Whether the recording shows that the malloc of `event` took no OOM path, so that the
     /// releases and completions of `run` before it were not its own: it got its new memory (or
     /// a cached block), and the recorded run had room for that memory with the released
-    /// segments still held ([`Engine::recording_room`]). PyTorch's OOM path runs only after a
-    /// `cudaMalloc` failed, which it could not have.
-    fn room_shows_no_oom_path(&self, event: &RawEvent, run: &Run) -> bool {
+    /// segments still held (`room`: [`Engine::recording_room`]). PyTorch's OOM path runs only
+    /// after a `cudaMalloc` failed, which it could not have.
+    fn had_room(&self, event: &RawEvent, run: &Run, room: Option<u64>) -> bool {
         let released = run
             .release_sizes
             .iter()
             .fold(0_u64, |sum, &size| sum.saturating_add(size));
         event.action == Action::Alloc
-            && self
-                .recording_room
-                .is_some_and(|room| self.recorded_reserved.saturating_add(released) <= room)
-    }
-
-    /// [`Engine::malloc_releases`], noting when the replay's state reads the releases as the
-    /// malloc's: right for the recorded run's config only, so a replay that read the trace
-    /// before its config was known runs again under another one.
-    fn malloc_releases_noting(
-        &mut self,
-        event: &RawEvent,
-        released: &[u64],
-    ) -> Result<bool, String> {
-        let own = self.malloc_releases(event, released)?;
-        if own && self.recorded_config && event.action == Action::Alloc {
-            self.assumed_recorded_config = true;
-        }
-        Ok(own)
+            && room.is_some_and(|room| self.recorded_reserved.saturating_add(released) <= room)
     }
 
     /// Whether the malloc of `event`, replayed now, would release exactly the segments

@@ -91,6 +91,7 @@ impl Pass {
         let file_size = std::fs::metadata(path).map_or(0, |meta| meta.len());
         let mut engine = Engine::new(allocator, hints.clone(), routes.clone())
             .with_live_limit(LiveLimit::default(), file_size);
+        engine.provisional_room(capacity.saturating_sub(context));
         for observer in observers {
             engine.subscribe(observer);
         }
@@ -237,7 +238,7 @@ impl Pass {
     /// above, the replay describes the recorded run: the fraction's cap. Otherwise (a what-if
     /// config, or a fraction the recording exceeded, so it did not run under it) the limit
     /// its OOMs show (the least it can have been), else this device's room beside the CUDA
-    /// context. `None` for a self-replay (its own state decides as the recording did) and
+    /// context; never less than the most the recording held. `None` for a self-replay (its own state decides as the recording did) and
     /// where the file cannot tell: the trace starts mid-run (its reserved bytes are not
     /// known), the limit changed while the job ran, or the recorded config collects garbage
     /// (which releases below any limit, under a fraction the file does not record).
@@ -253,12 +254,15 @@ impl Pass {
                 Some(_) => {}
             }
         }
+        // The recording held `highest` bytes at once, so it had that room at least, whatever
+        // device this replay asks about (a smaller one, say, for --min-capacity).
         match plan.limit {
             Limit::NoRecordedOoms => Some(self.capacity.saturating_sub(self.context)),
             Limit::Cap(bounds) => Some(bounds.lower),
             Limit::Device { usable, .. } => Some(usable),
             Limit::Inconsistent(_) => None,
         }
+        .map(|room| room.max(highest))
     }
 
     /// Sets the memory fraction whose cap, truncated as PyTorch truncates it, is `cap`.
