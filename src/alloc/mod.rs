@@ -270,8 +270,12 @@ pub struct CachingAllocator {
     stream_uses: BTreeMap<BlockId, Vec<StreamId>>,
     /// Outstanding events by stream, oldest first, each with the block whose free it holds
     /// back (PyTorch's `cuda_events`). PyTorch keeps the streams in a hash map; gpumem walks
-    /// them in stream order.
+    /// them in stream order, after `streams_first`.
     cuda_events: BTreeMap<StreamId, VecDeque<(StreamEvent, BlockId)>>,
+    /// Streams whose events a synchronisation walks first, in this order (the order a
+    /// recorded trace shows PyTorch's hash map gave; see
+    /// [`CachingAllocator::walk_streams_first`]).
+    streams_first: Vec<StreamId>,
     /// Blocks freed with recorded streams while a private pool was active, whose events are
     /// recorded once none is (PyTorch's `deferred_blocks`), in the order freed.
     deferred_blocks: Vec<BlockId>,
@@ -308,6 +312,7 @@ impl CachingAllocator {
             context: 0,
             stream_uses: BTreeMap::new(),
             cuda_events: BTreeMap::new(),
+            streams_first: Vec::new(),
             deferred_blocks: Vec::new(),
             capture_stream_uses: BTreeMap::new(),
         };

@@ -223,13 +223,34 @@ impl CachingAllocator {
         })
     }
 
+    /// Makes the allocator's synchronisations walk `streams` first, in this order, then the
+    /// others in stream order. PyTorch walks the streams of its `cuda_events` hash map in an
+    /// order of its own, which decides the order several pending frees complete in (and so
+    /// the `inactive_split` peaks); a replay that knows it from the trace says so before the
+    /// malloc whose OOM path completes them, and clears it after (an empty list).
+    pub fn walk_streams_first(&mut self, streams: &[StreamId]) {
+        self.streams_first.clear();
+        self.streams_first.extend_from_slice(streams);
+    }
+
     /// Waits for every outstanding event of the blocks `wanted` picks, stream by stream, and
     /// lets each go: a block whose last event this was completes its free.
     fn wait_for_events(
         &mut self,
         wanted: impl Fn(&CachingAllocator, BlockId) -> bool,
     ) -> Result<(), AllocError> {
-        let streams: Vec<StreamId> = self.cuda_events.keys().copied().collect();
+        let mut streams: Vec<StreamId> = self
+            .streams_first
+            .iter()
+            .copied()
+            .filter(|stream| self.cuda_events.contains_key(stream))
+            .collect();
+        streams.extend(
+            self.cuda_events
+                .keys()
+                .copied()
+                .filter(|stream| !self.streams_first.contains(stream)),
+        );
         for stream in streams {
             let mut index = 0;
             while let Some(&(event, id)) = self

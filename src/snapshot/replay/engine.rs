@@ -1067,7 +1067,10 @@ impl Engine {
             }
         }
         self.enter_pool(pool, stream)?;
+        // The completions PyTorch's OOM path made here, in the order the trace shows.
+        self.allocator.walk_streams_first(&self.run.after_release);
         let result = self.allocator.malloc_on(stream, size);
+        self.allocator.walk_streams_first(&[]);
         self.leave_pool(pool)?;
         self.after_malloc()?;
         if let Some(hints) = &self.hints {
