@@ -428,12 +428,16 @@ class CompareTest(unittest.TestCase):
         self.assertEqual(rc, 1 if selfs["unet.no_history"]["verdict"] == "MISMATCH" else 0)
         self.assertIn("What-if pairs", text)
 
-    def check_recordings(self, folder, min_exact, bases=None):
+    def check_recordings(self, folder, min_exact, bases=None, known=None, not_run_ok=False):
         """The runs recorded on the H200 and kept in `folder`: each self-replay exact, and
-        every what-if pair with the base run's request sequence exact but the few known above
-        (a fix may shorten the list; a pair that starts to differ fails), at least
-        `min_exact` of them. With `bases`, the what-if runs are paired with that folder's
-        base recordings (compare.py --bases)."""
+        every what-if pair with the base run's request sequence exact but the few `known`
+        (those above by default; a fix may shorten the list; a pair that starts to differ
+        fails), at least `min_exact` of them. With `bases`, the what-if runs are paired with
+        that folder's base recordings (compare.py --bases). `not_run_ok`: runs the driver did
+        not start before its deadline are no failure."""
+        known = KNOWN_WHATIF_DIFFERENCES if known is None else known
+        allowed = ("exact", "exact in the window", "refused as expected") + (
+            ("not run",) if not_run_ok else ())
         tars = [f for f in os.listdir(folder) if f.endswith(".tar")]
         if not tars:
             self.skipTest(f"no recordings in {folder}")
@@ -448,18 +452,20 @@ class CompareTest(unittest.TestCase):
             result = json.load(f)
         text = printed.getvalue()
         wrong = [r["run"] for r in result["self_replay"]
-                 if r["verdict"] not in ("exact", "exact in the window", "refused as expected")]
+                 if r["verdict"] not in allowed]
         self.assertEqual(wrong, [], text)
         differing = {p["run"] for p in result["pairs"] if p["verdict"] == "differs"}
-        self.assertLessEqual(differing, KNOWN_WHATIF_DIFFERENCES, text)
+        self.assertLessEqual(differing, known, text)
         exact = {p["run"] for p in result["pairs"] if p["verdict"] == "exact"}
         self.assertGreaterEqual(len(exact), min_exact, text)
         # gpumem flags an answer that a second placement contradicts: only where it differs
         # from PyTorch (an exact pair flagged would be a false alarm), and every recording of
-        # resnet.split64.frac, whose replay runs out of memory where PyTorch fits.
+        # resnet.split64.frac where it differs, whose replay runs out of memory where PyTorch
+        # fits.
         borderline = {p["run"] for p in result["pairs"] if p.get("borderline")}
         self.assertLessEqual(borderline, differing, text)
-        self.assertIn("resnet.split64.frac", borderline, text)
+        if "resnet.split64.frac" in differing:
+            self.assertIn("resnet.split64.frac", borderline, text)
         # Never "fits" where PyTorch ran out of memory; "does not fit" where it fit only for
         # the pair known to (borderline, above).
         fit = compare.fit_tally(result["pairs"])
@@ -485,6 +491,19 @@ class CompareTest(unittest.TestCase):
         processes on another day: the same answers (measured on 2026-12-04: 64 exact, the
         same four differing, no false "fits")."""
         self.check_recordings(os.path.join(HERE, "results-frac"), 64, bases=RESULTS)
+
+    @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
+    def test_a_recording_with_every_kernel_module_loaded_at_start(self):
+        """results-eager/: the plan under CUDA_MODULE_LOADING=EAGER (2026-12-05, 171 of the 201
+        runs before the deadline). The three `resnet` pairs that differ in results/ are exact:
+        their hidden 14 MiB hole was a kernel module loaded on first use."""
+        # Not yet examined: allocated_bytes.all.peak alone differs (docs: README.md).
+        known = {"transformer_ckpt.split64", "transformer_ckpt.split64.frac",
+                 "resnet.lseg64", "unet.lseg64"}
+        exact = self.check_recordings(os.path.join(HERE, "results-eager"), 105, known=known,
+                                      not_run_ok=True)
+        for pair in ("resnet.split64.frac", "resnet.gc06.frac", "resnet.combo.frac"):
+            self.assertIn(pair, exact)
 
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
     def test_repeated_recordings_of_the_pairs_that_differed(self):
