@@ -37,37 +37,49 @@ impl MappedSince {
 mod tests {
     use super::*;
 
+    /// One step: map (with the event index) or unmap a range, then where an address's
+    /// mapped range began, and why.
+    enum Step {
+        Map(u64, u64, u64),
+        Unmap(u64, u64),
+    }
+
     #[test]
     fn a_range_mapped_from_nothing_begins_anew() {
+        use Step::*;
+        let steps: [(Step, u64, Option<u64>, &str); 9] = [
+            (Map(100, 110, 1), 105, Some(1), "a range of its own"),
+            (Map(110, 130, 5), 125, Some(1), "grown: the same segment"),
+            (
+                Unmap(110, 120),
+                125,
+                Some(1),
+                "a hole inside keeps the rest",
+            ),
+            (
+                Map(110, 120, 9),
+                115,
+                Some(1),
+                "mapped again between held pages",
+            ),
+            (Unmap(90, 140), 100, None, "all unmapped: released"),
+            (Map(100, 110, 12), 100, Some(12), "a new segment there"),
+            (Map(200, 210, 13), 205, Some(13), "another range"),
+            (
+                Map(150, 205, 14),
+                150,
+                Some(13),
+                "joined: the earliest beginning",
+            ),
+            (Map(5, 5, 15), 5, None, "an empty range maps nothing"),
+        ];
         let mut mapped = MappedSince::default();
-        mapped.map(100, 110, 1);
-        mapped.map(110, 130, 5);
-        assert_eq!(mapped.began(125), Some(1), "grown: the same segment");
-        mapped.unmap(110, 120);
-        assert_eq!(mapped.began(125), Some(1), "a hole inside keeps the rest");
-        assert_eq!(mapped.began(115), None);
-        mapped.map(110, 120, 9);
-        assert_eq!(
-            mapped.began(115),
-            Some(1),
-            "mapped again between held pages"
-        );
-        mapped.unmap(90, 140);
-        assert_eq!(mapped.began(100), None);
-        mapped.map(100, 110, 12);
-        assert_eq!(
-            mapped.began(100),
-            Some(12),
-            "released, then a new segment there"
-        );
-        mapped.map(200, 210, 13);
-        mapped.map(150, 205, 14);
-        assert_eq!(
-            mapped.began(150),
-            Some(13),
-            "joined ranges keep the earliest beginning"
-        );
-        mapped.map(5, 5, 15);
-        assert_eq!(mapped.began(5), None);
+        for (step, addr, began, why) in steps {
+            match step {
+                Map(start, end, index) => mapped.map(start, end, index),
+                Unmap(start, end) => mapped.unmap(start, end),
+            }
+            assert_eq!(mapped.began(addr), began, "{why}");
+        }
     }
 }
