@@ -1603,8 +1603,14 @@ mod what_if_on_sim {
                 conf.source.clear();
                 conf
             };
+            // Made a what-if by one more key, one that changes the behaviour (the recorded
+            // config may hold the first already).
             let conf = if behaviour(base_conf) == behaviour(&conf) {
-                format!("{conf},max_split_size_mb:40")
+                ["max_split_size_mb:40", "roundup_power2_divisions:4"]
+                    .iter()
+                    .map(|key| format!("{conf},{key}"))
+                    .find(|what_if| behaviour(base_conf) != behaviour(what_if))
+                    .unwrap_or(conf)
             } else {
                 conf
             };
