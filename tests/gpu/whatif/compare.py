@@ -326,11 +326,21 @@ def describe_run(run):
 # --- what-if pairs ----------------------------------------------------------------------
 
 
+def timing_words(block, base_at, run_at):
+    """A deferred free that completed elsewhere in the run than in the base run, in words."""
+    return (f"the deferred free of allocation {block} completed after request {run_at}, in the "
+            f"base run after {base_at}, where no synchronisation of the allocator explains it: "
+            "the GPU's timing differed")
+
+
 def pair_plan(run, base):
-    """How a what-if pair can be compared: ('full' | 'prefix' | 'changed' | 'none', words).
+    """How a what-if pair can be compared: ('full' | 'prefix' | 'timing' | 'prefix timing' |
+    'changed' | 'none', words).
 
     full: the same request sequence; prefix: the run ended at an uncaught OOM after making
-    the base run's first requests (and asked then for the base run's next allocation)."""
+    the base run's first requests (and asked then for the base run's next allocation); timing
+    and prefix timing: either, but a deferred free completed elsewhere for a reason only the
+    GPU's timing gives (compared, shown apart, not judged)."""
     if base is None or not base.recorded or base.status != "completed":
         return "none", f"no base run to replay ({base.why_not_recorded() if base else 'missing'})"
     if not run.recorded:
@@ -341,11 +351,7 @@ def pair_plan(run, base):
     if difference is None:
         moved = completed_otherwise(base.events(), run.events(), run.stats or {})
         if moved is not None:
-            block, base_at, run_at = moved
-            return "timing", (f"same requests, but the deferred free of allocation {block} "
-                              f"completed after request {run_at}, in the base run after "
-                              f"{base_at}, where no synchronisation of the allocator explains "
-                              "it: the GPU's timing differed")
+            return "timing", "same requests, but " + timing_words(*moved)
         return "full", "same request sequence"
     oom_at = first_oom_index(run.events())
     if run.status == "oom" and oom_at is not None:
@@ -357,6 +363,11 @@ def pair_plan(run, base):
             following = theirs[len(before):len(before) + 1]
             if following and following[0][0] == "alloc" and \
                     following[0][1] <= failed < 2 * following[0][1] + 512:
+                # Its OOM path completed every pending free before the `oom` event.
+                moved = completed_otherwise(base.events(), run.events()[:oom_at + 1],
+                                            run.stats or {})
+                if moved is not None:
+                    return "prefix timing", timing_words(*moved) + " before its OOM"
                 return "prefix", (f"the run's {len(before)} requests before its OOM are the "
                                   "base run's")
     position, base_entry, run_entry = difference
@@ -387,6 +398,9 @@ def pair_verdict(run, base, kind, result):
 
 # --- the comparison ---------------------------------------------------------------------
 
+# The pair kinds that are replayed, and how each is compared (pair_verdict's kind).
+COMPARED = {"full": "full", "prefix": "prefix", "timing": "full", "prefix timing": "prefix"}
+
 
 def compare(runs, gpumem, jobs, timeout):
     """Runs every replay and judges it; returns (self-replay rows, pair rows, missing keys)."""
@@ -408,7 +422,7 @@ def compare(runs, gpumem, jobs, timeout):
                     kind, why = pair_plan(run, base)
                 except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as error:
                     kind, why = "none", f"a snapshot could not be read: {error}"
-                if kind in ("full", "prefix", "timing"):
+                if kind in COMPARED:
                     tasks[("pair", run.name)] = pool.submit(
                         replay, gpumem, base.pickle, run.alloc_conf(),
                         run.meta.get("total_memory"), timeout)
@@ -432,16 +446,16 @@ def compare(runs, gpumem, jobs, timeout):
             self_rows.append(row)
         for row in pair_rows:
             run = runs[row["run"]]
-            if row["kind"] in ("full", "prefix", "timing"):
+            if row["kind"] in COMPARED:
                 result = tasks[("pair", run.name)].result()
-                kind = "full" if row["kind"] == "timing" else row["kind"]
+                kind = COMPARED[row["kind"]]
                 row["verdict"], fields = pair_verdict(run, runs[row["base"]], kind, result)
                 row["fields"] = [list(f) for f in fields]
                 # gpumem's own warning that its answer depends on where the driver places
                 # segments (a second replay with the simulator's placement disagreed).
                 row["borderline"] = bool(((result.report or {}).get("verdict") or {})
                                          .get("borderline"))
-                if row["kind"] == "timing":
+                if row["kind"] in ("timing", "prefix timing"):
                     # Shown, not judged: the replay follows the base run's completions.
                     row["verdict"] = ("changed timing" if row["verdict"] == "differs"
                                       else "changed timing, equal")
@@ -483,7 +497,7 @@ def render(self_rows, pair_rows, missing_keys):
         elif row.get("fields"):
             detail = "; ".join(f"{name} PyTorch {a} gpumem {b}"
                                for name, a, b in row["fields"] if a != b)
-            if row["kind"] == "timing":
+            if row["kind"] in ("timing", "prefix timing"):
                 detail = row["why"] + (f" ({detail})" if detail else "")
         else:
             detail = row["why"]

@@ -32,6 +32,10 @@ WHATIF_WORKLOADS = ["transformer_ckpt", "unet", "kv_decoder", "prefetch", "compi
 # channels_last ResNet with an evaluation pass, mixed precision with gradient accumulation and
 # changing sequence lengths, a cuDNN LSTM, and batched inference over varying shapes.
 WHATIF_WORKLOADS += ["resnet", "amp_lm", "lstm", "serve"]
+# A third wave, written after the replay's placement model was fitted to the first two, to check
+# it where it was not fitted (results-wave3/): a vision transformer, activations offloaded on a
+# side stream, packed batches of a new token count every step.
+WHATIF_WORKLOADS += ["vit", "offload", "varlen"]
 
 # The batch-size search always runs under its own limit (the fraction it searches within).
 BS_SEARCH_LIMIT = 3 * GIB

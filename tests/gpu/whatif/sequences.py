@@ -79,14 +79,12 @@ def allocs_before(events, index):
 SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom")
 
 
-def deferred_completions(events):
+def completions(events):
     """{allocation ordinal: (requests before its completion, whether a segment event or an OOM
-    follows the completion before the next request)} for every block whose `free_completed`
-    did not follow its `free_requested` at once: a free `record_stream` deferred until the side
-    stream's work was done, completed when the allocator found it done (GPU timing) or when it
-    synchronised (its own decision)."""
+    follows the completion before the next request, whether the `free_completed` followed its
+    `free_requested` at once)} for every block whose free completed."""
     ordinal_at = {}
-    completions = {}
+    completed = {}
     ordinal = requests = 0
     open_blocks = []
     previous = None
@@ -100,17 +98,29 @@ def deferred_completions(events):
                 ordinal += 1
         elif action in SEGMENT_ACTIONS:
             for block in open_blocks:
-                completions[block] = (completions[block][0], True)
+                at, _, at_once = completed[block]
+                completed[block] = (at, True, at_once)
             open_blocks = []
         elif action == "free_completed":
             at_once = (previous is not None and previous["action"] == "free_requested"
                        and previous["addr"] == event["addr"])
             block = ordinal_at.pop(event["addr"], None)
-            if not at_once and block is not None:
-                completions[block] = (requests, False)
+            if block is not None:
+                completed[block] = (requests, False, at_once)
                 open_blocks.append(block)
         previous = event
-    return completions
+    return completed
+
+
+def deferred_completions(events):
+    """{allocation ordinal: (requests before its completion, whether a segment event or an OOM
+    follows the completion before the next request)} for every block whose `free_completed`
+    did not follow its `free_requested` at once: a free `record_stream` deferred until the side
+    stream's work was done, completed when the allocator found it done (GPU timing) or when it
+    synchronised (its own decision)."""
+    return {block: (at, then_segments)
+            for block, (at, then_segments, at_once) in completions(events).items()
+            if not at_once}
 
 
 def completed_otherwise(base_events, run_events, run_stats):
@@ -124,15 +134,22 @@ def completed_otherwise(base_events, run_events, run_stats):
     completion therefore shows the GPU took longer in the run; so does an earlier one in a run
     that never synchronised, or, in a run whose every synchronisation was an OOM path's retry,
     an earlier one that no segment event or OOM follows before the next request. Either way the
-    run's input differed from the base run's, which no replay of the base run can know."""
+    run's input differed from the base run's, which no replay of the base run can know.
+
+    A free deferred in one run may complete at once in the other (the work it waited for was
+    already done at the next malloc): deferred on either side counts. A run ended by an
+    uncaught OOM is given up to its `oom` event (whose path completed every pending free before
+    it), and only the frees it completed are compared."""
     syncs = run_stats.get("num_sync_all_streams")
     retries = run_stats.get("num_alloc_retries")
-    base = deferred_completions(base_events)
-    run = deferred_completions(run_events)
+    base = completions(base_events)
+    run = completions(run_events)
     for block in sorted(run):
         if block not in base or run[block][0] == base[block][0]:
             continue
-        at, then_segments = run[block]
+        at, then_segments, at_once = run[block]
+        if at_once and base[block][2]:
+            continue
         if at > base[block][0] or syncs == 0 or \
                 (syncs is not None and syncs == retries and not then_segments):
             return block, base[block][0], at

@@ -189,6 +189,33 @@ class SequenceTest(unittest.TestCase):
         self.assertIsNone(sequences.completed_otherwise(base, on_the_oom_path, retried))
         # Later: only the GPU's timing delays a completion.
         self.assertEqual(sequences.completed_otherwise(base, job(3), synced), (0, 4, 5))
+        # Deferred in the base run, done at the run's next malloc (right after its
+        # free_requested): earlier, by the same rules.
+        at_once = job(0)
+        self.assertEqual(sequences.completed_otherwise(base, at_once, never), (0, 4, 2))
+        self.assertEqual(sequences.completed_otherwise(base, at_once, retried), (0, 4, 2))
+        self.assertIsNone(sequences.completed_otherwise(base, at_once, synced))
+        self.assertEqual(sequences.completed_otherwise(at_once, base, never), (0, 2, 4))
+        self.assertIsNone(sequences.completed_otherwise(at_once, at_once, never))
+
+    def test_a_run_ended_by_an_oom_is_checked_for_timing_up_to_it(self):
+        def run(completed_after, oom_after=None):
+            events = [event("alloc", 512, addr=1), event("free_requested", 512, addr=1)]
+            events += [event("alloc", 1024, addr=2 + n) for n in range(3)]
+            events.insert(2 + completed_after, event("free_completed", 512, addr=1))
+            if oom_after is not None:
+                events.insert(2 + oom_after, event("oom", 4096))
+            return events
+        retried = {"num_sync_all_streams": 1, "num_alloc_retries": 1}
+        base = run(2)
+        # The OOM path completes the pending free, then raises: not the GPU's timing.
+        ended = run(1, oom_after=2)[:5]
+        self.assertEqual(ended[-1]["action"], "oom")
+        self.assertIsNone(sequences.completed_otherwise(base, ended, retried))
+        # Completed at the first malloc before an OOM that comes later: the GPU's timing.
+        early = run(0, oom_after=2)[:5]
+        self.assertEqual(early[-1]["action"], "oom")
+        self.assertEqual(sequences.completed_otherwise(base, early, retried), (0, 4, 2))
 
     def test_the_unpickler_builds_no_objects(self):
         with tempfile.NamedTemporaryFile(suffix=".pickle") as f:
@@ -459,11 +486,14 @@ class CompareTest(unittest.TestCase):
         exact = {p["run"] for p in result["pairs"] if p["verdict"] == "exact"}
         self.assertGreaterEqual(len(exact), min_exact, text)
         # gpumem flags an answer that a second placement contradicts: only where it differs
-        # from PyTorch (an exact pair flagged would be a false alarm), and every recording of
+        # from PyTorch's (an exact pair flagged would be a false alarm; a pair whose timing
+        # changed may differ too), and every recording of
         # resnet.split64.frac where it differs, whose replay runs out of memory where PyTorch
         # fits.
         borderline = {p["run"] for p in result["pairs"] if p.get("borderline")}
-        self.assertLessEqual(borderline, differing, text)
+        unequal = differing | {p["run"] for p in result["pairs"]
+                               if p["verdict"] == "changed timing"}
+        self.assertLessEqual(borderline, unequal, text)
         if "resnet.split64.frac" in differing:
             self.assertIn("resnet.split64.frac", borderline, text)
         # Never "fits" where PyTorch ran out of memory; "does not fit" where it fit only for
@@ -477,7 +507,10 @@ class CompareTest(unittest.TestCase):
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
     def test_the_h200_recordings_in_results(self):
         """results/: the whole plan, recorded in five waves."""
-        self.check_recordings(RESULTS, 140)
+        # 140 exact until 2026-12-05, when a free deferred in the base run and done at once in
+        # the run (two_streams.default.frac, .split64.frac) read as the GPU's timing: "changed
+        # timing, equal".
+        self.check_recordings(RESULTS, 138)
 
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
     def test_a_second_recording_of_every_run_under_a_fraction(self):
@@ -489,8 +522,9 @@ class CompareTest(unittest.TestCase):
     def test_the_runs_under_a_fraction_against_base_recordings_of_another_process(self):
         """results-frac/'s what-if runs paired with results/'s base recordings, made in other
         processes on another day: the same answers (measured on 2026-12-04: 64 exact, the
-        same four differing, no false "fits")."""
-        self.check_recordings(os.path.join(HERE, "results-frac"), 64, bases=RESULTS)
+        same four differing, no false "fits"; 62 since the two two_streams pairs read as
+        "changed timing, equal")."""
+        self.check_recordings(os.path.join(HERE, "results-frac"), 62, bases=RESULTS)
 
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
     def test_a_recording_with_every_kernel_module_loaded_at_start(self):
@@ -504,6 +538,15 @@ class CompareTest(unittest.TestCase):
                                       not_run_ok=True)
         for pair in ("resnet.split64.frac", "resnet.gc06.frac", "resnet.combo.frac"):
             self.assertIn(pair, exact)
+
+    @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
+    def test_workloads_written_after_the_placement_model_was_fitted(self):
+        """results-wave3/: vit, offload and varlen under every config (2026-12-05), workloads
+        the model never saw: every self-replay and every comparable pair exact (offload's
+        pairs read as "changed timing": its side-stream frees complete when the GPU is done)."""
+        exact = self.check_recordings(os.path.join(HERE, "results-wave3"), 30, known=set())
+        for workload in ("vit", "varlen"):
+            self.assertTrue(any(pair.startswith(workload + ".") for pair in exact), workload)
 
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
     def test_repeated_recordings_of_the_pairs_that_differed(self):

@@ -104,11 +104,13 @@ def seed_all(seed):
 
 
 class Block(nn.Module):
-    """A pre-norm transformer block: causal self-attention (PyTorch's fused SDPA) and an MLP."""
+    """A pre-norm transformer block: self-attention (PyTorch's fused SDPA; causal unless
+    told otherwise) and an MLP."""
 
-    def __init__(self, d_model, heads, hidden):
+    def __init__(self, d_model, heads, hidden, causal=True):
         super().__init__()
         self.heads = heads
+        self.causal = causal
         self.norm1 = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
@@ -130,7 +132,7 @@ class Block(nn.Module):
     def forward(self, x):
         q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
         x = x + self.proj(self.attend(self.split_heads(q), self.split_heads(k),
-                                      self.split_heads(v), causal=True))
+                                      self.split_heads(v), causal=self.causal))
         return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
 
     def decode(self, x, cache):
@@ -299,6 +301,44 @@ class MoELayer(nn.Module):
         back = torch.cat(outputs)[torch.argsort(order)]
         mixed = (back.view(tokens, self.top_k, width) * weights.unsqueeze(-1)).sum(1)
         return x + mixed
+
+
+class VisionTransformer(nn.Module):
+    """A ViT: 16 x 16 patches embedded by a strided convolution, a class token, learned
+    positions, non-causal transformer blocks, a linear head on the class token."""
+
+    def __init__(self, image=224, patch=16, d_model=384, heads=6, layers=6, classes=100):
+        super().__init__()
+        self.patch = nn.Conv2d(3, d_model, patch, stride=patch)
+        tokens = (image // patch) ** 2 + 1
+        self.cls = nn.Parameter(torch.zeros(1, 1, d_model))
+        self.pos = nn.Parameter(torch.randn(1, tokens, d_model) * 0.02)
+        self.blocks = nn.ModuleList(Block(d_model, heads, 4 * d_model, causal=False)
+                                    for _ in range(layers))
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, classes)
+
+    def forward(self, images):
+        x = self.patch(images).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x[:, 0]))
+
+
+class SwiGLU(nn.Module):
+    """A pre-norm SwiGLU feed-forward block with a residual connection."""
+
+    def __init__(self, width, hidden):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.gate = nn.Linear(width, hidden, bias=False)
+        self.up = nn.Linear(width, hidden, bias=False)
+        self.down = nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
 # --- workloads ----------------------------------------------------------------------------
@@ -885,6 +925,115 @@ def serve(job):
     job.synchronize()
 
 
+# A third wave, written after the replay's placement model was fitted to the first two, to
+# check it on workloads it was not fitted to: a vision transformer with gradient clipping and
+# an evaluation pass, activations offloaded to pinned host memory on a side stream, and packed
+# batches whose token count changes every step.
+
+
+def vit(job):
+    """Vision-transformer training under bfloat16 autocast (batch 48 x 3 x 224 x 224, 6 blocks
+    of width 384, AdamW, gradient clipping, 4 steps), then inference at batch 128: clipping's
+    per-parameter norms add many small blocks between the large activations."""
+    seed_all(13)
+    model = VisionTransformer().to(job.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    autocast_type = "cuda" if job.cuda else "cpu"
+    for _ in range(4):
+        images = torch.randn(48, 3, 224, 224, device=job.device)
+        labels = torch.randint(0, 100, (48,), device=job.device)
+        with torch.autocast(autocast_type, dtype=torch.bfloat16, cache_enabled=False):
+            loss = F.cross_entropy(model(images).float(), labels)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del images, labels, loss
+    model.eval()
+    with torch.inference_mode(), torch.autocast(autocast_type, dtype=torch.bfloat16,
+                                                cache_enabled=False):
+        for _ in range(2):
+            images = torch.randn(128, 3, 224, 224, device=job.device)
+            predictions = model(images).argmax(-1)
+            del images, predictions
+    job.synchronize()
+
+
+class SideStreamOffload(torch.autograd.graph.saved_tensors_hooks):
+    """Saved activations of 1 MiB or more go to pinned host memory through a side stream and
+    come back through it for the backward pass, as activation-offloading libraries do. The
+    device copy's block is marked as used on the side stream (record_stream), so its free
+    waits for the copy; the block brought back is made on the side stream and marked as used
+    on the default stream. On the CPU the tensors are kept as they are."""
+
+    def __init__(self, job, stream):
+        def pack(tensor):
+            if (not job.cuda or tensor.device.type != "cuda"
+                    or (tensor.is_leaf and tensor.requires_grad)
+                    or tensor.numel() * tensor.element_size() < MIB):
+                return tensor
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            stream.wait_stream(torch.cuda.current_stream(job.device))
+            with torch.cuda.stream(stream):
+                host.copy_(tensor, non_blocking=True)
+            tensor.record_stream(stream)
+            return host
+
+        def unpack(saved):
+            if saved.device.type == "cuda" or not job.cuda:
+                return saved
+            with torch.cuda.stream(stream):
+                tensor = saved.to(job.device, non_blocking=True)
+            torch.cuda.current_stream(job.device).wait_stream(stream)
+            tensor.record_stream(torch.cuda.current_stream(job.device))
+            return tensor
+
+        super().__init__(pack, unpack)
+
+
+def offload(job):
+    """Language-model training (4 blocks, d_model 512, batch 16 x 256 tokens, AdamW, 4 steps)
+    with its saved activations offloaded to pinned host memory on a side stream
+    (SideStreamOffload): deferred frees on both streams, and blocks of the side stream's pool
+    freed on the default stream."""
+    seed_all(14)
+    model = LanguageModel(8000, 512, 8, 4).to(job.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    copy_stream = job.stream()
+    for _ in range(4):
+        tokens = torch.randint(0, 8000, (16, 257), device=job.device)
+        with SideStreamOffload(job, copy_stream):
+            logits = model(tokens[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                   tokens[:, 1:].reshape(-1))
+            del logits
+        learn(optimizer, loss)
+        del tokens, loss
+    job.synchronize()
+
+
+def varlen(job):
+    """Packed-sequence training of a SwiGLU stack (4 blocks, width 1024, hidden 2816, a
+    vocabulary-8192 head, AdamW, 10 steps) on batches whose token count is drawn anew every
+    step (1024 to 12288 tokens), so the large activations and logits never repeat a size."""
+    seed_all(15)
+    generator = torch.Generator().manual_seed(15)
+    embed = nn.Embedding(8192, 1024).to(job.device)
+    blocks = nn.Sequential(*(SwiGLU(1024, 2816) for _ in range(4))).to(job.device)
+    head = nn.Linear(1024, 8192, bias=False).to(job.device)
+    parameters = [*embed.parameters(), *blocks.parameters(), *head.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=1e-4)
+    for _ in range(10):
+        count = int(torch.randint(1024, 12289, (1,), generator=generator))
+        tokens = torch.randint(0, 8192, (count + 1,), device=job.device)
+        logits = head(blocks(embed(tokens[:-1])))
+        loss = F.cross_entropy(logits, tokens[1:])
+        del logits
+        learn(optimizer, loss)
+        del tokens, loss
+    job.synchronize()
+
+
 WORKLOADS = {
     "transformer_ckpt": transformer_ckpt,
     "unet": unet,
@@ -904,4 +1053,7 @@ WORKLOADS = {
     "amp_lm": amp_lm,
     "lstm": lstm,
     "serve": serve,
+    "vit": vit,
+    "offload": offload,
+    "varlen": varlen,
 }
