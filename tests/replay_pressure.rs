@@ -1910,4 +1910,93 @@ mod what_if_on_sim {
         what_if_differences("", conf, &ops, (TOTAL, false))
             .unwrap_or_else(|wrong| panic!("{wrong}"));
     }
+
+    /// A what-if whose first allocation fails (over the fraction): the recording's first
+    /// segment is never made, and the segments after it land where the direct run's do.
+    #[test]
+    fn a_what_if_without_the_recordings_first_segment_places_the_rest_as_the_direct_run() {
+        use Op::*;
+        let ops = [
+            Alloc {
+                slot: 0,
+                size: 33554433,
+                stream: 0,
+            },
+            PoolAlloc { slot: 0, size: 512 },
+            Alloc {
+                slot: 6,
+                size: 512,
+                stream: 0,
+            },
+            Alloc {
+                slot: 11,
+                size: 512,
+                stream: 0,
+            },
+            Alloc {
+                slot: 11,
+                size: 512,
+                stream: 1431633920,
+            },
+            Free { slot: 6 },
+            Alloc {
+                slot: 0,
+                size: 1048577,
+                stream: 0,
+            },
+            Alloc {
+                slot: 0,
+                size: 1048577,
+                stream: 0,
+            },
+            Alloc {
+                slot: 2,
+                size: 918016,
+                stream: 0,
+            },
+            Alloc {
+                slot: 5,
+                size: 786944,
+                stream: 0,
+            },
+            Alloc {
+                slot: 6,
+                size: 524800,
+                stream: 0,
+            },
+            Alloc {
+                slot: 2,
+                size: 131584,
+                stream: 0,
+            },
+            Alloc {
+                slot: 0,
+                size: 524800,
+                stream: 0,
+            },
+            Alloc {
+                slot: 1,
+                size: 393728,
+                stream: 0,
+            },
+            Alloc {
+                slot: 0,
+                size: 918016,
+                stream: 0,
+            },
+            Alloc {
+                slot: 5,
+                size: 786944,
+                stream: 0,
+            },
+            Alloc {
+                slot: 0,
+                size: 512,
+                stream: 0,
+            },
+        ];
+        let conf = "per_process_memory_fraction:0.02,roundup_power2_divisions:4";
+        what_if_differences("", conf, &ops, (1536 * MIB, false))
+            .unwrap_or_else(|wrong| panic!("{wrong}"));
+    }
 }

@@ -276,6 +276,12 @@ impl AddressSpace {
         self.top
     }
 
+    /// The chunk of address space the driver reserves for a segment of `size` bytes that fits
+    /// in no chunk it holds: `roundup(size, 32 MiB)`, the segment at its bottom.
+    pub(crate) fn chunk_for(size: u64) -> u64 {
+        size.div_ceil(VA_CHUNK).saturating_mul(VA_CHUNK)
+    }
+
     /// How far below its window's top a fresh process puts its first segment of `size` bytes:
     /// where a recording's window ends, from its first `segment_alloc`.
     pub(crate) fn first_segment_depth(size: u64) -> Option<u64> {

@@ -18,6 +18,8 @@
 
 use std::collections::VecDeque;
 
+use crate::device::address_space::AddressSpace;
+
 /// One device call of the recording, as its trace shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceCall {
@@ -115,6 +117,10 @@ impl CallSequence {
             |call| matches!(call, DeviceCall::Malloc { size: recorded, .. } if recorded == size),
         );
         match found {
+            Some(position) if self.passes_over_its_chunk(position) => {
+                self.leave();
+                None
+            }
             Some(position) => match self.waiting.remove(position) {
                 Some(DeviceCall::Malloc { address, .. }) => Some(address),
                 _ => None,
@@ -170,6 +176,24 @@ impl CallSequence {
             }
         }
         None
+    }
+
+    /// Whether the waiting `cudaMalloc` at `position` lies in the chunk of address space an
+    /// earlier waiting one (passed over) may have opened: the driver put it there because that
+    /// segment was made first, so without it (made later, or never: a what-if whose first
+    /// request runs out of memory) the address is not the driver's. Two calls that change
+    /// places keep their addresses only in different parts of the address space.
+    fn passes_over_its_chunk(&self, position: usize) -> bool {
+        let Some(DeviceCall::Malloc { address, .. }) = self.waiting.get(position) else {
+            return false;
+        };
+        self.waiting.iter().take(position).any(|&call| match call {
+            DeviceCall::Malloc {
+                address: first,
+                size,
+            } => (first..first.saturating_add(AddressSpace::chunk_for(size))).contains(address),
+            DeviceCall::Free { .. } => false,
+        })
     }
 
     /// Whether the replay's calls so far are the recording's.
@@ -241,6 +265,23 @@ mod tests {
         // makes the 20 MiB one first has left the sequence.
         assert_eq!(sequence.malloc(20 * MIB), None);
         assert!(!sequence.in_step());
+    }
+
+    #[test]
+    fn a_malloc_made_in_the_chunk_of_one_passed_over_ends_the_sequence() {
+        // The recording's 2 MiB segment went into the tail of its 34 MiB one's chunk: a replay
+        // that makes the 2 MiB one without the 34 MiB one first does not get that address.
+        let mut sequence =
+            CallSequence::known(&[malloc(0x7000_0000, 34 * MIB), malloc(0x7220_0000, 2 * MIB)]);
+        sequence.follow();
+        assert_eq!(sequence.malloc(2 * MIB), None);
+        assert!(!sequence.in_step());
+        // Elsewhere, it does.
+        let mut sequence =
+            CallSequence::known(&[malloc(0x7000_0000, 34 * MIB), malloc(0x7420_0000, 2 * MIB)]);
+        sequence.follow();
+        assert_eq!(sequence.malloc(2 * MIB), Some(0x7420_0000));
+        assert!(sequence.in_step());
     }
 
     #[test]
