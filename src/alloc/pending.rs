@@ -194,8 +194,7 @@ impl CachingAllocator {
     #[cold]
     fn process_events_slow(&mut self) -> Result<(), AllocError> {
         self.insert_deferred_events()?;
-        let streams: Vec<StreamId> = self.cuda_events.keys().copied().collect();
-        for stream in streams {
+        for stream in self.walk_order() {
             while let Some(&(event, id)) = self.cuda_events.get(&stream).and_then(VecDeque::front) {
                 if !self.device.query_event(event)? {
                     break;
@@ -223,11 +222,12 @@ impl CachingAllocator {
         })
     }
 
-    /// Makes the allocator's synchronisations walk `streams` first, in this order, then the
-    /// others in stream order. PyTorch walks the streams of its `cuda_events` hash map in an
-    /// order of its own, which decides the order several pending frees complete in (and so
-    /// the `inactive_split` peaks); a replay that knows it from the trace says so before the
-    /// malloc whose OOM path completes them, and clears it after (an empty list).
+    /// Makes the allocator's walks over its pending frees (`process_events` and the
+    /// synchronisations) take `streams` first, in this order, then the others in stream order.
+    /// PyTorch walks the streams of its `cuda_events` hash map in an order of its own, which
+    /// decides the order several pending frees complete in (and so the `inactive_split`
+    /// peaks); a replay that knows it from the trace says so before the malloc that completes
+    /// them, and clears it after (an empty list).
     pub fn walk_streams_first(&mut self, streams: &[StreamId]) {
         self.streams_first.clear();
         self.streams_first.extend_from_slice(streams);
@@ -239,19 +239,7 @@ impl CachingAllocator {
         &mut self,
         wanted: impl Fn(&CachingAllocator, BlockId) -> bool,
     ) -> Result<(), AllocError> {
-        let mut streams: Vec<StreamId> = self
-            .streams_first
-            .iter()
-            .copied()
-            .filter(|stream| self.cuda_events.contains_key(stream))
-            .collect();
-        streams.extend(
-            self.cuda_events
-                .keys()
-                .copied()
-                .filter(|stream| !self.streams_first.contains(stream)),
-        );
-        for stream in streams {
+        for stream in self.walk_order() {
             let mut index = 0;
             while let Some(&(event, id)) = self
                 .cuda_events
@@ -268,6 +256,24 @@ impl CachingAllocator {
             }
         }
         Ok(())
+    }
+
+    /// The streams with pending events, in the order walks take them: those of
+    /// [`CachingAllocator::walk_streams_first`] first, then the others in stream order.
+    fn walk_order(&self) -> Vec<StreamId> {
+        let mut streams: Vec<StreamId> = self
+            .streams_first
+            .iter()
+            .copied()
+            .filter(|stream| self.cuda_events.contains_key(stream))
+            .collect();
+        streams.extend(
+            self.cuda_events
+                .keys()
+                .copied()
+                .filter(|stream| !self.streams_first.contains(stream)),
+        );
+        streams
     }
 
     /// Completes the pending free of `allocation` now: its block waits for none of its events

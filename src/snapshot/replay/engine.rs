@@ -800,6 +800,12 @@ impl Engine {
         // shows that path itself: a release in the run, or the malloc's recorded `oom`.
         let shown = run.releases > 0 || malloc.is_some_and(|event| event.action == Action::Oom);
         let adjacent_only = run.adjacent >= run.leading.len() as u64;
+        // Frees whose work is done complete in the order the trace shows, whether the malloc's
+        // `process_events` (asked below for its outlook) or the loop further down completes
+        // them.
+        let leading_streams: Vec<StreamId> =
+            run.leading.iter().map(|&(stream, _)| stream).collect();
+        self.allocator.walk_streams_first(&leading_streams);
         if adjacent_only && !shown && missed && !run.leading.is_empty() && self.recorded_config {
             // The replay's state decides below: right only if its config is the recording's.
             self.assumed_recorded_config = true;
@@ -851,6 +857,7 @@ impl Engine {
                     .map_err(|error| format!("the allocator failed: {error}"))?;
             }
         }
+        self.allocator.walk_streams_first(&[]);
         let empty_cache = match malloc {
             _ if run.empty_cache_frame || run.capture => true,
             None => run.shows_empty_cache(),
