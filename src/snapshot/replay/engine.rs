@@ -598,8 +598,8 @@ impl Engine {
         }
         if let Some((held_index, held)) = self.held.take() {
             if event.action == Action::FreeCompleted && event.addr == held.addr {
-                // An immediate free, unless the next event starts a malloc's releases or new
-                // memory: then its OOM path may have completed a deferred free.
+                // An immediate free, unless the next event starts a malloc's releases, new
+                // memory or OOM: then its OOM path may have completed a deferred free.
                 self.pair = Some((held_index, held, event));
                 return Ok(());
             }
@@ -615,12 +615,16 @@ impl Engine {
                 index: requested_index,
                 message,
             };
+            // A malloc's releases, new memory or `oom` next: its OOM path may have completed
+            // a deferred free (`synchronize_and_free_events`), and a malloc whose retry only
+            // asks for new memory runs out of memory even when that block would serve it.
             if matches!(
                 event.action,
                 Action::SegmentFree
                     | Action::SegmentUnmap
                     | Action::SegmentAlloc
                     | Action::SegmentMap
+                    | Action::Oom
             ) {
                 self.defer_free(&requested, false).map_err(at)?;
                 self.complete_deferred(&completed).map_err(at)?;
@@ -939,7 +943,8 @@ impl Engine {
 
     /// Whether the malloc of `event`, routed as it will be, would make exactly the releases of
     /// `run` had its leading deferred frees completed just before it
-    /// ([`CachingAllocator::malloc_outlook_if_completed`]).
+    /// ([`CachingAllocator::malloc_outlook_if_completed`]), and still run out of memory where
+    /// the recording shows it did.
     fn releases_if_completed(&mut self, event: &RawEvent, run: &Run) -> Result<bool, String> {
         let size = non_negative(event.size, "size")?;
         let stream = event.stream as u64;
@@ -950,14 +955,19 @@ impl Engine {
             .allocator
             .malloc_outlook_if_completed(stream, size, &allocations);
         self.leave_pool(pool)?;
+        // A malloc recorded as an `oom` took its OOM path: served from the cache, by new
+        // memory or after a collection, it would not have.
+        let ran_out = event.action == Action::Oom;
         Ok(match outlook {
-            MallocOutlook::Collect(sizes)
-            | MallocOutlook::Release {
+            MallocOutlook::Release {
                 released: Some(sizes),
                 ..
             } => sizes == run.release_sizes,
+            MallocOutlook::Collect(sizes) => !ran_out && sizes == run.release_sizes,
             MallocOutlook::Release { released: None, .. } => false,
-            MallocOutlook::Cached | MallocOutlook::NewMemory => run.release_sizes.is_empty(),
+            MallocOutlook::Cached | MallocOutlook::NewMemory => {
+                !ran_out && run.release_sizes.is_empty()
+            }
         })
     }
 
