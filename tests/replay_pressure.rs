@@ -1916,85 +1916,40 @@ mod what_if_on_sim {
     #[test]
     fn a_what_if_without_the_recordings_first_segment_places_the_rest_as_the_direct_run() {
         use Op::*;
-        let ops = [
-            Alloc {
-                slot: 0,
-                size: 33554433,
-                stream: 0,
-            },
+        // Allocations on the default stream, as (slot, size).
+        let on_default = |slot, size| Alloc {
+            slot,
+            size,
+            stream: 0,
+        };
+        let mut ops = vec![
+            on_default(0, 33554433),
             PoolAlloc { slot: 0, size: 512 },
-            Alloc {
-                slot: 6,
-                size: 512,
-                stream: 0,
-            },
-            Alloc {
-                slot: 11,
-                size: 512,
-                stream: 0,
-            },
+            on_default(6, 512),
+            on_default(11, 512),
             Alloc {
                 slot: 11,
                 size: 512,
                 stream: 1431633920,
             },
             Free { slot: 6 },
-            Alloc {
-                slot: 0,
-                size: 1048577,
-                stream: 0,
-            },
-            Alloc {
-                slot: 0,
-                size: 1048577,
-                stream: 0,
-            },
-            Alloc {
-                slot: 2,
-                size: 918016,
-                stream: 0,
-            },
-            Alloc {
-                slot: 5,
-                size: 786944,
-                stream: 0,
-            },
-            Alloc {
-                slot: 6,
-                size: 524800,
-                stream: 0,
-            },
-            Alloc {
-                slot: 2,
-                size: 131584,
-                stream: 0,
-            },
-            Alloc {
-                slot: 0,
-                size: 524800,
-                stream: 0,
-            },
-            Alloc {
-                slot: 1,
-                size: 393728,
-                stream: 0,
-            },
-            Alloc {
-                slot: 0,
-                size: 918016,
-                stream: 0,
-            },
-            Alloc {
-                slot: 5,
-                size: 786944,
-                stream: 0,
-            },
-            Alloc {
-                slot: 0,
-                size: 512,
-                stream: 0,
-            },
         ];
+        ops.extend(
+            [
+                (0, 1048577),
+                (0, 1048577),
+                (2, 918016),
+                (5, 786944),
+                (6, 524800),
+                (2, 131584),
+                (0, 524800),
+                (1, 393728),
+                (0, 918016),
+                (5, 786944),
+                (0, 512),
+            ]
+            .map(|(slot, size)| on_default(slot, size)),
+        );
         let conf = "per_process_memory_fraction:0.02,roundup_power2_divisions:4";
         what_if_differences("", conf, &ops, (1536 * MIB, false))
             .unwrap_or_else(|wrong| panic!("{wrong}"));

@@ -38,7 +38,8 @@ pub enum DeviceCall {
 }
 
 /// How far ahead in the recording a replay's call may be matched: the next recorded call, or
-/// the one after it when the next is a `cudaMalloc` of another size. Two calls that change places (a what-if config making the 20 MiB segment
+/// the one after it when the next is a `cudaMalloc` of another size (and the later one's
+/// recorded address is not in its chunk: `CallSequence::may_not_pass`). Two calls that change places (a what-if config making the 20 MiB segment
 /// just before the 2 MiB one the recording made first) go to different parts of the driver's
 /// address space, so each still lands where the recording's did; measured on the what-if
 /// harness (tests/gpu/whatif), a window of 2 places `moe`'s `roundup_power2_divisions:4`
@@ -117,7 +118,7 @@ impl CallSequence {
             |call| matches!(call, DeviceCall::Malloc { size: recorded, .. } if recorded == size),
         );
         match found {
-            Some(position) if self.passes_over_its_chunk(position) => {
+            Some(position) if self.may_not_pass(position) => {
                 self.leave();
                 None
             }
@@ -183,7 +184,7 @@ impl CallSequence {
     /// segment was made first, so without it (made later, or never: a what-if whose first
     /// request runs out of memory) the address is not the driver's. Two calls that change
     /// places keep their addresses only in different parts of the address space.
-    fn passes_over_its_chunk(&self, position: usize) -> bool {
+    fn may_not_pass(&self, position: usize) -> bool {
         let Some(DeviceCall::Malloc { address, .. }) = self.waiting.get(position) else {
             return false;
         };
