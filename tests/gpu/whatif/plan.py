@@ -36,6 +36,9 @@ WHATIF_WORKLOADS += ["resnet", "amp_lm", "lstm", "serve"]
 # it where it was not fitted (results-wave3/): a vision transformer, activations offloaded on a
 # side stream, packed batches of a new token count every step.
 WHATIF_WORKLOADS += ["vit", "offload", "varlen"]
+# A fourth wave, for the hardest places (results-wave4/): CUDA graphs sharing a pool beside a
+# MemPool, gradient buckets made on a side stream, a large-vocabulary loss in chunks.
+WHATIF_WORKLOADS += ["graph_decode", "buckets", "chunked_ce"]
 
 # The batch-size search always runs under its own limit (the fraction it searches within).
 BS_SEARCH_LIMIT = 3 * GIB

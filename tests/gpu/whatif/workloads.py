@@ -1034,6 +1034,152 @@ def varlen(job):
     job.synchronize()
 
 
+# A fourth wave, also written after the model, for the issue's hardest places: CUDA graphs
+# sharing a pool beside a MemPool and eager work, gradient buckets made on a side stream, and a
+# large-vocabulary loss computed in chunks of hundreds of MiB.
+
+
+def graph_decode(job):
+    """Generation whose decode step is a CUDA graph per batch size (8 and 16, sharing one
+    pool), writing into per-batch caches made in a MemPool; each request's prompt runs eagerly
+    in the default pools between the replays (6 requests, prompts of 64 to 224 tokens, 16
+    decode steps each). A SwiGLU stack of width 512 and a 4000-word head. On the CPU the same
+    steps run eagerly."""
+    seed_all(16)
+    width = 512
+    layers = nn.Sequential(*(SwiGLU(width, 1408) for _ in range(3))).to(job.device).eval()
+    head = nn.Linear(width, 4000, bias=False).to(job.device).eval()
+    cache_pool = torch.cuda.MemPool() if job.cuda else None
+    with (torch.cuda.use_mem_pool(cache_pool) if job.cuda else contextlib.nullcontext()):
+        caches = {batch: torch.zeros(batch, 256, width, device=job.device) for batch in (8, 16)}
+
+    def step(x, cache, position):
+        h = layers(x)
+        cache.index_copy_(1, position, h.unsqueeze(1))
+        return head(h + cache.mean(1))
+
+    graphs, statics = {}, {}
+    graph_pool = None
+    with torch.no_grad():
+        for batch in (8, 16):
+            static_x = torch.randn(batch, width, device=job.device)
+            position = torch.zeros(1, dtype=torch.long, device=job.device)
+            side = job.stream()
+            if side is not None:
+                side.wait_stream(torch.cuda.current_stream(job.device))
+            with job.on_stream(side):
+                for _ in range(3):
+                    step(static_x, caches[batch], position)
+            job.wait_stream(side)
+            if job.cuda:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=graph_pool):
+                    static_out = step(static_x, caches[batch], position)
+                graph_pool = graph.pool()
+                graphs[batch] = graph
+            else:
+                static_out = None
+            statics[batch] = (static_x, position, static_out)
+        for request in range(6):
+            batch = (8, 16)[request % 2]
+            static_x, position, static_out = statics[batch]
+            prompt = torch.randn(batch, 64 + 32 * request, width, device=job.device)
+            summary = layers(prompt).mean(1)
+            del prompt
+            static_x.copy_(summary)
+            del summary
+            for t in range(16):
+                position.fill_(t)
+                if job.cuda:
+                    graphs[batch].replay()
+                    logits = static_out
+                else:
+                    logits = step(static_x, caches[batch], position)
+                token = logits.argmax(-1)
+                static_x.copy_(head.weight[token])
+                del token, logits
+    job.kept += [cache_pool, caches, graphs]
+    job.synchronize()
+
+
+def buckets(job):
+    """Training whose gradients are reduced in buckets on a side stream, as DDP does without
+    a process group: after the backward pass the gradients are grouped, last layer first, into
+    buckets of about 25 MiB; each bucket is flattened and scaled on the side stream (the
+    gradients marked as used there), copied back after a wait_stream, and the flat buffer,
+    made in the side stream's pool, is freed on the default stream (record_stream). A residual
+    MLP of 4 blocks (width 1024, hidden 4096), batch 32 x 128 rows, AdamW, 6 steps."""
+    seed_all(17)
+    model = ResidualMLP(width=1024, hidden=4096, blocks=4).to(job.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    comm = job.stream()
+    groups, group, size = [], [], 0
+    for parameter in reversed(list(model.parameters())):
+        group.append(parameter)
+        size += parameter.numel() * parameter.element_size()
+        if size >= 25 * MIB:
+            groups.append(group)
+            group, size = [], 0
+    if group:
+        groups.append(group)
+    for _ in range(6):
+        x = torch.randn(32, 128, 1024, device=job.device)
+        loss = F.mse_loss(model(x), x)
+        loss.backward()
+        del x, loss
+        for group in groups:
+            grads = [parameter.grad for parameter in group]
+            if comm is not None:
+                comm.wait_stream(torch.cuda.current_stream(job.device))
+            with job.on_stream(comm):
+                flat = torch.cat([grad.reshape(-1) for grad in grads])
+                flat.mul_(0.5)
+            if comm is not None:
+                for grad in grads:
+                    grad.record_stream(comm)
+            job.wait_stream(comm)
+            job.record_stream(flat)
+            offset = 0
+            for grad in grads:
+                grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+                offset += grad.numel()
+            del flat, grads
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    job.synchronize()
+
+
+def chunked_ce(job):
+    """A large-vocabulary loss computed in chunks: the hidden states of 6144 tokens (a 2-block
+    SwiGLU stack of width 1024) go through a 32000-word head 1536 tokens at a time, each
+    chunk's logits (about 190 MiB) and their gradient made and freed in turn, the gradients
+    gathered on a detached copy of the hidden states and passed back through the body. SGD,
+    5 steps, the token count changing by 512 each step."""
+    seed_all(18)
+    body = nn.Sequential(nn.Embedding(32000, 1024),
+                         *(SwiGLU(1024, 2816) for _ in range(2))).to(job.device)
+    head = nn.Linear(1024, 32000, bias=False).to(job.device)
+    parameters = [*body.parameters(), *head.parameters()]
+    optimizer = torch.optim.SGD(parameters, lr=1e-3)
+    for index in range(5):
+        count = 6144 - 512 * index
+        tokens = torch.randint(0, 32000, (count + 1,), device=job.device)
+        hidden = body(tokens[:-1])
+        detached = hidden.detach().requires_grad_()
+        for start in range(0, count, 1536):
+            logits = head(detached[start:start + 1536])
+            loss = F.cross_entropy(logits, tokens[1 + start:1 + start + 1536]) * (
+                logits.shape[0] / count)
+            del logits
+            loss.backward()
+            del loss
+        hidden.backward(detached.grad)
+        del tokens, hidden, detached
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    job.synchronize()
+
+
 WORKLOADS = {
     "transformer_ckpt": transformer_ckpt,
     "unet": unet,
@@ -1056,4 +1202,7 @@ WORKLOADS = {
     "vit": vit,
     "offload": offload,
     "varlen": varlen,
+    "graph_decode": graph_decode,
+    "buckets": buckets,
+    "chunked_ce": chunked_ce,
 }
