@@ -1954,4 +1954,29 @@ mod what_if_on_sim {
         what_if_differences("", conf, &ops, (1536 * MIB, false))
             .unwrap_or_else(|wrong| panic!("{wrong}"));
     }
+
+    /// The what-if's first segment (20 MiB: the recording's first, 18 MiB, rounded up by
+    /// `roundup_power2_divisions:4`) goes where the direct run's driver puts it, the startup
+    /// range the recording's first one took, not to the address of the recording's next
+    /// 20 MiB one, which changed places with it.
+    #[test]
+    fn a_what_ifs_first_large_segment_does_not_take_the_recordings_second_ones_address() {
+        use Op::*;
+        let on_default = |slot, size| Alloc {
+            slot,
+            size,
+            stream: 0,
+        };
+        let ops = [
+            (1, 16777217),
+            (6, 8388609),
+            (1, 512),
+            (0, 8388609),
+            (6, 10485761),
+            (0, 1048577),
+        ]
+        .map(|(slot, size)| on_default(slot, size));
+        what_if_differences("", "roundup_power2_divisions:4", &ops, (TOTAL, false))
+            .unwrap_or_else(|wrong| panic!("{wrong}"));
+    }
 }

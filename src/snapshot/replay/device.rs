@@ -235,7 +235,19 @@ impl Hints {
     /// the replay is in step with it, and the one made at the same allocation.
     fn take(&self, size: u64) -> [Option<u64>; 2] {
         let mut placements = self.0.borrow_mut();
-        let in_sequence = placements.sequence.malloc(size);
+        let mut in_sequence = placements.sequence.malloc(size);
+        if placements.sequence.passed_over() && placements.what_if {
+            // Two calls changed places: the recorded address was the driver's with the other
+            // made first. The mirror, where it follows the recording, knows where the driver
+            // puts this one now (the first segment of a what-if whose config resized it can
+            // take the startup range the recording's first one took, not the recording's next
+            // one's new chunk).
+            if let Mirror::Active(mirror) = &placements.mirror {
+                if let Some(placed) = mirror.would_place(size) {
+                    in_sequence = in_sequence.filter(|&recorded| recorded == placed);
+                }
+            }
+        }
         let hints = &mut placements.at_allocation;
         let at_allocation = hints
             .iter()

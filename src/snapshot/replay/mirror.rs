@@ -66,6 +66,12 @@ impl DriverMirror {
         self.replay.allocate(size)
     }
 
+    /// Where the driver would put the replay's next segment of `size` bytes, asked without
+    /// taking it.
+    pub(super) fn would_place(&self, size: u64) -> Option<u64> {
+        self.replay.clone().allocate(size)
+    }
+
     /// The replay put a segment of `size` bytes at `address` by another rule.
     pub(super) fn placed(&mut self, address: u64, size: u64) {
         self.replay.insert(address, size);

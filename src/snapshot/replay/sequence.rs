@@ -65,6 +65,8 @@ pub struct CallSequence {
     ran_ahead: bool,
     /// Whether the replay's calls are compared yet (not while a start state is seeded).
     following: bool,
+    /// Whether the last `cudaMalloc` matched was matched past an earlier waiting call.
+    passed_over: bool,
 }
 
 impl Default for CallSequence {
@@ -75,6 +77,7 @@ impl Default for CallSequence {
             in_step: true,
             ran_ahead: false,
             following: true,
+            passed_over: false,
         }
     }
 }
@@ -111,6 +114,7 @@ impl CallSequence {
     /// The replay calls `cudaMalloc(size)`: the recording's address when the call is the one
     /// the recording made next.
     pub fn malloc(&mut self, size: u64) -> Option<u64> {
+        self.passed_over = false;
         if !self.following || !self.in_step {
             return None;
         }
@@ -123,7 +127,10 @@ impl CallSequence {
                 None
             }
             Some(position) => match self.waiting.remove(position) {
-                Some(DeviceCall::Malloc { address, .. }) => Some(address),
+                Some(DeviceCall::Malloc { address, .. }) => {
+                    self.passed_over = position > 0;
+                    Some(address)
+                }
                 _ => None,
             },
             None if !self.complete && self.waiting.len() < WINDOW => {
@@ -156,6 +163,14 @@ impl CallSequence {
             }
             None => self.leave(),
         }
+    }
+
+    /// Whether the address the last [`CallSequence::malloc`] gave was matched past an earlier
+    /// waiting call (two calls that changed places): the driver gave it with that call made
+    /// first, so a replay that knows better where its driver would put the segment prefers
+    /// that (`replay/device.rs`).
+    pub fn passed_over(&self) -> bool {
+        self.passed_over
     }
 
     /// Whether the replay made a call before the pass had read the recording's: a second pass,
@@ -261,7 +276,9 @@ mod tests {
         ]);
         sequence.follow();
         assert_eq!(sequence.malloc(20 * MIB), Some(0x9000_0000));
+        assert!(sequence.passed_over());
         assert_eq!(sequence.malloc(2 * MIB), Some(0x7000_0000));
+        assert!(!sequence.passed_over());
         // The recording freed the 2 MiB segment before its next 20 MiB one: a replay that
         // makes the 20 MiB one first has left the sequence.
         assert_eq!(sequence.malloc(20 * MIB), None);

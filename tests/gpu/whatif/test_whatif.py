@@ -531,10 +531,12 @@ class CompareTest(unittest.TestCase):
         """results-eager/: the plan under CUDA_MODULE_LOADING=EAGER (2026-12-05, 171 of the 201
         runs before the deadline). The three `resnet` pairs that differ in results/ are exact:
         their hidden 14 MiB hole was a kernel module loaded on first use."""
-        # Not yet examined: allocated_bytes.all.peak alone differs (docs: README.md).
+        # allocated_bytes.all.peak alone differs: the model's window, fitted to lazy loading,
+        # is guessed wrong for an eager process (README.md). So is its judgement of two
+        # segments that changed places (moe.pow2div4: docs/snapshots.md, step 1).
         known = {"transformer_ckpt.split64", "transformer_ckpt.split64.frac",
-                 "resnet.lseg64", "unet.lseg64"}
-        exact = self.check_recordings(os.path.join(HERE, "results-eager"), 105, known=known,
+                 "resnet.lseg64", "unet.lseg64", "moe.pow2div4", "moe.pow2div4.frac"}
+        exact = self.check_recordings(os.path.join(HERE, "results-eager"), 103, known=known,
                                       not_run_ok=True)
         for pair in ("resnet.split64.frac", "resnet.gc06.frac", "resnet.combo.frac"):
             self.assertIn(pair, exact)
