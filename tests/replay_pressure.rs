@@ -1979,4 +1979,64 @@ mod what_if_on_sim {
         what_if_differences("", "roundup_power2_divisions:4", &ops, (TOTAL, false))
             .unwrap_or_else(|wrong| panic!("{wrong}"));
     }
+
+    /// A job recorded on 16 GiB and asked about on 768 MiB: its `empty_cache()` before a
+    /// malloc is read from the recording's own device (it had the room), not the smaller one
+    /// the what-if asks about, so the replay counts no retry the direct run did not.
+    #[test]
+    fn an_empty_cache_is_read_from_the_recordings_device_not_the_what_ifs() {
+        use Op::*;
+        let on_default = |slot, size| Alloc {
+            slot,
+            size,
+            stream: 0,
+        };
+        let mut ops: Vec<Op> = [(1, 512), (1, 512), (6, 512), (0, 512)]
+            .map(|(slot, size)| on_default(slot, size))
+            .into();
+        ops.push(Free { slot: 0 });
+        ops.extend([(0, 512), (6, 512)].map(|(slot, size)| on_default(slot, size)));
+        ops.push(Free { slot: 0 });
+        ops.extend(
+            [(0, 512), (4, 1048577), (0, 62914561)].map(|(slot, size)| on_default(slot, size)),
+        );
+        ops.extend([
+            Alloc {
+                slot: 6,
+                size: 1048577,
+                stream: SIDE,
+            },
+            on_default(1, 46137345),
+            PoolAlloc {
+                slot: 5,
+                size: 52428801,
+            },
+            PoolAlloc {
+                slot: 5,
+                size: 2096641,
+            },
+            PoolAlloc {
+                slot: 5,
+                size: 73400321,
+            },
+            on_default(2, 83886081),
+            on_default(5, 79691777),
+            on_default(6, 29360129),
+            PoolAlloc {
+                slot: 0,
+                size: 85983233,
+            },
+            on_default(4, 88080385),
+            PoolAlloc { slot: 0, size: 512 },
+            EmptyCache,
+            Alloc {
+                slot: 0,
+                size: 1048577,
+                stream: SIDE,
+            },
+        ]);
+        let conf = "expandable_segments:True,per_process_memory_fraction:0.03";
+        what_if_differences("", conf, &ops, (768 * MIB, false))
+            .unwrap_or_else(|wrong| panic!("{wrong}"));
+    }
 }

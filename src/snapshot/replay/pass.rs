@@ -19,7 +19,7 @@ use super::{
     ReplayError, ReplayOptions, ReplayReport, StartReport,
 };
 use crate::alloc::{AllocConf, CachingAllocator, MemoryObserver};
-use crate::device::sim::SimDevice;
+use crate::device::sim::{SimDevice, H200_TOTAL_MEMORY};
 use crate::device::DeviceMemory;
 use crate::snapshot::model::Action;
 use crate::snapshot::pickle::{Emitted, SnapshotError, Trace};
@@ -91,7 +91,7 @@ impl Pass {
         let file_size = std::fs::metadata(path).map_or(0, |meta| meta.len());
         let mut engine = Engine::new(allocator, hints.clone(), routes.clone())
             .with_live_limit(LiveLimit::default(), file_size);
-        engine.provisional_room(capacity.saturating_sub(context));
+        engine.provisional_room(recorded_device_room(capacity, context));
         for observer in observers {
             engine.subscribe(observer);
         }
@@ -237,8 +237,9 @@ impl Pass {
     /// as the file shows. Under the recorded config and a fraction the recording never went
     /// above, the replay describes the recorded run: the fraction's cap. Otherwise (a what-if
     /// config, or a fraction the recording exceeded, so it did not run under it) the limit
-    /// its OOMs show (the least it can have been), else this device's room beside the CUDA
-    /// context; never less than the most the recording held. `None` for a self-replay (its own state decides as the recording did) and
+    /// its OOMs show (the least it can have been), else the recording's device's room beside
+    /// the CUDA context ([`recorded_device_room`]); never less than the most the recording
+    /// held. `None` for a self-replay (its own state decides as the recording did) and
     /// where the file cannot tell: the trace starts mid-run (its reserved bytes are not
     /// known), the limit changed while the job ran, or the recorded config collects garbage
     /// (which releases below any limit, under a fraction the file does not record).
@@ -257,7 +258,7 @@ impl Pass {
         // The recording held `highest` bytes at once, so it had that room at least, whatever
         // device this replay asks about (a smaller one, say, for --min-capacity).
         match plan.limit {
-            Limit::NoRecordedOoms => Some(self.capacity.saturating_sub(self.context)),
+            Limit::NoRecordedOoms => Some(recorded_device_room(self.capacity, self.context)),
             Limit::Cap(bounds) => Some(bounds.lower),
             Limit::Device { usable, .. } => Some(usable),
             Limit::Inconsistent(_) => None,
@@ -366,4 +367,17 @@ impl Pass {
             host: HostMemory::of(&recording.remainder),
         })
     }
+}
+
+/// The room beside the CUDA context of the device a recording without OOMs ran on, as a replay
+/// reads the recording: the file does not record the device's size, so the simulated H200's
+/// (the default device), or the replay's own where that is larger. A replay on a smaller
+/// device (`--device`, `--min-capacity`'s probes) asks what the job would do there; the recorded
+/// run did what it did on its own device, so its reading (was a run of releases before a
+/// malloc the program's `empty_cache()` or that malloc's OOM path?) does not follow the
+/// replay's device. The what-if property found a job recorded on 16 GiB and replayed on
+/// 768 MiB whose `empty_cache()` was read as the OOM path of the malloc after it: one retry
+/// more than the direct run's.
+fn recorded_device_room(capacity: u64, context: u64) -> u64 {
+    capacity.max(H200_TOTAL_MEMORY).saturating_sub(context)
 }
