@@ -1377,6 +1377,15 @@ mod what_if_on_sim {
         EmptyCache,
     }
 
+    /// An allocation of `size` bytes into `slot` on the default stream.
+    fn on_default(slot: usize, size: u64) -> Op {
+        Op::Alloc {
+            slot,
+            size,
+            stream: 0,
+        }
+    }
+
     const STREAMS: [u64; 2] = [0, SIDE];
 
     fn op() -> impl Strategy<Value = Op> {
@@ -1916,12 +1925,6 @@ mod what_if_on_sim {
     #[test]
     fn a_what_if_without_the_recordings_first_segment_places_the_rest_as_the_direct_run() {
         use Op::*;
-        // Allocations on the default stream, as (slot, size).
-        let on_default = |slot, size| Alloc {
-            slot,
-            size,
-            stream: 0,
-        };
         let mut ops = vec![
             on_default(0, 33554433),
             PoolAlloc { slot: 0, size: 512 },
@@ -1961,12 +1964,6 @@ mod what_if_on_sim {
     /// 20 MiB one, which changed places with it.
     #[test]
     fn a_what_ifs_first_large_segment_does_not_take_the_recordings_second_ones_address() {
-        use Op::*;
-        let on_default = |slot, size| Alloc {
-            slot,
-            size,
-            stream: 0,
-        };
         let ops = [
             (1, 16777217),
             (6, 8388609),
@@ -1986,11 +1983,6 @@ mod what_if_on_sim {
     #[test]
     fn an_empty_cache_is_read_from_the_recordings_device_not_the_what_ifs() {
         use Op::*;
-        let on_default = |slot, size| Alloc {
-            slot,
-            size,
-            stream: 0,
-        };
         let mut ops: Vec<Op> = [(1, 512), (1, 512), (6, 512), (0, 512)]
             .map(|(slot, size)| on_default(slot, size))
             .into();
