@@ -1584,6 +1584,19 @@ mod what_if_on_sim {
         }
     }
 
+    /// [`what_if_differences`] for a job kept as a regression test: panics with the
+    /// differences.
+    fn assert_replay_gives_the_direct_runs_counters(
+        base_conf: &str,
+        conf: &str,
+        ops: &[Op],
+        device: (u64, bool),
+    ) {
+        if let Err(wrong) = what_if_differences(base_conf, conf, ops, device) {
+            panic!("{wrong}");
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig {
             max_shrink_iters: 2000,
@@ -1688,8 +1701,7 @@ mod what_if_on_sim {
             },
         ];
         let conf = "per_process_memory_fraction:0.03,max_split_size_mb:40";
-        what_if_differences("", conf, &ops, (TOTAL, false))
-            .unwrap_or_else(|wrong| panic!("{wrong}"));
+        assert_replay_gives_the_direct_runs_counters("", conf, &ops, (TOTAL, false));
     }
 
     /// The same on a smaller device than the recording's, with garbage collection: the
@@ -1718,8 +1730,7 @@ mod what_if_on_sim {
             },
         ];
         let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
-        what_if_differences("", conf, &ops, (768 * MIB, false))
-            .unwrap_or_else(|wrong| panic!("{wrong}"));
+        assert_replay_gives_the_direct_runs_counters("", conf, &ops, (768 * MIB, false));
     }
 
     /// A private pool's expandable segment mapped where a released default-pool one was: only
@@ -1737,13 +1748,12 @@ mod what_if_on_sim {
             EmptyCache,
             PoolAlloc { slot: 0, size: 512 },
         ];
-        let result = what_if_differences(
+        assert_replay_gives_the_direct_runs_counters(
             "expandable_segments:True",
             "max_split_size_mb:40",
             &ops,
             (TOTAL, false),
         );
-        result.unwrap_or_else(|wrong| panic!("{wrong}"));
     }
 
     /// The pages an expandable recording mapped are no place for a `cudaMalloc` segment.
@@ -1793,8 +1803,12 @@ mod what_if_on_sim {
             },
         ];
         let conf = "roundup_power2_divisions:4";
-        what_if_differences("expandable_segments:True", conf, &ops, (TOTAL, false))
-            .unwrap_or_else(|wrong| panic!("{wrong}"));
+        assert_replay_gives_the_direct_runs_counters(
+            "expandable_segments:True",
+            conf,
+            &ops,
+            (TOTAL, false),
+        );
     }
 
     /// An allocation the what-if cannot make (here in a private pool) whose free the trace
@@ -1850,8 +1864,7 @@ mod what_if_on_sim {
             },
         ];
         let conf = "per_process_memory_fraction:0.02,roundup_power2_divisions:4";
-        what_if_differences("", conf, &ops, (TOTAL, false))
-            .unwrap_or_else(|wrong| panic!("{wrong}"));
+        assert_replay_gives_the_direct_runs_counters("", conf, &ops, (TOTAL, false));
     }
 
     /// A free recorded as completed right before a pool's malloc completes alone: another
@@ -1916,8 +1929,7 @@ mod what_if_on_sim {
             },
         ];
         let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
-        what_if_differences("", conf, &ops, (TOTAL, false))
-            .unwrap_or_else(|wrong| panic!("{wrong}"));
+        assert_replay_gives_the_direct_runs_counters("", conf, &ops, (TOTAL, false));
     }
 
     /// A what-if whose first allocation fails (over the fraction): the recording's first
@@ -1954,8 +1966,7 @@ mod what_if_on_sim {
             .map(|(slot, size)| on_default(slot, size)),
         );
         let conf = "per_process_memory_fraction:0.02,roundup_power2_divisions:4";
-        what_if_differences("", conf, &ops, (1536 * MIB, false))
-            .unwrap_or_else(|wrong| panic!("{wrong}"));
+        assert_replay_gives_the_direct_runs_counters("", conf, &ops, (1536 * MIB, false));
     }
 
     /// The what-if's first segment (20 MiB: the recording's first, 18 MiB, rounded up by
@@ -1973,8 +1984,12 @@ mod what_if_on_sim {
             (0, 1048577),
         ]
         .map(|(slot, size)| on_default(slot, size));
-        what_if_differences("", "roundup_power2_divisions:4", &ops, (TOTAL, false))
-            .unwrap_or_else(|wrong| panic!("{wrong}"));
+        assert_replay_gives_the_direct_runs_counters(
+            "",
+            "roundup_power2_divisions:4",
+            &ops,
+            (TOTAL, false),
+        );
     }
 
     /// A job recorded on 16 GiB and asked about on 768 MiB: its `empty_cache()` before a
@@ -2028,7 +2043,6 @@ mod what_if_on_sim {
             },
         ]);
         let conf = "expandable_segments:True,per_process_memory_fraction:0.03";
-        what_if_differences("", conf, &ops, (768 * MIB, false))
-            .unwrap_or_else(|wrong| panic!("{wrong}"));
+        assert_replay_gives_the_direct_runs_counters("", conf, &ops, (768 * MIB, false));
     }
 }
