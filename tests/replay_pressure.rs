@@ -641,6 +641,201 @@ fn a_what_if_segment_made_at_another_allocation_follows_the_recorded_calls() {
     );
 }
 
+/// One step of a job with private pools, for [`private_pool_jobs_self_replay_exactly`].
+#[derive(Debug, Clone, Copy)]
+enum PoolJobOp {
+    /// `malloc_on(stream, size)` into a slot (the slot's old allocation freed after).
+    Alloc(usize, u64, StreamId),
+    /// An allocation inside `use_mem_pool` of one `MemPool` (all streams) the job keeps.
+    InMemPool(usize, u64),
+    /// An allocation on [`SIDE`] inside a CUDA-graph capture into one graph pool.
+    InGraph(usize, u64),
+    /// The slot's allocation freed.
+    Free(usize),
+}
+
+/// Runs `ops` on `recording`.
+fn run_pool_job(recording: &mut CachingAllocator, ops: &[PoolJobOp]) {
+    let mut slots: Vec<Option<Allocation>> = vec![None; 12];
+    let (mut user, mut graph) = (None, None);
+    for &op in ops {
+        let (slot, new) = match op {
+            PoolJobOp::Alloc(slot, size, stream) => (slot, recording.malloc_on(stream, size).ok()),
+            PoolJobOp::InMemPool(slot, size) => {
+                let id = match user {
+                    Some(id) => id,
+                    None => {
+                        let id = recording.new_mem_pool_id();
+                        recording.create_pool(id).expect("MemPool()");
+                        *user.insert(id)
+                    }
+                };
+                recording
+                    .begin_allocate_to_pool(id, PoolFilter::AllStreams)
+                    .expect("use_mem_pool");
+                let new = recording.malloc(size).ok();
+                recording.end_allocate_to_pool(id).expect("leave");
+                (slot, new)
+            }
+            PoolJobOp::InGraph(slot, size) => {
+                let id = *graph.get_or_insert_with(|| recording.new_graph_pool_id());
+                recording
+                    .begin_allocate_to_pool(id, PoolFilter::Stream(SIDE))
+                    .expect("capture");
+                let new = recording.malloc_on(SIDE, size).ok();
+                recording.end_allocate_to_pool(id).expect("capture end");
+                (slot, new)
+            }
+            PoolJobOp::Free(slot) => (slot, None),
+        };
+        if let Some(old) = std::mem::replace(&mut slots[slot], new) {
+            recording.free(old).expect("free");
+        }
+    }
+}
+
+/// Jobs with `MemPool` and CUDA-graph allocations under a memory fraction, as the self-replay
+/// property shrank them once given such allocations (2026-12-05): each replays to every
+/// recorded counter and segment event. The trace records no pool for an `oom` and no
+/// fraction unless the config named it, so each pins one reading of the file.
+#[test]
+fn private_pool_jobs_self_replay_exactly() {
+    use PoolJobOp::{Alloc, Free, InGraph, InMemPool};
+    let jobs: Vec<(&str, Vec<PoolJobOp>)> = vec![
+        // a fraction the file records in PYTORCH_CUDA_ALLOC_CONF, and releases read as the
+        // OOM path of the malloc after them (not an empty_cache()): the cap is the recorded one
+        (
+            "per_process_memory_fraction:0.03,max_split_size_mb:40",
+            vec![
+                Alloc(0, 54525953, 0),
+                InMemPool(0, 1048577),
+                Alloc(0, 85983233, 0),
+                Alloc(3, 75497473, 0),
+                Alloc(4, 1048577, SIDE),
+                Alloc(0, 512, SIDE),
+                Alloc(0, 60817409, 0),
+                Alloc(4, 418816, 0),
+                InMemPool(0, 27262977),
+                Alloc(2, 539136, 0),
+                Alloc(5, 71303169, SIDE),
+                InGraph(0, 512),
+                Alloc(0, 811520, 0),
+                Alloc(0, 328192, 0),
+                Alloc(0, 1048577, 0),
+                Alloc(0, 54525953, SIDE),
+            ],
+        ),
+        // an expandable run above its cap (pages of 20 MiB mapped for a request checked at
+        // its 2 MiB-rounded size) still ran under it
+        (
+            "expandable_segments:True,per_process_memory_fraction:0.03",
+            vec![
+                Alloc(3, 26164225, 0),
+                InMemPool(0, 41943041),
+                Alloc(0, 1048577, 0),
+                InGraph(0, 21140993),
+                InGraph(0, 18573313),
+                Alloc(4, 68097537, 0),
+                Alloc(5, 1597441, 0),
+                Alloc(6, 512, SIDE),
+                Free(6),
+                Alloc(5, 41003009, 0),
+                Free(6),
+                Alloc(1, 9936385, 0),
+                InGraph(0, 65142273),
+                Alloc(0, 6113793, SIDE + 0x100),
+                Alloc(3, 72901633, SIDE + 0x100),
+                Alloc(0, 25841153, SIDE + 0x100),
+                Alloc(0, 20971521, SIDE),
+                Alloc(0, 512, 0),
+            ],
+        ),
+        // an `oom` on a stream whose last allocation was in a MemPool, after releases only
+        // the default pools' OOM path makes: asked in the default pools
+        (
+            "per_process_memory_fraction:0.03,max_split_size_mb:40",
+            vec![
+                InGraph(0, 92274689),
+                InGraph(0, 1048577),
+                Alloc(0, 60817409, 0),
+                Alloc(2, 1048577, 0),
+                Alloc(6, 92274689, 0),
+                InMemPool(0, 62914561),
+                InMemPool(3, 71303169),
+                Alloc(3, 56623105, SIDE),
+                Alloc(0, 85983233, 0),
+            ],
+        ),
+        // the same, where the pool's reading would have released the pool's block freed just
+        // before (a free made at once, not completed by the OOM path)
+        (
+            "per_process_memory_fraction:0.03,max_split_size_mb:40",
+            vec![
+                InGraph(0, 88080385),
+                InGraph(0, 56623105),
+                Alloc(0, 1048577, 0),
+                Alloc(0, 65011713, 0),
+                Alloc(0, 1048577, SIDE),
+                Alloc(8, 92274689, 0),
+                Alloc(1, 29360129, 0),
+                InMemPool(2, 71303169),
+                Alloc(2, 56623105, SIDE),
+                Alloc(0, 85983233, 0),
+            ],
+        ),
+        // an expandable malloc mapping fewer bytes than its allocation size, which the
+        // fraction check counts: its releases were its OOM path
+        (
+            "expandable_segments:True,per_process_memory_fraction:0.03",
+            vec![
+                InMemPool(0, 49629185),
+                InMemPool(0, 13284865),
+                InGraph(2, 6679041),
+                Alloc(3, 1048577, SIDE),
+                Alloc(0, 512, SIDE + 0x100),
+                InGraph(3, 18226177),
+                Alloc(0, 512, 0),
+                InGraph(0, 79951361),
+                Alloc(0, 59835905, SIDE + 0x100),
+                InMemPool(1, 512),
+                Alloc(2, 19599361, 0),
+                Alloc(0, 45021185, SIDE + 0x100),
+                Alloc(3, 5771777, 0),
+                Alloc(0, 9219585, 0),
+                Alloc(1, 512, SIDE),
+                Alloc(0, 28322305, 0),
+                Alloc(0, 65011713, 0),
+            ],
+        ),
+        // an `oom` a graph pool's cached block would have served: asked in the default pools,
+        // never "fits"
+        (
+            "per_process_memory_fraction:0.02",
+            vec![
+                InGraph(6, 73400321),
+                Alloc(3, 44040193, 0),
+                Alloc(0, 29360129, 0),
+                Alloc(1, 85983233, 0),
+                Alloc(4, 37748737, 0),
+                Alloc(6, 2096641, 0),
+                Alloc(0, 39845889, SIDE),
+            ],
+        ),
+    ];
+    for (conf, ops) in jobs {
+        let mut recording = recorder(conf, None);
+        run_pool_job(&mut recording, &ops);
+        let path = dump(&recording, "pool-job", &[]);
+        let report = replayed(&path, Some(conf));
+        assert_reproduces(&recording, &report);
+        assert_eq!(
+            report.fits(),
+            recording.stats().num_ooms == 0,
+            "{conf}: the verdict must be the recording's\n{report}"
+        );
+    }
+}
+
 /// A CUDA graph's pool (allocations during a capture on a side stream) and a `MemPool` used
 /// with `use_mem_pool`: the file's segments carry their ids; the replay routes their
 /// allocations to private pools, so the default pools' segments, the counters and the segment

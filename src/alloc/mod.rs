@@ -227,6 +227,15 @@ pub struct ExpandableInfo {
     pub pool_id: MemPoolId,
 }
 
+/// The cap on reserved bytes that a memory fraction sets on a device of `total` bytes
+/// (PyTorch's `allowed_memory_maximum = static_cast<size_t>(fraction * device_total)`,
+/// truncated); `None` for 1.0 and above, which lift the cap. Shared by
+/// [`CachingAllocator::set_memory_fraction`] and the replay, which reads the cap a recorded
+/// config's fraction put on the recorded run.
+pub fn fraction_cap(fraction: f64, total: u64) -> Option<u64> {
+    (fraction < 1.0).then_some((fraction * total as f64) as u64)
+}
+
 /// Hands every allocator a distinct [`CachingAllocator::id`].
 static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -481,11 +490,7 @@ impl CachingAllocator {
         if !(0.0..=1.0).contains(&fraction) {
             return Err(AllocError::InvalidFraction(fraction));
         }
-        self.allowed_memory_maximum = if fraction < 1.0 {
-            Some((fraction * self.device.total_memory() as f64) as u64)
-        } else {
-            None
-        };
+        self.allowed_memory_maximum = fraction_cap(fraction, self.device.total_memory());
         let cap = self.allowed_memory_maximum.unwrap_or(0);
         self.emit(
             EventKind::SetMemoryFraction,
@@ -509,14 +514,7 @@ impl CachingAllocator {
 
     /// The size a request of `size` bytes is rounded to (PyTorch's `round_size`).
     pub fn round_size(&self, size: u64) -> u64 {
-        if size < MIN_BLOCK_SIZE {
-            return MIN_BLOCK_SIZE;
-        }
-        let divisions = self.config.divisions_for(size);
-        if divisions > 1 && size > MIN_BLOCK_SIZE * divisions {
-            return roundup_power2_next_division(size, divisions);
-        }
-        size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+        round_size(&self.config, size)
     }
 
     /// The pool a rounded size is served from.
@@ -1285,6 +1283,26 @@ impl Drop for CachingAllocator {
             let _ = segment.release(self.device.as_mut());
         }
     }
+}
+
+/// The size a request of `size` bytes is rounded to under `config` (PyTorch's `round_size`).
+pub fn round_size(config: &AllocConf, size: u64) -> u64 {
+    if size < MIN_BLOCK_SIZE {
+        return MIN_BLOCK_SIZE;
+    }
+    let divisions = config.divisions_for(size);
+    if divisions > 1 && size > MIN_BLOCK_SIZE * divisions {
+        return roundup_power2_next_division(size, divisions);
+    }
+    size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+}
+
+/// The bytes the memory-fraction check of PyTorch's `alloc_block` counts for a request of
+/// `size` bytes under `config` (`total_allocated_memory + alloc_size > allowed`): its
+/// allocation size. A `cudaMalloc` segment has that size; pages mapped into an expandable
+/// segment may be more or fewer.
+pub fn fraction_check_bytes(config: &AllocConf, size: u64) -> u64 {
+    allocation_size(round_size(config, size), config.large_segment_size)
 }
 
 /// Bytes PyTorch's `get_allocation_size` asks the device for when no cached block fits a

@@ -91,10 +91,26 @@ impl CachingAllocator {
         if self.find_free_block(request).is_some() {
             return MallocOutlook::Cached;
         }
-        let young: Vec<FreeKey> = completed
+        // Whole segments the completions give back, by the pool they go back to.
+        let returned: Vec<(PoolOwner, FreeKey)> = completed
             .iter()
             .filter_map(|&allocation| self.whole_segment_once_completed(allocation))
             .collect();
+        let young_in = |owner: PoolOwner| -> Vec<FreeKey> {
+            returned
+                .iter()
+                .filter(|&&(of, _)| of == owner)
+                .map(|&(_, key)| key)
+                .collect()
+        };
+        // Garbage collection reads the default large pool; `release_available_cached_blocks`
+        // the request's pool.
+        let young = young_in(DEFAULT_OWNER);
+        let young_of_request = if request.pool == Pool::Large {
+            young_in(request.owner)
+        } else {
+            Vec::new()
+        };
         // get_free_block ticks the clock of the request's pool before the collector reads
         // the default large pool's.
         let tick = u64::from(request.owner == DEFAULT_OWNER && request.pool == Pool::Large);
@@ -112,12 +128,17 @@ impl CachingAllocator {
             };
         }
         if request.expandable {
+            let flush = !self.capture_underway();
+            // Pages unmapped by `release_cached_blocks` are not predicted; without it (a
+            // private pool is being allocated to) nothing else is released:
+            // `release_available_cached_blocks` passes over expandable blocks, and garbage
+            // collection's releases are known.
             return MallocOutlook::Release {
-                released: None,
-                flush: !self.capture_underway(),
+                released: (!flush).then(|| sizes(&released)),
+                flush,
             };
         }
-        if self.available_release_plan(request, &young, &mut released)
+        if self.available_release_plan(request, &young_of_request, &mut released)
             && self.new_memory_fits(request, &released)
         {
             return MallocOutlook::Release {
@@ -157,8 +178,8 @@ impl CachingAllocator {
     /// What `release_available_cached_blocks` would release (added to `released`), and
     /// whether it reports success: with `max_split_size_mb` set, the smallest cached oversize
     /// block of the request's stream covering the request, else the largest ones in turn.
-    /// `young` are whole default large-pool segments taken to be cached too (pending frees
-    /// read as completed).
+    /// `young` are whole large-pool segments of the request's pool taken to be cached too
+    /// (pending frees read as completed).
     fn available_release_plan(
         &self,
         request: Request,
@@ -176,11 +197,10 @@ impl CachingAllocator {
         };
         // The pool's free blocks in its (stream, size, address) order, the young ones among
         // them, less those released already.
-        let in_pool = request.owner == DEFAULT_OWNER && request.pool == Pool::Large;
         let mut keys: Vec<FreeKey> = self
             .pool_ref(request.owner, request.pool)
             .iter()
-            .chain(young.iter().copied().filter(|_| in_pool))
+            .chain(young.iter().copied())
             .filter(|&(_, _, _, id)| !gone(id, released))
             .collect();
         keys.sort_unstable();
@@ -283,15 +303,16 @@ impl CachingAllocator {
                 && merged >= rounded.wrapping_add(self.config.max_non_split_rounding_size))
     }
 
-    /// The key (stream, size, address, block) the block of `allocation`, a pending free in the
-    /// default large pool, would have in its pool once completed and merged — when that makes
-    /// a whole, unsplit segment that garbage collection could release.
-    fn whole_segment_once_completed(&self, allocation: Allocation) -> Option<FreeKey> {
+    /// The pool and the key (stream, size, address, block) the block of `allocation`, a
+    /// pending free in a large pool, would have in its pool once completed and merged — when
+    /// that makes a whole, unsplit segment that garbage collection (in the default pools) or
+    /// `release_available_cached_blocks` could release.
+    fn whole_segment_once_completed(&self, allocation: Allocation) -> Option<(PoolOwner, FreeKey)> {
         let block = self
             .blocks
             .get(allocation.id)
             .filter(|block| block.pending_free && block.ptr == allocation.ptr.addr())?;
-        if block.owner != DEFAULT_OWNER || block.pool != Pool::Large || block.is_expandable() {
+        if block.pool != Pool::Large || block.is_expandable() {
             return None;
         }
         let (mut size, mut base, mut head) = (block.size, block.ptr, allocation.id);
@@ -314,7 +335,7 @@ impl CachingAllocator {
             }
         }
         // Keyed by the segment's head block, as the merged block would be known.
-        Some((block.stream, size, base, head))
+        Some((block.owner, (block.stream, size, base, head)))
     }
 
     /// The sizes of the segments `garbage_collect_cached_blocks` would release now, in its

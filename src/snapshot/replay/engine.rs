@@ -69,8 +69,8 @@ use super::seed::Seeded;
 use super::sequence::DeviceCall;
 use crate::alloc::outlook::MallocOutlook;
 use crate::alloc::{
-    AllocError, Allocation, CachingAllocator, MemPoolId, MemoryEvent, MemoryObserver, OutOfMemory,
-    PoolFilter, StreamId, Subscription,
+    fraction_check_bytes, AllocConf, AllocError, Allocation, CachingAllocator, MemPoolId,
+    MemoryEvent, MemoryObserver, OutOfMemory, PoolFilter, StreamId, Subscription,
 };
 use crate::snapshot::model::Action;
 use crate::snapshot::pickle::{Emitted, Entry, RawEvent, SnapshotError};
@@ -349,6 +349,12 @@ pub struct Engine {
     restore_scanned: u64,
     /// By recorded stream: the private pool its last allocation went to, if it went to one.
     stream_pools: HashMap<i64, MemPoolId>,
+    /// The recorded run's config, once the file has named it (a first pass takes its own for
+    /// it): how the recording rounded a request for its memory-fraction check.
+    recorded_conf: Option<AllocConf>,
+    /// Whether the `oom` that ends the current run was asked in the default pools although its
+    /// stream's last allocation went to a private pool ([`Engine::oom_in_default_pools`]).
+    oom_in_default: bool,
     /// Index of the last `segment_alloc` recorded at each address (for [`PoolRoutes`]).
     made_at: AddressMap<u64>,
     /// The index of the event being replayed.
@@ -432,6 +438,8 @@ impl Engine {
             routes,
             pools: HashSet::new(),
             stream_pools: HashMap::new(),
+            oom_in_default: false,
+            recorded_conf: None,
             restore_scanned: 0,
             made_at: AddressMap::default(),
             index: 0,
@@ -518,6 +526,11 @@ impl Engine {
         self.allocator.reset_accumulated_stats();
         self.allocator.reset_peak_stats();
         Ok(())
+    }
+
+    /// Names the recorded run's config (see [`Engine::had_room`]).
+    pub fn recorded_conf(&mut self, conf: AllocConf) {
+        self.recorded_conf = Some(conf);
     }
 
     /// Says whether the replay's config decides as the recorded run's did (the default: yes;
@@ -786,6 +799,11 @@ impl Engine {
     /// `empty_cache()` (see the module documentation) and replays it if so. `malloc` is the
     /// `alloc` or `oom` event that ends the run, if one does.
     fn end_run(&mut self, malloc: Option<&RawEvent>) -> Result<(), String> {
+        self.oom_in_default = false;
+        self.oom_in_default = match malloc {
+            Some(event) if event.action == Action::Oom => self.oom_in_default_pools(event)?,
+            _ => false,
+        };
         if self.run.is_empty() {
             // No release, completion or new memory: no `empty_cache()`, nothing to complete.
             return Ok(());
@@ -906,8 +924,24 @@ impl Engine {
             .release_sizes
             .iter()
             .fold(0_u64, |sum, &size| sum.saturating_add(size));
+        // What the cap was checked against: the new segment's size, which is the request's
+        // allocation size; with expandable segments the pages mapped may be more or fewer than
+        // that size, which the check counts instead.
+        let recorded = self
+            .recorded_conf
+            .as_ref()
+            .unwrap_or(self.allocator.config());
+        let checked = if recorded.expandable_segments {
+            fraction_check_bytes(recorded, event.size.max(0) as u64)
+        } else {
+            run.new_bytes
+        };
+        let held_before = self
+            .recorded_reserved
+            .saturating_sub(run.new_bytes)
+            .saturating_add(released);
         event.action == Action::Alloc
-            && room.is_some_and(|room| self.recorded_reserved.saturating_add(released) <= room)
+            && room.is_some_and(|room| held_before.saturating_add(checked) <= room)
     }
 
     /// Whether the malloc of `event`, replayed now, would release exactly the segments
@@ -929,14 +963,67 @@ impl Engine {
     /// What the malloc of `event` would do now, routed as it will be, once the frees whose
     /// events completed are back ([`CachingAllocator::malloc_outlook`]).
     fn outlook(&mut self, event: &RawEvent) -> Result<MallocOutlook, String> {
+        let pool = self.route(event);
+        self.outlook_in(event, pool, &[])
+    }
+
+    /// Whether the recorded `oom` of `event`, whose stream's last allocation went to a private
+    /// pool, was asked in the default pools instead: an `oom` records no address, and a
+    /// request made after leaving `use_mem_pool` (or a capture) on the same stream reads
+    /// alike. The releases the trace shows before it tell them apart: asked in the pool
+    /// (`captures_underway` not empty), PyTorch's OOM path releases only that pool's cached
+    /// blocks and garbage collection's; asked in the default pools, it goes on to
+    /// `release_cached_blocks`. Taken as the default pools only where that reading makes the
+    /// recorded releases and the pool's does not.
+    fn oom_in_default_pools(&mut self, event: &RawEvent) -> Result<bool, String> {
+        let Some(pool) = self.route(event) else {
+            return Ok(false);
+        };
+        let recorded = std::mem::take(&mut self.run.release_sizes);
+        let leading: Vec<Allocation> = self.run.leading.iter().map(|&(_, a)| a).collect();
+        // A reading that serves the request (from the cache, by new memory or after garbage
+        // collection) is not the recorded one: the request ran out of memory.
+        let makes = |outlook: MallocOutlook| match outlook {
+            MallocOutlook::Release {
+                released: Some(sizes),
+                ..
+            } => sizes == recorded,
+            MallocOutlook::Release { released: None, .. } => true,
+            MallocOutlook::Cached | MallocOutlook::NewMemory | MallocOutlook::Collect(_) => false,
+        };
+        // In the pool neither the malloc's `process_events` nor its OOM path completes a
+        // deferred free, so completions recorded before the `oom` were frees made at once.
+        // The pool's reading first: the default pools' runs `process_events`, which completes
+        // finished frees, so it is asked only when the pool's does not fit the trace.
+        let in_default = match self.outlook_in(event, Some(pool), &leading).map(makes) {
+            Ok(false) => Ok(self.outlook_in(event, None, &[]).map(makes)?
+                || self.outlook_in(event, None, &leading).map(makes)?),
+            other => other.map(|_| false),
+        };
+        self.run.release_sizes = recorded;
+        in_default
+    }
+
+    /// What the malloc of `event` would do now asked in `pool` (`None`: the default pools),
+    /// the pending frees of `completed` taken as done
+    /// ([`CachingAllocator::malloc_outlook_if_completed`]).
+    fn outlook_in(
+        &mut self,
+        event: &RawEvent,
+        pool: Option<MemPoolId>,
+        completed: &[Allocation],
+    ) -> Result<MallocOutlook, String> {
         let size = non_negative(event.size, "size")?;
         let stream = event.stream as u64;
-        let pool = self.route(event);
+        // In the pool first: a malloc asked in a private pool runs no `process_events`
+        // (PyTorch's `captures_underway` is not empty), so nothing completes there.
+        self.enter_pool(pool, stream)?;
         self.allocator
             .complete_finished_frees()
             .map_err(|error| format!("the allocator failed: {error}"))?;
-        self.enter_pool(pool, stream)?;
-        let outlook = self.allocator.malloc_outlook(stream, size);
+        let outlook = self
+            .allocator
+            .malloc_outlook_if_completed(stream, size, completed);
         self.leave_pool(pool)?;
         Ok(outlook)
     }
@@ -1002,6 +1089,8 @@ impl Engine {
             // warm-up, `use_mem_pool`) serves it until it is left, so a stream whose last
             // allocation went to a private pool asked that pool: its OOM path skips
             // `release_cached_blocks` (PyTorch's `captures_underway` is not empty).
+            // Unless the trace shows otherwise ([`Engine::oom_in_default_pools`]).
+            Action::Oom if self.oom_in_default => None,
             Action::Oom => self.stream_pools.get(&event.stream).copied(),
             _ => None,
         }

@@ -18,7 +18,7 @@ use super::{
     seed, CapacitySource, ConfSource, Engine, Fragmentation, HostMemory, LimitPolicy, Placement,
     ReplayError, ReplayOptions, ReplayReport, StartReport,
 };
-use crate::alloc::{AllocConf, CachingAllocator, MemoryObserver};
+use crate::alloc::{fraction_cap, AllocConf, CachingAllocator, MemoryObserver, LARGE_BUFFER};
 use crate::device::sim::{SimDevice, H200_TOTAL_MEMORY};
 use crate::device::DeviceMemory;
 use crate::snapshot::model::Action;
@@ -222,6 +222,9 @@ impl Pass {
         }
         self.engine
             .follows_recorded_config(recording.is_recorded_conf(&self.conf));
+        if let Some(recorded) = recording.recorded_alloc_conf() {
+            self.engine.recorded_conf(recorded);
+        }
         if let Some(room) = self.recording_room(&plan, recording) {
             self.engine.recording_room(room);
         }
@@ -248,17 +251,28 @@ impl Pass {
             return None;
         }
         let highest = recording.scan.pressure.highest().unwrap_or(0).max(0) as u64;
+        // A fraction the file records capped the recorded run (on a device of this replay's
+        // size: the file does not record the device's), whatever config this replay asks
+        // about.
+        let recorded_cap = recording
+            .recorded_fraction()
+            .and_then(|fraction| fraction_cap(fraction, self.capacity));
+        let expandable = recording.recorded_expandable();
         if recording.is_recorded_conf_but_fraction(&self.conf) {
-            match self.engine.allocator().allowed_memory_maximum() {
+            match recorded_cap.or(self.engine.allocator().allowed_memory_maximum()) {
                 None => return None,
-                Some(cap) if highest <= cap => return Some(cap),
+                Some(cap) if could_run_under(highest, cap, expandable) => return Some(cap),
                 Some(_) => {}
             }
         }
         // The recording held `highest` bytes at once, so it had that room at least, whatever
         // device this replay asks about (a smaller one, say, for --min-capacity).
         match plan.limit {
-            Limit::NoRecordedOoms => Some(recorded_device_room(self.capacity, self.context)),
+            Limit::NoRecordedOoms => Some(
+                recorded_cap
+                    .filter(|&cap| could_run_under(highest, cap, expandable))
+                    .unwrap_or_else(|| recorded_device_room(self.capacity, self.context)),
+            ),
             Limit::Cap(bounds) => Some(bounds.lower),
             Limit::Device { usable, .. } => Some(usable),
             Limit::Inconsistent(_) => None,
@@ -380,4 +394,14 @@ impl Pass {
 /// more than the direct run's.
 fn recorded_device_room(capacity: u64, context: u64) -> u64 {
     capacity.max(H200_TOTAL_MEMORY).saturating_sub(context)
+}
+
+/// Whether a run capped at `cap` reserved bytes (a memory fraction) could have held `highest`
+/// bytes at once. PyTorch checks the cap against the allocation's size (`alloc_block`:
+/// `total_allocated_memory + size > allowed_memory_maximum`), rounded to 2 MiB, but an
+/// expandable segment then maps whole pages for the request (`kLargeBuffer`, 20 MiB, in the
+/// large pool): such a run can hold up to a page less than that more than its cap.
+fn could_run_under(highest: u64, cap: u64, expandable: bool) -> bool {
+    let overshoot = if expandable { LARGE_BUFFER - 1 } else { 0 };
+    highest <= cap.saturating_add(overshoot)
 }

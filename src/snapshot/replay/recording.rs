@@ -175,6 +175,12 @@ impl Recording {
         }
     }
 
+    /// The recorded run's config (PyTorch's defaults for a file that records none), `None`
+    /// when the recorded one cannot be read.
+    pub fn recorded_alloc_conf(&self) -> Option<AllocConf> {
+        self.recorded_conf().ok().map(|(conf, _)| conf)
+    }
+
     /// The config a replay runs under: the one given, else the recorded one; and where it
     /// came from.
     pub fn choose_conf(
@@ -193,13 +199,28 @@ impl Recording {
             .is_ok_and(|(recorded, _)| same_behaviour(conf, &recorded))
     }
 
-    /// Whether `conf` is the recorded run's config but for a memory fraction, which no file
-    /// records: a replay under it describes the recorded run (a fraction given is taken as
-    /// the one it ran under), not a what-if.
+    /// Whether `conf` is the recorded run's config but for a memory fraction, which a file
+    /// records only when the job set it in `PYTORCH_CUDA_ALLOC_CONF` (most set it with
+    /// `torch.cuda.set_per_process_memory_fraction`): a replay under it describes the recorded
+    /// run (a fraction given is taken as the one it ran under), not a what-if. The fractions
+    /// on both sides are left out: a file that records its fraction is its own config's
+    /// recording too.
     pub fn is_recorded_conf_but_fraction(&self, conf: &AllocConf) -> bool {
+        let Ok((mut recorded, _)) = self.recorded_conf() else {
+            return false;
+        };
         let mut conf = conf.clone();
         conf.per_process_memory_fraction = None;
-        self.is_recorded_conf(&conf)
+        recorded.per_process_memory_fraction = None;
+        same_behaviour(&conf, &recorded)
+    }
+
+    /// The memory fraction the recorded config names (`per_process_memory_fraction` in the
+    /// recorded `PYTORCH_CUDA_ALLOC_CONF`, which PyTorch 2.11 applies at start), if any.
+    pub fn recorded_fraction(&self) -> Option<f64> {
+        self.recorded_conf()
+            .ok()
+            .and_then(|(conf, _)| conf.per_process_memory_fraction)
     }
 
     /// Whether the recorded config collects garbage (`garbage_collection_threshold`), which
