@@ -725,6 +725,12 @@ enum PoolJobOp {
     InGraph(usize, u64),
     /// The slot's allocation freed.
     Free(usize),
+    /// `record_stream` of the slot's allocation on a stream.
+    RecordStream(usize, StreamId),
+    /// Work queued on a stream.
+    Work(StreamId),
+    /// `torch.cuda.synchronize()`.
+    Sync,
 }
 
 /// Runs `ops` on `recording`.
@@ -737,6 +743,20 @@ fn run_pool_job(recording: &mut CachingAllocator, ops: &[PoolJobOp]) {
             PoolJobOp::InMemPool(slot, size) => (slot, pools.in_mem_pool(recording, size)),
             PoolJobOp::InGraph(slot, size) => (slot, pools.in_graph(recording, size)),
             PoolJobOp::Free(slot) => (slot, None),
+            PoolJobOp::RecordStream(slot, stream) => {
+                if let Some(allocation) = slots[slot] {
+                    recording.record_stream(allocation, stream).expect("record");
+                }
+                continue;
+            }
+            PoolJobOp::Work(stream) => {
+                recording.device_mut().sleep(stream, 1).expect("work");
+                continue;
+            }
+            PoolJobOp::Sync => {
+                recording.synchronize_device().expect("sync");
+                continue;
+            }
         };
         if let Some(old) = std::mem::replace(&mut slots[slot], new) {
             recording.free(old).expect("free");
@@ -750,7 +770,7 @@ fn run_pool_job(recording: &mut CachingAllocator, ops: &[PoolJobOp]) {
 /// fraction unless the config named it, so each pins one reading of the file.
 #[test]
 fn private_pool_jobs_self_replay_exactly() {
-    use PoolJobOp::{Alloc, Free, InGraph, InMemPool};
+    use PoolJobOp::{Alloc, Free, InGraph, InMemPool, RecordStream, Sync, Work};
     let jobs: Vec<(&str, Vec<PoolJobOp>)> = vec![
         // a fraction the file records in PYTORCH_CUDA_ALLOC_CONF, and releases read as the
         // OOM path of the malloc after them (not an empty_cache()): the cap is the recorded one
@@ -869,6 +889,37 @@ fn private_pool_jobs_self_replay_exactly() {
                 Alloc(4, 37748737, 0),
                 Alloc(6, 2096641, 0),
                 Alloc(0, 39845889, SIDE),
+            ],
+        ),
+        // a deferred free the malloc's `process_events` completed before the OOM path's
+        // releases, read as the OOM path's: it completes before those recorded after them
+        (
+            "per_process_memory_fraction:0.03,max_split_size_mb:40",
+            vec![
+                Sync,
+                Alloc(0, 512, 0),
+                InMemPool(0, 512),
+                Alloc(0, 27262977, 0),
+                Alloc(1, 44040193, 0),
+                Alloc(6, 20971521, 0),
+                Alloc(2, 56623105, SIDE),
+                Alloc(9, 512, 0),
+                Alloc(0, 20971521, 0),
+                RecordStream(6, SIDE + 0x100),
+                InMemPool(0, 44040193),
+                Alloc(5, 512, 0),
+                Alloc(10, 1048577, SIDE),
+                RecordStream(5, SIDE),
+                Alloc(0, 83886081, 0),
+                Alloc(2, 73400321, 0),
+                Work(SIDE),
+                Alloc(5, 512, SIDE),
+                Free(6),
+                InMemPool(6, 1048577),
+                Alloc(10, 77594625, SIDE),
+                Alloc(0, 512, 0),
+                Alloc(0, 512, 0),
+                Alloc(0, 512, 0),
             ],
         ),
     ];

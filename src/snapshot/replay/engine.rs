@@ -866,9 +866,10 @@ impl Engine {
             }
             _ => false,
         };
+        let mut completed_first = Vec::new();
         for (stream, allocation) in std::mem::take(&mut run.leading) {
             if on_oom_path {
-                run.after_release.push(stream);
+                completed_first.push(stream);
             } else {
                 // Completed one by one, in the recorded order (PyTorch walks its streams in
                 // an order of its own; the trace shows it), each alone: other frees whose work
@@ -879,6 +880,9 @@ impl Engine {
                     .map_err(|error| format!("the allocator failed: {error}"))?;
             }
         }
+        // The OOM path completed them, in the trace's order: those recorded before its
+        // releases first.
+        run.after_release.splice(0..0, completed_first);
         self.allocator.walk_streams_first(&[]);
         let empty_cache = match malloc {
             _ if run.empty_cache_frame || run.capture => true,
