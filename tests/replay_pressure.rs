@@ -922,6 +922,31 @@ fn private_pool_jobs_self_replay_exactly() {
                 Alloc(0, 512, 0),
             ],
         ),
+        // two completions of one malloc's `process_events`, the second's work done since a
+        // `cudaFree` synchronised the device: the first's was done then too (the trace's
+        // order, which splits the small segment once more)
+        (
+            "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6",
+            vec![
+                Work(SIDE + 0x100),
+                Alloc(0, 23068673, 0),
+                InMemPool(1, 1048577),
+                InGraph(1, 52428801),
+                Alloc(3, 512, SIDE),
+                Alloc(8, 512, SIDE),
+                RecordStream(8, SIDE + 0x100),
+                RecordStream(3, 0),
+                Alloc(1, 48234497, 0),
+                Alloc(11, 2096641, 0),
+                Free(8),
+                Alloc(0, 75497473, 0),
+                Alloc(0, 56623105, 0),
+                Free(0),
+                Alloc(3, 1048577, SIDE),
+                Free(11),
+                Alloc(0, 77594625, 0),
+            ],
+        ),
     ];
     for (conf, ops) in jobs {
         let mut recording = recorder(conf, None);

@@ -276,6 +276,20 @@ const SMALL_SEGMENT: u64 = 2 << 20;
 /// process can hold, so no recorded stream (a `cudaStream_t` value) is one.
 pub const DEFERRED_STREAMS: u64 = 1 << 63;
 
+/// The ticket of every event recorded on a made-up stream: its one piece of work.
+const DEFERRED_TICKET: u64 = 1;
+
+/// Whether the work behind the events recorded on the made-up stream `stream` (see
+/// [`DEFERRED_STREAMS`]) is done on the replay's `device`.
+pub fn deferred_stream_done(device: &dyn DeviceMemory, stream: u64) -> bool {
+    device
+        .query_event(StreamEvent {
+            stream,
+            ticket: DEFERRED_TICKET,
+        })
+        .unwrap_or(false)
+}
+
 /// A [`SimDevice`] that puts segments at recorded addresses when it can.
 ///
 /// The recorded addresses are numbers from a file; the device hands them out as simulated
@@ -432,7 +446,10 @@ impl DeviceMemory for ReplayDevice {
             if !self.done.contains(&stream) {
                 self.pending.insert(stream);
             }
-            return Ok(StreamEvent { stream, ticket: 1 });
+            return Ok(StreamEvent {
+                stream,
+                ticket: DEFERRED_TICKET,
+            });
         }
         self.inner.record_event(stream)
     }

@@ -64,7 +64,7 @@ use serde::Serialize;
 use super::addresses::{AddressMap, AddressSet};
 use super::answer::{self, Causes, LiveAllocation, OomSource, UserFrame, Why};
 use super::compare::{DeviceEvent, SegmentComparison};
-use super::device::{Hints, DEFERRED_STREAMS};
+use super::device::{deferred_stream_done, Hints, DEFERRED_STREAMS};
 use super::seed::Seeded;
 use super::sequence::DeviceCall;
 use crate::alloc::outlook::MallocOutlook;
@@ -528,7 +528,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Names the recorded run's config (see [`Engine::had_room`]).
+    /// Names the recorded run's config: how the recording rounded a request for its
+    /// memory-fraction check, which tells its OOM path from an `empty_cache()`.
     pub fn recorded_conf(&mut self, conf: AllocConf) {
         self.recorded_conf = Some(conf);
     }
@@ -827,6 +828,17 @@ impl Engine {
         // them.
         let leading_streams: Vec<StreamId> =
             run.leading.iter().map(|&(stream, _)| stream).collect();
+        // A completion whose work is done already (a `cudaFree` since synchronised the
+        // device) is the malloc's `process_events`', whatever else: the completions recorded
+        // before it were made by the same walk, so their work was done then too.
+        let done = |stream: StreamId| deferred_stream_done(self.allocator.device(), stream);
+        if let Some(last_done) = leading_streams.iter().rposition(|&stream| done(stream)) {
+            for &stream in &leading_streams[..last_done] {
+                self.allocator
+                    .synchronize_stream(stream)
+                    .map_err(|error| format!("the allocator failed: {error}"))?;
+            }
+        }
         self.allocator.walk_streams_first(&leading_streams);
         if adjacent_only && !shown && missed && !run.leading.is_empty() && self.recorded_config {
             // The replay's state decides below: right only if its config is the recording's.
