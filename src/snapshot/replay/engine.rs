@@ -800,6 +800,7 @@ impl Engine {
     /// `empty_cache()` (see the module documentation) and replays it if so. `malloc` is the
     /// `alloc` or `oom` event that ends the run, if one does.
     fn end_run(&mut self, malloc: Option<&RawEvent>) -> Result<(), String> {
+        // Cleared first: `oom_in_default_pools` asks `route`, which reads it.
         self.oom_in_default = false;
         self.oom_in_default = match malloc {
             Some(event) if event.action == Action::Oom => self.oom_in_default_pools(event)?,
