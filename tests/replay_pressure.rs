@@ -947,6 +947,52 @@ fn private_pool_jobs_self_replay_exactly() {
                 Alloc(0, 77594625, 0),
             ],
         ),
+        // expandable segments in a pool: its OOM path releases nothing (no
+        // `release_cached_blocks`, and `release_available_cached_blocks` passes over expandable
+        // blocks), so pages unmapped before the `oom` were the default pools' path's
+        (
+            "expandable_segments:True,per_process_memory_fraction:0.03",
+            vec![
+                Alloc(1, 512, 0),
+                InMemPool(1, 62914561),
+                Alloc(1, 512, 0),
+                InGraph(0, 41943041),
+                Alloc(0, 512, 0),
+                Alloc(8, 512, 0),
+                Alloc(3, 83886081, 0),
+                Alloc(8, 41943041, 0),
+                InGraph(0, 512),
+                Alloc(6, 20971009, 0),
+                Alloc(6, 83886081, SIDE),
+                Alloc(4, 20971521, SIDE + 0x100),
+                InMemPool(0, 2472961),
+                Alloc(0, 81412609, 0),
+            ],
+        ),
+        // a malloc in a private pool runs no `process_events`: a deferred free whose work a
+        // `cudaFree` finished stays pending
+        (
+            "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6",
+            vec![
+                InGraph(0, 1048577),
+                Alloc(6, 512, 0),
+                Alloc(0, 512, 0),
+                Alloc(3, 1048577, SIDE),
+                Alloc(0, 39845889, 0),
+                Alloc(0, 29360129, 0),
+                Alloc(0, 71303169, 0),
+                Alloc(1, 54525953, 0),
+                Alloc(2, 512, 0),
+                Alloc(9, 512, 0),
+                RecordStream(9, SIDE),
+                Free(0),
+                Work(SIDE),
+                Free(9),
+                Alloc(0, 60817409, SIDE),
+                Alloc(0, 73400321, 0),
+                InMemPool(0, 512),
+            ],
+        ),
     ];
     for (conf, ops) in jobs {
         let mut recording = recorder(conf, None);
