@@ -764,237 +764,112 @@ fn run_pool_job(recording: &mut CachingAllocator, ops: &[PoolJobOp]) {
     }
 }
 
+/// The jobs of [`private_pool_jobs_self_replay_exactly`], each with the reading it pins:
+/// (config, steps), laid out several steps to a line.
+#[rustfmt::skip]
+fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
+    use PoolJobOp::{Alloc, Free, InGraph, InMemPool, RecordStream, Sync, Work};
+    vec![
+        // a fraction the file records in PYTORCH_CUDA_ALLOC_CONF, and releases read as the
+        // OOM path of the malloc after them (not an empty_cache()): the cap is the recorded one
+        ("per_process_memory_fraction:0.03,max_split_size_mb:40", vec![
+            Alloc(0, 54525953, 0), InMemPool(0, 1048577), Alloc(0, 85983233, 0),
+            Alloc(3, 75497473, 0), Alloc(4, 1048577, SIDE), Alloc(0, 512, SIDE),
+            Alloc(0, 60817409, 0), Alloc(4, 418816, 0), InMemPool(0, 27262977),
+            Alloc(2, 539136, 0), Alloc(5, 71303169, SIDE), InGraph(0, 512), Alloc(0, 811520, 0),
+            Alloc(0, 328192, 0), Alloc(0, 1048577, 0), Alloc(0, 54525953, SIDE)
+        ]),
+        // an expandable run above its cap (pages of 20 MiB mapped for a request checked at
+        // its 2 MiB-rounded size) still ran under it
+        ("expandable_segments:True,per_process_memory_fraction:0.03", vec![
+            Alloc(3, 26164225, 0), InMemPool(0, 41943041), Alloc(0, 1048577, 0),
+            InGraph(0, 21140993), InGraph(0, 18573313), Alloc(4, 68097537, 0),
+            Alloc(5, 1597441, 0), Alloc(6, 512, SIDE), Free(6), Alloc(5, 41003009, 0), Free(6),
+            Alloc(1, 9936385, 0), InGraph(0, 65142273), Alloc(0, 6113793, SIDE + 0x100),
+            Alloc(3, 72901633, SIDE + 0x100), Alloc(0, 25841153, SIDE + 0x100),
+            Alloc(0, 20971521, SIDE), Alloc(0, 512, 0)
+        ]),
+        // an `oom` on a stream whose last allocation was in a MemPool, after releases only
+        // the default pools' OOM path makes: asked in the default pools
+        ("per_process_memory_fraction:0.03,max_split_size_mb:40", vec![
+            InGraph(0, 92274689), InGraph(0, 1048577), Alloc(0, 60817409, 0),
+            Alloc(2, 1048577, 0), Alloc(6, 92274689, 0), InMemPool(0, 62914561),
+            InMemPool(3, 71303169), Alloc(3, 56623105, SIDE), Alloc(0, 85983233, 0)
+        ]),
+        // the same, where the pool's reading would have released the pool's block freed just
+        // before (a free made at once, not completed by the OOM path)
+        ("per_process_memory_fraction:0.03,max_split_size_mb:40", vec![
+            InGraph(0, 88080385), InGraph(0, 56623105), Alloc(0, 1048577, 0),
+            Alloc(0, 65011713, 0), Alloc(0, 1048577, SIDE), Alloc(8, 92274689, 0),
+            Alloc(1, 29360129, 0), InMemPool(2, 71303169), Alloc(2, 56623105, SIDE),
+            Alloc(0, 85983233, 0)
+        ]),
+        // an expandable malloc mapping fewer bytes than its allocation size, which the
+        // fraction check counts: its releases were its OOM path
+        ("expandable_segments:True,per_process_memory_fraction:0.03", vec![
+            InMemPool(0, 49629185), InMemPool(0, 13284865), InGraph(2, 6679041),
+            Alloc(3, 1048577, SIDE), Alloc(0, 512, SIDE + 0x100), InGraph(3, 18226177),
+            Alloc(0, 512, 0), InGraph(0, 79951361), Alloc(0, 59835905, SIDE + 0x100),
+            InMemPool(1, 512), Alloc(2, 19599361, 0), Alloc(0, 45021185, SIDE + 0x100),
+            Alloc(3, 5771777, 0), Alloc(0, 9219585, 0), Alloc(1, 512, SIDE),
+            Alloc(0, 28322305, 0), Alloc(0, 65011713, 0)
+        ]),
+        // an `oom` a graph pool's cached block would have served: asked in the default pools,
+        // never "fits"
+        ("per_process_memory_fraction:0.02", vec![
+            InGraph(6, 73400321), Alloc(3, 44040193, 0), Alloc(0, 29360129, 0),
+            Alloc(1, 85983233, 0), Alloc(4, 37748737, 0), Alloc(6, 2096641, 0),
+            Alloc(0, 39845889, SIDE)
+        ]),
+        // a deferred free the malloc's `process_events` completed before the OOM path's
+        // releases, read as the OOM path's: it completes before those recorded after them
+        ("per_process_memory_fraction:0.03,max_split_size_mb:40", vec![
+            Sync, Alloc(0, 512, 0), InMemPool(0, 512), Alloc(0, 27262977, 0),
+            Alloc(1, 44040193, 0), Alloc(6, 20971521, 0), Alloc(2, 56623105, SIDE),
+            Alloc(9, 512, 0), Alloc(0, 20971521, 0), RecordStream(6, SIDE + 0x100),
+            InMemPool(0, 44040193), Alloc(5, 512, 0), Alloc(10, 1048577, SIDE),
+            RecordStream(5, SIDE), Alloc(0, 83886081, 0), Alloc(2, 73400321, 0), Work(SIDE),
+            Alloc(5, 512, SIDE), Free(6), InMemPool(6, 1048577), Alloc(10, 77594625, SIDE),
+            Alloc(0, 512, 0), Alloc(0, 512, 0), Alloc(0, 512, 0)
+        ]),
+        // two completions of one malloc's `process_events`, the second's work done since a
+        // `cudaFree` synchronised the device: the first's was done then too (the trace's
+        // order, which splits the small segment once more)
+        ("per_process_memory_fraction:0.03,garbage_collection_threshold:0.6", vec![
+            Work(SIDE + 0x100), Alloc(0, 23068673, 0), InMemPool(1, 1048577),
+            InGraph(1, 52428801), Alloc(3, 512, SIDE), Alloc(8, 512, SIDE),
+            RecordStream(8, SIDE + 0x100), RecordStream(3, 0), Alloc(1, 48234497, 0),
+            Alloc(11, 2096641, 0), Free(8), Alloc(0, 75497473, 0), Alloc(0, 56623105, 0), Free(0),
+            Alloc(3, 1048577, SIDE), Free(11), Alloc(0, 77594625, 0)
+        ]),
+        // expandable segments in a pool: its OOM path releases nothing (no
+        // `release_cached_blocks`, and `release_available_cached_blocks` passes over expandable
+        // blocks), so pages unmapped before the `oom` were the default pools' path's
+        ("expandable_segments:True,per_process_memory_fraction:0.03", vec![
+            Alloc(1, 512, 0), InMemPool(1, 62914561), Alloc(1, 512, 0), InGraph(0, 41943041),
+            Alloc(0, 512, 0), Alloc(8, 512, 0), Alloc(3, 83886081, 0), Alloc(8, 41943041, 0),
+            InGraph(0, 512), Alloc(6, 20971009, 0), Alloc(6, 83886081, SIDE),
+            Alloc(4, 20971521, SIDE + 0x100), InMemPool(0, 2472961), Alloc(0, 81412609, 0)
+        ]),
+        // a malloc in a private pool runs no `process_events`: a deferred free whose work a
+        // `cudaFree` finished stays pending
+        ("per_process_memory_fraction:0.03,garbage_collection_threshold:0.6", vec![
+            InGraph(0, 1048577), Alloc(6, 512, 0), Alloc(0, 512, 0), Alloc(3, 1048577, SIDE),
+            Alloc(0, 39845889, 0), Alloc(0, 29360129, 0), Alloc(0, 71303169, 0),
+            Alloc(1, 54525953, 0), Alloc(2, 512, 0), Alloc(9, 512, 0), RecordStream(9, SIDE),
+            Free(0), Work(SIDE), Free(9), Alloc(0, 60817409, SIDE), Alloc(0, 73400321, 0),
+            InMemPool(0, 512)
+        ]),
+    ]
+}
+
 /// Jobs with `MemPool` and CUDA-graph allocations under a memory fraction, as the self-replay
 /// property shrank them once given such allocations (2026-12-05): each replays to every
 /// recorded counter and segment event. The trace records no pool for an `oom` and no
 /// fraction unless the config named it, so each pins one reading of the file.
 #[test]
 fn private_pool_jobs_self_replay_exactly() {
-    use PoolJobOp::{Alloc, Free, InGraph, InMemPool, RecordStream, Sync, Work};
-    let jobs: Vec<(&str, Vec<PoolJobOp>)> = vec![
-        // a fraction the file records in PYTORCH_CUDA_ALLOC_CONF, and releases read as the
-        // OOM path of the malloc after them (not an empty_cache()): the cap is the recorded one
-        (
-            "per_process_memory_fraction:0.03,max_split_size_mb:40",
-            vec![
-                Alloc(0, 54525953, 0),
-                InMemPool(0, 1048577),
-                Alloc(0, 85983233, 0),
-                Alloc(3, 75497473, 0),
-                Alloc(4, 1048577, SIDE),
-                Alloc(0, 512, SIDE),
-                Alloc(0, 60817409, 0),
-                Alloc(4, 418816, 0),
-                InMemPool(0, 27262977),
-                Alloc(2, 539136, 0),
-                Alloc(5, 71303169, SIDE),
-                InGraph(0, 512),
-                Alloc(0, 811520, 0),
-                Alloc(0, 328192, 0),
-                Alloc(0, 1048577, 0),
-                Alloc(0, 54525953, SIDE),
-            ],
-        ),
-        // an expandable run above its cap (pages of 20 MiB mapped for a request checked at
-        // its 2 MiB-rounded size) still ran under it
-        (
-            "expandable_segments:True,per_process_memory_fraction:0.03",
-            vec![
-                Alloc(3, 26164225, 0),
-                InMemPool(0, 41943041),
-                Alloc(0, 1048577, 0),
-                InGraph(0, 21140993),
-                InGraph(0, 18573313),
-                Alloc(4, 68097537, 0),
-                Alloc(5, 1597441, 0),
-                Alloc(6, 512, SIDE),
-                Free(6),
-                Alloc(5, 41003009, 0),
-                Free(6),
-                Alloc(1, 9936385, 0),
-                InGraph(0, 65142273),
-                Alloc(0, 6113793, SIDE + 0x100),
-                Alloc(3, 72901633, SIDE + 0x100),
-                Alloc(0, 25841153, SIDE + 0x100),
-                Alloc(0, 20971521, SIDE),
-                Alloc(0, 512, 0),
-            ],
-        ),
-        // an `oom` on a stream whose last allocation was in a MemPool, after releases only
-        // the default pools' OOM path makes: asked in the default pools
-        (
-            "per_process_memory_fraction:0.03,max_split_size_mb:40",
-            vec![
-                InGraph(0, 92274689),
-                InGraph(0, 1048577),
-                Alloc(0, 60817409, 0),
-                Alloc(2, 1048577, 0),
-                Alloc(6, 92274689, 0),
-                InMemPool(0, 62914561),
-                InMemPool(3, 71303169),
-                Alloc(3, 56623105, SIDE),
-                Alloc(0, 85983233, 0),
-            ],
-        ),
-        // the same, where the pool's reading would have released the pool's block freed just
-        // before (a free made at once, not completed by the OOM path)
-        (
-            "per_process_memory_fraction:0.03,max_split_size_mb:40",
-            vec![
-                InGraph(0, 88080385),
-                InGraph(0, 56623105),
-                Alloc(0, 1048577, 0),
-                Alloc(0, 65011713, 0),
-                Alloc(0, 1048577, SIDE),
-                Alloc(8, 92274689, 0),
-                Alloc(1, 29360129, 0),
-                InMemPool(2, 71303169),
-                Alloc(2, 56623105, SIDE),
-                Alloc(0, 85983233, 0),
-            ],
-        ),
-        // an expandable malloc mapping fewer bytes than its allocation size, which the
-        // fraction check counts: its releases were its OOM path
-        (
-            "expandable_segments:True,per_process_memory_fraction:0.03",
-            vec![
-                InMemPool(0, 49629185),
-                InMemPool(0, 13284865),
-                InGraph(2, 6679041),
-                Alloc(3, 1048577, SIDE),
-                Alloc(0, 512, SIDE + 0x100),
-                InGraph(3, 18226177),
-                Alloc(0, 512, 0),
-                InGraph(0, 79951361),
-                Alloc(0, 59835905, SIDE + 0x100),
-                InMemPool(1, 512),
-                Alloc(2, 19599361, 0),
-                Alloc(0, 45021185, SIDE + 0x100),
-                Alloc(3, 5771777, 0),
-                Alloc(0, 9219585, 0),
-                Alloc(1, 512, SIDE),
-                Alloc(0, 28322305, 0),
-                Alloc(0, 65011713, 0),
-            ],
-        ),
-        // an `oom` a graph pool's cached block would have served: asked in the default pools,
-        // never "fits"
-        (
-            "per_process_memory_fraction:0.02",
-            vec![
-                InGraph(6, 73400321),
-                Alloc(3, 44040193, 0),
-                Alloc(0, 29360129, 0),
-                Alloc(1, 85983233, 0),
-                Alloc(4, 37748737, 0),
-                Alloc(6, 2096641, 0),
-                Alloc(0, 39845889, SIDE),
-            ],
-        ),
-        // a deferred free the malloc's `process_events` completed before the OOM path's
-        // releases, read as the OOM path's: it completes before those recorded after them
-        (
-            "per_process_memory_fraction:0.03,max_split_size_mb:40",
-            vec![
-                Sync,
-                Alloc(0, 512, 0),
-                InMemPool(0, 512),
-                Alloc(0, 27262977, 0),
-                Alloc(1, 44040193, 0),
-                Alloc(6, 20971521, 0),
-                Alloc(2, 56623105, SIDE),
-                Alloc(9, 512, 0),
-                Alloc(0, 20971521, 0),
-                RecordStream(6, SIDE + 0x100),
-                InMemPool(0, 44040193),
-                Alloc(5, 512, 0),
-                Alloc(10, 1048577, SIDE),
-                RecordStream(5, SIDE),
-                Alloc(0, 83886081, 0),
-                Alloc(2, 73400321, 0),
-                Work(SIDE),
-                Alloc(5, 512, SIDE),
-                Free(6),
-                InMemPool(6, 1048577),
-                Alloc(10, 77594625, SIDE),
-                Alloc(0, 512, 0),
-                Alloc(0, 512, 0),
-                Alloc(0, 512, 0),
-            ],
-        ),
-        // two completions of one malloc's `process_events`, the second's work done since a
-        // `cudaFree` synchronised the device: the first's was done then too (the trace's
-        // order, which splits the small segment once more)
-        (
-            "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6",
-            vec![
-                Work(SIDE + 0x100),
-                Alloc(0, 23068673, 0),
-                InMemPool(1, 1048577),
-                InGraph(1, 52428801),
-                Alloc(3, 512, SIDE),
-                Alloc(8, 512, SIDE),
-                RecordStream(8, SIDE + 0x100),
-                RecordStream(3, 0),
-                Alloc(1, 48234497, 0),
-                Alloc(11, 2096641, 0),
-                Free(8),
-                Alloc(0, 75497473, 0),
-                Alloc(0, 56623105, 0),
-                Free(0),
-                Alloc(3, 1048577, SIDE),
-                Free(11),
-                Alloc(0, 77594625, 0),
-            ],
-        ),
-        // expandable segments in a pool: its OOM path releases nothing (no
-        // `release_cached_blocks`, and `release_available_cached_blocks` passes over expandable
-        // blocks), so pages unmapped before the `oom` were the default pools' path's
-        (
-            "expandable_segments:True,per_process_memory_fraction:0.03",
-            vec![
-                Alloc(1, 512, 0),
-                InMemPool(1, 62914561),
-                Alloc(1, 512, 0),
-                InGraph(0, 41943041),
-                Alloc(0, 512, 0),
-                Alloc(8, 512, 0),
-                Alloc(3, 83886081, 0),
-                Alloc(8, 41943041, 0),
-                InGraph(0, 512),
-                Alloc(6, 20971009, 0),
-                Alloc(6, 83886081, SIDE),
-                Alloc(4, 20971521, SIDE + 0x100),
-                InMemPool(0, 2472961),
-                Alloc(0, 81412609, 0),
-            ],
-        ),
-        // a malloc in a private pool runs no `process_events`: a deferred free whose work a
-        // `cudaFree` finished stays pending
-        (
-            "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6",
-            vec![
-                InGraph(0, 1048577),
-                Alloc(6, 512, 0),
-                Alloc(0, 512, 0),
-                Alloc(3, 1048577, SIDE),
-                Alloc(0, 39845889, 0),
-                Alloc(0, 29360129, 0),
-                Alloc(0, 71303169, 0),
-                Alloc(1, 54525953, 0),
-                Alloc(2, 512, 0),
-                Alloc(9, 512, 0),
-                RecordStream(9, SIDE),
-                Free(0),
-                Work(SIDE),
-                Free(9),
-                Alloc(0, 60817409, SIDE),
-                Alloc(0, 73400321, 0),
-                InMemPool(0, 512),
-            ],
-        ),
-    ];
-    for (conf, ops) in jobs {
+    for (conf, ops) in shrunk_pool_jobs() {
         let mut recording = recorder(conf, None);
         run_pool_job(&mut recording, &ops);
         let path = dump(&recording, "pool-job", &[]);
