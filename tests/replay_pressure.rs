@@ -731,6 +731,8 @@ enum PoolJobOp {
     Work(StreamId),
     /// `torch.cuda.synchronize()`.
     Sync,
+    /// `torch.cuda.empty_cache()`.
+    EmptyCache,
 }
 
 /// Runs `ops` on `recording`.
@@ -757,6 +759,10 @@ fn run_pool_job(recording: &mut CachingAllocator, ops: &[PoolJobOp]) {
                 recording.synchronize_device().expect("sync");
                 continue;
             }
+            PoolJobOp::EmptyCache => {
+                recording.empty_cache().expect("empty_cache");
+                continue;
+            }
         };
         if let Some(old) = std::mem::replace(&mut slots[slot], new) {
             recording.free(old).expect("free");
@@ -768,7 +774,7 @@ fn run_pool_job(recording: &mut CachingAllocator, ops: &[PoolJobOp]) {
 /// (config, steps), laid out several steps to a line.
 #[rustfmt::skip]
 fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
-    use PoolJobOp::{Alloc, Free, InGraph, InMemPool, RecordStream, Sync, Work};
+    use PoolJobOp::{Alloc, EmptyCache, Free, InGraph, InMemPool, RecordStream, Sync, Work};
     vec![
         // a fraction the file records in PYTORCH_CUDA_ALLOC_CONF, and releases read as the
         // OOM path of the malloc after them (not an empty_cache()): the cap is the recorded one
@@ -859,6 +865,16 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
             Alloc(1, 54525953, 0), Alloc(2, 512, 0), Alloc(9, 512, 0), RecordStream(9, SIDE),
             Free(0), Work(SIDE), Free(9), Alloc(0, 60817409, SIDE), Alloc(0, 73400321, 0),
             InMemPool(0, 512)
+        ]),
+        // an `empty_cache()` released a default-pool segment the size of a MemPool's cached
+        // one, then a MemPool allocation made new memory: the pool's OOM path would release
+        // its own segment, not the default pools' (releases compared by pool and size)
+        ("per_process_memory_fraction:0.03,max_split_size_mb:40", vec![
+            InMemPool(8, 12582913), Alloc(8, 1048577, 0), Alloc(0, 1048577, 0),
+            InGraph(0, 44040193), Alloc(3, 77594625, 0), Free(0), InMemPool(0, 69206017),
+            InMemPool(4, 58720257), Alloc(7, 512, 0), Alloc(4, 512, 0), Alloc(0, 44040193, 0),
+            Alloc(1, 90177537, 0), InMemPool(2, 4338689), Alloc(6, 58720257, 0), Free(6),
+            EmptyCache, InMemPool(0, 10340865), EmptyCache
         ]),
     ]
 }

@@ -4,11 +4,24 @@
 //! called just before it (a trace without frames does not say).
 
 use super::block::{Block, BlockId, FreeKey, Pool, PoolOwner, StreamId, DEFAULT_OWNER, NIL};
+use super::pools::MemPoolId;
 use super::{Allocation, CachingAllocator, Request, MIB};
 
 /// `cudaMalloc` hands out physical memory in pages of this size on current NVIDIA GPUs (the
 /// H200 and the simulated device), so a segment needs its size rounded up to it.
 const DEVICE_PAGE: u64 = 2 * MIB;
+
+/// A segment a malloc would release: the pool it belongs to and its size. A replay compares
+/// these with the trace's `segment_free` events, whose pools it knows from the recorded
+/// segments; by size alone, a private pool's cached segment would pass for a default-pool
+/// segment of the same size that an `empty_cache()` released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReleasedSegment {
+    /// The segment's pool ([`MemPoolId::DEFAULT`] for the default pools).
+    pub pool: MemPoolId,
+    /// Its bytes.
+    pub size: u64,
+}
 
 /// How a malloc would get its block on the allocator's state now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,16 +31,16 @@ pub enum MallocOutlook {
     /// New memory (a segment or pages) fits under the device and the memory fraction, and
     /// garbage collection would release nothing first.
     NewMemory,
-    /// Garbage collection would release cached segments of these sizes, in this order, after
-    /// which new memory fits.
-    Collect(Vec<u64>),
+    /// Garbage collection would release these cached segments, in this order, after which new
+    /// memory fits.
+    Collect(Vec<ReleasedSegment>),
     /// New memory is refused (by the fraction or the device), even after garbage collection:
     /// the malloc's OOM path runs and releases cached memory.
     Release {
-        /// The sizes of the segments released, in order (garbage collection's,
+        /// The segments released, in order (garbage collection's,
         /// `release_available_cached_blocks`', then `release_cached_blocks`'); `None` where
         /// gpumem does not predict them (expandable segments, whose pages are unmapped).
-        released: Option<Vec<u64>>,
+        released: Option<Vec<ReleasedSegment>>,
         /// Whether the path reaches `release_cached_blocks`, which completes every pending
         /// free (`synchronize_and_free_events`).
         flush: bool,
@@ -119,7 +132,15 @@ impl CachingAllocator {
         } else {
             Vec::new()
         };
-        let sizes = |released: &[(BlockId, u64)]| released.iter().map(|&(_, size)| size).collect();
+        let sizes = |released: &[(BlockId, u64)]| {
+            released
+                .iter()
+                .map(|&(id, size)| ReleasedSegment {
+                    pool: self.pool_id(self.blocks.at(id).owner),
+                    size,
+                })
+                .collect()
+        };
         if self.new_memory_fits(request, &released) {
             return if released.is_empty() {
                 MallocOutlook::NewMemory

@@ -67,7 +67,7 @@ use super::compare::{DeviceEvent, SegmentComparison};
 use super::device::{deferred_stream_done, Hints, DEFERRED_STREAMS};
 use super::seed::Seeded;
 use super::sequence::DeviceCall;
-use crate::alloc::outlook::MallocOutlook;
+use crate::alloc::outlook::{MallocOutlook, ReleasedSegment};
 use crate::alloc::{
     fraction_check_bytes, AllocConf, AllocError, Allocation, CachingAllocator, MemPoolId,
     MemoryEvent, MemoryObserver, OutOfMemory, PoolFilter, StreamId, Subscription,
@@ -262,8 +262,9 @@ impl MemoryObserver for SegmentLog {
 struct Run {
     /// `segment_free`/`segment_unmap` events in it.
     releases: u64,
-    /// Their sizes, in order.
-    release_sizes: Vec<u64>,
+    /// Their segments, in order: each one's size, and its pool as the recording's routes tell
+    /// it (the default pools for a segment the routes do not name).
+    released: Vec<ReleasedSegment>,
     /// `segment_alloc`/`segment_map` events in it.
     new_memory: u64,
     /// Bytes they acquired.
@@ -299,7 +300,7 @@ impl Run {
             && self.adjacent == 0
             && !self.empty_cache_frame
             && !self.capture
-            && self.release_sizes.is_empty()
+            && self.released.is_empty()
             && self.leading.is_empty()
             && self.after_release.is_empty()
     }
@@ -662,7 +663,14 @@ impl Engine {
                 self.segments.recorded(index, device_event(&event));
                 self.recorded_reserved = self.recorded_reserved.saturating_sub(event.size as u64);
                 self.run.releases += 1;
-                self.run.release_sizes.push(event.size.max(0) as u64);
+                let pool = self
+                    .routes
+                    .pool_of(event.addr as u64, index)
+                    .unwrap_or(MemPoolId::DEFAULT);
+                self.run.released.push(ReleasedSegment {
+                    pool,
+                    size: event.size.max(0) as u64,
+                });
                 self.run.empty_cache_frame |= event.signs.empty_cache;
             }
             Action::SegmentAlloc | Action::SegmentMap => {
@@ -860,7 +868,7 @@ impl Engine {
                         released: Some(sizes),
                         flush: true,
                     } => {
-                        sizes == run.release_sizes
+                        sizes == run.released
                             && (run.adjacent < run.leading.len() as u64
                                 || !self.releases_if_completed(event, &run)?)
                     }
@@ -905,7 +913,7 @@ impl Engine {
                     && run.after_release.is_empty()
                     && matches!(event.action, Action::Alloc | Action::Oom)
                     && (self.had_room(event, &run, self.recording_room)
-                        || !self.malloc_releases(event, &run.release_sizes)?)
+                        || !self.malloc_releases(event, &run.released)?)
             }
         };
         // Read before the recorded config was known, from the replay's state: had the recording
@@ -938,9 +946,9 @@ impl Engine {
     /// after a `cudaMalloc` failed, which it could not have.
     fn had_room(&self, event: &RawEvent, run: &Run, room: Option<u64>) -> bool {
         let released = run
-            .release_sizes
+            .released
             .iter()
-            .fold(0_u64, |sum, &size| sum.saturating_add(size));
+            .fold(0_u64, |sum, segment| sum.saturating_add(segment.size));
         // What the cap was checked against: the new segment's size, which is the request's
         // allocation size; with expandable segments the pages mapped may be more or fewer than
         // that size, which the check counts instead.
@@ -962,10 +970,14 @@ impl Engine {
     }
 
     /// Whether the malloc of `event`, replayed now, would release exactly the segments
-    /// `released` (their sizes, in order) that the run holds, by garbage collection or on its
+    /// `released` (their pools and sizes, in order) that the run holds, by garbage collection or on its
     /// OOM path; any others mean an `empty_cache()` released them. With expandable segments
     /// (pages, not predicted) any release of the OOM path counts.
-    fn malloc_releases(&mut self, event: &RawEvent, released: &[u64]) -> Result<bool, String> {
+    fn malloc_releases(
+        &mut self,
+        event: &RawEvent,
+        released: &[ReleasedSegment],
+    ) -> Result<bool, String> {
         Ok(match self.outlook(event)? {
             MallocOutlook::Release { released: None, .. } => true,
             MallocOutlook::Release {
@@ -996,7 +1008,7 @@ impl Engine {
         let Some(pool) = self.route(event) else {
             return Ok(false);
         };
-        let recorded = std::mem::take(&mut self.run.release_sizes);
+        let recorded = std::mem::take(&mut self.run.released);
         let leading: Vec<Allocation> = self.run.leading.iter().map(|&(_, a)| a).collect();
         // A reading that serves the request (from the cache, by new memory or after garbage
         // collection) is not the recorded one: the request ran out of memory.
@@ -1017,7 +1029,7 @@ impl Engine {
                 || self.outlook_in(event, None, &leading).map(makes)?),
             other => other.map(|_| false),
         };
-        self.run.release_sizes = recorded;
+        self.run.released = recorded;
         in_default
     }
 
@@ -1066,12 +1078,10 @@ impl Engine {
             MallocOutlook::Release {
                 released: Some(sizes),
                 ..
-            } => sizes == run.release_sizes,
-            MallocOutlook::Collect(sizes) => !ran_out && sizes == run.release_sizes,
+            } => sizes == run.released,
+            MallocOutlook::Collect(sizes) => !ran_out && sizes == run.released,
             MallocOutlook::Release { released: None, .. } => false,
-            MallocOutlook::Cached | MallocOutlook::NewMemory => {
-                !ran_out && run.release_sizes.is_empty()
-            }
+            MallocOutlook::Cached | MallocOutlook::NewMemory => !ran_out && run.released.is_empty(),
         })
     }
 
