@@ -1670,6 +1670,12 @@ mod what_if_on_sim {
             slot: usize,
             size: u64,
         },
+        /// An allocation on the side stream inside a CUDA-graph capture into one graph pool
+        /// the job keeps to its end.
+        GraphAlloc {
+            slot: usize,
+            size: u64,
+        },
         Free {
             slot: usize,
         },
@@ -1701,7 +1707,8 @@ mod what_if_on_sim {
         ];
         prop_oneof![
             6 => (0_usize..12, size.clone(), stream.clone()).prop_map(|(slot, size, stream)| Op::Alloc { slot, size, stream }),
-            1 => (0_usize..12, size).prop_map(|(slot, size)| Op::PoolAlloc { slot, size }),
+            1 => (0_usize..12, size.clone()).prop_map(|(slot, size)| Op::PoolAlloc { slot, size }),
+            1 => (0_usize..12, size).prop_map(|(slot, size)| Op::GraphAlloc { slot, size }),
             4 => (0_usize..12).prop_map(|slot| Op::Free { slot }),
             2 => (0_usize..12, stream).prop_map(|(slot, stream)| Op::RecordStream { slot, stream }),
             1 => Just(Op::Sync),
@@ -1749,8 +1756,12 @@ mod what_if_on_sim {
         let mut pools = JobPools::default();
         for op in ops {
             match *op {
-                Op::PoolAlloc { slot, size } => {
-                    let new = pools.in_mem_pool(allocator, size);
+                Op::PoolAlloc { slot, size } | Op::GraphAlloc { slot, size } => {
+                    let new = if matches!(op, Op::PoolAlloc { .. }) {
+                        pools.in_mem_pool(allocator, size)
+                    } else {
+                        pools.in_graph(allocator, size)
+                    };
                     if let Some(old) = std::mem::replace(&mut slots[slot], new) {
                         allocator.free(old).expect("free");
                     }
