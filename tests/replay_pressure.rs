@@ -241,6 +241,64 @@ fn the_oom_path_completes_pending_frees_in_self_and_what_if_replays() {
     );
 }
 
+/// The OOM path's `synchronize_and_free_events` completes every pending free, one of them a
+/// block whose free was requested right before the malloc: its completion comes right after
+/// its `free_requested` (it reads like a free made at once), then another pending free's
+/// completion, then the releases and the retry's new segment. Read as a free made at once, the
+/// block would have served the malloc from the cache, the releases would read as an
+/// `empty_cache()` and the retry and synchronisation would be lost (the H200 recordings of
+/// `buckets` under a fraction showed this).
+#[test]
+fn a_completion_right_after_its_request_can_start_the_oom_paths_walk() {
+    let allowed = 160 * MIB;
+    let fraction = allowed as f64 / TOTAL as f64;
+    let conf = format!("per_process_memory_fraction:{fraction}");
+    let mut recording = recorder(&conf, None);
+    let other = SIDE + 0x100;
+    // An older pending free, its work on another stream.
+    let small = recording.malloc_on(0, 4096).expect("small");
+    recording
+        .record_stream(small, other)
+        .expect("record_stream");
+    recording.device_mut().sleep(other, 5).expect("work");
+    recording.free(small).expect("free while its work runs");
+    // A bucket made on the side stream and used by the compute, freed while that runs.
+    let bucket = recording.malloc_on(SIDE, 32 * MIB + 4096).expect("bucket");
+    let held = recording.malloc(100 * MIB).expect("activations");
+    recording.record_stream(bucket, 0).expect("record_stream");
+    recording.device_mut().sleep(0, 5).expect("compute");
+    recording.free(bucket).expect("free while the compute runs");
+    let again = recording
+        .malloc_on(SIDE, 32 * MIB + 4096)
+        .expect("fits once the bucket's segment is released");
+    assert_eq!(recording.stats().num_alloc_retries, 1, "the OOM path ran");
+    // The trace's shape: the bucket's request, its completion, the other completion, then
+    // the releases.
+    let entries = recording.trace().entries();
+    let at = entries
+        .iter()
+        .rposition(|e| e.action == EventKind::FreeRequested)
+        .expect("the bucket's free");
+    let shape: Vec<EventKind> = entries[at..at + 4].iter().map(|e| e.action).collect();
+    assert_eq!(
+        shape,
+        [
+            EventKind::FreeRequested,
+            EventKind::FreeCompleted,
+            EventKind::FreeCompleted,
+            EventKind::SegmentFree
+        ],
+        "{:?}",
+        &entries[at..]
+    );
+    assert_eq!(entries[at].addr, entries[at + 1].addr);
+    recording.free(again).expect("free");
+    recording.free(held).expect("free");
+    let path = dump(&recording, "oom-walk-after-request", &[]);
+    let report = replayed(&path, Some(&conf));
+    assert_reproduces(&recording, &report);
+}
+
 /// Garbage collection under a fraction releases a cached segment with `cudaFree`, which
 /// synchronises the device: the batch freed behind the side stream's work is then done, and
 /// the next malloc's `process_events` takes it back. A what-if replay of the unconstrained run

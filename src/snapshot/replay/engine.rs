@@ -633,6 +633,10 @@ impl Engine {
             // A malloc's releases, new memory or `oom` next: its OOM path may have completed
             // a deferred free (`synchronize_and_free_events`), and a malloc whose retry only
             // asks for new memory runs out of memory even when that block would serve it.
+            // Another deferred completion next may be that same walk's (it completes every
+            // pending free, the one freed last first when its stream comes first): the
+            // pair joins the run of completions, whose end tells (completed in the trace's
+            // order either way, so a free made at once reads the same).
             if matches!(
                 event.action,
                 Action::SegmentFree
@@ -640,7 +644,8 @@ impl Engine {
                     | Action::SegmentAlloc
                     | Action::SegmentMap
                     | Action::Oom
-            ) {
+            ) || (event.action == Action::FreeCompleted && self.is_deferred(&event))
+            {
                 self.defer_free(&requested, false).map_err(at)?;
                 self.complete_deferred(&completed).map_err(at)?;
                 self.run.adjacent += 1;

@@ -1052,13 +1052,17 @@ def graph_decode(job):
     cache_pool = torch.cuda.MemPool() if job.cuda else None
     with (torch.cuda.use_mem_pool(cache_pool) if job.cuda else contextlib.nullcontext()):
         caches = {batch: torch.zeros(batch, 256, width, device=job.device) for batch in (8, 16)}
+    graphs, statics = {}, {}
+    # The pools live until the snapshot, even when an OOM ends the job: a MemPool that dies
+    # runs emptyCache on its pool, a synchronisation the trace shows nothing of when nothing
+    # is released (docs/snapshots.md, what a trace cannot show).
+    job.kept += [cache_pool, caches, graphs]
 
     def step(x, cache, position):
         h = layers(x)
         cache.index_copy_(1, position, h.unsqueeze(1))
         return head(h + cache.mean(1))
 
-    graphs, statics = {}, {}
     graph_pool = None
     with torch.no_grad():
         for batch in (8, 16):
@@ -1098,7 +1102,6 @@ def graph_decode(job):
                 token = logits.argmax(-1)
                 static_x.copy_(head.weight[token])
                 del token, logits
-    job.kept += [cache_pool, caches, graphs]
     job.synchronize()
 
 
