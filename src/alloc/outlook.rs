@@ -453,6 +453,14 @@ mod tests {
         CachingAllocator::new(Box::new(SimDevice::new(total)), conf).expect("allocator")
     }
 
+    /// A default-pool segment of `size` bytes, as an outlook lists it.
+    fn default_segment(size: u64) -> ReleasedSegment {
+        ReleasedSegment {
+            pool: MemPoolId::DEFAULT,
+            size,
+        }
+    }
+
     #[test]
     fn cached_new_memory_or_release() {
         let mut a = allocator("", 1 << 30);
@@ -463,7 +471,7 @@ mod tests {
         assert_eq!(
             a.malloc_outlook(0, 900 * MIB),
             MallocOutlook::Release {
-                released: Some(vec![30 * MIB]),
+                released: Some(vec![default_segment(30 * MIB)]),
                 flush: true
             }
         );
@@ -478,7 +486,7 @@ mod tests {
         assert_eq!(
             a.malloc_outlook(0, 32 * MIB),
             MallocOutlook::Release {
-                released: Some(vec![30 * MIB]),
+                released: Some(vec![default_segment(30 * MIB)]),
                 flush: true
             }
         );
@@ -509,12 +517,12 @@ mod tests {
         // then up to 100 MiB fit; more needs the OOM path.
         assert_eq!(
             a.malloc_outlook(0, 62 * MIB),
-            MallocOutlook::Collect(vec![60 * MIB])
+            MallocOutlook::Collect(vec![default_segment(60 * MIB)])
         );
         assert_eq!(
             a.malloc_outlook(0, 110 * MIB),
             MallocOutlook::Release {
-                released: Some(vec![60 * MIB]),
+                released: Some(vec![default_segment(60 * MIB)]),
                 flush: true
             }
         );
@@ -539,7 +547,7 @@ mod tests {
         a.free(x).expect("deferred");
         // Pending, the block is nothing the collector can take: the OOM path must flush it.
         let flushed = MallocOutlook::Release {
-            released: Some(vec![60 * MIB]),
+            released: Some(vec![default_segment(60 * MIB)]),
             flush: true,
         };
         assert_eq!(a.malloc_outlook(0, 62 * MIB), flushed);
@@ -547,7 +555,7 @@ mod tests {
         // Completed just before the malloc, the collector takes its whole segment.
         assert_eq!(
             a.malloc_outlook_if_completed(0, 62 * MIB, &[x]),
-            MallocOutlook::Collect(vec![60 * MIB])
+            MallocOutlook::Collect(vec![default_segment(60 * MIB)])
         );
         assert_eq!(
             a.malloc_outlook_if_completed(0, 50 * MIB, &[x]),
@@ -566,7 +574,7 @@ mod tests {
         assert_eq!(
             b.malloc_outlook_if_completed(0, 30 * MIB, &[y]),
             MallocOutlook::Release {
-                released: Some(vec![60 * MIB]),
+                released: Some(vec![default_segment(60 * MIB)]),
                 flush: false
             }
         );
@@ -589,5 +597,30 @@ mod tests {
         // The free 5 MiB at the end plus the unmapped rest: 40 MiB needs two more pages.
         assert_eq!(a.bytes_to_map(request(&a, 40 * MIB)), 40 * MIB);
         assert_eq!(a.malloc_outlook(0, 40 * MIB), MallocOutlook::NewMemory);
+    }
+
+    #[test]
+    fn releases_name_their_pool() {
+        // In a MemPool under a fraction: its cached 60 MiB segment is what
+        // `release_available_cached_blocks` gives up (no `release_cached_blocks` while a pool
+        // is active), named with the pool's id, not taken for a default-pool segment.
+        let mut a = allocator("max_split_size_mb:40", 1 << 30);
+        a.set_memory_fraction(0.1).expect("fraction");
+        let id = a.new_mem_pool_id();
+        a.create_pool(id).expect("MemPool()");
+        a.begin_allocate_to_pool(id, crate::alloc::PoolFilter::AllStreams)
+            .expect("use_mem_pool");
+        let x = a.malloc(60 * MIB).expect("in the pool");
+        a.free(x).expect("free");
+        assert_eq!(
+            a.malloc_outlook(0, 70 * MIB),
+            MallocOutlook::Release {
+                released: Some(vec![ReleasedSegment {
+                    pool: id,
+                    size: 60 * MIB
+                }]),
+                flush: false,
+            }
+        );
     }
 }
