@@ -14,6 +14,7 @@ import json
 import lzma
 import os
 import pickle
+import re
 import shutil
 import sys
 import tarfile
@@ -455,13 +456,16 @@ class CompareTest(unittest.TestCase):
         self.assertEqual(rc, 1 if selfs["unet.no_history"]["verdict"] == "MISMATCH" else 0)
         self.assertIn("What-if pairs", text)
 
-    def check_recordings(self, folder, min_exact, bases=None, known=None, not_run_ok=False):
+    def check_recordings(self, folder, min_exact, bases=None, known=None, not_run_ok=False,
+                         unseen_sync=frozenset()):
         """The runs recorded on the H200 and kept in `folder`: each self-replay exact, and
         every what-if pair with the base run's request sequence exact but the few `known`
         (those above by default; a fix may shorten the list; a pair that starts to differ
         fails), at least `min_exact` of them. With `bases`, the what-if runs are paired with
         that folder's base recordings (compare.py --bases). `not_run_ok`: runs the driver did
-        not start before its deadline are no failure."""
+        not start before its deadline are no failure. `unseen_sync`: runs whose self-replay may
+        differ in `num_sync_all_streams` alone, by one (PyTorch's higher): a synchronisation
+        that released and completed nothing, which no trace shows."""
         known = KNOWN_WHATIF_DIFFERENCES if known is None else known
         allowed = ("exact", "exact in the window", "refused as expected") + (
             ("not run",) if not_run_ok else ())
@@ -478,8 +482,14 @@ class CompareTest(unittest.TestCase):
         with open(out_json) as f:
             result = json.load(f)
         text = printed.getvalue()
+        def sync_alone(r):
+            match = re.fullmatch(r"1 counters differ: num_sync_all_streams PyTorch (\d+) gpumem (\d+)",
+                                 r["details"][0] if r.get("details") else "")
+            return bool(match) and int(match.group(1)) == int(match.group(2)) + 1
+
         wrong = [r["run"] for r in result["self_replay"]
-                 if r["verdict"] not in allowed]
+                 if r["verdict"] not in allowed
+                 and not (r["run"] in unseen_sync and sync_alone(r))]
         self.assertEqual(wrong, [], text)
         differing = {p["run"] for p in result["pairs"] if p["verdict"] == "differs"}
         self.assertLessEqual(differing, known, text)
@@ -560,6 +570,43 @@ class CompareTest(unittest.TestCase):
             with self.subTest(rep=rep):
                 exact = self.check_recordings(os.path.join(HERE, "repeats", rep), 1)
                 self.assertIn("lstm.combo.frac", exact)
+
+    @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
+    def test_the_fourth_wave_recorded_on_an_h100(self):
+        """results-wave4/: graph_decode, buckets and chunked_ce under every config (2026-12-05, on
+        the H100 80GB lent that day). Every `buckets` self-replay exact since the replay reads a
+        completion right after its request, followed by more, as the OOM path's walk. The
+        `graph_decode` runs ended by an OOM destroyed their MemPool before the snapshot (its
+        emptyCache synchronised with nothing to release or complete): one synchronisation
+        no trace shows. `chunked_ce.combo.frac` differs by one cudaFree (placement)."""
+        destroyed_pool = {f"graph_decode.{c}.frac" for c in (
+            "default", "expandable", "split64", "split128", "pow2div4", "gc06", "combo",
+            "lseg64")}
+        exact = self.check_recordings(os.path.join(HERE, "results-wave4"), 29,
+                                      known={"chunked_ce.combo.frac"},
+                                      unseen_sync=destroyed_pool)
+        for workload in ("graph_decode", "chunked_ce"):
+            self.assertTrue(any(pair.startswith(workload + ".") for pair in exact), workload)
+
+    @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
+    def test_the_resnet_pairs_recorded_again_on_an_h100(self):
+        """repeats-h100/repN/ (repeat.sh 3 on an H100 80GB, 2026-12-05): `resnet.base` with
+        `.gc06.frac` and `.combo.frac`, three times. PyTorch's counters are the same in every
+        repetition and the same as on the H200 (62 cudaMalloc, 45 cudaFree, 1 retry, its OOM
+        at allocation 1159): that answer does not move from run to run, and gpumem's (its OOM
+        at allocation 756, placement, docs/snapshots.md) is wrong the same way each time."""
+        counters = set()
+        for rep in sorted(os.listdir(os.path.join(HERE, "repeats-h100"))):
+            with self.subTest(rep=rep):
+                folder = os.path.join(HERE, "repeats-h100", rep)
+                self.check_recordings(folder, 0)
+                with tarfile.open(os.path.join(folder, "whatif-results-1.tar")) as tar:
+                    for name in ("resnet.gc06.frac", "resnet.combo.frac"):
+                        stats = json.load(tar.extractfile(f"runs/{name}.stats.json"))
+                        counters.add((name, stats["num_device_alloc"], stats["num_device_free"],
+                                      stats["num_alloc_retries"], stats["num_ooms"]))
+        self.assertEqual(counters, {("resnet.gc06.frac", 62, 45, 1, 1),
+                                    ("resnet.combo.frac", 62, 45, 1, 1)})
 
     def fake_gpumem(self, answers):
         """A stand-in binary: answers[(pickle name, alloc conf)] = (exit status, JSON or text)."""
