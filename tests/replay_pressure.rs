@@ -36,6 +36,14 @@ fn fixed_clock() -> i64 {
     1
 }
 
+/// `per_process_memory_fraction` whose cap on the [`TOTAL`]-byte device is `allowed` bytes.
+fn fraction_conf(allowed: u64) -> String {
+    format!(
+        "per_process_memory_fraction:{}",
+        allowed as f64 / TOTAL as f64
+    )
+}
+
 /// An allocator recording its history, as a PyTorch process with `_record_memory_history`.
 fn recorder(conf: &str, fraction: Option<f64>) -> CachingAllocator {
     recorder_on(SimDevice::new(TOTAL), conf, fraction)
@@ -189,9 +197,7 @@ fn deferred_frees_lower_allocated_at_free_requested() {
 /// frees on its OOM path and fits, as PyTorch did.
 #[test]
 fn the_oom_path_completes_pending_frees_in_self_and_what_if_replays() {
-    let allowed = 200 * MIB;
-    let fraction = allowed as f64 / TOTAL as f64;
-    let conf = format!("per_process_memory_fraction:{fraction}");
+    let conf = fraction_conf(200 * MIB);
     let mut recording = recorder(&conf, None);
     for _ in 0..6 {
         let batch = recording
@@ -246,13 +252,11 @@ fn the_oom_path_completes_pending_frees_in_self_and_what_if_replays() {
 /// its `free_requested` (it reads like a free made at once), then another pending free's
 /// completion, then the releases and the retry's new segment. Read as a free made at once, the
 /// block would have served the malloc from the cache, the releases would read as an
-/// `empty_cache()` and the retry and synchronisation would be lost (the H200 recordings of
-/// `buckets` under a fraction showed this).
+/// `empty_cache()` and the retry and synchronisation would be lost (the what-if harness's
+/// `buckets` under a fraction, recorded on an H100, showed this).
 #[test]
 fn a_completion_right_after_its_request_can_start_the_oom_paths_walk() {
-    let allowed = 160 * MIB;
-    let fraction = allowed as f64 / TOTAL as f64;
-    let conf = format!("per_process_memory_fraction:{fraction}");
+    let conf = fraction_conf(160 * MIB);
     let mut recording = recorder(&conf, None);
     let other = SIDE + 0x100;
     // An older pending free, its work on another stream.
@@ -412,11 +416,7 @@ fn empty_cache_with_frames_and_at_the_end() {
 /// address: two events on both sides, neither cancelling the other.
 #[test]
 fn a_segment_freed_and_made_again_in_one_step_is_two_events() {
-    let allowed = 40 * MIB;
-    let conf = format!(
-        "per_process_memory_fraction:{}",
-        allowed as f64 / TOTAL as f64
-    );
+    let conf = fraction_conf(40 * MIB);
     let mut recording = recorder(&conf, None);
     let a = recording.malloc(24 * MIB).expect("alloc");
     recording.free(a).expect("free");
