@@ -247,6 +247,48 @@ fn the_oom_path_completes_pending_frees_in_self_and_what_if_replays() {
     );
 }
 
+/// A `torch.cuda.MemPool` that goes away calls `emptyCache(pool)`: its segments are released,
+/// the default pools' cached ones are not. The file's end no longer shows the pool (no
+/// segment of it is left), so the replay held its allocations in the default pools; a whole
+/// `empty_cache()` there would also release the default pools' cached 30 MiB segment and make
+/// it again for the next request. The replay releases what the trace released.
+#[test]
+fn a_mempool_going_away_releases_only_its_own_segments() {
+    let mut recording = recorder("", None);
+    let cached = recording.malloc(30 * MIB).expect("a default-pool block");
+    let kept = recording.malloc(8 * MIB).expect("another");
+    recording.free(cached).expect("cached in the default pools");
+    let pool = recording.new_mem_pool_id();
+    recording.create_pool(pool).expect("MemPool()");
+    recording
+        .begin_allocate_to_pool(pool, PoolFilter::AllStreams)
+        .expect("use_mem_pool");
+    let pooled = recording.malloc(40 * MIB).expect("in the pool");
+    recording
+        .end_allocate_to_pool(pool)
+        .expect("leave use_mem_pool");
+    recording
+        .release_pool(pool)
+        .expect("use_mem_pool's use ends");
+    recording.free(pooled).expect("free in the pool");
+    // The MemPool's destructor.
+    recording.release_pool(pool).expect("the pool object goes");
+    recording.empty_cache_pool(pool).expect("emptyCache(pool)");
+    let again = recording
+        .malloc(30 * MIB)
+        .expect("served by the cached block");
+    recording.free(again).expect("free");
+    recording.free(kept).expect("free");
+    assert_eq!(
+        recording.stats().num_device_free,
+        1,
+        "only the pool's segment went"
+    );
+    let path = dump(&recording, "mempool-gone", &[]);
+    let report = replayed(&path, None);
+    assert_reproduces(&recording, &report);
+}
+
 /// The OOM path's `synchronize_and_free_events` completes every pending free, one of them a
 /// block whose free was requested right before the malloc: its completion comes right after
 /// its `free_requested` (it reads like a free made at once), then another pending free's

@@ -245,6 +245,19 @@ impl CachingAllocator {
         total >= target
     }
 
+    /// The segments `empty_cache()` would release now, as (address, bytes), in its order:
+    /// every whole `cudaMalloc` segment once the pending frees complete (see
+    /// [`CachingAllocator::malloc_outlook`]'s last resort). A replay compares them with a run
+    /// of releases the trace shows without a malloc after it.
+    pub fn empty_cache_outlook(&self) -> Vec<(u64, u64)> {
+        let mut released = Vec::new();
+        self.flush_plan(&mut released);
+        released
+            .into_iter()
+            .map(|(id, size)| (self.blocks.at(id).ptr, size))
+            .collect()
+    }
+
     /// What `release_cached_blocks` would release (added to `released`): after the pending
     /// frees complete, every `cudaMalloc` segment of the default pools with nothing allocated
     /// (large pool first, each in (stream, size, address) order), then those of the freeable

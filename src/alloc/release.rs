@@ -47,6 +47,51 @@ impl CachingAllocator {
         self.release_cached_blocks(id)
     }
 
+    /// A private pool's `emptyCache(pool)` (what a `torch.cuda.MemPool` does when it goes
+    /// away) replayed where the replay never knew the pool: its segments were gone by the
+    /// file's end, so the replay held them in the default pools, and a whole `empty_cache()`
+    /// would also release default-pool segments PyTorch kept. Counts PyTorch's
+    /// synchronisation (`synchronize_and_free_events` for one pool counts in
+    /// `num_sync_all_streams` too; the frees it completed are in the trace, which the replay
+    /// completes itself) and releases exactly the whole cached default-pool segments at
+    /// `addresses`. Returns whether every one of them was such a segment; if not, nothing is
+    /// changed.
+    pub fn empty_cache_of_segments(&mut self, addresses: &[u64]) -> Result<bool, AllocError> {
+        let mut ids = Vec::with_capacity(addresses.len());
+        for &address in addresses {
+            let whole = self
+                .large
+                .iter()
+                .chain(self.small.iter())
+                .map(|(_, _, _, id)| id)
+                .find(|&id| {
+                    let block = self.blocks.at(id);
+                    block.ptr == address
+                        && block.prev == NIL
+                        && block.next == NIL
+                        && !block.is_expandable()
+                });
+            match whole {
+                Some(id) => ids.push(id),
+                None => return Ok(false),
+            }
+        }
+        self.emit(
+            EventKind::EmptyCache,
+            0,
+            0,
+            0,
+            0,
+            Pool::Large,
+            DEFAULT_OWNER,
+        );
+        self.stats.num_sync_all_streams += 1;
+        for id in ids {
+            self.release_block(id)?;
+        }
+        Ok(true)
+    }
+
     /// PyTorch's `release_cached_blocks(mempool_id)`. For the default id with no private pool
     /// active: wait for every outstanding event and complete the frees they held back
     /// (`synchronize_and_free_events`, `num_sync_all_streams` +1), then release the default

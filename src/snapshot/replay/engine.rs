@@ -265,6 +265,8 @@ struct Run {
     /// Their segments, in order: each one's size, and its pool as the recording's routes tell
     /// it (the default pools for a segment the routes do not name).
     released: Vec<ReleasedSegment>,
+    /// The recorded addresses of its `segment_free` events, in order.
+    freed_at: Vec<u64>,
     /// `segment_alloc`/`segment_map` events in it.
     new_memory: u64,
     /// Bytes they acquired.
@@ -301,6 +303,7 @@ impl Run {
             && !self.empty_cache_frame
             && !self.capture
             && self.released.is_empty()
+            && self.freed_at.is_empty()
             && self.leading.is_empty()
             && self.after_release.is_empty()
     }
@@ -676,6 +679,9 @@ impl Engine {
                     pool,
                     size: event.size.max(0) as u64,
                 });
+                if event.action == Action::SegmentFree {
+                    self.run.freed_at.push(event.addr as u64);
+                }
                 self.run.empty_cache_frame |= event.signs.empty_cache;
             }
             Action::SegmentAlloc | Action::SegmentMap => {
@@ -931,9 +937,11 @@ impl Engine {
             }
         }
         if empty_cache {
-            self.allocator
-                .empty_cache()
-                .map_err(|error| format!("empty_cache failed: {error}"))?;
+            if !self.empty_cache_of_an_unknown_pool(&run)? {
+                self.allocator
+                    .empty_cache()
+                    .map_err(|error| format!("empty_cache failed: {error}"))?;
+            }
             self.counts.empty_cache_calls += 1;
         }
         // Keep what the malloc's OOM path is to complete (see `after_malloc`); without a
@@ -942,6 +950,43 @@ impl Engine {
             self.run.after_release = run.after_release;
         }
         Ok(())
+    }
+
+    /// Replays a run of releases read as an `empty_cache()` as a private pool's
+    /// `emptyCache(pool)` instead (a `torch.cuda.MemPool` going away) when that is what the
+    /// trace shows: the replay never knew the pool (its segments were gone by the file's end,
+    /// so it held them in the default pools), and a whole `empty_cache()` would release
+    /// default-pool segments besides those the trace released. Only where each recorded
+    /// release names a whole cached segment of the replay at its recorded address (a replay
+    /// that placed them as recorded), with no completion after a release (a whole
+    /// synchronisation's) and no `empty_cache` frame; and only under the recorded config,
+    /// whose state is the recording's (under another, a `torch.cuda.empty_cache()` finds
+    /// other segments cached than the recording's did). Returns whether it did.
+    fn empty_cache_of_an_unknown_pool(&mut self, run: &Run) -> Result<bool, String> {
+        if !self.recorded_config
+            || run.empty_cache_frame
+            || run.capture
+            || !run.after_release.is_empty()
+            || run.freed_at.is_empty()
+            || run.freed_at.len() as u64 != run.releases
+        {
+            return Ok(false);
+        }
+        let whole = self.allocator.empty_cache_outlook();
+        let recorded_all = run
+            .freed_at
+            .iter()
+            .all(|address| whole.iter().any(|&(at, _)| at == *address));
+        if !recorded_all || whole.len() == run.freed_at.len() {
+            return Ok(false);
+        }
+        let done = self
+            .allocator
+            .empty_cache_of_segments(&run.freed_at)
+            .map_err(|error| format!("the allocator failed: {error}"))?;
+        // Read from the replay's state: right only if its config is the recording's.
+        self.assumed_recorded_config |= done;
+        Ok(done)
     }
 
     /// Whether the recording shows that the malloc of `event` took no OOM path, so that the
