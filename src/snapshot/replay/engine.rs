@@ -959,7 +959,8 @@ impl Engine {
     /// default-pool segments besides those the trace released. Only where each recorded
     /// release names a whole cached segment of the replay at its recorded address (a replay
     /// that placed them as recorded), with no completion after a release (a whole
-    /// synchronisation's) and no `empty_cache` frame; and only under the recorded config,
+    /// synchronisation's), no pending free and no `empty_cache` frame; and only under the
+    /// recorded config,
     /// whose state is the recording's (under another, a `torch.cuda.empty_cache()` finds
     /// other segments cached than the recording's did). Returns whether it did.
     fn empty_cache_of_an_unknown_pool(&mut self, run: &Run) -> Result<bool, String> {
@@ -969,6 +970,9 @@ impl Engine {
             || !run.after_release.is_empty()
             || run.freed_at.is_empty()
             || run.freed_at.len() as u64 != run.releases
+            // A pending free: a whole synchronisation would complete it (and perhaps release
+            // its segment), the pool's would not; the trace cannot tell which ran.
+            || self.allocator.pending_frees().blocks > 0
         {
             return Ok(false);
         }
