@@ -36,6 +36,16 @@ fn fixed_clock() -> i64 {
     1
 }
 
+/// `torch.cuda.MemPool()` then `use_mem_pool(pool)`'s entry (every stream): its id.
+fn enter_new_mem_pool(recording: &mut CachingAllocator) -> MemPoolId {
+    let pool = recording.new_mem_pool_id();
+    recording.create_pool(pool).expect("MemPool()");
+    recording
+        .begin_allocate_to_pool(pool, PoolFilter::AllStreams)
+        .expect("use_mem_pool");
+    pool
+}
+
 /// `per_process_memory_fraction` whose cap on the [`TOTAL`]-byte device is `allowed` bytes.
 fn fraction_conf(allowed: u64) -> String {
     format!(
@@ -258,11 +268,7 @@ fn a_mempool_going_away_releases_only_its_own_segments() {
     let cached = recording.malloc(30 * MIB).expect("a default-pool block");
     let kept = recording.malloc(8 * MIB).expect("another");
     recording.free(cached).expect("cached in the default pools");
-    let pool = recording.new_mem_pool_id();
-    recording.create_pool(pool).expect("MemPool()");
-    recording
-        .begin_allocate_to_pool(pool, PoolFilter::AllStreams)
-        .expect("use_mem_pool");
+    let pool = enter_new_mem_pool(&mut recording);
     let pooled = recording.malloc(40 * MIB).expect("in the pool");
     recording
         .end_allocate_to_pool(pool)
@@ -1022,11 +1028,7 @@ fn private_pools_are_rebuilt_from_the_files_segments() {
     for block in in_graph.drain(1..) {
         recording.free(block).expect("free inside the pool");
     }
-    let user = recording.new_mem_pool_id();
-    recording.create_pool(user).expect("MemPool()");
-    recording
-        .begin_allocate_to_pool(user, PoolFilter::AllStreams)
-        .expect("use_mem_pool");
+    let user = enter_new_mem_pool(&mut recording);
     let pooled = recording.malloc(3 * MIB).expect("user pool");
     recording.end_allocate_to_pool(user).expect("leave");
     recording.release_pool(user).expect("leave");
