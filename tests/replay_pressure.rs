@@ -982,6 +982,18 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
             Alloc(1, 90177537, 0), InMemPool(2, 4338689), Alloc(6, 58720257, 0), Free(6),
             EmptyCache, InMemPool(0, 10340865), EmptyCache
         ]),
+        // an `oom` on a stream whose last allocation was in a MemPool: asking which pools it
+        // was asked in runs the default pools' `process_events`, which must walk the pending
+        // frees in the trace's order (a block freed at once next to a deferred one whose work
+        // a `cudaFree` finished; the other order merges them otherwise: `inactive_split`)
+        ("per_process_memory_fraction:0.03,garbage_collection_threshold:0.6", vec![
+            InMemPool(7, 62914561), InGraph(0, 33554433), Alloc(0, 81788929, 0),
+            InMemPool(1, 71303169), InMemPool(1, 56623105), Alloc(4, 2096641, 0),
+            Alloc(1, 46137345, 0), RecordStream(4, SIDE), Alloc(8, 512, 0),
+            Alloc(2, 1048577, 0), Alloc(9, 1048577, SIDE), Alloc(5, 512, SIDE), Alloc(9, 512, 0),
+            Alloc(4, 2096641, 0), Free(1), InGraph(6, 65011713), InMemPool(4, 512),
+            Alloc(0, 75497473, 0)
+        ]),
     ]
 }
 

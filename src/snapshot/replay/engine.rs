@@ -819,6 +819,23 @@ impl Engine {
     /// `empty_cache()` (see the module documentation) and replays it if so. `malloc` is the
     /// `alloc` or `oom` event that ends the run, if one does.
     fn end_run(&mut self, malloc: Option<&RawEvent>) -> Result<(), String> {
+        // Frees whose work is done complete in the order the trace shows, whether the malloc's
+        // `process_events` (asked below for its outlook, which completes what is done) or the
+        // loop further down completes them: set before anything is asked.
+        let leading_streams: Vec<StreamId> =
+            self.run.leading.iter().map(|&(stream, _)| stream).collect();
+        // A completion whose work is done already (a `cudaFree` since synchronised the
+        // device) is the malloc's `process_events`', whatever else: the completions recorded
+        // before it were made by the same walk, so their work was done then too.
+        let done = |stream: StreamId| deferred_stream_done(self.allocator.device(), stream);
+        if let Some(last_done) = leading_streams.iter().rposition(|&stream| done(stream)) {
+            for &stream in &leading_streams[..last_done] {
+                self.allocator
+                    .synchronize_stream(stream)
+                    .map_err(|error| format!("the allocator failed: {error}"))?;
+            }
+        }
+        self.allocator.walk_streams_first(&leading_streams);
         // Cleared first: `oom_in_default_pools` asks `route`, which reads it.
         self.oom_in_default = false;
         self.oom_in_default = match malloc {
@@ -843,23 +860,6 @@ impl Engine {
         // shows that path itself: a release in the run, or the malloc's recorded `oom`.
         let shown = run.releases > 0 || malloc.is_some_and(|event| event.action == Action::Oom);
         let adjacent_only = run.adjacent >= run.leading.len() as u64;
-        // Frees whose work is done complete in the order the trace shows, whether the malloc's
-        // `process_events` (asked below for its outlook) or the loop further down completes
-        // them.
-        let leading_streams: Vec<StreamId> =
-            run.leading.iter().map(|&(stream, _)| stream).collect();
-        // A completion whose work is done already (a `cudaFree` since synchronised the
-        // device) is the malloc's `process_events`', whatever else: the completions recorded
-        // before it were made by the same walk, so their work was done then too.
-        let done = |stream: StreamId| deferred_stream_done(self.allocator.device(), stream);
-        if let Some(last_done) = leading_streams.iter().rposition(|&stream| done(stream)) {
-            for &stream in &leading_streams[..last_done] {
-                self.allocator
-                    .synchronize_stream(stream)
-                    .map_err(|error| format!("the allocator failed: {error}"))?;
-            }
-        }
-        self.allocator.walk_streams_first(&leading_streams);
         if adjacent_only && !shown && missed && !run.leading.is_empty() && self.recorded_config {
             // The replay's state decides below: right only if its config is the recording's.
             self.assumed_recorded_config = true;
