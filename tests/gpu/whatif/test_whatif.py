@@ -589,6 +589,18 @@ class CompareTest(unittest.TestCase):
             self.assertTrue(any(pair.startswith(workload + ".") for pair in exact), workload)
 
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
+    def test_the_fourth_wave_recorded_on_the_h200(self):
+        """results-wave4-h200/: the fourth wave again, on the H200 (2026-12-05), with
+        `graph_decode` keeping its pools referenced from the start: its runs ended by an OOM
+        keep their MemPool until the snapshot, so every self-replay is exact, with no
+        synchronisation left unseen. `chunked_ce.combo.frac` differs by one cudaFree here too
+        (the same placement tie as on the H100)."""
+        exact = self.check_recordings(os.path.join(HERE, "results-wave4-h200"), 29,
+                                      known={"chunked_ce.combo.frac"})
+        for workload in ("graph_decode", "chunked_ce"):
+            self.assertTrue(any(pair.startswith(workload + ".") for pair in exact), workload)
+
+    @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
     def test_the_resnet_pairs_recorded_again_on_an_h100(self):
         """repeats-h100/repN/ (repeat.sh 3 on an H100 80GB, 2026-12-05): `resnet.base` with
         `.gc06.frac` and `.combo.frac`, three times. PyTorch's counters are the same in every
