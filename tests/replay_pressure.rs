@@ -1017,6 +1017,96 @@ fn private_pool_jobs_self_replay_exactly() {
     }
 }
 
+/// A graph deleted while the job runs (an inference server evicting a batch size's graph):
+/// its pool becomes freeable and an `empty_cache()` releases its segments, so the file's end
+/// names no segment of it. Its allocations were made in a private pool all the same, which
+/// garbage collection and `release_available_cached_blocks` never touch: held in the default
+/// pools, the replay's collection released the evicted pool's 48 MiB segment early (one
+/// segment fewer at the peak under `garbage_collection_threshold`). The capture's frames
+/// (`torch.cuda.graph.__enter__` on its first allocation, then the capture stream) tell the
+/// replay to infer the pool from the segments the capture made.
+#[test]
+fn a_deleted_graphs_pool_is_inferred_from_its_capture() {
+    const CAPTURE: StreamId = SIDE + 0x200;
+    for conf in [
+        "",
+        "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6",
+        "per_process_memory_fraction:0.03,max_split_size_mb:40",
+        "per_process_memory_fraction:0.03",
+    ] {
+        let mut recording = recorder(conf, None);
+        let mut capture_starts = Vec::new();
+        // The model's weights, live to the end.
+        recording.malloc(60 * MIB).expect("weights");
+        // `torch.cuda.graph`: synchronise, `empty_cache()`, then the capture in a new pool on
+        // its own stream; the intermediate is freed inside the pool, the output kept.
+        let mut capture = |recording: &mut CachingAllocator, intermediate: u64, output: u64| {
+            // The graph's static input, made on the default stream before the capture.
+            let input = recording.malloc(2 * MIB).expect("static input");
+            recording.synchronize_device().expect("sync");
+            recording.empty_cache().expect("empty_cache");
+            let pool = recording.new_graph_pool_id();
+            recording
+                .begin_allocate_to_pool(pool, PoolFilter::Stream(CAPTURE))
+                .expect("capture");
+            capture_starts.push(recording.trace().len());
+            let scratch = recording
+                .malloc_on(CAPTURE, intermediate)
+                .expect("in the pool");
+            let out = recording.malloc_on(CAPTURE, output).expect("in the pool");
+            recording.free(scratch).expect("free in the pool");
+            recording.end_allocate_to_pool(pool).expect("capture end");
+            (pool, out, input)
+        };
+        // Kept to the end, as the last one.
+        capture(&mut recording, 12 * MIB, 3 * MIB);
+        let evicted = capture(&mut recording, 48 * MIB, 8 * MIB);
+        recording.free(evicted.1).expect("the graph's output");
+        recording.free(evicted.2).expect("the graph's input");
+        recording
+            .release_pool(evicted.0)
+            .expect("the graph deleted");
+        for _ in 0..3 {
+            let step: Vec<Allocation> = [70 * MIB, 90 * MIB, 45 * MIB]
+                .into_iter()
+                .filter_map(|size| recording.malloc(size).ok())
+                .collect();
+            for block in step {
+                recording.free(block).expect("free");
+            }
+        }
+        capture(&mut recording, 30 * MIB, 6 * MIB);
+        let starts: Vec<usize> = capture_starts
+            .iter()
+            .map(|&start| {
+                // The capture's first allocation: after the segment its malloc made.
+                let entries = recording.trace().entries();
+                start
+                    + entries[start..]
+                        .iter()
+                        .position(|e| e.action == EventKind::Alloc)
+                        .expect("an alloc")
+            })
+            .collect();
+        let frames = |index: usize| {
+            if starts.contains(&index) {
+                vec![Frame {
+                    name: "__enter__".into(),
+                    filename: "torch/cuda/graphs.py".into(),
+                    line: 1,
+                }]
+            } else {
+                Vec::new()
+            }
+        };
+        let path = common::scratch("graph-evicted").join("run.pickle");
+        pickle::dump(&path, &snapshot_framed(&recording, &frames)).expect("dump");
+        let report = replayed(&path, Some(conf));
+        assert_reproduces(&recording, &report);
+        assert_eq!(report.counts.inferred_pool_allocs, 2, "{conf}\n{report}");
+    }
+}
+
 /// A CUDA graph's pool (allocations during a capture on a side stream) and a `MemPool` used
 /// with `use_mem_pool`: the file's segments carry their ids; the replay routes their
 /// allocations to private pools, so the default pools' segments, the counters and the segment
@@ -1496,6 +1586,212 @@ mod self_replay {
                     continue;
                 }
                 let expected = value;
+                if report.stat(&key) != expected {
+                    wrong.push(format!("{key}: recorded {expected}, replayed {}", report.stat(&key)));
+                }
+            }
+            prop_assert!(wrong.is_empty(), "{}\n{report}", wrong.join("\n"));
+            let segments = &report.segment_events;
+            prop_assert_eq!(segments.differing, 0, "{}", report);
+            prop_assert_eq!(segments.recorded, segments.replayed);
+        }
+    }
+}
+
+mod evicted_graphs {
+    //! Random jobs that capture CUDA graphs and delete some while they run (each capture in a
+    //! pool of its own, as `torch.cuda.graph` makes one, beginning with its synchronisation and
+    //! `empty_cache()`), between default-pool allocations, `empty_cache()` calls and OOMs under
+    //! memory fractions, garbage collection, `max_split_size_mb` and expandable segments,
+    //! replayed under their own config with the captures' frames: every counter and segment
+    //! event must come back, the pools of deleted graphs inferred from their captures
+    //! (`replay/captures.rs`). Left out: an `empty_cache()` that released nothing (no trace
+    //! shows it: `num_sync_all_streams` one lower for each).
+
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The stream `torch.cuda.graph` keeps for captures.
+    const CAPTURE: StreamId = SIDE + 0x200;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// `slots[slot] = torch.empty(size)` on the default stream.
+        Alloc { slot: usize, size: u64 },
+        /// `slots[slot] = None`.
+        Free { slot: usize },
+        /// `torch.cuda.empty_cache()`.
+        EmptyCache,
+        /// A capture: its static input on the default stream, then `sizes` allocated in the
+        /// capture, those flagged freed inside it, the rest kept as the graph's outputs.
+        Capture { input: u64, sizes: Vec<(u64, bool)> },
+        /// The oldest graph still held is deleted with its input and outputs.
+        Evict,
+    }
+
+    fn size() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            (1_u64..=2048).prop_map(|k| k * 512),
+            (MIB + 1)..(10 * MIB),
+            (10 * MIB)..(70 * MIB),
+        ]
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0_usize..10, size()).prop_map(|(slot, size)| Op::Alloc { slot, size }),
+            4 => (0_usize..10).prop_map(|slot| Op::Free { slot }),
+            1 => Just(Op::EmptyCache),
+            2 => (size(), proptest::collection::vec((size(), any::<bool>()), 1..5))
+                .prop_map(|(input, sizes)| Op::Capture { input, sizes }),
+            2 => Just(Op::Evict),
+        ]
+    }
+
+    fn config() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(String::new()),
+            Just("per_process_memory_fraction:0.02".to_string()),
+            Just("per_process_memory_fraction:0.03,garbage_collection_threshold:0.6".to_string()),
+            Just("per_process_memory_fraction:0.03,max_split_size_mb:40".to_string()),
+            Just("expandable_segments:True,per_process_memory_fraction:0.03".to_string()),
+        ]
+    }
+
+    /// A graph held by the job: its pool, static input and outputs.
+    struct Graph {
+        pool: MemPoolId,
+        blocks: Vec<Allocation>,
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            max_shrink_iters: 2000,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(17),
+            max_global_rejects: 100_000,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn a_self_replay_with_deleted_graphs_reproduces_every_counter(
+            conf in config(),
+            ops in proptest::collection::vec(op(), 1..80),
+        ) {
+            let mut recording = recorder(&conf, None);
+            let mut slots: Vec<Option<Allocation>> = vec![None; 10];
+            let mut graphs: Vec<Graph> = Vec::new();
+            let mut capture_starts = Vec::new();
+            let mut empty_cache_entries = Vec::new();
+            let mut invisible_syncs = 0_i64;
+            let mut capture_failed = false;
+            for op in &ops {
+                match op {
+                    Op::Alloc { slot, size } => {
+                        if let Ok(new) = recording.malloc(*size) {
+                            if let Some(old) = slots[*slot].replace(new) {
+                                recording.free(old).expect("free");
+                            }
+                        }
+                    }
+                    Op::Free { slot } => {
+                        if let Some(old) = slots[*slot].take() {
+                            recording.free(old).expect("free");
+                        }
+                    }
+                    Op::EmptyCache => {
+                        let before = recording.trace().len();
+                        recording.empty_cache().expect("empty_cache");
+                        let after = recording.trace().len();
+                        if after == before {
+                            invisible_syncs += 1;
+                        }
+                        empty_cache_entries.extend(before..after);
+                    }
+                    Op::Capture { input, sizes } => {
+                        let Ok(input) = recording.malloc(*input) else {
+                            continue;
+                        };
+                        recording.synchronize_device().expect("sync");
+                        let before = recording.trace().len();
+                        recording.empty_cache().expect("empty_cache");
+                        // Its releases read as the capture's, whose frames tell it.
+                        if recording.trace().len() > before {
+                            empty_cache_entries.extend(before..recording.trace().len());
+                        }
+                        let pool = recording.new_graph_pool_id();
+                        recording
+                            .begin_allocate_to_pool(pool, PoolFilter::Stream(CAPTURE))
+                            .expect("capture");
+                        let mut blocks = vec![input];
+                        let mut freed = Vec::new();
+                        for (index, &(size, scratch)) in sizes.iter().enumerate() {
+                            let before = recording.trace().len();
+                            match recording.malloc_on(CAPTURE, size) {
+                                Ok(block) => {
+                                    if index == 0 {
+                                        let entries = recording.trace().entries();
+                                        capture_starts.extend(
+                                            (before..entries.len())
+                                                .filter(|&i| entries[i].action == EventKind::Alloc),
+                                        );
+                                    }
+                                    if scratch {
+                                        freed.push(block);
+                                    } else {
+                                        blocks.push(block);
+                                    }
+                                }
+                                Err(_) => capture_failed = true,
+                            }
+                        }
+                        for block in freed {
+                            recording.free(block).expect("free in the pool");
+                        }
+                        recording.end_allocate_to_pool(pool).expect("capture end");
+                        graphs.push(Graph { pool, blocks });
+                    }
+                    Op::Evict => {
+                        if graphs.is_empty() {
+                            continue;
+                        }
+                        let graph = graphs.remove(0);
+                        for block in graph.blocks {
+                            recording.free(block).expect("free");
+                        }
+                        recording.release_pool(graph.pool).expect("graph deleted");
+                    }
+                }
+            }
+            // A capture whose allocation failed: its `oom` names no address, so no segment of
+            // the capture's tells its pool.
+            prop_assume!(!capture_failed);
+            prop_assume!(!capture_starts.is_empty());
+            let frames = |index: usize| {
+                if capture_starts.contains(&index) {
+                    vec![Frame {
+                        name: "__enter__".into(),
+                        filename: "torch/cuda/graphs.py".into(),
+                        line: 1,
+                    }]
+                } else if empty_cache_entries.contains(&index) {
+                    vec![Frame {
+                        name: "empty_cache".into(),
+                        filename: "torch/cuda/memory.py".into(),
+                        line: 1,
+                    }]
+                } else {
+                    Vec::new()
+                }
+            };
+            let path = common::scratch("evicted-graphs").join("run.pickle");
+            pickle::dump(&path, &snapshot_framed(&recording, &frames)).expect("dump");
+            let report = replayed(&path, Some(&conf));
+            if let Some(folder) = path.parent() {
+                let _ = std::fs::remove_dir_all(folder);
+            }
+            let mut wrong = Vec::new();
+            for (key, value) in recording.stats().entries() {
+                let expected = if key == "num_sync_all_streams" { value - invisible_syncs } else { value };
                 if report.stat(&key) != expected {
                     wrong.push(format!("{key}: recorded {expected}, replayed {}", report.stat(&key)));
                 }

@@ -53,11 +53,16 @@
 //! segments of private pools that still existed at the end (and the index of the
 //! `segment_alloc` that made each one, or of the `segment_map` that began an expandable
 //! one's mapped range), the replay routes every allocation that lies in one of
-//! them, after it was made, to that pool, as a capture or `use_mem_pool` did.
+//! them, after it was made, to that pool, as a capture or `use_mem_pool` did. A capture whose
+//! pool is gone by the end (its graph deleted, its segments released) is known by its frames
+//! and streams: its allocations go to a pool inferred from the segments it made
+//! (`replay/captures.rs`), made freeable when the graph went away (its last block freed).
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
+
+use super::captures::CapturePools;
 
 use serde::Serialize;
 
@@ -138,6 +143,10 @@ pub struct Counts {
     /// Allocations routed to a private pool (they lie in a segment the file's segments give
     /// to one).
     pub pooled_allocs: u64,
+    /// Allocations made in a CUDA-graph capture whose pool no file segment names (its graph
+    /// went away while the job ran), routed to a pool inferred from the segments the capture
+    /// made (`replay/captures.rs`); counted in [`Counts::pooled_allocs`] too.
+    pub inferred_pool_allocs: u64,
     /// Of those, blocks cudagraph trees' checkpoint restore took back at their recorded
     /// addresses (`setCheckpointPoolState`).
     pub restored_blocks: u64,
@@ -349,6 +358,13 @@ pub struct Engine {
     routes: PoolRoutes,
     /// The private pools made so far.
     pools: HashSet<MemPoolId>,
+    /// Pools of captures the file's segments do not name, inferred from the trace.
+    capture_pools: CapturePools,
+    /// The inferred pool of the `alloc` being replayed, if it has one.
+    capture_route: Option<MemPoolId>,
+    /// The index of the last event that was not a segment event: a capture beginning at the
+    /// next allocation began after it (its segments come before that allocation).
+    last_request: u64,
     /// Free blocks the checkpoint restores looked through so far (see [`RESTORE_SCAN_BASE`]).
     restore_scanned: u64,
     /// By recorded stream: the private pool its last allocation went to, if it went to one.
@@ -441,6 +457,9 @@ impl Engine {
             next_stream: DEFERRED_STREAMS,
             routes,
             pools: HashSet::new(),
+            capture_pools: CapturePools::default(),
+            capture_route: None,
+            last_request: 0,
             stream_pools: HashMap::new(),
             oom_in_default: false,
             recorded_conf: None,
@@ -671,9 +690,17 @@ impl Engine {
                 self.segments.recorded(index, device_event(&event));
                 self.recorded_reserved = self.recorded_reserved.saturating_sub(event.size as u64);
                 self.run.releases += 1;
+                let inferred = self
+                    .capture_pools
+                    .segment_freed(event.addr as u64, event.size.max(0) as u64);
+                if let Some((pool, true)) = inferred {
+                    // Released, so the graph went away before this run (at the latest).
+                    self.pool_went_away(pool).map_err(fail)?;
+                }
                 let pool = self
                     .routes
                     .pool_of(event.addr as u64, index)
+                    .or(inferred.map(|(pool, _)| pool))
                     .unwrap_or(MemPoolId::DEFAULT);
                 self.run.released.push(ReleasedSegment {
                     pool,
@@ -692,6 +719,8 @@ impl Engine {
                 if event.action == Action::SegmentAlloc {
                     self.made_at.insert(event.addr as u64, index);
                 }
+                self.capture_pools
+                    .segment_made(event.addr as u64, event.size.max(0) as u64, index);
                 // Only a `cudaMalloc` tells where the driver puts one: pages mapped into an
                 // expandable segment lie in its address reservation, no place for a segment
                 // of a replay without expandable segments.
@@ -712,7 +741,9 @@ impl Engine {
             Action::Alloc => {
                 self.see_capture(&event);
                 self.end_run(Some(&event)).map_err(fail)?;
-                self.alloc(index, &event).map_err(fail)?;
+                let allocated = self.alloc(index, &event);
+                self.capture_route = None;
+                allocated.map_err(fail)?;
             }
             Action::Oom => {
                 self.end_run(Some(&event)).map_err(fail)?;
@@ -735,6 +766,9 @@ impl Engine {
             | Action::RangeReserve
             | Action::RangeRelease
             | Action::SetMemoryFraction => {}
+        }
+        if !event.action.is_segment_event() {
+            self.last_request = index;
         }
         self.observe(index);
         Ok(())
@@ -803,6 +837,17 @@ impl Engine {
         if inside && !continues {
             self.run.capture = true;
             self.counts.graph_captures += 1;
+            self.capture_pools
+                .capture_begins(stream, self.last_request.saturating_add(1));
+        }
+        let addr = event.addr as u64;
+        self.capture_route = if inside && self.routes.pool_of(addr, self.index).is_none() {
+            self.capture_pools.route(addr, stream)
+        } else {
+            None
+        };
+        if self.capture_route.is_some() {
+            self.counts.inferred_pool_allocs += 1;
         }
     }
 
@@ -1161,11 +1206,14 @@ impl Engine {
 
     /// The private pool an allocation recorded at `event` goes to, if any.
     fn route(&self, event: &RawEvent) -> Option<MemPoolId> {
-        if self.routes.is_empty() {
+        if self.routes.is_empty() && self.capture_route.is_none() && self.stream_pools.is_empty() {
             return None;
         }
         match event.action {
-            Action::Alloc => self.routes.pool_of(event.addr as u64, self.index),
+            Action::Alloc => self
+                .routes
+                .pool_of(event.addr as u64, self.index)
+                .or(self.capture_route),
             // An `oom` has no address. A pool serving a stream (a capture, cudagraph trees'
             // warm-up, `use_mem_pool`) serves it until it is left, so a stream whose last
             // allocation went to a private pool asked that pool: its OOM path skips
@@ -1190,6 +1238,20 @@ impl Engine {
         self.allocator
             .begin_allocate_to_pool(pool, PoolFilter::Stream(stream))
             .map_err(fail)
+    }
+
+    /// The graph of the inferred pool `pool` went away: PyTorch releases a private pool's
+    /// cached segments only once it is freeable. The lasting use the replay gave it
+    /// ([`Engine::enter_pool`]) goes, and no stream asks it again (an `oom` on the stream it
+    /// served last).
+    fn pool_went_away(&mut self, pool: MemPoolId) -> Result<(), String> {
+        self.stream_pools.retain(|_, served| *served != pool);
+        if self.pools.contains(&pool) {
+            self.allocator
+                .release_pool(pool)
+                .map_err(|error| format!("the allocator failed: {error}"))?;
+        }
+        Ok(())
     }
 
     /// Undoes [`Engine::enter_pool`].
@@ -1245,7 +1307,9 @@ impl Engine {
         let size = non_negative(event.size, "size")?;
         let stream = event.stream as u64;
         let pool = self.route(event);
-        if event.action == Action::Alloc && !self.routes.is_empty() {
+        if event.action == Action::Alloc
+            && (!self.routes.is_empty() || self.capture_pools.routed > 0)
+        {
             if let Some(pool) = pool {
                 self.counts.pooled_allocs += 1;
                 self.stream_pools.insert(event.stream, pool);
@@ -1303,6 +1367,17 @@ impl Engine {
 
     /// Holds a `free_requested` until the next event says whether the free was immediate.
     fn free_requested(&mut self, index: u64, event: &RawEvent) -> Result<(), String> {
+        // The last live block of an inferred capture pool, dropped outside a capture into it:
+        // the graph went away with its outputs.
+        if let Some(pool) = self.capture_pools.freed(event.addr as u64) {
+            let capturing = self.last_alloc_inside
+                && self
+                    .last_alloc_stream
+                    .is_some_and(|stream| self.capture_pools.capturing_into(stream) == Some(pool));
+            if !capturing && self.capture_pools.make_freeable(pool) {
+                self.pool_went_away(pool)?;
+            }
+        }
         if self.free_on_request {
             return self.free_now(event);
         }

@@ -30,6 +30,7 @@
 
 pub(crate) mod addresses;
 pub(crate) mod answer;
+mod captures;
 pub(crate) mod compare;
 pub mod device;
 pub(crate) mod endstate;

@@ -443,9 +443,17 @@ impl fmt::Display for ReplayReport {
             )?;
         }
         if counts.pooled_allocs > 0 {
+            let inferred = if counts.inferred_pool_allocs > 0 {
+                format!(
+                    "; {} of them in pools of CUDA-graph captures gone by the end, inferred from the segments each capture made",
+                    counts.inferred_pool_allocs
+                )
+            } else {
+                String::new()
+            };
             writeln!(
                 f,
-                "                  {} allocations in private pools (by the file's segment_pool_id)",
+                "                  {} allocations in private pools (by the file's segment_pool_id{inferred})",
                 counts.pooled_allocs
             )?;
         }

@@ -1,0 +1,249 @@
+//! Private pools of CUDA-graph captures that the file's end no longer shows.
+//!
+//! A 2.11 trace names no pool; the replay learns private pools from the segments still held
+//! at the file's end (`segment_pool_id`, [`super::engine::PoolRoutes`]). A graph deleted
+//! while the job ran (an inference server evicting a batch size's graph) leaves nothing
+//! there: its pool became freeable, and an `empty_cache()` or an OOM path's
+//! `release_cached_blocks` released its segments. Its allocations were still made in a
+//! private pool, whose blocks PyTorch's garbage collection and
+//! `release_available_cached_blocks` never touch and whose cached segments no default-pool
+//! request can use; held in the default pools, the replay would release or reuse them.
+//!
+//! The allocations' frames and streams tell a capture underway (the engine's `see_capture`),
+//! and the trace's segment events tell which memory each capture made. So an allocation made
+//! in a capture that no file segment routes goes to a pool of the capture's own:
+//! - the pool that owns the recorded segment it lies in (a later capture sharing an earlier
+//!   one's pool, `torch.cuda.graph(pool=...)`, reuses that pool's blocks);
+//! - else, in a segment recorded since the capture began and claimed by no pool, the pool of
+//!   the capture (a new one at its first such allocation), which claims that segment;
+//! - else (a segment made before the capture by another pool) no pool: what the replay did
+//!   before it knew of such pools.
+//!
+//! Such a pool becomes freeable (the graph's `releasePool`: PyTorch releases a private pool's
+//! cached segments only then, by an `empty_cache()` or an OOM path) where the trace shows the
+//! graph went away: when the last of its blocks is freed outside a capture into it (a graph's
+//! outputs live as long as the graph: the job drops them with it), or, at the latest, when the
+//! trace releases one of its segments, before the run that released it is replayed.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use crate::alloc::MemPoolId;
+
+/// The first graph-pool id given to an inferred pool: far above the ids a process hands out
+/// (`graph_pool_handle()` counts from 1), so never one the file's segments name.
+const FIRST_INFERRED_ID: u64 = 1 << 62;
+
+/// A recorded segment: where it ends, when it was made, and the inferred pool that claimed it.
+#[derive(Debug, Clone, Copy)]
+struct RecordedSegment {
+    end: u64,
+    made: u64,
+    pool: Option<MemPoolId>,
+}
+
+/// The pools inferred from captures, and the recorded segments they own.
+#[derive(Debug, Default)]
+pub(super) struct CapturePools {
+    /// Every segment the trace made and has not released, by base address.
+    segments: BTreeMap<u64, RecordedSegment>,
+    /// By recorded stream: the event index its current capture began at, and that capture's
+    /// pool once an allocation named one.
+    captures: HashMap<i64, (u64, Option<MemPoolId>)>,
+    /// Pools made freeable (the graph went away).
+    freeable: HashSet<MemPoolId>,
+    /// The recorded addresses of the live allocations routed to an inferred pool.
+    live: HashMap<u64, MemPoolId>,
+    /// By inferred pool: how many of its allocations are live.
+    live_count: HashMap<MemPoolId, u64>,
+    /// Pools inferred so far.
+    made: u64,
+    /// Allocations routed to an inferred pool.
+    pub routed: u64,
+}
+
+impl CapturePools {
+    /// The trace made a segment at `[base, base + size)`, at event `index`.
+    pub fn segment_made(&mut self, base: u64, size: u64, index: u64) {
+        self.segments.insert(
+            base,
+            RecordedSegment {
+                end: base.saturating_add(size),
+                made: index,
+                pool: None,
+            },
+        );
+    }
+
+    /// The trace released the segment at `base` (or unmapped `[base, base + size)` of an
+    /// expandable one: every mapped range recorded in it goes): the inferred pool that owned
+    /// it, if any, and whether this release is the first sign that the pool became freeable.
+    pub fn segment_freed(&mut self, base: u64, size: u64) -> Option<(MemPoolId, bool)> {
+        let end = base.saturating_add(size.max(1));
+        let gone: Vec<u64> = self.segments.range(base..end).map(|(&at, _)| at).collect();
+        let mut owner = None;
+        for at in gone {
+            if let Some(pool) = self.segments.remove(&at).and_then(|segment| segment.pool) {
+                owner.get_or_insert(pool);
+            }
+        }
+        let pool = owner?;
+        Some((pool, self.make_freeable(pool)))
+    }
+
+    /// The job dropped the allocation recorded at `addr`: the inferred pool it was routed to,
+    /// when that pool has no live allocation left (and is not freeable yet).
+    pub fn freed(&mut self, addr: u64) -> Option<MemPoolId> {
+        let pool = self.live.remove(&addr)?;
+        let count = self.live_count.entry(pool).or_insert(1);
+        *count = count.saturating_sub(1);
+        (*count == 0 && !self.freeable.contains(&pool)).then_some(pool)
+    }
+
+    /// Marks `pool` freeable; whether it was not already.
+    pub fn make_freeable(&mut self, pool: MemPoolId) -> bool {
+        self.freeable.insert(pool)
+    }
+
+    /// The inferred pool the capture underway on `stream` allocates to, once known.
+    pub fn capturing_into(&self, stream: i64) -> Option<MemPoolId> {
+        self.captures.get(&stream).and_then(|&(_, pool)| pool)
+    }
+
+    /// A capture begins on `stream` at event `index`: its pool is not known yet.
+    pub fn capture_begins(&mut self, stream: i64, index: u64) {
+        self.captures.insert(stream, (index, None));
+    }
+
+    /// The pool of an allocation at `addr` made in a capture on `stream` that no file
+    /// segment routes (see the module's rules), claiming its segment for the capture's pool
+    /// when it was made since the capture began. `None`: no pool (the allocation lies in no
+    /// recorded segment, or in one made before the capture by no inferred pool, or in a pool
+    /// already freeable, which PyTorch never allocates to again).
+    pub fn route(&mut self, addr: u64, stream: i64) -> Option<MemPoolId> {
+        let (&base, segment) = self.segments.range(..=addr).next_back()?;
+        if addr >= segment.end {
+            return None;
+        }
+        let pool = match segment.pool {
+            Some(owner) => owner,
+            None => {
+                // A capture whose beginning the trace does not show (it began before the
+                // window, or on a stream whose allocations all read as captured) begins here.
+                let (began, current) = *self.captures.entry(stream).or_insert((segment.made, None));
+                if segment.made < began {
+                    return None;
+                }
+                let pool = current.unwrap_or_else(|| {
+                    self.made += 1;
+                    MemPoolId::new(FIRST_INFERRED_ID + self.made, 0)
+                });
+                if let Some(claimed) = self.segments.get_mut(&base) {
+                    claimed.pool = Some(pool);
+                }
+                pool
+            }
+        };
+        if self.freeable.contains(&pool) {
+            return None;
+        }
+        // A capture that reuses a pool's blocks is that pool's capture from here on.
+        if let Some(capture) = self.captures.get_mut(&stream) {
+            capture.1 = Some(pool);
+        }
+        self.routed += 1;
+        if let Some(previous) = self.live.insert(addr, pool) {
+            // An address allocated again without a free (a malformed trace): counted once.
+            if let Some(count) = self.live_count.get_mut(&previous) {
+                *count = count.saturating_sub(1);
+            }
+        }
+        *self.live_count.entry(pool).or_insert(0) += 1;
+        Some(pool)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_capture_claims_the_segments_it_made_and_a_later_capture_shares_them() {
+        let mut pools = CapturePools::default();
+        pools.segment_made(0x1000_0000, 20 * MIB, 1);
+        pools.capture_begins(7, 2);
+        pools.segment_made(0x2000_0000, 20 * MIB, 3);
+        // Made before the capture (a default-pool segment): no pool.
+        assert_eq!(pools.route(0x1000_0000, 7), None);
+        let first = pools.route(0x2000_0000, 7).expect("the capture's segment");
+        assert_eq!(pools.route(0x2000_0000 + MIB, 7), Some(first));
+        pools.segment_made(0x3000_0000, 20 * MIB, 5);
+        assert_eq!(pools.route(0x3000_0000, 7), Some(first));
+        // A second capture on the same stream, landing in the first one's segment, shares it.
+        pools.capture_begins(7, 9);
+        assert_eq!(pools.route(0x2000_0000 + 2 * MIB, 7), Some(first));
+        assert_eq!(
+            pools.segment_freed(0x3000_0000, 20 * MIB),
+            Some((first, true))
+        );
+        assert_eq!(pools.segment_freed(0x1000_0000, 20 * MIB), None);
+        assert_eq!(pools.routed, 4);
+    }
+
+    #[test]
+    fn a_new_capture_making_new_memory_gets_a_pool_of_its_own() {
+        let mut pools = CapturePools::default();
+        pools.capture_begins(7, 1);
+        pools.segment_made(0x2000_0000, 20 * MIB, 2);
+        let first = pools.route(0x2000_0000, 7).expect("first");
+        pools.capture_begins(7, 3);
+        pools.segment_made(0x4000_0000, 20 * MIB, 4);
+        let second = pools.route(0x4000_0000, 7).expect("second");
+        assert_ne!(first, second);
+        assert!(!first.is_default() && !second.is_default());
+    }
+
+    #[test]
+    fn a_pool_whose_last_block_is_freed_is_named_once() {
+        let mut pools = CapturePools::default();
+        pools.capture_begins(7, 1);
+        pools.segment_made(0x2000_0000, 20 * MIB, 2);
+        let pool = pools.route(0x2000_0000, 7).expect("claimed");
+        assert_eq!(pools.route(0x2000_0000 + MIB, 7), Some(pool));
+        assert_eq!(pools.capturing_into(7), Some(pool));
+        assert_eq!(pools.freed(0x2000_0000), None);
+        assert_eq!(pools.freed(0x1234), None);
+        assert_eq!(pools.freed(0x2000_0000 + MIB), Some(pool));
+        assert!(pools.make_freeable(pool));
+        assert!(!pools.make_freeable(pool));
+        assert_eq!(
+            pools.segment_freed(0x2000_0000, 20 * MIB),
+            Some((pool, false))
+        );
+    }
+
+    #[test]
+    fn a_released_segment_makes_its_pool_freeable_once() {
+        let mut pools = CapturePools::default();
+        pools.capture_begins(7, 1);
+        pools.segment_made(0x2000_0000, 20 * MIB, 2);
+        pools.segment_made(0x4000_0000, 20 * MIB, 3);
+        let pool = pools.route(0x2000_0000, 7).expect("claimed");
+        assert_eq!(pools.route(0x4000_0000, 7), Some(pool));
+        assert_eq!(
+            pools.segment_freed(0x2000_0000, 20 * MIB),
+            Some((pool, true))
+        );
+        assert_eq!(
+            pools.segment_freed(0x4000_0000, 20 * MIB),
+            Some((pool, false))
+        );
+        assert_eq!(pools.segment_freed(0x4000_0000, 20 * MIB), None);
+        // A freeable pool takes no more allocations.
+        pools.segment_made(0x2000_0000, 20 * MIB, 4);
+        pools.capture_begins(7, 5);
+        pools.segment_made(0x6000_0000, 20 * MIB, 6);
+        assert_ne!(pools.route(0x6000_0000, 7), Some(pool));
+    }
+}
