@@ -39,6 +39,9 @@ WHATIF_WORKLOADS += ["vit", "offload", "varlen"]
 # A fourth wave, for the hardest places (results-wave4/): CUDA graphs sharing a pool beside a
 # MemPool, gradient buckets made on a side stream, a large-vocabulary loss in chunks.
 WHATIF_WORKLOADS += ["graph_decode", "buckets", "chunked_ce"]
+# A fifth (results-wave5/): private pools that go away while the job runs, a CUDA graph evicted
+# (its pool freeable, released by the OOM path or empty_cache()) and a MemPool destroyed.
+WHATIF_WORKLOADS += ["graph_evict"]
 
 # The batch-size search always runs under its own limit (the fraction it searches within).
 BS_SEARCH_LIMIT = 3 * GIB

@@ -1183,6 +1183,79 @@ def chunked_ce(job):
     job.synchronize()
 
 
+def graph_evict(job):
+    """An inference server that evicts a CUDA graph to make room, and a MemPool that dies
+    midway: a SwiGLU stack (width 768, 2 blocks, a 1000-way head) captured for batches of 8,
+    16 and 32 rows of 128 tokens, each graph in a private pool of its own, and replayed; the
+    batch-32 graph is then deleted with its static tensors (its pool becomes freeable: the
+    OOM path's `release_cached_blocks` or an `empty_cache()` releases its cached segments),
+    and 3 AdamW training steps at batch 24 x 256 follow in the default pools; then a
+    temporary MemPool holds a phase's scratch buffers and is destroyed once they are freed
+    (its `emptyCache(pool)` releases its segments), `empty_cache()` is called, and a batch-64
+    graph is captured into a new pool and replayed. On the CPU the same steps run eagerly."""
+    seed_all(19)
+    width = 768
+    model = nn.Sequential(SwiGLU(width, 2048), SwiGLU(width, 2048),
+                          nn.Linear(width, 1000)).to(job.device)
+    graphs = {}
+    # The graphs kept at the end live until the snapshot (job.kept); the evicted one and the
+    # scratch pool die midway on purpose.
+    job.kept.append(graphs)
+
+    def capture(batch):
+        static_x = torch.randn(batch, 128, width, device=job.device)
+        with torch.no_grad():
+            side = job.stream()
+            if side is not None:
+                side.wait_stream(torch.cuda.current_stream(job.device))
+            with job.on_stream(side):
+                for _ in range(2):
+                    model(static_x)
+            job.wait_stream(side)
+            if job.cuda:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    static_out = model(static_x)
+            else:
+                graph, static_out = None, model(static_x)
+        graphs[batch] = (graph, static_x, static_out)
+
+    def serve(rounds):
+        for _ in range(rounds):
+            for batch, (graph, static_x, static_out) in list(graphs.items()):
+                static_x.copy_(torch.randn_like(static_x))
+                if graph is not None:
+                    graph.replay()
+                else:
+                    with torch.no_grad():
+                        graphs[batch] = (None, static_x, model(static_x))
+                prediction = graphs[batch][2].argmax(-1)
+                del prediction
+
+    for batch in (8, 16, 32):
+        capture(batch)
+    serve(3)
+    del graphs[32]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(3):
+        x = torch.randn(24, 256, width, device=job.device)
+        loss = model(x).square().mean()
+        learn(optimizer, loss)
+        del x, loss
+    scratch_pool = torch.cuda.MemPool() if job.cuda else None
+    with (torch.cuda.use_mem_pool(scratch_pool) if job.cuda else contextlib.nullcontext()):
+        scratch = [torch.empty(size << 20, dtype=torch.uint8, device=job.device)
+                   for size in (6, 18, 40)]
+    for buffer in scratch:
+        buffer.fill_(1)
+    del scratch, buffer
+    del scratch_pool
+    job.empty_cache()
+    capture(64)
+    serve(2)
+    job.synchronize()
+
+
 WORKLOADS = {
     "transformer_ckpt": transformer_ckpt,
     "unet": unet,
@@ -1208,4 +1281,5 @@ WORKLOADS = {
     "graph_decode": graph_decode,
     "buckets": buckets,
     "chunked_ce": chunked_ce,
+    "graph_evict": graph_evict,
 }
