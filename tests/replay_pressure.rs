@@ -1128,6 +1128,52 @@ fn a_deleted_graphs_pool_is_inferred_from_its_capture() {
     }
 }
 
+/// A `MemPool` filled while the default pools hold a free block that would serve its
+/// requests, then destroyed (its `emptyCache(pool)`) right before an `empty_cache()`: the
+/// file's end names no segment of it and no frame names its allocations. Held in the default
+/// pools, the replay served them from that block (one `cudaMalloc` fewer) and read both
+/// calls' releases as one `empty_cache()` (one synchronisation fewer). Under the recorded
+/// config the replay's state is the recording's, so a malloc that made a new segment where
+/// the default pools' cache would have served it went to a private pool: an inferred
+/// `MemPool`, whose releases at the head of a run are its own call's.
+#[test]
+fn a_mempool_filled_beside_a_cached_block_is_inferred() {
+    for conf in [
+        "",
+        "per_process_memory_fraction:0.03",
+        "expandable_segments:True",
+    ] {
+        let mut recording = recorder(conf, None);
+        let cached = recording.malloc(30 * MIB).expect("a default-pool block");
+        let kept = recording.malloc(4 * MIB).expect("another");
+        recording.free(cached).expect("cached in the default pools");
+        let pool = enter_new_mem_pool(&mut recording);
+        let scratch: Vec<Allocation> = [6 * MIB, 18 * MIB]
+            .into_iter()
+            .map(|size| recording.malloc(size).expect("in the pool"))
+            .collect();
+        recording
+            .end_allocate_to_pool(pool)
+            .expect("leave use_mem_pool");
+        recording
+            .release_pool(pool)
+            .expect("use_mem_pool's use goes");
+        for block in scratch {
+            recording.free(block).expect("free in the pool");
+        }
+        // `del pool`: releasePool, then emptyCache(pool); then `torch.cuda.empty_cache()`.
+        recording.release_pool(pool).expect("the MemPool goes away");
+        recording.empty_cache_pool(pool).expect("its emptyCache");
+        recording.empty_cache().expect("empty_cache");
+        let after = recording.malloc(12 * MIB).expect("default pool");
+        recording.free(after).expect("free");
+        recording.free(kept).expect("free");
+        let report = replayed_framed(&recording, "mempool-inferred", conf, &|_| Vec::new());
+        assert_reproduces(&recording, &report);
+        assert!(report.counts.inferred_pool_allocs >= 2, "{conf}\n{report}");
+    }
+}
+
 /// A CUDA graph's pool (allocations during a capture on a side stream) and a `MemPool` used
 /// with `use_mem_pool`: the file's segments carry their ids; the replay routes their
 /// allocations to private pools, so the default pools' segments, the counters and the segment

@@ -1,4 +1,5 @@
-//! Private pools of CUDA-graph captures that the file's end no longer shows.
+//! Private pools that the file's end no longer shows: CUDA-graph captures', and `MemPool`s'
+//! (see [`CapturePools::route_mem_pool`]).
 //!
 //! A 2.11 trace names no pool; the replay learns private pools from the segments still held
 //! at the file's end (`segment_pool_id`, [`super::engine::PoolRoutes`]). A graph deleted
@@ -59,11 +60,18 @@ pub(super) struct CapturePools {
     made: u64,
     /// Allocations routed to an inferred pool.
     pub routed: u64,
+    /// The inferred pools that stand for a `MemPool` (see [`CapturePools::route_mem_pool`]).
+    mem_pools: HashSet<MemPoolId>,
+    /// By recorded stream: the inferred `MemPool` its last such allocation went to.
+    mem_current: HashMap<i64, MemPoolId>,
+    /// Bases of the segments recorded since the last request (made by the next malloc).
+    recent: Vec<u64>,
 }
 
 impl CapturePools {
     /// The trace made a segment at `[base, base + size)`, at event `index`.
     pub fn segment_made(&mut self, base: u64, size: u64, index: u64) {
+        self.recent.push(base);
         self.segments.insert(
             base,
             RecordedSegment {
@@ -90,13 +98,96 @@ impl CapturePools {
         Some((pool, self.make_freeable(pool)))
     }
 
-    /// The job dropped the allocation recorded at `addr`: the inferred pool it was routed to,
-    /// when that pool has no live allocation left (and is not freeable yet).
+    /// The job dropped the allocation recorded at `addr`: the inferred capture pool it was
+    /// routed to, when that pool has no live allocation left (and is not freeable yet). Never
+    /// a `MemPool`'s: a job empties a `MemPool` and fills it again while it holds it.
     pub fn freed(&mut self, addr: u64) -> Option<MemPoolId> {
         let pool = self.live.remove(&addr)?;
         let count = self.live_count.entry(pool).or_insert(1);
         *count = count.saturating_sub(1);
-        (*count == 0 && !self.freeable.contains(&pool)).then_some(pool)
+        (*count == 0 && !self.freeable.contains(&pool) && !self.mem_pools.contains(&pool))
+            .then_some(pool)
+    }
+
+    /// Whether `pool` is an inferred `MemPool` ([`CapturePools::route_mem_pool`]).
+    pub fn is_mem_pool(&self, pool: MemPoolId) -> bool {
+        self.mem_pools.contains(&pool)
+    }
+
+    /// The inferred pool that claimed the recorded segment holding `addr`, for an allocation
+    /// no frame shows in a capture: PyTorch puts no other pool's block in a pool's segment.
+    /// `None` where no inferred pool claimed it, or the pool is freeable.
+    pub fn claimed(&mut self, addr: u64) -> Option<MemPoolId> {
+        let pool = self.segment_at(addr)?.1.pool?;
+        self.route_to(addr, pool)
+    }
+
+    /// Whether the recorded segment holding `addr` was made after event `after` and no pool
+    /// claimed it: the memory the malloc recorded at `addr` made for itself.
+    pub fn made_unclaimed_after(&self, addr: u64, after: u64) -> bool {
+        self.segment_at(addr)
+            .is_some_and(|(_, segment)| segment.made > after && segment.pool.is_none())
+    }
+
+    /// The pool of an allocation at `addr` on `stream` that made a new segment although the
+    /// default pools' cache would have served it, as the replay (under the recorded config,
+    /// in the recording's state) finds: PyTorch's malloc looked in a private pool that no
+    /// frame names, a `MemPool` the job allocated to (`use_mem_pool`), gone by the file's
+    /// end. The stream's current inferred `MemPool` (a new one if it has none or it is
+    /// freeable) claims the segment.
+    pub fn route_mem_pool(&mut self, addr: u64, stream: i64) -> Option<MemPoolId> {
+        let (base, _) = self.segment_at(addr)?;
+        let pool = match self.mem_current.get(&stream) {
+            Some(&pool) if !self.freeable.contains(&pool) => pool,
+            _ => {
+                self.made += 1;
+                let pool = MemPoolId::new(0, FIRST_INFERRED_ID + self.made);
+                self.mem_pools.insert(pool);
+                self.mem_current.insert(stream, pool);
+                pool
+            }
+        };
+        if let Some(claimed) = self.segments.get_mut(&base) {
+            claimed.pool = Some(pool);
+        }
+        self.route_to(addr, pool)
+    }
+
+    /// The recorded segment holding `addr`, with its base.
+    fn segment_at(&self, addr: u64) -> Option<(u64, RecordedSegment)> {
+        let (&base, &segment) = self.segments.range(..=addr).next_back()?;
+        (addr < segment.end).then_some((base, segment))
+    }
+
+    /// Routes the allocation at `addr` to `pool` unless it is freeable, counting it live.
+    fn route_to(&mut self, addr: u64, pool: MemPoolId) -> Option<MemPoolId> {
+        if self.freeable.contains(&pool) {
+            return None;
+        }
+        self.routed += 1;
+        if let Some(previous) = self.live.insert(addr, pool) {
+            // An address allocated again without a free (a malformed trace): counted once.
+            if let Some(count) = self.live_count.get_mut(&previous) {
+                *count = count.saturating_sub(1);
+            }
+        }
+        *self.live_count.entry(pool).or_insert(0) += 1;
+        Some(pool)
+    }
+
+    /// An event other than a segment's: segments recorded after it are the next malloc's.
+    pub fn request_seen(&mut self) {
+        self.recent.clear();
+    }
+
+    /// The malloc just routed to `pool` made the segments recorded since the last request
+    /// (an expandable segment's pages mapped in pieces): each unclaimed one is `pool`'s.
+    pub fn claim_recent(&mut self, pool: MemPoolId) {
+        for base in self.recent.drain(..) {
+            if let Some(segment) = self.segments.get_mut(&base) {
+                segment.pool.get_or_insert(pool);
+            }
+        }
     }
 
     /// Marks `pool` freeable; whether it was not already.
@@ -150,15 +241,7 @@ impl CapturePools {
         if let Some(capture) = self.captures.get_mut(&stream) {
             capture.1 = Some(pool);
         }
-        self.routed += 1;
-        if let Some(previous) = self.live.insert(addr, pool) {
-            // An address allocated again without a free (a malformed trace): counted once.
-            if let Some(count) = self.live_count.get_mut(&previous) {
-                *count = count.saturating_sub(1);
-            }
-        }
-        *self.live_count.entry(pool).or_insert(0) += 1;
-        Some(pool)
+        self.route_to(addr, pool)
     }
 }
 
@@ -221,6 +304,43 @@ mod tests {
             pools.segment_freed(0x2000_0000, 20 * MIB),
             Some((pool, false))
         );
+    }
+
+    #[test]
+    fn a_mem_pool_claims_its_segments_and_the_pieces_its_malloc_mapped() {
+        let mut pools = CapturePools::default();
+        pools.request_seen();
+        pools.segment_made(0x2000_0000, 20 * MIB, 2);
+        let pool = pools.route_mem_pool(0x2000_0000, 0).expect("a new MemPool");
+        assert!(pools.is_mem_pool(pool));
+        pools.claim_recent(pool);
+        // The next malloc maps two pieces: the one its block starts in was claimed before,
+        // the one after is claimed with it.
+        pools.request_seen();
+        pools.segment_made(0x2140_0000, 20 * MIB, 4);
+        assert!(!pools.made_unclaimed_after(0x2000_0000 + 6 * MIB, 3));
+        assert_eq!(pools.claimed(0x2000_0000 + 6 * MIB), Some(pool));
+        pools.claim_recent(pool);
+        assert_eq!(pools.claimed(0x2140_0000 + MIB), Some(pool));
+        // The stream's MemPool takes the next inference too.
+        pools.request_seen();
+        pools.segment_made(0x4000_0000, 40 * MIB, 6);
+        assert!(pools.made_unclaimed_after(0x4000_0000, 5));
+        assert_eq!(pools.route_mem_pool(0x4000_0000, 0), Some(pool));
+        // Emptied, it is not taken for gone: only a release says so.
+        for addr in [
+            0x2000_0000,
+            0x2000_0000 + 6 * MIB,
+            0x2140_0000 + MIB,
+            0x4000_0000,
+        ] {
+            assert_eq!(pools.freed(addr), None);
+        }
+        assert_eq!(
+            pools.segment_freed(0x4000_0000, 40 * MIB),
+            Some((pool, true))
+        );
+        assert_eq!(pools.claimed(0x2000_0000), None);
     }
 
     #[test]

@@ -57,6 +57,8 @@
 //! pool is gone by the end (its graph deleted, its segments released) is known by its frames
 //! and streams: its allocations go to a pool inferred from the segments it made
 //! (`replay/captures.rs`), made freeable when the graph went away (its last block freed).
+//! Under the recorded config, a request that made new memory where the default pools' cache
+//! would have served it was a `MemPool`'s: an inferred one claims that memory.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -143,9 +145,9 @@ pub struct Counts {
     /// Allocations routed to a private pool (they lie in a segment the file's segments give
     /// to one).
     pub pooled_allocs: u64,
-    /// Allocations made in a CUDA-graph capture whose pool no file segment names (its graph
-    /// went away while the job ran), routed to a pool inferred from the segments the capture
-    /// made (`replay/captures.rs`); counted in [`Counts::pooled_allocs`] too.
+    /// Allocations routed to a private pool no file segment names, inferred from the trace
+    /// (`replay/captures.rs`): a CUDA-graph capture's whose graph went away while the job
+    /// ran, or a `MemPool`'s gone by the end; counted in [`Counts::pooled_allocs`] too.
     pub inferred_pool_allocs: u64,
     /// Of those, blocks cudagraph trees' checkpoint restore took back at their recorded
     /// addresses (`setCheckpointPoolState`).
@@ -740,7 +742,9 @@ impl Engine {
             }
             Action::Alloc => {
                 self.see_capture(&event);
+                self.route_to_inferred_pool(&event);
                 self.end_run(Some(&event)).map_err(fail)?;
+                self.infer_mem_pool(&event);
                 let allocated = self.alloc(index, &event);
                 self.capture_route = None;
                 allocated.map_err(fail)?;
@@ -769,6 +773,7 @@ impl Engine {
         }
         if !event.action.is_segment_event() {
             self.last_request = index;
+            self.capture_pools.request_seen();
         }
         self.observe(index);
         Ok(())
@@ -840,14 +845,54 @@ impl Engine {
             self.capture_pools
                 .capture_begins(stream, self.last_request.saturating_add(1));
         }
+    }
+
+    /// The inferred pool of the allocation `event` (see [`Engine::see_capture`] first), if
+    /// no file segment routes it: its capture's ([`CapturePools::route`]), or the pool that
+    /// claimed the recorded segment it lies in (a `MemPool`'s, say).
+    fn route_to_inferred_pool(&mut self, event: &RawEvent) {
         let addr = event.addr as u64;
-        self.capture_route = if inside && self.routes.pool_of(addr, self.index).is_none() {
-            self.capture_pools.route(addr, stream)
-        } else {
+        self.capture_route = if self.routes.pool_of(addr, self.index).is_some() {
             None
+        } else if self.last_alloc_inside {
+            self.capture_pools.route(addr, event.stream)
+        } else {
+            self.capture_pools.claimed(addr)
         };
-        if self.capture_route.is_some() {
+        if let Some(pool) = self.capture_route {
             self.counts.inferred_pool_allocs += 1;
+            self.capture_pools.claim_recent(pool);
+        }
+    }
+
+    /// Under the recorded config, an allocation that made a new segment (this run's) where
+    /// the replay's default pools, in the recording's state, hold a free block that would
+    /// serve it: PyTorch's malloc did not look there, but in a private pool no frame names
+    /// and the file's end no longer shows (a `MemPool` entered with `use_mem_pool` and gone
+    /// by the end). Routed to an inferred `MemPool` ([`CapturePools::route_mem_pool`]).
+    fn infer_mem_pool(&mut self, event: &RawEvent) {
+        let addr = event.addr as u64;
+        if self.capture_route.is_some()
+            || !self.recorded_config
+            || self.routes.pool_of(addr, self.index).is_some()
+            || !self
+                .capture_pools
+                .made_unclaimed_after(addr, self.last_request)
+        {
+            return;
+        }
+        let Ok(size) = non_negative(event.size, "size") else {
+            return;
+        };
+        if self.allocator.malloc_outlook(event.stream as u64, size) != MallocOutlook::Cached {
+            return;
+        }
+        self.capture_route = self.capture_pools.route_mem_pool(addr, event.stream);
+        if let Some(pool) = self.capture_route {
+            self.counts.inferred_pool_allocs += 1;
+            self.capture_pools.claim_recent(pool);
+            // Read from the replay's state: right only if its config is the recording's.
+            self.assumed_recorded_config = true;
         }
     }
 
@@ -961,7 +1006,7 @@ impl Engine {
         // releases first.
         run.after_release.splice(0..0, completed_first);
         self.allocator.walk_streams_first(&[]);
-        let empty_cache = match malloc {
+        let mut empty_cache = match malloc {
             _ if run.empty_cache_frame || run.capture => true,
             None => run.shows_empty_cache(),
             Some(event) => {
@@ -981,6 +1026,9 @@ impl Engine {
                 self.assumed_recorded_config = true;
             }
         }
+        if empty_cache && !run.capture && !run.empty_cache_frame {
+            empty_cache = !self.empty_cache_of_inferred_mem_pool(&run)?;
+        }
         if empty_cache {
             if !self.empty_cache_of_an_unknown_pool(&run)? {
                 self.allocator
@@ -995,6 +1043,35 @@ impl Engine {
             self.run.after_release = run.after_release;
         }
         Ok(())
+    }
+
+    /// Replays a run of releases read as an `empty_cache()` that begins with the segments of
+    /// an inferred `MemPool` ([`CapturePools::route_mem_pool`]) as that pool's
+    /// `emptyCache(pool)` (a `torch.cuda.MemPool` going away), then, when the run releases
+    /// more, a whole `empty_cache()`: a whole one walks the default pools first and the
+    /// freeable private pools after, so a pool's segments released first were its own call's.
+    /// Returns whether it replayed the run so.
+    fn empty_cache_of_inferred_mem_pool(&mut self, run: &Run) -> Result<bool, String> {
+        let Some(first) = run.released.first() else {
+            return Ok(false);
+        };
+        let pool = first.pool;
+        if !self.capture_pools.is_mem_pool(pool) {
+            return Ok(false);
+        }
+        let own = run
+            .released
+            .iter()
+            .take_while(|segment| segment.pool == pool)
+            .count();
+        let fail = |error: AllocError| format!("the allocator failed: {error}");
+        self.allocator.empty_cache_pool(pool).map_err(fail)?;
+        self.counts.empty_cache_calls += 1;
+        if own < run.released.len() {
+            self.allocator.empty_cache().map_err(fail)?;
+            self.counts.empty_cache_calls += 1;
+        }
+        Ok(true)
     }
 
     /// Replays a run of releases read as an `empty_cache()` as a private pool's

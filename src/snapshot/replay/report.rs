@@ -445,7 +445,7 @@ impl fmt::Display for ReplayReport {
         if counts.pooled_allocs > 0 {
             let inferred = if counts.inferred_pool_allocs > 0 {
                 format!(
-                    "; {} of them in pools of CUDA-graph captures gone by the end, inferred from the segments each capture made",
+                    "; {} of them in pools gone by the end, inferred from the trace: captures by their frames, MemPools by the new memory their requests made",
                     counts.inferred_pool_allocs
                 )
             } else {
