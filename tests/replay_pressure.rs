@@ -1171,6 +1171,18 @@ fn a_mempool_filled_beside_a_cached_block_is_inferred() {
         let report = replayed_framed(&recording, "mempool-inferred", conf, &|_| Vec::new());
         assert_reproduces(&recording, &report);
         assert!(report.counts.inferred_pool_allocs >= 2, "{conf}\n{report}");
+        // Under another config the replay's state is not the recording's; it takes the pools
+        // a self-replay inferred. A garbage collection threshold without a fraction changes
+        // nothing in this job, so the what-if is the recording again.
+        if conf.is_empty() {
+            let what_if = "garbage_collection_threshold:0.6";
+            let report = replayed_framed(&recording, "mempool-learned", what_if, &|_| Vec::new());
+            assert_reproduces(&recording, &report);
+            assert!(
+                report.counts.inferred_pool_allocs >= 2,
+                "{what_if}\n{report}"
+            );
+        }
     }
 }
 

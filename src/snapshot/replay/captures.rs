@@ -66,6 +66,11 @@ pub(super) struct CapturePools {
     mem_current: HashMap<i64, MemPoolId>,
     /// Bases of the segments recorded since the last request (made by the next malloc).
     recent: Vec<u64>,
+    /// The segments inferred `MemPool`s claimed: (index of the event that made each, pool).
+    claims: Vec<(u64, MemPoolId)>,
+    /// Claims a self-replay of the same trace made ([`CapturePools::learn`]), by the index
+    /// of the event that made the segment.
+    learned: HashMap<u64, MemPoolId>,
 }
 
 impl CapturePools {
@@ -77,7 +82,7 @@ impl CapturePools {
             RecordedSegment {
                 end: base.saturating_add(size),
                 made: index,
-                pool: None,
+                pool: self.learned.get(&index).copied(),
             },
         );
     }
@@ -149,6 +154,7 @@ impl CapturePools {
         };
         if let Some(claimed) = self.segments.get_mut(&base) {
             claimed.pool = Some(pool);
+            self.claims.push((claimed.made, pool));
         }
         self.route_to(addr, pool)
     }
@@ -183,10 +189,34 @@ impl CapturePools {
     /// The malloc just routed to `pool` made the segments recorded since the last request
     /// (an expandable segment's pages mapped in pieces): each unclaimed one is `pool`'s.
     pub fn claim_recent(&mut self, pool: MemPoolId) {
+        let mem_pool = self.mem_pools.contains(&pool);
         for base in self.recent.drain(..) {
             if let Some(segment) = self.segments.get_mut(&base) {
-                segment.pool.get_or_insert(pool);
+                if segment.pool.is_none() {
+                    segment.pool = Some(pool);
+                    if mem_pool {
+                        self.claims.push((segment.made, pool));
+                    }
+                }
             }
+        }
+    }
+
+    /// The segments inferred `MemPool`s claimed so far, each by the index of the event that
+    /// made it: what a replay under another config takes from a self-replay
+    /// ([`CapturePools::learn`]).
+    pub fn mem_pool_claims(&self) -> Vec<(u64, MemPoolId)> {
+        self.claims.clone()
+    }
+
+    /// Takes the `MemPool` claims of a self-replay of the same trace: the segment the trace
+    /// makes at each of those events belongs to that pool from the start. A replay under
+    /// another config cannot infer a `MemPool` itself (its state is not the recording's), but
+    /// which recorded segments were a `MemPool`'s is a fact of the recording.
+    pub fn learn(&mut self, claims: &[(u64, MemPoolId)]) {
+        for &(made, pool) in claims {
+            self.learned.insert(made, pool);
+            self.mem_pools.insert(pool);
         }
     }
 

@@ -1317,6 +1317,18 @@ impl Engine {
             .map_err(fail)
     }
 
+    /// The segments the `MemPool`s this replay inferred claimed, by the index of the event
+    /// that made each.
+    pub fn mem_pool_claims(&self) -> Vec<(u64, MemPoolId)> {
+        self.capture_pools.mem_pool_claims()
+    }
+
+    /// Takes a self-replay's `MemPool` claims: for a replay under
+    /// another config than the recorded one, which cannot infer them itself.
+    pub fn learn_mem_pools(&mut self, claims: &[(u64, MemPoolId)]) {
+        self.capture_pools.learn(claims);
+    }
+
     /// The graph of the inferred pool `pool` went away: PyTorch releases a private pool's
     /// cached segments only once it is freeable. The lasting use the replay gave it
     /// ([`Engine::enter_pool`]) goes, and no stream asks it again (an `oom` on the stream it

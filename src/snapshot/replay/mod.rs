@@ -281,13 +281,19 @@ pub fn replay_reading(
     })?;
     let recording = Recording::new(path, scan, remainder, options.device_index)?;
     let plan = first.plan(&recording, options)?;
-    let mut report = if !abandoned && first.needs_nothing_more(&recording, options, &plan)? {
-        first.finish(path, &recording, plan)?
-    } else {
-        // The first replay's allocator and live blocks go before the second's are made.
-        drop(first);
-        replay_recording(path, &recording, options, &mut *progress, Vec::new())?
-    };
+    // Under another config than the recorded one, `MemPool`s only a self-replay can infer
+    // route the replay's allocations: a second pass takes them.
+    let (chosen, _) = recording.choose_conf(options)?;
+    let learned = !recording.is_recorded_conf(&chosen)
+        && !learned_mem_pools(path, &recording, options).is_empty();
+    let mut report =
+        if !abandoned && !learned && first.needs_nothing_more(&recording, options, &plan)? {
+            first.finish(path, &recording, plan)?
+        } else {
+            // The first replay's allocator and live blocks go before the second's are made.
+            drop(first);
+            replay_recording(path, &recording, options, &mut *progress, Vec::new())?
+        };
     check_placement(path, &recording, options, &mut report, progress)?;
     report.frames = frames::attach(path, &mut report.first_oom, &mut report.ooms);
     Ok((report, recording))
@@ -334,6 +340,7 @@ fn replay_recording_tapped(
     (observers, tap): (Vec<Box<dyn MemoryObserver>>, Tap<'_>),
 ) -> Result<ReplayReport, ReplayError> {
     let (conf, conf_source) = recording.choose_conf(options)?;
+    let pass_conf = conf.clone();
     let placement = options.placement;
     let mut pass = Pass::new(
         path,
@@ -343,6 +350,9 @@ fn replay_recording_tapped(
         recording.routes(),
         observers,
     )?;
+    if !recording.is_recorded_conf(&pass_conf) {
+        pass.learn_mem_pools(learned_mem_pools(path, recording, options));
+    }
     let plan = pass.plan(recording, options)?;
     let plan = pass.apply(plan, recording)?;
     pickle::stream_file(path, |emitted| {
@@ -357,6 +367,50 @@ fn replay_recording_tapped(
         Ok(())
     })?;
     pass.finish(path, recording, plan)
+}
+
+/// The segments a self-replay of `recording` (under its recorded config, on the device
+/// `options` give) finds to be `MemPool`s' (`replay/captures.rs`), by the index of the event
+/// that made each: a replay under another config routes the allocations in them to those
+/// pools, which its own state cannot tell. Replayed once per recording and kept. Only a
+/// self-replay that reproduced every recorded segment event teaches anything: the inference
+/// reads the replay's state as the recording's, which it is not where the recorded run had
+/// a limit the file does not record (a memory fraction set in code) or the replay failed.
+fn learned_mem_pools<'r>(
+    path: &Path,
+    recording: &'r Recording,
+    options: &ReplayOptions,
+) -> &'r [(u64, crate::alloc::MemPoolId)] {
+    recording.learned_mem_pools.get_or_init(|| {
+        // The recording as it ran: its config, on the default device (the simulated H200,
+        // with the limit the file's OOMs show), whatever device and config were asked, so
+        // that every later replay of the file, a capacity search's included, learns the same.
+        let own = ReplayOptions {
+            conf: None,
+            capacity: None,
+            placement: Placement::Recorded,
+            ..options.clone()
+        };
+        let learn = || -> Result<Vec<(u64, crate::alloc::MemPoolId)>, ReplayError> {
+            let mut pass = Pass::new(
+                path,
+                &own,
+                recording.choose_conf(&own)?,
+                (Placement::Recorded, recording.scan.device_calls()),
+                recording.routes(),
+                Vec::new(),
+            )?;
+            let plan = pass.plan(recording, &own)?;
+            pass.apply(plan, recording)?;
+            pickle::stream_file(path, |emitted| pass.handle(emitted))?;
+            Ok(if pass.reproduced_segments() {
+                pass.mem_pool_claims()
+            } else {
+                Vec::new()
+            })
+        };
+        learn().unwrap_or_default()
+    })
 }
 
 /// Replays `path` once more under the config, device, placement, pool routes and limit `report`

@@ -18,7 +18,9 @@ use super::{
     seed, CapacitySource, ConfSource, Engine, Fragmentation, HostMemory, LimitPolicy, Placement,
     ReplayError, ReplayOptions, ReplayReport, StartReport,
 };
-use crate::alloc::{fraction_cap, AllocConf, CachingAllocator, MemoryObserver, LARGE_BUFFER};
+use crate::alloc::{
+    fraction_cap, AllocConf, CachingAllocator, MemPoolId, MemoryObserver, LARGE_BUFFER,
+};
 use crate::device::sim::{SimDevice, H200_TOTAL_MEMORY};
 use crate::device::DeviceMemory;
 use crate::snapshot::model::Action;
@@ -320,6 +322,26 @@ impl Pass {
     }
 
     /// Events of the replayed trace so far.
+    /// The segments the `MemPool`s this replay inferred claimed
+    /// ([`Engine::mem_pool_claims`]).
+    pub(super) fn mem_pool_claims(&self) -> Vec<(u64, MemPoolId)> {
+        self.engine.mem_pool_claims()
+    }
+
+    /// Whether every segment event so far is the recording's (a self-replay whose state is
+    /// the recording's, so that what it inferred from that state holds).
+    pub(super) fn reproduced_segments(&self) -> bool {
+        let segments = &self.engine.segments;
+        segments.recorded == segments.replayed
+            && segments.differing == 0
+            && segments.first_difference.is_none()
+    }
+
+    /// Takes a self-replay's `MemPool` claims ([`Engine::learn_mem_pools`]).
+    pub(super) fn learn_mem_pools(&mut self, claims: &[(u64, MemPoolId)]) {
+        self.engine.learn_mem_pools(claims);
+    }
+
     pub(super) fn events(&self) -> u64 {
         self.engine.counts.events
     }

@@ -22,6 +22,9 @@ pub struct Recording {
     pub remainder: Remainder,
     /// Which device's trace is replayed (its position in `device_traces`).
     pub device_index: usize,
+    /// The segments a self-replay found to be `MemPool`s', by the index of the event that
+    /// made each, once a replay under another config asked (`super::learned_mem_pools`).
+    pub(super) learned_mem_pools: std::cell::OnceCell<Vec<(u64, MemPoolId)>>,
 }
 
 impl Recording {
@@ -52,6 +55,7 @@ impl Recording {
             scan,
             remainder,
             device_index,
+            learned_mem_pools: std::cell::OnceCell::new(),
         };
         recording.check_replayable(path)?;
         Ok(recording)

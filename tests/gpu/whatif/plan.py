@@ -42,6 +42,9 @@ WHATIF_WORKLOADS += ["graph_decode", "buckets", "chunked_ce"]
 # A fifth (results-wave5/): private pools that go away while the job runs, a CUDA graph evicted
 # (its pool freeable, released by the OOM path or empty_cache()) and a MemPool destroyed.
 WHATIF_WORKLOADS += ["graph_evict"]
+# A sixth (results-wave6/): a MemPool emptied and filled again between training steps, then
+# destroyed with no empty_cache() after it.
+WHATIF_WORKLOADS += ["pool_phases"]
 
 # The batch-size search always runs under its own limit (the fraction it searches within).
 BS_SEARCH_LIMIT = 3 * GIB

@@ -1256,6 +1256,42 @@ def graph_evict(job):
     job.synchronize()
 
 
+def pool_phases(job):
+    """Evaluations whose activations go to a MemPool that is emptied and filled again between
+    training steps, then destroyed with no empty_cache() after it: the residual MLP (width
+    1024) trained at batch 24 x 128 rows in the default pools (AdamW); after every other step
+    an evaluation at batch 48 x 128 under use_mem_pool, its predictions kept until the next
+    one; after 6 steps the predictions are dropped and the pool destroyed (its
+    emptyCache(pool) releases its segments alone), then 3 more steps. On the CPU the same
+    tensors without a pool."""
+    seed_all(20)
+    model = ResidualMLP().to(job.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    eval_pool = torch.cuda.MemPool() if job.cuda else None
+
+    def train_step():
+        x = torch.randn(24, 128, 1024, device=job.device)
+        loss = F.mse_loss(model(x), x)
+        learn(optimizer, loss)
+        del x, loss
+
+    predictions = None
+    for step in range(6):
+        train_step()
+        if step % 2 == 1:
+            predictions = None
+            with torch.no_grad(), (torch.cuda.use_mem_pool(eval_pool) if job.cuda
+                                   else contextlib.nullcontext()):
+                batch = torch.randn(48, 128, 1024, device=job.device)
+                predictions = model(batch).argmax(-1)
+                del batch
+    del predictions
+    del eval_pool
+    for _ in range(3):
+        train_step()
+    job.synchronize()
+
+
 WORKLOADS = {
     "transformer_ckpt": transformer_ckpt,
     "unet": unet,
@@ -1282,4 +1318,5 @@ WORKLOADS = {
     "buckets": buckets,
     "chunked_ce": chunked_ce,
     "graph_evict": graph_evict,
+    "pool_phases": pool_phases,
 }
