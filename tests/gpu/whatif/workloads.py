@@ -71,6 +71,18 @@ class Job:
         if self.cuda:
             tensor.record_stream(torch.cuda.current_stream(self.device))
 
+    def warm_up(self, step, times):
+        """Runs `step()` `times` times on a new side stream that waits for the current one, and
+        makes the current stream wait for it: the warm-up the CUDA-graphs guide asks for before
+        a capture (plain calls on the CPU)."""
+        side = self.stream()
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(self.device))
+        with self.on_stream(side):
+            for _ in range(times):
+                step()
+        self.wait_stream(side)
+
     def pin(self, tensor):
         """Page-locked host memory on CUDA machines (for asynchronous copies)."""
         return tensor.pin_memory() if self.cuda else tensor
@@ -520,13 +532,7 @@ def user_graphs(job):
     with torch.no_grad():
         for batch in (32, 64):
             static_in = torch.randn(batch, 3, 64, 64, device=job.device)
-            side = job.stream()
-            if side is not None:
-                side.wait_stream(torch.cuda.current_stream(job.device))
-            with job.on_stream(side):
-                for _ in range(3):
-                    model(static_in)
-            job.wait_stream(side)
+            job.warm_up(lambda: model(static_in), 3)
             if job.cuda:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
@@ -1068,13 +1074,7 @@ def graph_decode(job):
         for batch in (8, 16):
             static_x = torch.randn(batch, width, device=job.device)
             position = torch.zeros(1, dtype=torch.long, device=job.device)
-            side = job.stream()
-            if side is not None:
-                side.wait_stream(torch.cuda.current_stream(job.device))
-            with job.on_stream(side):
-                for _ in range(3):
-                    step(static_x, caches[batch], position)
-            job.wait_stream(side)
+            job.warm_up(lambda: step(static_x, caches[batch], position), 3)
             if job.cuda:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=graph_pool):
@@ -1205,13 +1205,7 @@ def graph_evict(job):
     def capture(batch):
         static_x = torch.randn(batch, 128, width, device=job.device)
         with torch.no_grad():
-            side = job.stream()
-            if side is not None:
-                side.wait_stream(torch.cuda.current_stream(job.device))
-            with job.on_stream(side):
-                for _ in range(2):
-                    model(static_x)
-            job.wait_stream(side)
+            job.warm_up(lambda: model(static_x), 2)
             if job.cuda:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
