@@ -2814,3 +2814,153 @@ mod what_if_on_sim {
         assert_replay_gives_the_direct_runs_counters("", conf, &ops, (768 * MIB, false));
     }
 }
+
+/// A `MemPool`'s first request, with the default pools' cache over the garbage collection
+/// threshold: its malloc finds nothing in the pool, collects the default large pool's old
+/// cached segments (PyTorch collects it whatever pool is asked) and makes a new segment in
+/// the pool. The default pools held a block that would have served it, so read as a
+/// default-pool malloc the run of releases was an `empty_cache()` before it (one
+/// synchronisation more, and the releases in `empty_cache()`'s order). Under a fraction the
+/// file does not record (set in code, given to the replay), the replay infers the pool from
+/// the collection the pool's malloc makes.
+#[test]
+fn a_mempool_whose_malloc_collects_garbage_is_inferred() {
+    let allowed = 300 * MIB;
+    let mut recording = recorder("garbage_collection_threshold:0.3", None);
+    recording
+        .set_memory_fraction(allowed as f64 / TOTAL as f64)
+        .expect("fraction");
+    let kept = recording.malloc(20 * MIB).expect("default pool");
+    let [a, b, c, d, ticker] = [80 * MIB, 30 * MIB, 60 * MIB, 40 * MIB, 50 * MIB]
+        .map(|size| recording.malloc(size).expect("default pool"));
+    recording.free(ticker).expect("cached");
+    // Each request the cached 50 MiB block serves ages the cached blocks by one: freed at
+    // different times, they are collected in passes of their own, not in size order.
+    let tick = |recording: &mut CachingAllocator, times: usize| {
+        for _ in 0..times {
+            let block = recording.malloc(50 * MIB).expect("the cached 50 MiB block");
+            recording.free(block).expect("cached again");
+        }
+    };
+    recording.free(a).expect("cached");
+    tick(&mut recording, 4);
+    recording.free(b).expect("cached");
+    tick(&mut recording, 4);
+    recording.free(c).expect("cached");
+    tick(&mut recording, 1);
+    recording.free(d).expect("cached");
+    let pool = enter_new_mem_pool(&mut recording);
+    let pooled = recording
+        .malloc(24 * MIB)
+        .expect("in the pool, after a collection");
+    recording
+        .end_allocate_to_pool(pool)
+        .expect("leave use_mem_pool");
+    recording
+        .release_pool(pool)
+        .expect("use_mem_pool's use goes");
+    assert_eq!(
+        recording.stats().num_device_free,
+        5,
+        "the collection released all"
+    );
+    recording.free(pooled).expect("free in the pool");
+    recording.release_pool(pool).expect("the MemPool goes away");
+    recording.empty_cache_pool(pool).expect("its emptyCache");
+    recording.free(kept).expect("free");
+    let conf = format!(
+        "garbage_collection_threshold:0.3,{}",
+        fraction_conf(allowed)
+    );
+    let report = replayed_framed(&recording, "mempool-collects", &conf, &|_| Vec::new());
+    assert_reproduces(&recording, &report);
+    assert!(report.counts.inferred_pool_allocs >= 1, "{report}");
+}
+
+/// A request in a new `MemPool` that runs out of memory under the fraction while the default
+/// pools' cache holds a block that would serve it: PyTorch's malloc looked in the empty pool,
+/// and its OOM path, a pool being active, skips `release_cached_blocks`. Held in the default
+/// pools, the replay served it; the trace's `oom` has no address, so the pool is inferred from
+/// the cached block the default pools would have used. A replay under another config takes
+/// the pool from a self-replay.
+#[test]
+fn an_oom_in_a_mempool_the_file_does_not_show_is_inferred() {
+    let allowed = 200 * MIB;
+    let mut recording = recorder("", None);
+    recording
+        .set_memory_fraction(allowed as f64 / TOTAL as f64)
+        .expect("fraction");
+    let cached = recording.malloc(60 * MIB).expect("default pool");
+    let kept = recording.malloc(120 * MIB).expect("default pool");
+    recording.free(cached).expect("cached in the default pools");
+    let pool = enter_new_mem_pool(&mut recording);
+    assert!(
+        recording.malloc(40 * MIB).is_err(),
+        "the pool's new segment fits under the fraction"
+    );
+    recording
+        .end_allocate_to_pool(pool)
+        .expect("leave use_mem_pool");
+    recording
+        .release_pool(pool)
+        .expect("use_mem_pool's use goes");
+    recording.release_pool(pool).expect("the MemPool goes away");
+    recording.empty_cache_pool(pool).expect("its emptyCache");
+    let after = recording
+        .malloc(40 * MIB)
+        .expect("the default pools' cached block");
+    recording.free(after).expect("free");
+    recording.free(kept).expect("free");
+    assert_eq!(recording.stats().num_ooms, 1);
+    let conf = fraction_conf(allowed);
+    let report = replayed_framed(&recording, "mempool-oom", &conf, &|_| Vec::new());
+    // The pool's emptyCache(pool) synchronised, with nothing to release: the trace does not
+    // show it.
+    assert_reproduces_but(&recording, &report, &["num_sync_all_streams"]);
+    assert_eq!(report.counts.recorded_ooms_reproduced, 1, "{report}");
+    // The same file under another config that changes nothing here.
+    let what_if = format!("roundup_power2_divisions:2,{conf}");
+    let report = replayed_framed(&recording, "mempool-oom-learned", &what_if, &|_| Vec::new());
+    assert_eq!(
+        report.counts.recorded_ooms_reproduced, 1,
+        "{what_if}\n{report}"
+    );
+}
+
+/// Two `MemPool`s one after the other, the first kept with a cached block that would serve
+/// the second's request: a pool new to the replay, not the stream's last one (PyTorch would
+/// have served the request from that block). Then a request of the second pool that makes new
+/// memory where the default pools would have too, so only the pool's `emptyCache(pool)`,
+/// which releases it with the pool's other segment, tells whose it was: a self-replay learns
+/// it and replays the file again knowing it from the start.
+#[test]
+fn a_second_mempool_and_its_segments_told_by_their_release_are_inferred() {
+    let mut recording = recorder("", None);
+    let cached = recording.malloc(30 * MIB).expect("default pool");
+    let kept = recording.malloc(4 * MIB).expect("default pool");
+    recording.free(cached).expect("cached in the default pools");
+    let first = enter_new_mem_pool(&mut recording);
+    let early = recording.malloc(20 * MIB).expect("first pool");
+    recording.end_allocate_to_pool(first).expect("leave");
+    recording.release_pool(first).expect("leave");
+    recording.free(early).expect("cached in the first pool");
+    let second = enter_new_mem_pool(&mut recording);
+    let small = recording.malloc(20 * MIB).expect("second pool");
+    let large = recording.malloc(70 * MIB).expect("second pool, new memory");
+    recording.end_allocate_to_pool(second).expect("leave");
+    recording.release_pool(second).expect("leave");
+    recording.free(small).expect("free");
+    recording.free(large).expect("free");
+    recording
+        .release_pool(second)
+        .expect("the second MemPool goes away");
+    recording.empty_cache_pool(second).expect("its emptyCache");
+    // The first pool's cached block is its own: a default-pool request does not take it.
+    let after = recording.malloc(20 * MIB).expect("default pool");
+    recording.free(after).expect("free");
+    recording.free(kept).expect("free");
+    let report = replayed_framed(&recording, "mempool-second", "", &|_| Vec::new());
+    assert_reproduces(&recording, &report);
+    // The first pool is the file's (its cached block is there at the end); the second's two.
+    assert_eq!(report.counts.inferred_pool_allocs, 2, "{report}");
+}

@@ -67,6 +67,74 @@ impl CachingAllocator {
         self.outlook_with(stream, size, &[])
     }
 
+    /// How `malloc_on(stream, size)` would get its block if it were asked in a private pool
+    /// that holds no memory yet (a `MemPool` just entered), without creating that pool: no
+    /// cached block serves it; garbage collection (which reads the default large pool
+    /// whatever pool is asked) may release first; `release_available_cached_blocks` finds
+    /// nothing in an empty pool, and `release_cached_blocks` is skipped while a pool is active
+    /// (PyTorch's `captures_underway` is not empty). `None` with expandable segments, whose
+    /// pages a new pool's first request maps in a segment of its own (not predicted here).
+    /// A replay asks it to tell a malloc in a pool the trace no longer shows, whose garbage
+    /// collection released cached segments, from an `empty_cache()` before a default-pool
+    /// malloc: the trace reads alike.
+    ///
+    /// The pending frees of `completed` are taken as completed (back in their pools, as
+    /// young as a block can be), as in [`CachingAllocator::malloc_outlook_if_completed`].
+    pub fn malloc_outlook_in_empty_pool(
+        &self,
+        stream: StreamId,
+        size: u64,
+        completed: &[Allocation],
+    ) -> Option<MallocOutlook> {
+        if self.expandable_active() || size == 0 || size >= super::ONE_EXABYTE {
+            return None;
+        }
+        let rounded = self.round_size(size);
+        let request = Request {
+            stream,
+            size: rounded,
+            pool: Self::pool_for(rounded),
+            // Read by nothing below but the fit of new memory, which no pool's state changes
+            // without expandable segments.
+            owner: DEFAULT_OWNER,
+            alloc_size: self.allocation_size(rounded),
+            expandable: false,
+        };
+        // Whole default-pool segments the completions give back, for the collector to read.
+        let young: Vec<FreeKey> = completed
+            .iter()
+            .filter_map(|&allocation| self.whole_segment_once_completed(allocation))
+            .filter(|&(owner, _)| owner == DEFAULT_OWNER)
+            .map(|(_, key)| key)
+            .collect();
+        // The request's pool is not the default large pool: its get_free_block ticks no clock
+        // the collector reads.
+        let released = if self.garbage_collection_enabled() {
+            self.collection_plan(0, &young)
+        } else {
+            Vec::new()
+        };
+        let sizes: Vec<ReleasedSegment> = released
+            .iter()
+            .map(|&(id, size)| ReleasedSegment {
+                pool: self.pool_id(self.blocks.at(id).owner),
+                size,
+            })
+            .collect();
+        Some(if self.new_memory_fits(request, &released) {
+            if sizes.is_empty() {
+                MallocOutlook::NewMemory
+            } else {
+                MallocOutlook::Collect(sizes)
+            }
+        } else {
+            MallocOutlook::Release {
+                released: Some(sizes),
+                flush: false,
+            }
+        })
+    }
+
     /// [`CachingAllocator::malloc_outlook`] had the pending frees of `completed` completed
     /// just now (their blocks back in the cache, merged, as young as a block can be). A replay
     /// asks it to tell a free made just before a malloc from a deferred free that the malloc

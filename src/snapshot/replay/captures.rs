@@ -1,5 +1,5 @@
 //! Private pools that the file's end no longer shows: CUDA-graph captures', and `MemPool`s'
-//! (see [`CapturePools::route_mem_pool`]).
+//! (see [`CapturePools::route_new_mem_pool`]).
 //!
 //! A 2.11 trace names no pool; the replay learns private pools from the segments still held
 //! at the file's end (`segment_pool_id`, [`super::engine::PoolRoutes`]). A graph deleted
@@ -60,7 +60,7 @@ pub(super) struct CapturePools {
     made: u64,
     /// Allocations routed to an inferred pool.
     pub routed: u64,
-    /// The inferred pools that stand for a `MemPool` (see [`CapturePools::route_mem_pool`]).
+    /// The inferred pools that stand for a `MemPool` (see [`CapturePools::route_new_mem_pool`]).
     mem_pools: HashSet<MemPoolId>,
     /// By recorded stream: the inferred `MemPool` its last such allocation went to.
     mem_current: HashMap<i64, MemPoolId>,
@@ -68,6 +68,9 @@ pub(super) struct CapturePools {
     recent: Vec<u64>,
     /// The segments inferred `MemPool`s claimed: (index of the event that made each, pool).
     claims: Vec<(u64, MemPoolId)>,
+    /// The segments found to be inferred `MemPool`s' only when they were released
+    /// ([`CapturePools::claim_made`]): (index of the event that made each, pool).
+    released_claims: Vec<(u64, MemPoolId)>,
     /// Claims a self-replay of the same trace made ([`CapturePools::learn`]), by the index
     /// of the event that made the segment.
     learned: HashMap<u64, MemPoolId>,
@@ -114,7 +117,7 @@ impl CapturePools {
             .then_some(pool)
     }
 
-    /// Whether `pool` is an inferred `MemPool` ([`CapturePools::route_mem_pool`]).
+    /// Whether `pool` is an inferred `MemPool` ([`CapturePools::route_new_mem_pool`]).
     pub fn is_mem_pool(&self, pool: MemPoolId) -> bool {
         self.mem_pools.contains(&pool)
     }
@@ -134,29 +137,79 @@ impl CapturePools {
             .is_some_and(|(_, segment)| segment.made > after && segment.pool.is_none())
     }
 
-    /// The pool of an allocation at `addr` on `stream` that made a new segment although the
-    /// default pools' cache would have served it, as the replay (under the recorded config,
-    /// in the recording's state) finds: PyTorch's malloc looked in a private pool that no
-    /// frame names, a `MemPool` the job allocated to (`use_mem_pool`), gone by the file's
-    /// end. The stream's current inferred `MemPool` (a new one if it has none or it is
-    /// freeable) claims the segment.
-    pub fn route_mem_pool(&mut self, addr: u64, stream: i64) -> Option<MemPoolId> {
+    /// A new inferred `MemPool` for an allocation at `addr` on `stream` that made a new
+    /// segment although the default pools' cache would have served it, and the pool the
+    /// stream allocated to before (if any) too, as the replay (under the recorded config, in
+    /// the recording's state) finds: PyTorch's malloc looked in a private pool that no frame
+    /// names and that held no block for it, a `MemPool` the job allocated to (`use_mem_pool`),
+    /// gone by the file's end. It claims the segment, and is the stream's current one.
+    pub fn route_new_mem_pool(&mut self, addr: u64, stream: i64) -> Option<MemPoolId> {
+        self.segment_at(addr)?;
+        let pool = self.new_mem_pool(stream);
+        self.claim_for(addr, pool)
+    }
+
+    /// A new inferred `MemPool`, `stream`'s current one from now on.
+    pub fn new_mem_pool(&mut self, stream: i64) -> MemPoolId {
+        self.made += 1;
+        let pool = MemPoolId::new(0, FIRST_INFERRED_ID + self.made);
+        self.mem_pools.insert(pool);
+        self.mem_current.insert(stream, pool);
+        pool
+    }
+
+    /// The request recorded at event `index` (an `oom`, which records no address) was asked
+    /// in `pool`: a claim for a replay that learns from this one.
+    pub fn claim_request(&mut self, index: u64, pool: MemPoolId) {
+        self.claims.push((index, pool));
+    }
+
+    /// The pool a replay this one learnt from found the request or segment of event `index`
+    /// in, if any.
+    pub fn learned_at(&self, index: u64) -> Option<MemPoolId> {
+        self.learned.get(&index).copied()
+    }
+
+    /// Claims the recorded segment holding `addr` for `pool`, a `MemPool` known already (the
+    /// stream's current inferred one, or one the file names) whose malloc made it, gone by
+    /// the end. Taken as a `MemPool` from then on (its emptying is its own
+    /// `emptyCache(pool)`), and learnt as such.
+    pub fn claim_for(&mut self, addr: u64, pool: MemPoolId) -> Option<MemPoolId> {
         let (base, _) = self.segment_at(addr)?;
-        let pool = match self.mem_current.get(&stream) {
-            Some(&pool) if !self.freeable.contains(&pool) => pool,
-            _ => {
-                self.made += 1;
-                let pool = MemPoolId::new(0, FIRST_INFERRED_ID + self.made);
-                self.mem_pools.insert(pool);
-                self.mem_current.insert(stream, pool);
-                pool
-            }
-        };
+        self.mem_pools.insert(pool);
         if let Some(claimed) = self.segments.get_mut(&base) {
             claimed.pool = Some(pool);
             self.claims.push((claimed.made, pool));
         }
         self.route_to(addr, pool)
+    }
+
+    /// Takes the segment made at event `made`, released already, to have been `pool`'s: a
+    /// claim for a replay that learns from this one ([`CapturePools::mem_pool_claims`]).
+    /// Not for a segment made before the first one `pool` is known to have made: a pool's
+    /// segments come after it.
+    pub fn claim_made(&mut self, made: u64, pool: MemPoolId) {
+        let first = self
+            .claims
+            .iter()
+            .copied()
+            .chain(self.learned.iter().map(|(&at, &of)| (at, of)))
+            .filter(|&(_, of)| of == pool)
+            .map(|(at, _)| at)
+            .min();
+        if first.is_some_and(|first| made > first)
+            && !self.released_claims.iter().any(|&(at, _)| at == made)
+        {
+            self.released_claims.push((made, pool));
+        }
+    }
+
+    /// The inferred `MemPool` `stream` allocated to last, if it is still in use.
+    pub fn current_mem_pool(&self, stream: i64) -> Option<MemPoolId> {
+        self.mem_current
+            .get(&stream)
+            .copied()
+            .filter(|pool| !self.freeable.contains(pool))
     }
 
     /// The recorded segment holding `addr`, with its base.
@@ -206,7 +259,27 @@ impl CapturePools {
     /// made it: what a replay under another config takes from a self-replay
     /// ([`CapturePools::learn`]).
     pub fn mem_pool_claims(&self) -> Vec<(u64, MemPoolId)> {
+        self.mem_pool_claims_before(u64::MAX)
+    }
+
+    /// The claims inferred as the segments were made (no claim a release made).
+    pub fn inferred_mem_pool_claims(&self) -> Vec<(u64, MemPoolId)> {
         self.claims.clone()
+    }
+
+    /// [`CapturePools::mem_pool_claims`], less those of segments made at or after event
+    /// `limit`: a replay whose state stopped being the recording's there claimed them from a
+    /// wrong state. Segments made before it and claimed at their release later stand: the
+    /// trace's own releases showed them (their pool made new memory where the default pools
+    /// would have too, so the replay could not tell as they were made).
+    pub fn mem_pool_claims_before(&self, limit: u64) -> Vec<(u64, MemPoolId)> {
+        let mut claims: Vec<(u64, MemPoolId)> = Vec::new();
+        for &(made, pool) in self.claims.iter().chain(self.released_claims.iter()) {
+            if made < limit && !claims.iter().any(|&(at, _)| at == made) {
+                claims.push((made, pool));
+            }
+        }
+        claims
     }
 
     /// Takes the `MemPool` claims of a self-replay of the same trace: the segment the trace
@@ -217,6 +290,10 @@ impl CapturePools {
         for &(made, pool) in claims {
             self.learned.insert(made, pool);
             self.mem_pools.insert(pool);
+            // A pool this replay infers itself gets an id of its own, not a learnt one's.
+            if pool.first == 0 && pool.second > FIRST_INFERRED_ID {
+                self.made = self.made.max(pool.second - FIRST_INFERRED_ID);
+            }
         }
     }
 
@@ -341,7 +418,9 @@ mod tests {
         let mut pools = CapturePools::default();
         pools.request_seen();
         pools.segment_made(0x2000_0000, 20 * MIB, 2);
-        let pool = pools.route_mem_pool(0x2000_0000, 0).expect("a new MemPool");
+        let pool = pools
+            .route_new_mem_pool(0x2000_0000, 0)
+            .expect("a new MemPool");
         assert!(pools.is_mem_pool(pool));
         pools.claim_recent(pool);
         // The next malloc maps two pieces: the one its block starts in was claimed before,
@@ -356,7 +435,8 @@ mod tests {
         pools.request_seen();
         pools.segment_made(0x4000_0000, 40 * MIB, 6);
         assert!(pools.made_unclaimed_after(0x4000_0000, 5));
-        assert_eq!(pools.route_mem_pool(0x4000_0000, 0), Some(pool));
+        assert_eq!(pools.current_mem_pool(0), Some(pool));
+        assert_eq!(pools.claim_for(0x4000_0000, pool), Some(pool));
         // Emptied, it is not taken for gone: only a release says so.
         for addr in [
             0x2000_0000,

@@ -244,6 +244,11 @@ impl PoolRoutes {
         self.segments.is_empty()
     }
 
+    /// Whether some routed segment belongs to `pool`.
+    fn names(&self, pool: MemPoolId) -> bool {
+        self.segments.values().any(|&(_, of, _)| of == pool)
+    }
+
     /// The pool of an allocation at `addr` recorded at event `index`, if any.
     fn pool_of(&self, addr: u64, index: u64) -> Option<MemPoolId> {
         let (_, &(end, pool, made)) = self.segments.range(..=addr).next_back()?;
@@ -278,6 +283,9 @@ struct Run {
     released: Vec<ReleasedSegment>,
     /// The recorded addresses of its `segment_free` events, in order.
     freed_at: Vec<u64>,
+    /// By release, in order: the event that made its segment, where the trace shows it (a
+    /// whole segment's `segment_free`).
+    released_made: Vec<Option<u64>>,
     /// `segment_alloc`/`segment_map` events in it.
     new_memory: u64,
     /// Bytes they acquired.
@@ -708,9 +716,13 @@ impl Engine {
                     pool,
                     size: event.size.max(0) as u64,
                 });
-                if event.action == Action::SegmentFree {
+                let made = if event.action == Action::SegmentFree {
                     self.run.freed_at.push(event.addr as u64);
-                }
+                    self.made_at.get(&(event.addr as u64)).copied()
+                } else {
+                    None
+                };
+                self.run.released_made.push(made);
                 self.run.empty_cache_frame |= event.signs.empty_cache;
             }
             Action::SegmentAlloc | Action::SegmentMap => {
@@ -743,14 +755,16 @@ impl Engine {
             Action::Alloc => {
                 self.see_capture(&event);
                 self.route_to_inferred_pool(&event);
+                self.infer_collecting_mem_pool(&event).map_err(fail)?;
                 self.end_run(Some(&event)).map_err(fail)?;
-                self.infer_mem_pool(&event);
+                self.infer_mem_pool(&event).map_err(fail)?;
                 let allocated = self.alloc(index, &event);
                 self.capture_route = None;
                 allocated.map_err(fail)?;
             }
             Action::Oom => {
                 self.end_run(Some(&event)).map_err(fail)?;
+                self.infer_oom_mem_pool(&event).map_err(fail)?;
                 self.recorded_oom(index, &event).map_err(fail)?;
             }
             Action::FreeRequested => {
@@ -869,8 +883,8 @@ impl Engine {
     /// the replay's default pools, in the recording's state, hold a free block that would
     /// serve it: PyTorch's malloc did not look there, but in a private pool no frame names
     /// and the file's end no longer shows (a `MemPool` entered with `use_mem_pool` and gone
-    /// by the end). Routed to an inferred `MemPool` ([`CapturePools::route_mem_pool`]).
-    fn infer_mem_pool(&mut self, event: &RawEvent) {
+    /// by the end). Routed to that pool ([`Engine::unshown_mem_pool_for`]).
+    fn infer_mem_pool(&mut self, event: &RawEvent) -> Result<(), String> {
         let addr = event.addr as u64;
         if self.capture_route.is_some()
             || !self.recorded_config
@@ -879,20 +893,148 @@ impl Engine {
                 .capture_pools
                 .made_unclaimed_after(addr, self.last_request)
         {
-            return;
+            return Ok(());
         }
-        let Ok(size) = non_negative(event.size, "size") else {
-            return;
-        };
+        let size = non_negative(event.size, "size")?;
         if self.allocator.malloc_outlook(event.stream as u64, size) != MallocOutlook::Cached {
-            return;
+            return Ok(());
         }
-        self.capture_route = self.capture_pools.route_mem_pool(addr, event.stream);
+        let pool = self.unshown_mem_pool_for(event)?;
+        self.capture_route = self.route_unshown_mem_pool(event, pool);
         if let Some(pool) = self.capture_route {
             self.counts.inferred_pool_allocs += 1;
             self.capture_pools.claim_recent(pool);
             // Read from the replay's state: right only if its config is the recording's.
             self.assumed_recorded_config = true;
+        }
+        Ok(())
+    }
+
+    /// Under the recorded config, an allocation that made a new segment after a run of
+    /// releases, where the replay's default pools, as they stand before the run, would have
+    /// served it from their cache, and where the garbage collection a malloc asked in a
+    /// private pool runs (PyTorch collects the default large pool whatever pool is asked)
+    /// makes exactly the run's releases: the run was that collection, and the malloc asked a
+    /// `MemPool` gone by the end. Read otherwise, the run is an `empty_cache()` before a
+    /// default-pool malloc (the trace reads alike; the synchronisation count, and the order
+    /// and number of the releases, differ). Routed to an inferred `MemPool`
+    /// ([`CapturePools::route_new_mem_pool`]) before the run is replayed; a run that is no such
+    /// collection is left to [`Engine::end_run`], and a malloc with no release before it to
+    /// [`Engine::infer_mem_pool`].
+    fn infer_collecting_mem_pool(&mut self, event: &RawEvent) -> Result<(), String> {
+        let addr = event.addr as u64;
+        if self.capture_route.is_some()
+            || !self.recorded_config
+            || self.run.releases == 0
+            || self.run.capture
+            || self.run.empty_cache_frame
+            || self.routes.pool_of(addr, self.index).is_some()
+            || !self
+                .capture_pools
+                .made_unclaimed_after(addr, self.last_request)
+        {
+            return Ok(());
+        }
+        let size = non_negative(event.size, "size")?;
+        let stream = event.stream as u64;
+        // Frees completed before the run's first release (frees made at once, in a pool's
+        // malloc, which runs no `process_events`) were back in the cache when it looked.
+        let leading: Vec<Allocation> = self.run.leading.iter().map(|&(_, a)| a).collect();
+        if self
+            .allocator
+            .malloc_outlook_if_completed(stream, size, &leading)
+            != MallocOutlook::Cached
+        {
+            return Ok(());
+        }
+        let pool = self.unshown_mem_pool_for(event)?;
+        let outlook = match pool {
+            Some(pool) => Some(self.outlook_in(event, Some(pool), &leading)?),
+            None => self
+                .allocator
+                .malloc_outlook_in_empty_pool(stream, size, &leading),
+        };
+        let collects_the_run = match outlook {
+            Some(MallocOutlook::Collect(sizes)) => sizes == self.run.released,
+            _ => false,
+        };
+        if !collects_the_run {
+            return Ok(());
+        }
+        self.capture_route = self.route_unshown_mem_pool(event, pool);
+        if let Some(pool) = self.capture_route {
+            self.counts.inferred_pool_allocs += 1;
+            self.capture_pools.claim_recent(pool);
+            // Read from the replay's state: right only if its config is the recording's.
+            self.assumed_recorded_config = true;
+        }
+        Ok(())
+    }
+
+    /// The pool a recorded `oom` that no pool routes was asked in: under the recorded config,
+    /// where the replay's default pools, in the recording's state, hold a free block that
+    /// would serve it, PyTorch's malloc did not look there, but in a private pool whose own
+    /// cache held none (and whose OOM path skips `release_cached_blocks`): the stream's
+    /// `MemPool` ([`Engine::unshown_mem_pool_for`]) or a new one, gone by the end. A replay
+    /// under another config takes the pool a self-replay found ([`CapturePools::learned_at`]).
+    /// The stream's requests go there until its next allocation says otherwise.
+    fn infer_oom_mem_pool(&mut self, event: &RawEvent) -> Result<(), String> {
+        if self.route(event).is_some() {
+            return Ok(());
+        }
+        let pool = match self.capture_pools.learned_at(self.index) {
+            Some(pool) => pool,
+            None if self.recorded_config => {
+                let size = non_negative(event.size, "size")?;
+                if self.allocator.malloc_outlook(event.stream as u64, size) != MallocOutlook::Cached
+                {
+                    return Ok(());
+                }
+                let pool = match self.unshown_mem_pool_for(event)? {
+                    Some(pool) => pool,
+                    None => self.capture_pools.new_mem_pool(event.stream),
+                };
+                self.capture_pools.claim_request(self.index, pool);
+                // Read from the replay's state: right only if its config is the recording's.
+                self.assumed_recorded_config = true;
+                pool
+            }
+            None => return Ok(()),
+        };
+        self.stream_pools.insert(event.stream, pool);
+        Ok(())
+    }
+
+    /// The `MemPool` the allocation `event`, which made new memory where the default cache
+    /// would have served it, was asked in, if one is known: the file's pool the stream's last
+    /// allocation went to (a `use_mem_pool` block serves its thread until it is left, and a
+    /// pool's segments it released before the end are not in the file), else the stream's
+    /// current inferred one; but not one whose own cache would have served it (PyTorch would
+    /// have taken that block): that was another pool, new to the replay. `None`: a new one.
+    fn unshown_mem_pool_for(&mut self, event: &RawEvent) -> Result<Option<MemPoolId>, String> {
+        let candidate = match self.stream_pools.get(&event.stream) {
+            Some(&pool) if self.routes.names(pool) => Some(pool),
+            _ => self.capture_pools.current_mem_pool(event.stream),
+        };
+        Ok(match candidate {
+            Some(pool) if self.outlook_in(event, Some(pool), &[])? != MallocOutlook::Cached => {
+                Some(pool)
+            }
+            _ => None,
+        })
+    }
+
+    /// Routes the allocation `event` to `pool` ([`Engine::unshown_mem_pool_for`]), or to a
+    /// new inferred `MemPool`, claiming its segment.
+    fn route_unshown_mem_pool(
+        &mut self,
+        event: &RawEvent,
+        pool: Option<MemPoolId>,
+    ) -> Option<MemPoolId> {
+        let addr = event.addr as u64;
+        match pool {
+            Some(pool) => self.capture_pools.claim_for(addr, pool),
+            None => self.capture_pools.route_new_mem_pool(addr, event.stream),
         }
     }
 
@@ -1046,7 +1188,7 @@ impl Engine {
     }
 
     /// Replays a run of releases read as an `empty_cache()` that begins with the segments of
-    /// an inferred `MemPool` ([`CapturePools::route_mem_pool`]) as that pool's
+    /// an inferred `MemPool` ([`CapturePools::route_new_mem_pool`]) as that pool's
     /// `emptyCache(pool)` (a `torch.cuda.MemPool` going away), then, when the run releases
     /// more, a whole `empty_cache()`: a whole one walks the default pools first and the
     /// freeable private pools after, so a pool's segments released first were its own call's.
@@ -1064,6 +1206,7 @@ impl Engine {
             .iter()
             .take_while(|segment| segment.pool == pool)
             .count();
+        self.claim_released_after(run, own, pool);
         let fail = |error: AllocError| format!("the allocator failed: {error}");
         self.allocator.empty_cache_pool(pool).map_err(fail)?;
         self.counts.empty_cache_calls += 1;
@@ -1072,6 +1215,35 @@ impl Engine {
             self.counts.empty_cache_calls += 1;
         }
         Ok(true)
+    }
+
+    /// A run of releases that begins with the `own` segments of the `MemPool` `pool` (its
+    /// `emptyCache(pool)`) and goes on with segments no pool claimed, of sizes that go on
+    /// growing as the pool's own did: the pool's walk of its cached blocks (by size), so its
+    /// segments too, which the replay had not known to be (they made new memory, where the
+    /// default pools' cache would not have served either). A whole `empty_cache()` after it
+    /// would start its walk of the default pools again from their smallest segment. Claimed
+    /// for `pool` by the event that made each ([`CapturePools::claim_made`]): this replay goes
+    /// on as it read the run, and a replay that learns from it routes them from the start.
+    fn claim_released_after(&mut self, run: &Run, own: usize, pool: MemPoolId) {
+        let mut smallest = run.released[..own]
+            .iter()
+            .map(|segment| segment.size)
+            .max()
+            .unwrap_or(0);
+        for (segment, made) in run.released[own..]
+            .iter()
+            .zip(run.released_made[own..].iter())
+        {
+            let Some(made) = *made else {
+                break;
+            };
+            if segment.pool != MemPoolId::DEFAULT || segment.size < smallest {
+                break;
+            }
+            smallest = segment.size;
+            self.capture_pools.claim_made(made, pool);
+        }
     }
 
     /// Replays a run of releases read as an `empty_cache()` as a private pool's
@@ -1321,6 +1493,17 @@ impl Engine {
     /// that made each.
     pub fn mem_pool_claims(&self) -> Vec<(u64, MemPoolId)> {
         self.capture_pools.mem_pool_claims()
+    }
+
+    /// The `MemPool` claims inferred as the segments were made (none a release made).
+    pub fn inferred_mem_pool_claims(&self) -> Vec<(u64, MemPoolId)> {
+        self.capture_pools.inferred_mem_pool_claims()
+    }
+
+    /// The `MemPool` claims of segments made before event `limit` (those a release made
+    /// included).
+    pub fn mem_pool_claims_before(&self, limit: u64) -> Vec<(u64, MemPoolId)> {
+        self.capture_pools.mem_pool_claims_before(limit)
     }
 
     /// Takes a self-replay's `MemPool` claims: for a replay under

@@ -280,11 +280,17 @@ pub fn replay_reading(
         Ok(())
     })?;
     let recording = Recording::new(path, scan, remainder, options.device_index)?;
+    recording
+        .infers_mem_pools
+        .set(!abandoned && !first.mem_pool_claims_trusted_or_not().is_empty());
     let plan = first.plan(&recording, options)?;
     // Under another config than the recorded one, `MemPool`s only a self-replay can infer
-    // route the replay's allocations: a second pass takes them.
+    // route the replay's allocations; under the recorded one too where the first pass
+    // inferred some (a pool's segments that made new memory, whichever pool was asked, are
+    // told by their release only, after the replay took them for the default pools'): a
+    // second pass takes them.
     let (chosen, _) = recording.choose_conf(options)?;
-    let learned = !recording.is_recorded_conf(&chosen)
+    let learned = recording.wants_learned_mem_pools(&chosen)
         && !learned_mem_pools(path, &recording, options).is_empty();
     let mut report =
         if !abandoned && !learned && first.needs_nothing_more(&recording, options, &plan)? {
@@ -350,8 +356,8 @@ fn replay_recording_tapped(
         recording.routes(),
         observers,
     )?;
-    if !recording.is_recorded_conf(&pass_conf) {
-        pass.learn_mem_pools(learned_mem_pools(path, recording, options));
+    if recording.wants_learned_mem_pools(&pass_conf) {
+        pass.learn_mem_pools(&learned_mem_pools(path, recording, options));
     }
     let plan = pass.plan(recording, options)?;
     let plan = pass.apply(plan, recording)?;
@@ -372,45 +378,135 @@ fn replay_recording_tapped(
 /// The segments a self-replay of `recording` (under its recorded config, on the device
 /// `options` give) finds to be `MemPool`s' (`replay/captures.rs`), by the index of the event
 /// that made each: a replay under another config routes the allocations in them to those
-/// pools, which its own state cannot tell. Replayed once per recording and kept. Only a
-/// self-replay that reproduced every recorded segment event teaches anything: the inference
-/// reads the replay's state as the recording's, which it is not where the recorded run had
-/// a limit the file does not record (a memory fraction set in code) or the replay failed.
-fn learned_mem_pools<'r>(
-    path: &Path,
-    recording: &'r Recording,
-    options: &ReplayOptions,
-) -> &'r [(u64, crate::alloc::MemPoolId)] {
-    recording.learned_mem_pools.get_or_init(|| {
-        // The recording as it ran: its config, on the default device (the simulated H200,
-        // with the limit the file's OOMs show), whatever device and config were asked, so
-        // that every later replay of the file, a capacity search's included, learns the same.
+/// pools, which its own state cannot tell. Replayed once per recording (and fraction) and
+/// kept. Only a self-replay that reproduced every recorded segment event teaches anything:
+/// the inference reads the replay's state as the recording's, which it is not where the
+/// recorded run had a limit the file does not record or the replay failed. So where
+/// `options` give the recorded config with a memory fraction the file does not record (the
+/// one a job set with `set_per_process_memory_fraction`, as a self-replay of it gives it),
+/// the self-replay runs under that fraction first: without it, garbage collection, which
+/// only a fraction enables, releases nothing, and the recording is not reproduced.
+fn learned_mem_pools(path: &Path, recording: &Recording, options: &ReplayOptions) -> Claims {
+    let given_fraction = recording.choose_conf(options).ok().and_then(|(conf, _)| {
+        let unrecorded = recording.recorded_fraction().is_none()
+            && recording.is_recorded_conf_but_fraction(&conf);
+        conf.per_process_memory_fraction
+            .filter(|_| unrecorded)
+            .map(|fraction| (conf, fraction))
+    });
+    if let Some((conf, fraction)) = given_fraction {
+        // That config and fraction on the device asked (a fraction is of its memory), read
+        // as the recorded run's; a what-if of a run that had no fraction does not reproduce
+        // the recording under one, and learns what the recording as it ran teaches.
         let own = ReplayOptions {
-            conf: None,
-            capacity: None,
+            conf: Some(conf),
             placement: Placement::Recorded,
             ..options.clone()
         };
-        let learn = || -> Result<Vec<(u64, crate::alloc::MemPoolId)>, ReplayError> {
-            let mut pass = Pass::new(
-                path,
-                &own,
-                recording.choose_conf(&own)?,
-                (Placement::Recorded, recording.scan.device_calls()),
-                recording.routes(),
-                Vec::new(),
-            )?;
-            let plan = pass.plan(recording, &own)?;
-            pass.apply(plan, recording)?;
-            pickle::stream_file(path, |emitted| pass.handle(emitted))?;
-            Ok(if pass.reproduced_segments() {
-                pass.mem_pool_claims()
-            } else {
-                Vec::new()
-            })
-        };
-        learn().unwrap_or_default()
-    })
+        let key = Some((fraction.to_bits(), options.capacity));
+        let learned = learned_under(path, recording, key, &own);
+        if !learned.is_empty() {
+            return learned;
+        }
+    }
+    // The recording as it ran: its config, on the default device (the simulated H200, with
+    // the limit the file's OOMs show), whatever device was asked, so that every later replay
+    // of the file, a capacity search's included, learns the same.
+    let own = ReplayOptions {
+        conf: None,
+        capacity: None,
+        placement: Placement::Recorded,
+        ..options.clone()
+    };
+    learned_under(path, recording, None, &own)
+}
+
+/// `MemPool` claims: (index of the event that made a segment, the pool it belongs to).
+type Claims = std::rc::Rc<[(u64, crate::alloc::MemPoolId)]>;
+
+/// What self-replays of `recording` under `own` teach ([`learned_mem_pools`]), kept in the
+/// recording under `key` (`None`: its recorded config as it is; else the bits of the fraction
+/// given and the capacity it is a fraction of, the replay then read as the recorded run's).
+/// A self-replay can learn, besides what it inferred as it went, segments it took for the
+/// default pools' and found a pool's only when they were released (`Engine::end_run`): it
+/// did not reproduce the recording then, but one that knows them from the start may, or may
+/// find more (a pool's segment that made new memory, whichever pool it was asked in, is told
+/// by its release only). At most [`LEARNING_PASSES`], while each finds more; nothing unless
+/// the last reproduced every recorded segment event.
+fn learned_under(
+    path: &Path,
+    recording: &Recording,
+    key: Option<(u64, Option<u64>)>,
+    own: &ReplayOptions,
+) -> Claims {
+    if let Some((_, known)) = recording
+        .learned_mem_pools
+        .borrow()
+        .iter()
+        .find(|(of, _)| *of == key)
+    {
+        return known.clone();
+    }
+    let as_recorded = key.is_some();
+    let learn = || -> Result<Vec<(u64, crate::alloc::MemPoolId)>, ReplayError> {
+        let mut known: Vec<(u64, crate::alloc::MemPoolId)> = Vec::new();
+        for _ in 0..LEARNING_PASSES {
+            let (reproduced, found) = learning_pass(path, recording, own, as_recorded, &known)?;
+            let before = known.len();
+            for claim in found {
+                if !known.iter().any(|&(made, _)| made == claim.0) {
+                    known.push(claim);
+                }
+            }
+            if reproduced {
+                return Ok(known);
+            }
+            if known.len() == before {
+                break;
+            }
+        }
+        Ok(Vec::new())
+    };
+    let learned: Claims = learn().unwrap_or_default().into();
+    recording
+        .learned_mem_pools
+        .borrow_mut()
+        .push((key, learned.clone()));
+    learned
+}
+
+/// How many self-replays [`learned_mem_pools`] runs at most on one recording: each after the
+/// first starts from the claims the ones before found (a pool's segments its releases told,
+/// which only a replay knowing them from the start routes right, and what that one then
+/// infers). Files without private pools stop after the first.
+const LEARNING_PASSES: usize = 4;
+
+/// One self-replay of [`learned_mem_pools`] under `own`, knowing the claims `learned` from
+/// the start (read as the recorded run's where `as_recorded`, its fraction given): whether it
+/// reproduced every recorded segment event, and the `MemPool` claims it made.
+fn learning_pass(
+    path: &Path,
+    recording: &Recording,
+    own: &ReplayOptions,
+    as_recorded: bool,
+    learned: &[(u64, crate::alloc::MemPoolId)],
+) -> Result<(bool, Vec<(u64, crate::alloc::MemPoolId)>), ReplayError> {
+    let mut pass = Pass::new(
+        path,
+        own,
+        recording.choose_conf(own)?,
+        (Placement::Recorded, recording.scan.device_calls()),
+        recording.routes(),
+        Vec::new(),
+    )?;
+    pass.learn_mem_pools(learned);
+    let plan = pass.plan(recording, own)?;
+    pass.apply(plan, recording)?;
+    if as_recorded {
+        pass.read_as_recorded_run();
+    }
+    pickle::stream_file(path, |emitted| pass.handle(emitted))?;
+    Ok((pass.reproduced_segments(), pass.trusted_mem_pool_claims()))
 }
 
 /// Replays `path` once more under the config, device, placement, pool routes and limit `report`

@@ -324,7 +324,44 @@ impl Pass {
     /// Events of the replayed trace so far.
     /// The segments the `MemPool`s this replay inferred claimed
     /// ([`Engine::mem_pool_claims`]).
-    pub(super) fn mem_pool_claims(&self) -> Vec<(u64, MemPoolId)> {
+    /// Makes this pass read the trace as the recorded run's although its config names a
+    /// memory fraction the file does not record (the one the run set in code, as a
+    /// self-replay gives it): what it infers from its state holds only if it then reproduces
+    /// every segment event ([`Pass::reproduced_segments`]), which its caller checks.
+    pub(super) fn read_as_recorded_run(&mut self) {
+        self.engine.follows_recorded_config(true);
+        if let Some(hints) = &self.hints {
+            hints.what_if(false);
+        }
+    }
+
+    /// The `MemPool` claims a replay that learns from this one can trust: if it reproduced
+    /// every segment event so far, those it inferred as the segments were made (claims its
+    /// releases made it did not need, and a release run's reading can take a default-pool
+    /// segment for a pool's); else those made before its first difference, the releases'
+    /// included.
+    pub(super) fn trusted_mem_pool_claims(&self) -> Vec<(u64, MemPoolId)> {
+        if self.reproduced_segments() {
+            return self.engine.inferred_mem_pool_claims();
+        }
+        let limit = self
+            .engine
+            .segments
+            .first_difference
+            .as_ref()
+            .map_or(u64::MAX, |difference| {
+                let at = |seen: &Option<super::compare::Seen>| seen.as_ref().map(|s| s.index);
+                match (at(&difference.recorded), at(&difference.replayed)) {
+                    (Some(a), Some(b)) => a.min(b),
+                    (Some(a), None) | (None, Some(a)) => a,
+                    (None, None) => u64::MAX,
+                }
+            });
+        self.engine.mem_pool_claims_before(limit)
+    }
+
+    /// Every `MemPool` claim this pass made, trusted or not: whether it inferred any.
+    pub(super) fn mem_pool_claims_trusted_or_not(&self) -> Vec<(u64, MemPoolId)> {
         self.engine.mem_pool_claims()
     }
 

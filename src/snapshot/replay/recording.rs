@@ -23,9 +23,19 @@ pub struct Recording {
     /// Which device's trace is replayed (its position in `device_traces`).
     pub device_index: usize,
     /// The segments a self-replay found to be `MemPool`s', by the index of the event that
-    /// made each, once a replay under another config asked (`super::learned_mem_pools`).
-    pub(super) learned_mem_pools: std::cell::OnceCell<Vec<(u64, MemPoolId)>>,
+    /// made each, once a replay under another config asked (`super::learned_mem_pools`): by
+    /// the memory fraction that self-replay ran under (the bits of a fraction the file does
+    /// not record, given with the recorded config, and the device capacity it is a fraction
+    /// of; `None`: the recorded config as it is).
+    pub(super) learned_mem_pools: std::cell::RefCell<Vec<LearnedMemPools>>,
+    /// Whether the first pass over the file (`super::replay_reading`) inferred a `MemPool`:
+    /// a replay under the recorded config then learns them too.
+    pub(super) infers_mem_pools: std::cell::Cell<bool>,
 }
+
+/// What one self-replay taught about `MemPool`s (`super::learned_mem_pools`): the fraction
+/// and capacity it ran under (`None`: the recorded config as it is), and the claims.
+pub(super) type LearnedMemPools = (Option<(u64, Option<u64>)>, std::rc::Rc<[(u64, MemPoolId)]>);
 
 impl Recording {
     /// The recording of the file at `path` (for messages) from its scan and the rest of it;
@@ -55,7 +65,8 @@ impl Recording {
             scan,
             remainder,
             device_index,
-            learned_mem_pools: std::cell::OnceCell::new(),
+            learned_mem_pools: std::cell::RefCell::new(Vec::new()),
+            infers_mem_pools: std::cell::Cell::new(false),
         };
         recording.check_replayable(path)?;
         Ok(recording)
@@ -195,6 +206,13 @@ impl Recording {
             Some(conf) => Ok((conf.clone(), ConfSource::Given)),
             None => self.recorded_conf(),
         }
+    }
+
+    /// Whether a replay under `conf` takes the `MemPool`s self-replays learn
+    /// (`super::learned_mem_pools`): under another config than the recorded one, whose state
+    /// cannot tell them; under the recorded one where the first pass inferred some.
+    pub fn wants_learned_mem_pools(&self, conf: &AllocConf) -> bool {
+        !self.is_recorded_conf(conf) || self.infers_mem_pools.get()
     }
 
     /// Whether `conf` makes the allocator decide as the recorded run's config did.

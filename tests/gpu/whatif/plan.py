@@ -45,6 +45,10 @@ WHATIF_WORKLOADS += ["graph_evict"]
 # A sixth (results-wave6/): a MemPool emptied and filled again between training steps, then
 # destroyed with no empty_cache() after it.
 WHATIF_WORKLOADS += ["pool_phases"]
+# A seventh (results-wave7/), written after the replay learnt to infer MemPools from garbage
+# collection and from their releases: a long-lived feature pool and short-lived scratch pools
+# beside training.
+WHATIF_WORKLOADS += ["pool_cache"]
 
 # The batch-size search always runs under its own limit (the fraction it searches within).
 BS_SEARCH_LIMIT = 3 * GIB

@@ -1286,6 +1286,57 @@ def pool_phases(job):
     job.synchronize()
 
 
+def pool_cache(job):
+    """Two MemPools beside training, written after the replay learnt to infer MemPools gone by
+    the end, to check it where it was not fitted: a SwiGLU stack (width 640, 3 blocks)
+    trained at batch 16 x 192 rows (AdamW); every other step features of a batch 32 x 192 are
+    computed under use_mem_pool into a long-lived feature pool and kept, at most two at a
+    time (the oldest dropped, its blocks reused); every third step a fresh scratch MemPool
+    holds buffers of 10, 30 and 70 MiB, freed and the pool destroyed at once (its
+    emptyCache(pool) releases them). After 7 steps the features and the feature pool go,
+    and 2 more steps run. On the CPU the same tensors without pools."""
+    seed_all(21)
+    width = 640
+    model = nn.Sequential(SwiGLU(width, 1792), SwiGLU(width, 1792),
+                          SwiGLU(width, 1792)).to(job.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    feature_pool = torch.cuda.MemPool() if job.cuda else None
+
+    def in_pool(pool):
+        return torch.cuda.use_mem_pool(pool) if job.cuda else contextlib.nullcontext()
+
+    def train_step():
+        x = torch.randn(16, 192, width, device=job.device)
+        loss = model(x).square().mean()
+        learn(optimizer, loss)
+        del x, loss
+
+    features = []
+    for step in range(7):
+        train_step()
+        if step % 2 == 1:
+            with torch.no_grad(), in_pool(feature_pool):
+                batch = torch.randn(32, 192, width, device=job.device)
+                features.append(model(batch).mean(-1))
+                del batch
+            if len(features) > 2:
+                features.pop(0)
+        if step % 3 == 2:
+            scratch_pool = torch.cuda.MemPool() if job.cuda else None
+            with in_pool(scratch_pool):
+                scratch = [torch.empty(size << 20, dtype=torch.uint8, device=job.device)
+                           for size in (10, 30, 70)]
+            for buffer in scratch:
+                buffer.fill_(step)
+            del scratch, buffer
+            del scratch_pool
+    del features
+    del feature_pool
+    for _ in range(2):
+        train_step()
+    job.synchronize()
+
+
 WORKLOADS = {
     "transformer_ckpt": transformer_ckpt,
     "unet": unet,
@@ -1313,4 +1364,5 @@ WORKLOADS = {
     "chunked_ce": chunked_ce,
     "graph_evict": graph_evict,
     "pool_phases": pool_phases,
+    "pool_cache": pool_cache,
 }
