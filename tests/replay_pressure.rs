@@ -46,6 +46,32 @@ fn enter_new_mem_pool(recording: &mut CachingAllocator) -> MemPoolId {
     pool
 }
 
+/// Leaves `use_mem_pool(pool)`: no more allocations to it, its use by the block gone.
+fn leave_mem_pool(recording: &mut CachingAllocator, pool: MemPoolId) {
+    recording
+        .end_allocate_to_pool(pool)
+        .expect("leave use_mem_pool");
+    recording
+        .release_pool(pool)
+        .expect("use_mem_pool's use goes");
+}
+
+/// A 30 MiB block cached in the default pools (one that would serve the requests a test then
+/// makes in a `MemPool`), beside a live block of `kept` bytes, which it returns.
+fn beside_a_cached_block(recording: &mut CachingAllocator, kept: u64) -> Allocation {
+    let cached = recording.malloc(30 * MIB).expect("a default-pool block");
+    let kept = recording.malloc(kept).expect("another");
+    recording.free(cached).expect("cached in the default pools");
+    kept
+}
+
+/// `del pool` of a `torch.cuda.MemPool` no longer in use: `releasePool`, then
+/// `emptyCache(pool)`.
+fn destroy_mem_pool(recording: &mut CachingAllocator, pool: MemPoolId) {
+    recording.release_pool(pool).expect("the MemPool goes away");
+    recording.empty_cache_pool(pool).expect("its emptyCache");
+}
+
 /// `per_process_memory_fraction` whose cap on the [`TOTAL`]-byte device is `allowed` bytes.
 fn fraction_conf(allowed: u64) -> String {
     format!(
@@ -292,17 +318,10 @@ fn the_oom_path_completes_pending_frees_in_self_and_what_if_replays() {
 #[test]
 fn a_mempool_going_away_releases_only_its_own_segments() {
     let mut recording = recorder("", None);
-    let cached = recording.malloc(30 * MIB).expect("a default-pool block");
-    let kept = recording.malloc(8 * MIB).expect("another");
-    recording.free(cached).expect("cached in the default pools");
+    let kept = beside_a_cached_block(&mut recording, 8 * MIB);
     let pool = enter_new_mem_pool(&mut recording);
     let pooled = recording.malloc(40 * MIB).expect("in the pool");
-    recording
-        .end_allocate_to_pool(pool)
-        .expect("leave use_mem_pool");
-    recording
-        .release_pool(pool)
-        .expect("use_mem_pool's use ends");
+    leave_mem_pool(&mut recording, pool);
     recording.free(pooled).expect("free in the pool");
     // The MemPool's destructor.
     recording.release_pool(pool).expect("the pool object goes");
@@ -1211,8 +1230,7 @@ fn private_pools_are_rebuilt_from_the_files_segments() {
     }
     let user = enter_new_mem_pool(&mut recording);
     let pooled = recording.malloc(3 * MIB).expect("user pool");
-    recording.end_allocate_to_pool(user).expect("leave");
-    recording.release_pool(user).expect("leave");
+    leave_mem_pool(&mut recording, user);
     // Outside the pools, 5 MiB cannot use the pools' free memory.
     let after = recording.malloc(5 * MIB).expect("default pool");
     for block in [warm, default_during, after] {
@@ -2826,10 +2844,11 @@ mod what_if_on_sim {
 #[test]
 fn a_mempool_whose_malloc_collects_garbage_is_inferred() {
     let allowed = 300 * MIB;
-    let mut recording = recorder("garbage_collection_threshold:0.3", None);
-    recording
-        .set_memory_fraction(allowed as f64 / TOTAL as f64)
-        .expect("fraction");
+    // The fraction set in code, as the harness's jobs set it: the file does not record it.
+    let mut recording = recorder(
+        "garbage_collection_threshold:0.3",
+        Some(allowed as f64 / TOTAL as f64),
+    );
     let kept = recording.malloc(20 * MIB).expect("default pool");
     let [a, b, c, d, ticker] = [80 * MIB, 30 * MIB, 60 * MIB, 40 * MIB, 50 * MIB]
         .map(|size| recording.malloc(size).expect("default pool"));
@@ -2853,20 +2872,14 @@ fn a_mempool_whose_malloc_collects_garbage_is_inferred() {
     let pooled = recording
         .malloc(24 * MIB)
         .expect("in the pool, after a collection");
-    recording
-        .end_allocate_to_pool(pool)
-        .expect("leave use_mem_pool");
-    recording
-        .release_pool(pool)
-        .expect("use_mem_pool's use goes");
+    leave_mem_pool(&mut recording, pool);
     assert_eq!(
         recording.stats().num_device_free,
         5,
         "the collection released all"
     );
     recording.free(pooled).expect("free in the pool");
-    recording.release_pool(pool).expect("the MemPool goes away");
-    recording.empty_cache_pool(pool).expect("its emptyCache");
+    destroy_mem_pool(&mut recording, pool);
     recording.free(kept).expect("free");
     let conf = format!(
         "garbage_collection_threshold:0.3,{}",
@@ -2886,10 +2899,8 @@ fn a_mempool_whose_malloc_collects_garbage_is_inferred() {
 #[test]
 fn an_oom_in_a_mempool_the_file_does_not_show_is_inferred() {
     let allowed = 200 * MIB;
-    let mut recording = recorder("", None);
-    recording
-        .set_memory_fraction(allowed as f64 / TOTAL as f64)
-        .expect("fraction");
+    // The fraction set in code, as the harness's jobs set it: the file does not record it.
+    let mut recording = recorder("", Some(allowed as f64 / TOTAL as f64));
     let cached = recording.malloc(60 * MIB).expect("default pool");
     let kept = recording.malloc(120 * MIB).expect("default pool");
     recording.free(cached).expect("cached in the default pools");
@@ -2898,14 +2909,8 @@ fn an_oom_in_a_mempool_the_file_does_not_show_is_inferred() {
         recording.malloc(40 * MIB).is_err(),
         "the pool's new segment fits under the fraction"
     );
-    recording
-        .end_allocate_to_pool(pool)
-        .expect("leave use_mem_pool");
-    recording
-        .release_pool(pool)
-        .expect("use_mem_pool's use goes");
-    recording.release_pool(pool).expect("the MemPool goes away");
-    recording.empty_cache_pool(pool).expect("its emptyCache");
+    leave_mem_pool(&mut recording, pool);
+    destroy_mem_pool(&mut recording, pool);
     let after = recording
         .malloc(40 * MIB)
         .expect("the default pools' cached block");
@@ -2936,19 +2941,15 @@ fn an_oom_in_a_mempool_the_file_does_not_show_is_inferred() {
 #[test]
 fn a_second_mempool_and_its_segments_told_by_their_release_are_inferred() {
     let mut recording = recorder("", None);
-    let cached = recording.malloc(30 * MIB).expect("default pool");
-    let kept = recording.malloc(4 * MIB).expect("default pool");
-    recording.free(cached).expect("cached in the default pools");
+    let kept = beside_a_cached_block(&mut recording, 4 * MIB);
     let first = enter_new_mem_pool(&mut recording);
     let early = recording.malloc(20 * MIB).expect("first pool");
-    recording.end_allocate_to_pool(first).expect("leave");
-    recording.release_pool(first).expect("leave");
+    leave_mem_pool(&mut recording, first);
     recording.free(early).expect("cached in the first pool");
     let second = enter_new_mem_pool(&mut recording);
     let small = recording.malloc(20 * MIB).expect("second pool");
     let large = recording.malloc(70 * MIB).expect("second pool, new memory");
-    recording.end_allocate_to_pool(second).expect("leave");
-    recording.release_pool(second).expect("leave");
+    leave_mem_pool(&mut recording, second);
     recording.free(small).expect("free");
     recording.free(large).expect("free");
     recording

@@ -885,14 +885,7 @@ impl Engine {
     /// and the file's end no longer shows (a `MemPool` entered with `use_mem_pool` and gone
     /// by the end). Routed to that pool ([`Engine::unshown_mem_pool_for`]).
     fn infer_mem_pool(&mut self, event: &RawEvent) -> Result<(), String> {
-        let addr = event.addr as u64;
-        if self.capture_route.is_some()
-            || !self.recorded_config
-            || self.routes.pool_of(addr, self.index).is_some()
-            || !self
-                .capture_pools
-                .made_unclaimed_after(addr, self.last_request)
-        {
+        if !self.may_infer_mem_pool(event) {
             return Ok(());
         }
         let size = non_negative(event.size, "size")?;
@@ -900,14 +893,21 @@ impl Engine {
             return Ok(());
         }
         let pool = self.unshown_mem_pool_for(event)?;
-        self.capture_route = self.route_unshown_mem_pool(event, pool);
-        if let Some(pool) = self.capture_route {
-            self.counts.inferred_pool_allocs += 1;
-            self.capture_pools.claim_recent(pool);
-            // Read from the replay's state: right only if its config is the recording's.
-            self.assumed_recorded_config = true;
-        }
+        self.route_unshown_mem_pool(event, pool);
         Ok(())
+    }
+
+    /// Whether the allocation `event` may be found to have asked a `MemPool` the file does
+    /// not show: under the recorded config (the replay's state is then the recording's), not
+    /// routed already, in a segment the trace made for it that no pool claimed.
+    fn may_infer_mem_pool(&self, event: &RawEvent) -> bool {
+        let addr = event.addr as u64;
+        self.capture_route.is_none()
+            && self.recorded_config
+            && self.routes.pool_of(addr, self.index).is_none()
+            && self
+                .capture_pools
+                .made_unclaimed_after(addr, self.last_request)
     }
 
     /// Under the recorded config, an allocation that made a new segment after a run of
@@ -922,16 +922,10 @@ impl Engine {
     /// collection is left to [`Engine::end_run`], and a malloc with no release before it to
     /// [`Engine::infer_mem_pool`].
     fn infer_collecting_mem_pool(&mut self, event: &RawEvent) -> Result<(), String> {
-        let addr = event.addr as u64;
-        if self.capture_route.is_some()
-            || !self.recorded_config
-            || self.run.releases == 0
+        if self.run.releases == 0
             || self.run.capture
             || self.run.empty_cache_frame
-            || self.routes.pool_of(addr, self.index).is_some()
-            || !self
-                .capture_pools
-                .made_unclaimed_after(addr, self.last_request)
+            || !self.may_infer_mem_pool(event)
         {
             return Ok(());
         }
@@ -958,15 +952,8 @@ impl Engine {
             Some(MallocOutlook::Collect(sizes)) => sizes == self.run.released,
             _ => false,
         };
-        if !collects_the_run {
-            return Ok(());
-        }
-        self.capture_route = self.route_unshown_mem_pool(event, pool);
-        if let Some(pool) = self.capture_route {
-            self.counts.inferred_pool_allocs += 1;
-            self.capture_pools.claim_recent(pool);
-            // Read from the replay's state: right only if its config is the recording's.
-            self.assumed_recorded_config = true;
+        if collects_the_run {
+            self.route_unshown_mem_pool(event, pool);
         }
         Ok(())
     }
@@ -1025,16 +1012,18 @@ impl Engine {
     }
 
     /// Routes the allocation `event` to `pool` ([`Engine::unshown_mem_pool_for`]), or to a
-    /// new inferred `MemPool`, claiming its segment.
-    fn route_unshown_mem_pool(
-        &mut self,
-        event: &RawEvent,
-        pool: Option<MemPoolId>,
-    ) -> Option<MemPoolId> {
+    /// new inferred `MemPool`, claiming its segment (and those its malloc made).
+    fn route_unshown_mem_pool(&mut self, event: &RawEvent, pool: Option<MemPoolId>) {
         let addr = event.addr as u64;
-        match pool {
+        self.capture_route = match pool {
             Some(pool) => self.capture_pools.claim_for(addr, pool),
             None => self.capture_pools.route_new_mem_pool(addr, event.stream),
+        };
+        if let Some(pool) = self.capture_route {
+            self.counts.inferred_pool_allocs += 1;
+            self.capture_pools.claim_recent(pool);
+            // Read from the replay's state: right only if its config is the recording's.
+            self.assumed_recorded_config = true;
         }
     }
 
