@@ -186,20 +186,8 @@ impl CapturePools {
 
     /// Takes the segment made at event `made`, released already, to have been `pool`'s: a
     /// claim for a replay that learns from this one ([`CapturePools::mem_pool_claims`]).
-    /// Not for a segment made before the first one `pool` is known to have made: a pool's
-    /// segments come after it.
     pub fn claim_made(&mut self, made: u64, pool: MemPoolId) {
-        let first = self
-            .claims
-            .iter()
-            .copied()
-            .chain(self.learned.iter().map(|(&at, &of)| (at, of)))
-            .filter(|&(_, of)| of == pool)
-            .map(|(at, _)| at)
-            .min();
-        if first.is_some_and(|first| made > first)
-            && !self.released_claims.iter().any(|&(at, _)| at == made)
-        {
+        if !self.released_claims.iter().any(|&(at, _)| at == made) {
             self.released_claims.push((made, pool));
         }
     }

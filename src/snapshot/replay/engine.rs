@@ -1208,13 +1208,30 @@ impl Engine {
 
     /// A run of releases that begins with the `own` segments of the `MemPool` `pool` (its
     /// `emptyCache(pool)`) and goes on with segments no pool claimed, of sizes that go on
-    /// growing as the pool's own did: the pool's walk of its cached blocks (by size), so its
-    /// segments too, which the replay had not known to be (they made new memory, where the
-    /// default pools' cache would not have served either). A whole `empty_cache()` after it
-    /// would start its walk of the default pools again from their smallest segment. Claimed
-    /// for `pool` by the event that made each ([`CapturePools::claim_made`]): this replay goes
-    /// on as it read the run, and a replay that learns from it routes them from the start.
+    /// growing as the pool's own did: the pool's walk of its cached blocks (small, then large,
+    /// each by size), so its segments too, which the replay had not known to be (they made new
+    /// memory where the default pools' cache would not have served either). Unless they are
+    /// just what a whole `empty_cache()` would release now (every whole cached segment of the
+    /// default pools, and of freeable pools): then they read as that call's, made after the
+    /// pool's. Claimed for `pool` by the event that made each ([`CapturePools::claim_made`]):
+    /// this replay goes on as it read the run, and a replay that learns from it routes them
+    /// from the start.
     fn claim_released_after(&mut self, run: &Run, own: usize, pool: MemPoolId) {
+        if own >= run.released.len() || run.freed_at.len() != run.released.len() {
+            return;
+        }
+        let mut rest: Vec<u64> = run.freed_at[own..].to_vec();
+        let mut whole: Vec<u64> = self
+            .allocator
+            .empty_cache_outlook()
+            .into_iter()
+            .map(|(address, _)| address)
+            .collect();
+        rest.sort_unstable();
+        whole.sort_unstable();
+        if rest == whole {
+            return;
+        }
         let mut smallest = run.released[..own]
             .iter()
             .map(|segment| segment.size)

@@ -49,6 +49,9 @@ WHATIF_WORKLOADS += ["pool_phases"]
 # collection and from their releases: a long-lived feature pool and short-lived scratch pools
 # beside training.
 WHATIF_WORKLOADS += ["pool_cache"]
+# An eighth (results-wave8/), also not fitted: a batch-size search inside a MemPool, its OOMs
+# caught.
+WHATIF_WORKLOADS += ["pool_retry"]
 
 # The batch-size search always runs under its own limit (the fraction it searches within).
 BS_SEARCH_LIMIT = 3 * GIB

@@ -650,6 +650,22 @@ class CompareTest(unittest.TestCase):
                          "pool_cache.expandable"} <= exact, exact)
 
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
+    def test_the_eighth_wave_searches_a_batch_size_inside_a_mempool(self):
+        """results-wave8/ (pool_retry on an H100 80GB, 2026-12-05), recorded after the seventh
+        wave's fixes and not fitted to: a batch-size search inside a MemPool, its OOMs caught.
+        Before the last fix (a pool's segments told by its release, made before the first one
+        the replay knew): 14 self-replays and 9 what-if pairs differed, 2 saying "fits" where
+        PyTorch ran out of memory. Now every what-if pair whose request sequence matches is
+        exact (6 changed their sequence: the caught OOMs). 5 self-replays still differ, not
+        diagnosed: 4 `.frac` runs whose OOM inside the pool the replay does not reproduce,
+        and `expandable` (the pool's pages mapped in a segment of its own)."""
+        known_self = {f"pool_retry.{c}" for c in ("combo.frac", "expandable.frac", "expandable",
+                                                  "split128.frac", "split64.frac")}
+        exact = self.check_recordings(os.path.join(HERE, "results-wave8"), 9, known=set(),
+                                      known_self=known_self)
+        self.assertIn("pool_retry.default", exact)
+
+    @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
     def test_the_resnet_pairs_recorded_again_on_an_h100(self):
         """repeats-h100/repN/ (repeat.sh 3 on an H100 80GB, 2026-12-05): `resnet.base` with
         `.gc06.frac` and `.combo.frac`, three times. PyTorch's counters are the same in every

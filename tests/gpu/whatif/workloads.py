@@ -1337,6 +1337,48 @@ def pool_cache(job):
     job.synchronize()
 
 
+def pool_retry(job):
+    """Inference at the largest batch that fits, found in a MemPool, written after the replay
+    learnt to infer MemPools to check it where it was not fitted: a SwiGLU stack (width 512,
+    2 blocks) trained at batch 8 x 256 rows (AdamW); then, under use_mem_pool, batches of 96,
+    64, 48, 32 and 16 x 256 rows tried from the largest down, each OOM caught and the try's
+    tensors dropped, the first that fits kept; 2 more training steps; the pool destroyed with
+    the kept output, then 2 more steps. On the CPU the same tensors without a pool (the first
+    batch fits)."""
+    seed_all(22)
+    width = 512
+    model = nn.Sequential(SwiGLU(width, 1536), SwiGLU(width, 1536)).to(job.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    pool = torch.cuda.MemPool() if job.cuda else None
+
+    def train_step():
+        x = torch.randn(8, 256, width, device=job.device)
+        loss = model(x).square().mean()
+        learn(optimizer, loss)
+        del x, loss
+
+    for _ in range(3):
+        train_step()
+    kept = None
+    for batch in (96, 64, 48, 32, 16):
+        try:
+            with torch.no_grad(), (torch.cuda.use_mem_pool(pool) if job.cuda
+                                   else contextlib.nullcontext()):
+                x = torch.randn(batch, 256, width, device=job.device)
+                kept = model(x).softmax(-1)
+                del x
+            break
+        except torch.OutOfMemoryError as error:
+            job.caught_oom(error)
+            kept = None
+    for _ in range(2):
+        train_step()
+    del kept, pool
+    for _ in range(2):
+        train_step()
+    job.synchronize()
+
+
 WORKLOADS = {
     "transformer_ckpt": transformer_ckpt,
     "unet": unet,
@@ -1365,4 +1407,5 @@ WORKLOADS = {
     "graph_evict": graph_evict,
     "pool_phases": pool_phases,
     "pool_cache": pool_cache,
+    "pool_retry": pool_retry,
 }
