@@ -422,7 +422,7 @@ fn learned_mem_pools(path: &Path, recording: &Recording, options: &ReplayOptions
 }
 
 /// `MemPool` claims: (index of the event that made a segment, the pool it belongs to).
-type Claims = std::rc::Rc<[(u64, crate::alloc::MemPoolId)]>;
+type Claims = std::sync::Arc<[(u64, crate::alloc::MemPoolId)]>;
 
 /// What self-replays of `recording` under `own` teach ([`learned_mem_pools`]), kept in the
 /// recording under `key` (`None`: its recorded config as it is; else the bits of the fraction
@@ -530,6 +530,7 @@ pub fn replay_tapped(
 ) -> Result<ReplayReport, ReplayError> {
     let options = report.options();
     let recording = read(path, options.device_index, &mut no_progress)?;
+    recording.take_mem_pool_lessons(&report.mem_pool_lessons);
     replay_recording_tapped(
         path,
         &recording,

@@ -408,6 +408,7 @@ impl Pass {
         );
         Ok(ReplayReport {
             file: path.display().to_string(),
+            mem_pool_lessons: recording.mem_pool_lessons(),
             device_index: recording.device_index,
             capacity: self.capacity,
             capacity_source: self.capacity_source,

@@ -35,7 +35,19 @@ pub struct Recording {
 
 /// What one self-replay taught about `MemPool`s (`super::learned_mem_pools`): the fraction
 /// and capacity it ran under (`None`: the recorded config as it is), and the claims.
-pub(super) type LearnedMemPools = (Option<(u64, Option<u64>)>, std::rc::Rc<[(u64, MemPoolId)]>);
+pub(super) type LearnedMemPools = (
+    Option<(u64, Option<u64>)>,
+    std::sync::Arc<[(u64, MemPoolId)]>,
+);
+
+/// What the replays of one recording learnt about its `MemPool`s, kept with a report so that
+/// a later replay of the same file for that report (its peaks' sites, a timeline) routes as
+/// the report's replay did, without replaying the file again to learn it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MemPoolLessons {
+    learned: Vec<LearnedMemPools>,
+    infers: bool,
+}
 
 impl Recording {
     /// The recording of the file at `path` (for messages) from its scan and the rest of it;
@@ -206,6 +218,20 @@ impl Recording {
             Some(conf) => Ok((conf.clone(), ConfSource::Given)),
             None => self.recorded_conf(),
         }
+    }
+
+    /// What replays of this recording learnt about its `MemPool`s so far.
+    pub(super) fn mem_pool_lessons(&self) -> MemPoolLessons {
+        MemPoolLessons {
+            learned: self.learned_mem_pools.borrow().clone(),
+            infers: self.infers_mem_pools.get(),
+        }
+    }
+
+    /// Takes what an earlier reading of the same file learnt ([`Recording::mem_pool_lessons`]).
+    pub(super) fn take_mem_pool_lessons(&self, lessons: &MemPoolLessons) {
+        self.learned_mem_pools.replace(lessons.learned.clone());
+        self.infers_mem_pools.set(lessons.infers);
     }
 
     /// Whether a replay under `conf` takes the `MemPool`s self-replays learn
