@@ -37,6 +37,7 @@ pub(crate) mod endstate;
 pub mod engine;
 pub mod frames;
 pub(crate) mod held;
+pub(crate) mod lessons;
 pub(crate) mod limit;
 pub(crate) mod mapped;
 mod mirror;

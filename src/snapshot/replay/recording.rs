@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use super::engine::PoolRoutes;
+use super::lessons::{LearnedMemPools, MemPoolLessons};
 use super::report::DeviceTrace;
 use super::scan::Scan;
 use super::{ConfSource, ReplayError, ReplayOptions};
@@ -31,22 +32,6 @@ pub struct Recording {
     /// Whether the first pass over the file (`super::replay_reading`) inferred a `MemPool`:
     /// a replay under the recorded config then learns them too.
     pub(super) infers_mem_pools: std::cell::Cell<bool>,
-}
-
-/// What one self-replay taught about `MemPool`s (`super::learned_mem_pools`): the fraction
-/// and capacity it ran under (`None`: the recorded config as it is), and the claims.
-pub(super) type LearnedMemPools = (
-    Option<(u64, Option<u64>)>,
-    std::sync::Arc<[(u64, MemPoolId)]>,
-);
-
-/// What the replays of one recording learnt about its `MemPool`s, kept with a report so that
-/// a later replay of the same file for that report (its peaks' sites, a timeline) routes as
-/// the report's replay did, without replaying the file again to learn it.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct MemPoolLessons {
-    learned: Vec<LearnedMemPools>,
-    infers: bool,
 }
 
 impl Recording {
@@ -222,16 +207,16 @@ impl Recording {
 
     /// What replays of this recording learnt about its `MemPool`s so far.
     pub(super) fn mem_pool_lessons(&self) -> MemPoolLessons {
-        MemPoolLessons {
-            learned: self.learned_mem_pools.borrow().clone(),
-            infers: self.infers_mem_pools.get(),
-        }
+        MemPoolLessons::new(
+            self.learned_mem_pools.borrow().clone(),
+            self.infers_mem_pools.get(),
+        )
     }
 
     /// Takes what an earlier reading of the same file learnt ([`Recording::mem_pool_lessons`]).
     pub(super) fn take_mem_pool_lessons(&self, lessons: &MemPoolLessons) {
-        self.learned_mem_pools.replace(lessons.learned.clone());
-        self.infers_mem_pools.set(lessons.infers);
+        self.learned_mem_pools.replace(lessons.learned().to_vec());
+        self.infers_mem_pools.set(lessons.infers());
     }
 
     /// Whether a replay under `conf` takes the `MemPool`s self-replays learn

@@ -205,7 +205,7 @@ pub struct ReplayReport {
     pub file: String,
     /// What the replay learnt about the file's `MemPool`s, for a later replay made for this
     /// report (not printed).
-    pub mem_pool_lessons: super::recording::MemPoolLessons,
+    pub mem_pool_lessons: super::lessons::MemPoolLessons,
     /// Which device's trace was replayed (its position in `device_traces`).
     pub device_index: usize,
     /// Total bytes of the simulated device.
