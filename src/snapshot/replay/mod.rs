@@ -281,16 +281,20 @@ pub fn replay_reading(
         Ok(())
     })?;
     let recording = Recording::new(path, scan, remainder, options.device_index)?;
-    recording
-        .infers_mem_pools
-        .set(!abandoned && !first.mem_pool_claims_trusted_or_not().is_empty());
+    let (chosen, _) = recording.choose_conf(options)?;
+    // The first pass reads as the recorded run until the file names its config: its
+    // inferences stand only where the config is the recorded one.
+    recording.infers_mem_pools.set(
+        !abandoned
+            && recording.is_recorded_conf(&chosen)
+            && !first.mem_pool_claims_trusted_or_not().is_empty(),
+    );
     let plan = first.plan(&recording, options)?;
     // Under another config than the recorded one, `MemPool`s only a self-replay can infer
     // route the replay's allocations; under the recorded one too where the first pass
     // inferred some (a pool's segments that made new memory, whichever pool was asked, are
     // told by their release only, after the replay took them for the default pools'): a
     // second pass takes them.
-    let (chosen, _) = recording.choose_conf(options)?;
     let learned = recording.wants_learned_mem_pools(&chosen)
         && !learned_mem_pools(path, &recording, options).is_empty();
     let mut report =
