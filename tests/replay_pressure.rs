@@ -46,6 +46,36 @@ fn enter_new_mem_pool(recording: &mut CachingAllocator) -> MemPoolId {
     pool
 }
 
+/// A new `MemPool` under `use_mem_pool`, holding a block of each of `sizes`, then left: the
+/// pool and its blocks.
+fn fill_new_mem_pool(
+    recording: &mut CachingAllocator,
+    sizes: &[u64],
+) -> (MemPoolId, Vec<Allocation>) {
+    let pool = enter_new_mem_pool(recording);
+    let blocks = sizes
+        .iter()
+        .map(|&size| recording.malloc(size).expect("in the pool"))
+        .collect();
+    leave_mem_pool(recording, pool);
+    (pool, blocks)
+}
+
+/// The job's end after a `MemPool` went: one request of `size` bytes in the default pools,
+/// freed, then the block `kept` since the start freed too.
+fn one_more_request_then_free(recording: &mut CachingAllocator, size: u64, kept: Allocation) {
+    let after = recording.malloc(size).expect("default pool");
+    recording.free(after).expect("free");
+    recording.free(kept).expect("free");
+}
+
+/// Frees each of `blocks`.
+fn free_all(recording: &mut CachingAllocator, blocks: Vec<Allocation>) {
+    for block in blocks {
+        recording.free(block).expect("free");
+    }
+}
+
 /// Leaves `use_mem_pool(pool)`: no more allocations to it, its use by the block gone.
 fn leave_mem_pool(recording: &mut CachingAllocator, pool: MemPoolId) {
     recording
@@ -319,18 +349,11 @@ fn the_oom_path_completes_pending_frees_in_self_and_what_if_replays() {
 fn a_mempool_going_away_releases_only_its_own_segments() {
     let mut recording = recorder("", None);
     let kept = beside_a_cached_block(&mut recording, 8 * MIB);
-    let pool = enter_new_mem_pool(&mut recording);
-    let pooled = recording.malloc(40 * MIB).expect("in the pool");
-    leave_mem_pool(&mut recording, pool);
-    recording.free(pooled).expect("free in the pool");
+    let (pool, pooled) = fill_new_mem_pool(&mut recording, &[40 * MIB]);
+    free_all(&mut recording, pooled);
     // The MemPool's destructor.
-    recording.release_pool(pool).expect("the pool object goes");
-    recording.empty_cache_pool(pool).expect("emptyCache(pool)");
-    let again = recording
-        .malloc(30 * MIB)
-        .expect("served by the cached block");
-    recording.free(again).expect("free");
-    recording.free(kept).expect("free");
+    destroy_mem_pool(&mut recording, pool);
+    one_more_request_then_free(&mut recording, 30 * MIB, kept);
     assert_eq!(
         recording.stats().num_device_free,
         1,
@@ -713,9 +736,7 @@ fn a_what_if_segment_goes_where_the_drivers_model_puts_it_in_the_recordings_addr
             (below(416), 64 * MIB)
         ]
     );
-    for block in blocks {
-        recording.free(block).expect("free");
-    }
+    free_all(&mut recording, blocks);
 }
 
 /// A what-if config that makes the recording's second segment one allocation earlier (issue
@@ -741,9 +762,7 @@ fn a_what_if_segment_made_at_another_allocation_follows_the_recorded_calls() {
         (blocks[0].ptr.addr(), blocks[3].ptr.addr()),
         (first, second)
     );
-    for block in blocks {
-        recording.free(block).expect("free");
-    }
+    free_all(&mut recording, blocks);
     let path = dump(&recording, "moved-call", &[]);
     // Rounded to halves of powers of two, 6.5 MiB takes 8: the third request no longer fits
     // in the first segment, so the second segment comes one allocation earlier, and the fifth
@@ -1163,30 +1182,13 @@ fn a_mempool_filled_beside_a_cached_block_is_inferred() {
         "expandable_segments:True",
     ] {
         let mut recording = recorder(conf, None);
-        let cached = recording.malloc(30 * MIB).expect("a default-pool block");
-        let kept = recording.malloc(4 * MIB).expect("another");
-        recording.free(cached).expect("cached in the default pools");
-        let pool = enter_new_mem_pool(&mut recording);
-        let scratch: Vec<Allocation> = [6 * MIB, 18 * MIB]
-            .into_iter()
-            .map(|size| recording.malloc(size).expect("in the pool"))
-            .collect();
-        recording
-            .end_allocate_to_pool(pool)
-            .expect("leave use_mem_pool");
-        recording
-            .release_pool(pool)
-            .expect("use_mem_pool's use goes");
-        for block in scratch {
-            recording.free(block).expect("free in the pool");
-        }
+        let kept = beside_a_cached_block(&mut recording, 4 * MIB);
+        let (pool, scratch) = fill_new_mem_pool(&mut recording, &[6 * MIB, 18 * MIB]);
+        free_all(&mut recording, scratch);
         // `del pool`: releasePool, then emptyCache(pool); then `torch.cuda.empty_cache()`.
-        recording.release_pool(pool).expect("the MemPool goes away");
-        recording.empty_cache_pool(pool).expect("its emptyCache");
+        destroy_mem_pool(&mut recording, pool);
         recording.empty_cache().expect("empty_cache");
-        let after = recording.malloc(12 * MIB).expect("default pool");
-        recording.free(after).expect("free");
-        recording.free(kept).expect("free");
+        one_more_request_then_free(&mut recording, 12 * MIB, kept);
         let report = replayed_framed(&recording, "mempool-inferred", conf, &|_| Vec::new());
         assert_reproduces(&recording, &report);
         assert!(report.counts.inferred_pool_allocs >= 2, "{conf}\n{report}");
@@ -2911,11 +2913,7 @@ fn an_oom_in_a_mempool_the_file_does_not_show_is_inferred() {
     );
     leave_mem_pool(&mut recording, pool);
     destroy_mem_pool(&mut recording, pool);
-    let after = recording
-        .malloc(40 * MIB)
-        .expect("the default pools' cached block");
-    recording.free(after).expect("free");
-    recording.free(kept).expect("free");
+    one_more_request_then_free(&mut recording, 40 * MIB, kept);
     assert_eq!(recording.stats().num_ooms, 1);
     let conf = fraction_conf(allowed);
     let report = replayed_framed(&recording, "mempool-oom", &conf, &|_| Vec::new());
@@ -2942,24 +2940,14 @@ fn an_oom_in_a_mempool_the_file_does_not_show_is_inferred() {
 fn a_second_mempool_and_its_segments_told_by_their_release_are_inferred() {
     let mut recording = recorder("", None);
     let kept = beside_a_cached_block(&mut recording, 4 * MIB);
-    let first = enter_new_mem_pool(&mut recording);
-    let early = recording.malloc(20 * MIB).expect("first pool");
-    leave_mem_pool(&mut recording, first);
-    recording.free(early).expect("cached in the first pool");
-    let second = enter_new_mem_pool(&mut recording);
-    let small = recording.malloc(20 * MIB).expect("second pool");
-    let large = recording.malloc(70 * MIB).expect("second pool, new memory");
-    leave_mem_pool(&mut recording, second);
-    recording.free(small).expect("free");
-    recording.free(large).expect("free");
-    recording
-        .release_pool(second)
-        .expect("the second MemPool goes away");
-    recording.empty_cache_pool(second).expect("its emptyCache");
+    let (_first, early) = fill_new_mem_pool(&mut recording, &[20 * MIB]);
+    free_all(&mut recording, early);
+    // 20 MiB, then 70 MiB: new memory where the default pools would have made it too.
+    let (second, blocks) = fill_new_mem_pool(&mut recording, &[20 * MIB, 70 * MIB]);
+    free_all(&mut recording, blocks);
+    destroy_mem_pool(&mut recording, second);
     // The first pool's cached block is its own: a default-pool request does not take it.
-    let after = recording.malloc(20 * MIB).expect("default pool");
-    recording.free(after).expect("free");
-    recording.free(kept).expect("free");
+    one_more_request_then_free(&mut recording, 20 * MIB, kept);
     let report = replayed_framed(&recording, "mempool-second", "", &|_| Vec::new());
     assert_reproduces(&recording, &report);
     // The first pool is the file's (its cached block is there at the end); the second's two.
