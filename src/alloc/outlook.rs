@@ -135,6 +135,26 @@ impl CachingAllocator {
         })
     }
 
+    /// The base addresses of the segments garbage collection would release now for a
+    /// `malloc_on(stream, size)` asked in the default pools, in its order (empty where it
+    /// would not run or release nothing). A replay asks it where the trace shows a malloc
+    /// that released nothing: segments the collector would have taken were not the default
+    /// large pool's (a private pool's, which it never reads).
+    pub fn collection_outlook(&self, stream: StreamId, size: u64) -> Vec<u64> {
+        if !self.garbage_collection_enabled() || size == 0 || size >= super::ONE_EXABYTE {
+            return Vec::new();
+        }
+        let rounded = self.round_size(size);
+        let large = Self::pool_for(rounded) == Pool::Large;
+        // As `outlook_with`: a default large-pool request's get_free_block ticks the clock the
+        // collector reads.
+        let tick = u64::from(large && self.pools.route(stream) == DEFAULT_OWNER);
+        self.collection_plan(tick, &[])
+            .into_iter()
+            .map(|(id, _)| self.blocks.at(id).ptr)
+            .collect()
+    }
+
     /// [`CachingAllocator::malloc_outlook`] had the pending frees of `completed` completed
     /// just now (their blocks back in the cache, merged, as young as a block can be). A replay
     /// asks it to tell a free made just before a malloc from a deferred free that the malloc

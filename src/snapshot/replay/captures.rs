@@ -77,15 +77,40 @@ pub(super) struct CapturePools {
 }
 
 impl CapturePools {
-    /// The trace made a segment at `[base, base + size)`, at event `index`.
-    pub fn segment_made(&mut self, base: u64, size: u64, index: u64) {
+    /// The trace made a segment at `[base, base + size)`, at event `index`; `mapped`: pages
+    /// mapped into an expandable segment (`segment_map`), which belong to the pool of the
+    /// pages mapped right beside them. An expandable segment reserves its address range once
+    /// and maps pages at the end of (or into a hole of) what it mapped before, and no other
+    /// segment lies in its reservation: a pool that claimed those pages owns these too. Two
+    /// `cudaMalloc` segments side by side tell nothing of each other.
+    pub fn segment_made(&mut self, base: u64, size: u64, index: u64, mapped: bool) {
         self.recent.push(base);
+        let end = base.saturating_add(size);
+        let pool = self.learned.get(&index).copied().or_else(|| {
+            if !mapped {
+                return None;
+            }
+            let below = self
+                .segments
+                .range(..base)
+                .next_back()
+                .filter(|(_, segment)| segment.end == base);
+            let above = self.segments.get(&end);
+            below
+                .and_then(|(_, segment)| segment.pool)
+                .or_else(|| above.and_then(|segment| segment.pool))
+        });
+        if let Some(pool) = pool.filter(|pool| self.mem_pools.contains(pool)) {
+            if !self.learned.contains_key(&index) {
+                self.claims.push((index, pool));
+            }
+        }
         self.segments.insert(
             base,
             RecordedSegment {
-                end: base.saturating_add(size),
+                end,
                 made: index,
-                pool: self.learned.get(&index).copied(),
+                pool,
             },
         );
     }
@@ -93,6 +118,9 @@ impl CapturePools {
     /// The trace released the segment at `base` (or unmapped `[base, base + size)` of an
     /// expandable one: every mapped range recorded in it goes): the inferred pool that owned
     /// it, if any, and whether this release is the first sign that the pool became freeable.
+    /// Never so for a `MemPool`: its own malloc's OOM path releases its cached blocks while
+    /// the job holds it (`release_available_cached_blocks`), which the malloc after the run
+    /// tells (the engine's `end_run`).
     pub fn segment_freed(&mut self, base: u64, size: u64) -> Option<(MemPoolId, bool)> {
         let end = base.saturating_add(size.max(1));
         let gone: Vec<u64> = self.segments.range(base..end).map(|(&at, _)| at).collect();
@@ -103,6 +131,9 @@ impl CapturePools {
             }
         }
         let pool = owner?;
+        if self.mem_pools.contains(&pool) {
+            return Some((pool, false));
+        }
         Some((pool, self.make_freeable(pool)))
     }
 
@@ -250,6 +281,11 @@ impl CapturePools {
         self.mem_pool_claims_before(u64::MAX)
     }
 
+    /// The claims made at the segments' release ([`CapturePools::claim_made`]).
+    pub fn released_mem_pool_claims(&self) -> Vec<(u64, MemPoolId)> {
+        self.released_claims.clone()
+    }
+
     /// The claims inferred as the segments were made (no claim a release made).
     pub fn inferred_mem_pool_claims(&self) -> Vec<(u64, MemPoolId)> {
         self.claims.clone()
@@ -349,14 +385,14 @@ mod tests {
     #[test]
     fn a_capture_claims_the_segments_it_made_and_a_later_capture_shares_them() {
         let mut pools = CapturePools::default();
-        pools.segment_made(0x1000_0000, 20 * MIB, 1);
+        pools.segment_made(0x1000_0000, 20 * MIB, 1, false);
         pools.capture_begins(7, 2);
-        pools.segment_made(0x2000_0000, 20 * MIB, 3);
+        pools.segment_made(0x2000_0000, 20 * MIB, 3, false);
         // Made before the capture (a default-pool segment): no pool.
         assert_eq!(pools.route(0x1000_0000, 7), None);
         let first = pools.route(0x2000_0000, 7).expect("the capture's segment");
         assert_eq!(pools.route(0x2000_0000 + MIB, 7), Some(first));
-        pools.segment_made(0x3000_0000, 20 * MIB, 5);
+        pools.segment_made(0x3000_0000, 20 * MIB, 5, false);
         assert_eq!(pools.route(0x3000_0000, 7), Some(first));
         // A second capture on the same stream, landing in the first one's segment, shares it.
         pools.capture_begins(7, 9);
@@ -370,13 +406,38 @@ mod tests {
     }
 
     #[test]
+    fn pages_mapped_beside_a_mem_pools_pages_are_that_pools() {
+        let mut pools = CapturePools::default();
+        pools.segment_made(0x2000_0000, 60 * MIB, 1, true);
+        let pool = pools.route_new_mem_pool(0x2000_0000, 0).expect("claimed");
+        // Mapped at the end of the pool's pages (the segment grew), and into the hole between
+        // them and pages mapped apart (no pool's when they were mapped): the pool's, learnt
+        // by their events.
+        pools.segment_made(0x2000_0000 + 60 * MIB, 40 * MIB, 3, true);
+        pools.segment_made(0x2000_0000 + 120 * MIB, 20 * MIB, 4, true);
+        pools.segment_made(0x2000_0000 + 100 * MIB, 20 * MIB, 5, true);
+        for addr in [60, 100].map(|at| 0x2000_0000 + at * MIB) {
+            assert_eq!(pools.claimed(addr), Some(pool), "{addr:#x}");
+        }
+        assert_eq!(pools.claimed(0x2000_0000 + 120 * MIB), None);
+        assert_eq!(
+            pools.mem_pool_claims(),
+            vec![(1, pool), (3, pool), (5, pool)],
+            "the lone pages at 120 MiB were mapped before the hole was filled"
+        );
+        // A `cudaMalloc` segment right beside a pool's says nothing.
+        pools.segment_made(0x2000_0000 + 140 * MIB, 20 * MIB, 6, false);
+        assert_eq!(pools.claimed(0x2000_0000 + 140 * MIB), None);
+    }
+
+    #[test]
     fn a_new_capture_making_new_memory_gets_a_pool_of_its_own() {
         let mut pools = CapturePools::default();
         pools.capture_begins(7, 1);
-        pools.segment_made(0x2000_0000, 20 * MIB, 2);
+        pools.segment_made(0x2000_0000, 20 * MIB, 2, false);
         let first = pools.route(0x2000_0000, 7).expect("first");
         pools.capture_begins(7, 3);
-        pools.segment_made(0x4000_0000, 20 * MIB, 4);
+        pools.segment_made(0x4000_0000, 20 * MIB, 4, false);
         let second = pools.route(0x4000_0000, 7).expect("second");
         assert_ne!(first, second);
         assert!(!first.is_default() && !second.is_default());
@@ -386,7 +447,7 @@ mod tests {
     fn a_pool_whose_last_block_is_freed_is_named_once() {
         let mut pools = CapturePools::default();
         pools.capture_begins(7, 1);
-        pools.segment_made(0x2000_0000, 20 * MIB, 2);
+        pools.segment_made(0x2000_0000, 20 * MIB, 2, false);
         let pool = pools.route(0x2000_0000, 7).expect("claimed");
         assert_eq!(pools.route(0x2000_0000 + MIB, 7), Some(pool));
         assert_eq!(pools.capturing_into(7), Some(pool));
@@ -405,7 +466,7 @@ mod tests {
     fn a_mem_pool_claims_its_segments_and_the_pieces_its_malloc_mapped() {
         let mut pools = CapturePools::default();
         pools.request_seen();
-        pools.segment_made(0x2000_0000, 20 * MIB, 2);
+        pools.segment_made(0x2000_0000, 20 * MIB, 2, false);
         let pool = pools
             .route_new_mem_pool(0x2000_0000, 0)
             .expect("a new MemPool");
@@ -414,18 +475,19 @@ mod tests {
         // The next malloc maps two pieces: the one its block starts in was claimed before,
         // the one after is claimed with it.
         pools.request_seen();
-        pools.segment_made(0x2140_0000, 20 * MIB, 4);
+        pools.segment_made(0x2140_0000, 20 * MIB, 4, false);
         assert!(!pools.made_unclaimed_after(0x2000_0000 + 6 * MIB, 3));
         assert_eq!(pools.claimed(0x2000_0000 + 6 * MIB), Some(pool));
         pools.claim_recent(pool);
         assert_eq!(pools.claimed(0x2140_0000 + MIB), Some(pool));
         // The stream's MemPool takes the next inference too.
         pools.request_seen();
-        pools.segment_made(0x4000_0000, 40 * MIB, 6);
+        pools.segment_made(0x4000_0000, 40 * MIB, 6, false);
         assert!(pools.made_unclaimed_after(0x4000_0000, 5));
         assert_eq!(pools.current_mem_pool(0), Some(pool));
         assert_eq!(pools.claim_for(0x4000_0000, pool), Some(pool));
-        // Emptied, it is not taken for gone: only a release says so.
+        // Emptied, it is not taken for gone; nor released: its own malloc's OOM path releases
+        // its cached blocks while the job holds it (the engine asks the malloc after the run).
         for addr in [
             0x2000_0000,
             0x2000_0000 + 6 * MIB,
@@ -436,8 +498,9 @@ mod tests {
         }
         assert_eq!(
             pools.segment_freed(0x4000_0000, 40 * MIB),
-            Some((pool, true))
+            Some((pool, false))
         );
+        assert!(pools.make_freeable(pool));
         assert_eq!(pools.claimed(0x2000_0000), None);
     }
 
@@ -445,8 +508,8 @@ mod tests {
     fn a_released_segment_makes_its_pool_freeable_once() {
         let mut pools = CapturePools::default();
         pools.capture_begins(7, 1);
-        pools.segment_made(0x2000_0000, 20 * MIB, 2);
-        pools.segment_made(0x4000_0000, 20 * MIB, 3);
+        pools.segment_made(0x2000_0000, 20 * MIB, 2, false);
+        pools.segment_made(0x4000_0000, 20 * MIB, 3, false);
         let pool = pools.route(0x2000_0000, 7).expect("claimed");
         assert_eq!(pools.route(0x4000_0000, 7), Some(pool));
         assert_eq!(
@@ -459,9 +522,9 @@ mod tests {
         );
         assert_eq!(pools.segment_freed(0x4000_0000, 20 * MIB), None);
         // A freeable pool takes no more allocations.
-        pools.segment_made(0x2000_0000, 20 * MIB, 4);
+        pools.segment_made(0x2000_0000, 20 * MIB, 4, false);
         pools.capture_begins(7, 5);
-        pools.segment_made(0x6000_0000, 20 * MIB, 6);
+        pools.segment_made(0x6000_0000, 20 * MIB, 6, false);
         assert_ne!(pools.route(0x6000_0000, 7), Some(pool));
     }
 }

@@ -379,6 +379,9 @@ pub struct Engine {
     restore_scanned: u64,
     /// By recorded stream: the private pool its last allocation went to, if it went to one.
     stream_pools: HashMap<i64, MemPoolId>,
+    /// By recorded stream: the private pool its last allocation in one went to (kept while
+    /// the stream allocates in the default pools).
+    last_private_pool: HashMap<i64, MemPoolId>,
     /// The recorded run's config, once the file has named it (a first pass takes its own for
     /// it): how the recording rounded a request for its memory-fraction check.
     recorded_conf: Option<AllocConf>,
@@ -404,6 +407,9 @@ pub struct Engine {
     /// then can the replay's state tell what PyTorch's malloc did where the trace does not
     /// show it.
     recorded_config: bool,
+    /// Whether, following the recorded config, the replay infers the `MemPool`s the file does
+    /// not show from its state as it reads ([`Engine::infer_mem_pools_as_read`]).
+    infer_mem_pools_as_read: bool,
     /// Whether a decision so far took [`Engine::follows_recorded_config`] for granted: a
     /// replay that ran before the recorded config was known must then run again if it was
     /// not.
@@ -471,6 +477,7 @@ impl Engine {
             capture_route: None,
             last_request: 0,
             stream_pools: HashMap::new(),
+            last_private_pool: HashMap::new(),
             oom_in_default: false,
             recorded_conf: None,
             restore_scanned: 0,
@@ -479,6 +486,7 @@ impl Engine {
             capturing: HashMap::new(),
             started_mid_run: false,
             recorded_config: true,
+            infer_mem_pools_as_read: true,
             assumed_recorded_config: false,
             recording_room: None,
             provisional_room: None,
@@ -571,6 +579,14 @@ impl Engine {
     /// a what-if replay says no).
     pub fn follows_recorded_config(&mut self, recorded: bool) {
         self.recorded_config = recorded;
+    }
+
+    /// Says whether the replay, following the recorded config, infers `MemPool`s the file
+    /// does not show from its state as it reads (the default: yes). No where self-replays
+    /// taught that such inferences read this trace the wrong way (`super::lessons::Lesson`):
+    /// the claims it learnt still route.
+    pub fn infer_mem_pools_as_read(&mut self, infer: bool) {
+        self.infer_mem_pools_as_read = infer;
     }
 
     /// Tells a what-if replay of a trace that starts with its process how many bytes the
@@ -733,8 +749,12 @@ impl Engine {
                 if event.action == Action::SegmentAlloc {
                     self.made_at.insert(event.addr as u64, index);
                 }
-                self.capture_pools
-                    .segment_made(event.addr as u64, event.size.max(0) as u64, index);
+                self.capture_pools.segment_made(
+                    event.addr as u64,
+                    event.size.max(0) as u64,
+                    index,
+                    event.action == Action::SegmentMap,
+                );
                 // Only a `cudaMalloc` tells where the driver puts one: pages mapped into an
                 // expandable segment lie in its address reservation, no place for a segment
                 // of a replay without expandable segments.
@@ -756,15 +776,18 @@ impl Engine {
                 self.see_capture(&event);
                 self.route_to_inferred_pool(&event);
                 self.infer_collecting_mem_pool(&event).map_err(fail)?;
+                self.infer_releasing_mem_pool(&event).map_err(fail)?;
+                let released = self.run.releases > 0;
                 self.end_run(Some(&event)).map_err(fail)?;
-                self.infer_mem_pool(&event).map_err(fail)?;
+                self.infer_mem_pool(&event, released).map_err(fail)?;
                 let allocated = self.alloc(index, &event);
                 self.capture_route = None;
                 allocated.map_err(fail)?;
             }
             Action::Oom => {
+                let released = self.run.releases > 0;
                 self.end_run(Some(&event)).map_err(fail)?;
-                self.infer_oom_mem_pool(&event).map_err(fail)?;
+                self.infer_oom_mem_pool(&event, released).map_err(fail)?;
                 self.recorded_oom(index, &event).map_err(fail)?;
             }
             Action::FreeRequested => {
@@ -883,18 +906,43 @@ impl Engine {
     /// the replay's default pools, in the recording's state, hold a free block that would
     /// serve it: PyTorch's malloc did not look there, but in a private pool no frame names
     /// and the file's end no longer shows (a `MemPool` entered with `use_mem_pool` and gone
-    /// by the end). Routed to that pool ([`Engine::unshown_mem_pool_for`]).
-    fn infer_mem_pool(&mut self, event: &RawEvent) -> Result<(), String> {
+    /// by the end). Routed to that pool ([`Engine::unshown_mem_pool_for`]). Where instead
+    /// garbage collection would have released cached segments first and the trace shows no
+    /// release (`released`: it shows some), those segments were not the default large pool's,
+    /// the only one the collector reads ([`Engine::claim_uncollected`]).
+    fn infer_mem_pool(&mut self, event: &RawEvent, released: bool) -> Result<(), String> {
         if !self.may_infer_mem_pool(event) {
             return Ok(());
         }
         let size = non_negative(event.size, "size")?;
-        if self.allocator.malloc_outlook(event.stream as u64, size) != MallocOutlook::Cached {
-            return Ok(());
+        match self.allocator.malloc_outlook(event.stream as u64, size) {
+            MallocOutlook::Cached => {}
+            MallocOutlook::Collect(_) if !released => {
+                self.claim_uncollected(event, size);
+                return Ok(());
+            }
+            _ => return Ok(()),
         }
         let pool = self.unshown_mem_pool_for(event)?;
         self.route_unshown_mem_pool(event, pool);
         Ok(())
+    }
+
+    /// The cached segments garbage collection would have released before the malloc of
+    /// `event` in the replay's default pools, where the trace shows it released none: they
+    /// were a private pool's. Claimed, by the event that made each
+    /// ([`CapturePools::claim_made`]), for the private pool the stream allocated to last, if
+    /// any: a self-replay that learns from this one holds them there from the start, and
+    /// keeps them only if it then reproduces the recording.
+    fn claim_uncollected(&mut self, event: &RawEvent, size: u64) {
+        let Some(&pool) = self.last_private_pool.get(&event.stream) else {
+            return;
+        };
+        for address in self.allocator.collection_outlook(event.stream as u64, size) {
+            if let Some(&made) = self.made_at.get(&address) {
+                self.capture_pools.claim_made(made, pool);
+            }
+        }
     }
 
     /// Whether the allocation `event` may be found to have asked a `MemPool` the file does
@@ -904,6 +952,7 @@ impl Engine {
         let addr = event.addr as u64;
         self.capture_route.is_none()
             && self.recorded_config
+            && self.infer_mem_pools_as_read
             && self.routes.pool_of(addr, self.index).is_none()
             && self
                 .capture_pools
@@ -914,10 +963,12 @@ impl Engine {
     /// releases, where the replay's default pools, as they stand before the run, would have
     /// served it from their cache, and where the garbage collection a malloc asked in a
     /// private pool runs (PyTorch collects the default large pool whatever pool is asked)
-    /// makes exactly the run's releases: the run was that collection, and the malloc asked a
-    /// `MemPool` gone by the end. Read otherwise, the run is an `empty_cache()` before a
-    /// default-pool malloc (the trace reads alike; the synchronisation count, and the order
-    /// and number of the releases, differ). Routed to an inferred `MemPool`
+    /// makes exactly the run's releases, and a whole `empty_cache()` would not (the trace
+    /// would read as well as that call before a default-pool malloc, the likelier reading):
+    /// the run was that collection, and the malloc asked a `MemPool` gone by the end. Read
+    /// otherwise, the run is an `empty_cache()` before a default-pool malloc (the trace reads
+    /// alike but for the order and number of the releases; the synchronisation count
+    /// differs). Routed to an inferred `MemPool`
     /// ([`CapturePools::route_new_mem_pool`]) before the run is replayed; a run that is no such
     /// collection is left to [`Engine::end_run`], and a malloc with no release before it to
     /// [`Engine::infer_mem_pool`].
@@ -948,33 +999,92 @@ impl Engine {
                 .allocator
                 .malloc_outlook_in_empty_pool(stream, size, &leading),
         };
-        let collects_the_run = match outlook {
-            Some(MallocOutlook::Collect(sizes)) => sizes == self.run.released,
+        let collects_the_run = match &outlook {
+            Some(MallocOutlook::Collect(sizes)) => *sizes == self.run.released,
             _ => false,
         };
-        if collects_the_run {
+        // A whole `empty_cache()` would make just these releases, in this order: the trace
+        // reads as well as the job's call before a default-pool malloc, the likelier reading
+        // (a pool's first malloc collecting garbage is told by what a call would not release).
+        let whole: Vec<u64> = self
+            .allocator
+            .empty_cache_outlook()
+            .into_iter()
+            .map(|(address, _)| address)
+            .collect();
+        if collects_the_run && whole != self.run.freed_at {
             self.route_unshown_mem_pool(event, pool);
         }
         Ok(())
     }
 
+    /// Under the recorded config, an allocation that made a new segment after a run of
+    /// releases of one `MemPool`'s cached segments alone, where that pool's malloc would make
+    /// exactly those releases (`release_available_cached_blocks`, which reads the asked pool
+    /// only, under `max_split_size_mb`): the malloc was asked in that pool. Read otherwise it
+    /// is a default-pool malloc after the pool's `emptyCache(pool)`, which would release every
+    /// whole cached segment of the pool, and the pool would be gone.
+    fn infer_releasing_mem_pool(&mut self, event: &RawEvent) -> Result<(), String> {
+        if self.run.releases == 0
+            || self.run.capture
+            || self.run.empty_cache_frame
+            || !self.may_infer_mem_pool(event)
+        {
+            return Ok(());
+        }
+        let Some(pool) = self.run.released.first().map(|segment| segment.pool) else {
+            return Ok(());
+        };
+        let own = |candidate: MemPoolId| candidate == pool;
+        if !self.capture_pools.is_mem_pool(pool)
+            || !self.run.released.iter().all(|segment| own(segment.pool))
+        {
+            return Ok(());
+        }
+        let leading: Vec<Allocation> = self.run.leading.iter().map(|&(_, a)| a).collect();
+        let releases_the_run = match self.outlook_in(event, Some(pool), &leading)? {
+            MallocOutlook::Release {
+                released: Some(sizes),
+                ..
+            } => sizes == self.run.released,
+            _ => false,
+        };
+        if releases_the_run {
+            self.route_unshown_mem_pool(event, Some(pool));
+        }
+        Ok(())
+    }
+
     /// The pool a recorded `oom` that no pool routes was asked in: under the recorded config,
-    /// where the replay's default pools, in the recording's state, hold a free block that
-    /// would serve it, PyTorch's malloc did not look there, but in a private pool whose own
-    /// cache held none (and whose OOM path skips `release_cached_blocks`): the stream's
-    /// `MemPool` ([`Engine::unshown_mem_pool_for`]) or a new one, gone by the end. A replay
-    /// under another config takes the pool a self-replay found ([`CapturePools::learned_at`]).
-    /// The stream's requests go there until its next allocation says otherwise.
-    fn infer_oom_mem_pool(&mut self, event: &RawEvent) -> Result<(), String> {
+    /// where the replay's default pools, in the recording's state, would not have failed so
+    /// (PyTorch's malloc did not look there, but in a private pool): they hold a free block
+    /// that would serve it; or their OOM path would release cached segments (garbage
+    /// collection's, `release_available_cached_blocks`' or `release_cached_blocks`') where the
+    /// trace shows none before the `oom` (`released`: it shows some). A malloc in a private
+    /// pool found none in the pool's own cache, and its OOM path skips `release_cached_blocks`
+    /// (PyTorch's `captures_underway` is not empty while a pool is in use). Asked in the
+    /// stream's `MemPool` ([`Engine::unshown_mem_pool_for`]) or a new one, gone by the end. A
+    /// replay under another config takes the pool a self-replay found
+    /// ([`CapturePools::learned_at`]). The stream's requests go there until its next
+    /// allocation says otherwise.
+    fn infer_oom_mem_pool(&mut self, event: &RawEvent, released: bool) -> Result<(), String> {
         if self.route(event).is_some() {
             return Ok(());
         }
         let pool = match self.capture_pools.learned_at(self.index) {
             Some(pool) => pool,
-            None if self.recorded_config => {
+            None if self.recorded_config && self.infer_mem_pools_as_read => {
                 let size = non_negative(event.size, "size")?;
-                if self.allocator.malloc_outlook(event.stream as u64, size) != MallocOutlook::Cached
-                {
+                let default_would_not_fail_so =
+                    match self.allocator.malloc_outlook(event.stream as u64, size) {
+                        MallocOutlook::Cached => true,
+                        MallocOutlook::Release {
+                            released: Some(sizes),
+                            ..
+                        } => !released && !sizes.is_empty(),
+                        _ => false,
+                    };
+                if !default_would_not_fail_so {
                     return Ok(());
                 }
                 let pool = match self.unshown_mem_pool_for(event)? {
@@ -1057,6 +1167,7 @@ impl Engine {
             }
         }
         self.allocator.walk_streams_first(&leading_streams);
+        self.released_mem_pools_went_away(malloc)?;
         // Cleared first: `oom_in_default_pools` asks `route`, which reads it.
         self.oom_in_default = false;
         self.oom_in_default = match malloc {
@@ -1068,6 +1179,9 @@ impl Engine {
             return Ok(());
         }
         let mut run = std::mem::take(&mut self.run);
+        if let Some(event) = malloc {
+            self.claim_released_by_pool_malloc(&run, event)?;
+        }
         // Completions before any release: PyTorch's `process_events` made them (the blocks
         // were back in the cache when the malloc looked), or, when the malloc found nothing
         // cached (the trace shows new memory or an OOM), possibly its OOM path — if that path,
@@ -1176,6 +1290,28 @@ impl Engine {
         Ok(())
     }
 
+    /// The inferred `MemPool`s whose segments the run released went away before it (their
+    /// `emptyCache(pool)`, or a whole `empty_cache()` once they were freeable), unless the
+    /// malloc that ends the run was asked in them: then it was that malloc's OOM path
+    /// (`release_available_cached_blocks` in its own pool), and the job still holds the pool.
+    fn released_mem_pools_went_away(&mut self, malloc: Option<&RawEvent>) -> Result<(), String> {
+        let asked = malloc.and_then(|event| self.route(event));
+        let mut gone: Vec<MemPoolId> = Vec::new();
+        for segment in &self.run.released {
+            let pool = segment.pool;
+            if Some(pool) != asked && self.capture_pools.is_mem_pool(pool) && !gone.contains(&pool)
+            {
+                gone.push(pool);
+            }
+        }
+        for pool in gone {
+            if self.capture_pools.make_freeable(pool) {
+                self.pool_went_away(pool)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Replays a run of releases read as an `empty_cache()` that begins with the segments of
     /// an inferred `MemPool` ([`CapturePools::route_new_mem_pool`]) as that pool's
     /// `emptyCache(pool)` (a `torch.cuda.MemPool` going away), then, when the run releases
@@ -1204,6 +1340,60 @@ impl Engine {
             self.counts.empty_cache_calls += 1;
         }
         Ok(true)
+    }
+
+    /// A run of releases right before a malloc asked in the inferred `MemPool` `pool`, of
+    /// segments the replay holds in the default pools: a malloc in a private pool releases
+    /// the pool's own cached blocks (`release_available_cached_blocks`) and what garbage
+    /// collection takes from the default large pool, and skips `release_cached_blocks`
+    /// (PyTorch's `captures_underway` is not empty). Unless garbage collection in the pool's
+    /// malloc makes exactly the run's releases, or a whole `empty_cache()` would release just
+    /// them (a call the job made), they were the pool's: their requests made new memory where
+    /// the default pools would have too, which nothing told before. Claimed for `pool` by the
+    /// event that made each ([`CapturePools::claim_made`]): a self-replay that learns from this
+    /// one routes them from the start.
+    fn claim_released_by_pool_malloc(&mut self, run: &Run, event: &RawEvent) -> Result<(), String> {
+        if !self.recorded_config
+            || !self.infer_mem_pools_as_read
+            || run.releases == 0
+            || run.capture
+            || run.empty_cache_frame
+            || run.freed_at.len() != run.released.len()
+            || run
+                .released
+                .iter()
+                .any(|segment| segment.pool != MemPoolId::DEFAULT)
+        {
+            return Ok(());
+        }
+        let Some(pool) = self
+            .route(event)
+            .filter(|&pool| self.capture_pools.is_mem_pool(pool))
+        else {
+            return Ok(());
+        };
+        let leading: Vec<Allocation> = run.leading.iter().map(|&(_, a)| a).collect();
+        if let MallocOutlook::Collect(sizes) = self.outlook_in(event, Some(pool), &leading)? {
+            if sizes == run.released {
+                return Ok(());
+            }
+        }
+        let mut released: Vec<u64> = run.freed_at.clone();
+        let mut whole: Vec<u64> = self
+            .allocator
+            .empty_cache_outlook()
+            .into_iter()
+            .map(|(address, _)| address)
+            .collect();
+        released.sort_unstable();
+        whole.sort_unstable();
+        if released == whole {
+            return Ok(());
+        }
+        for made in run.released_made.iter().flatten() {
+            self.capture_pools.claim_made(*made, pool);
+        }
+        Ok(())
     }
 
     /// A run of releases that begins with the `own` segments of the `MemPool` `pool` (its
@@ -1501,6 +1691,12 @@ impl Engine {
         self.capture_pools.mem_pool_claims()
     }
 
+    /// The `MemPool` claims made at the segments' release, which routed nothing in this
+    /// replay.
+    pub fn released_mem_pool_claims(&self) -> Vec<(u64, MemPoolId)> {
+        self.capture_pools.released_mem_pool_claims()
+    }
+
     /// The `MemPool` claims inferred as the segments were made (none a release made).
     pub fn inferred_mem_pool_claims(&self) -> Vec<(u64, MemPoolId)> {
         self.capture_pools.inferred_mem_pool_claims()
@@ -1591,6 +1787,7 @@ impl Engine {
             if let Some(pool) = pool {
                 self.counts.pooled_allocs += 1;
                 self.stream_pools.insert(event.stream, pool);
+                self.last_private_pool.insert(event.stream, pool);
             } else {
                 self.stream_pools.remove(&event.stream);
             }

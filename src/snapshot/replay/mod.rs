@@ -65,6 +65,7 @@ use crate::alloc::{AllocConf, MemoryObserver};
 use crate::device::sim::H200_TOTAL_MEMORY;
 use crate::snapshot::pickle::{self, Emitted, SnapshotError};
 pub use engine::{Engine, PoolRoutes};
+use lessons::Lesson;
 use pass::Pass;
 pub use recording::Recording;
 pub use report::{
@@ -296,7 +297,7 @@ pub fn replay_reading(
     // told by their release only, after the replay took them for the default pools'): a
     // second pass takes them.
     let learned = recording.wants_learned_mem_pools(&chosen)
-        && !learned_mem_pools(path, &recording, options).is_empty();
+        && learned_mem_pools(path, &recording, options).teaches();
     let mut report =
         if !abandoned && !learned && first.needs_nothing_more(&recording, options, &plan)? {
             first.finish(path, &recording, plan)?
@@ -386,20 +387,25 @@ fn replay_recording_tapped(
 /// pools, which its own state cannot tell. Replayed once per recording (and fraction) and
 /// kept. Only a self-replay that reproduced every recorded segment event teaches anything:
 /// the inference reads the replay's state as the recording's, which it is not where the
-/// recorded run had a limit the file does not record or the replay failed. So where
-/// `options` give the recorded config with a memory fraction the file does not record (the
-/// one a job set with `set_per_process_memory_fraction`, as a self-replay of it gives it),
-/// the self-replay runs under that fraction first: without it, garbage collection, which
-/// only a fraction enables, releases nothing, and the recording is not reproduced.
-fn learned_mem_pools(path: &Path, recording: &Recording, options: &ReplayOptions) -> Claims {
-    let given_fraction = recording.choose_conf(options).ok().and_then(|(conf, _)| {
+/// recorded run had a limit the replay does not have, or the replay failed. So a self-replay
+/// learns on the device `options` give, whose memory its fraction is of: where `options` give
+/// the recorded config with a memory fraction the file does not record (the one a job set
+/// with `set_per_process_memory_fraction`, as a self-replay of it gives it), or the recorded
+/// config with the fraction it records. Without it, garbage collection, which only a fraction
+/// enables, would not release what the recording did. What it learns there stands where one
+/// of its self-replays reproduced the recording, even if that taught nothing (inferring as it
+/// reads is then right, and a lesson from another device would not be); else the recording
+/// is replayed as it ran.
+fn learned_mem_pools(path: &Path, recording: &Recording, options: &ReplayOptions) -> Lesson {
+    let own_fraction = recording.choose_conf(options).ok().and_then(|(conf, _)| {
         let unrecorded = recording.recorded_fraction().is_none()
             && recording.is_recorded_conf_but_fraction(&conf);
+        let recorded = recording.recorded_fraction().is_some() && recording.is_recorded_conf(&conf);
         conf.per_process_memory_fraction
-            .filter(|_| unrecorded)
+            .filter(|_| unrecorded || recorded)
             .map(|fraction| (conf, fraction))
     });
-    if let Some((conf, fraction)) = given_fraction {
+    if let Some((conf, fraction)) = own_fraction {
         // That config and fraction on the device asked (a fraction is of its memory), read
         // as the recorded run's; a what-if of a run that had no fraction does not reproduce
         // the recording under one, and learns what the recording as it ran teaches.
@@ -410,7 +416,7 @@ fn learned_mem_pools(path: &Path, recording: &Recording, options: &ReplayOptions
         };
         let key = Some((fraction.to_bits(), options.capacity));
         let learned = learned_under(path, recording, key, &own);
-        if !learned.is_empty() {
+        if learned.reproduced {
             return learned;
         }
     }
@@ -427,7 +433,7 @@ fn learned_mem_pools(path: &Path, recording: &Recording, options: &ReplayOptions
 }
 
 /// `MemPool` claims: (index of the event that made a segment, the pool it belongs to).
-type Claims = std::sync::Arc<[(u64, crate::alloc::MemPoolId)]>;
+type Claims = Vec<(u64, crate::alloc::MemPoolId)>;
 
 /// What self-replays of `recording` under `own` teach ([`learned_mem_pools`]), kept in the
 /// recording under `key` (`None`: its recorded config as it is; else the bits of the fraction
@@ -435,15 +441,19 @@ type Claims = std::sync::Arc<[(u64, crate::alloc::MemPoolId)]>;
 /// A self-replay can learn, besides what it inferred as it went, segments it took for the
 /// default pools' and found a pool's only when they were released (`Engine::end_run`): it
 /// did not reproduce the recording then, but one that knows them from the start may, or may
-/// find more (a pool's segment that made new memory, whichever pool it was asked in, is told
-/// by its release only). At most [`LEARNING_PASSES`], while each finds more; nothing unless
-/// the last reproduced every recorded segment event.
+/// find more (a pool's segment that made new memory, whichever pool was asked, is told by its
+/// release only). At most [`LEARNING_PASSES`], while each finds more. A pass that reproduced
+/// every recorded segment event teaches what it inferred as it read; what it claimed only at
+/// the segments' release (which routed nothing in it) stands only if the next pass, knowing it
+/// from the start, reproduces the recording too. Where none reproduced it, one more that infers
+/// nothing may: then its lesson is to infer nothing (an inference read the trace the wrong way,
+/// which the later events showed); else nothing is learnt.
 fn learned_under(
     path: &Path,
     recording: &Recording,
     key: Option<(u64, Option<u64>)>,
     own: &ReplayOptions,
-) -> Claims {
+) -> Lesson {
     if let Some((_, known)) = recording
         .learned_mem_pools
         .borrow()
@@ -453,26 +463,50 @@ fn learned_under(
         return known.clone();
     }
     let as_recorded = key.is_some();
-    let learn = || -> Result<Vec<(u64, crate::alloc::MemPoolId)>, ReplayError> {
-        let mut known: Vec<(u64, crate::alloc::MemPoolId)> = Vec::new();
+    let learn = || -> Result<Lesson, ReplayError> {
+        let taught = |claims: Claims| Lesson {
+            claims: claims.into(),
+            infer_as_read: true,
+            reproduced: true,
+        };
+        let mut known: Claims = Vec::new();
+        // The claims of the last pass that reproduced the recording, when it had found more
+        // at the segments' release, which the next pass tries.
+        let mut reproducing: Option<Claims> = None;
+        let mut inferred_any = false;
         for _ in 0..LEARNING_PASSES {
-            let (reproduced, found) = learning_pass(path, recording, own, as_recorded, &known)?;
+            let outcome = learning_pass(path, recording, own, as_recorded, (&known, true))?;
+            inferred_any |= outcome.inferred;
             let before = known.len();
-            for claim in found {
-                if !known.iter().any(|&(made, _)| made == claim.0) {
-                    known.push(claim);
+            merge_claims(&mut known, outcome.trusted);
+            if outcome.reproduced {
+                let confirmed = known.clone();
+                merge_claims(&mut known, outcome.released);
+                if known.len() == confirmed.len() {
+                    return Ok(taught(confirmed));
                 }
+                reproducing = Some(confirmed);
+                continue;
             }
-            if reproduced {
-                return Ok(known);
+            if let Some(confirmed) = reproducing {
+                return Ok(taught(confirmed));
             }
             if known.len() == before {
                 break;
             }
         }
-        Ok(Vec::new())
+        if let Some(confirmed) = reproducing {
+            return Ok(taught(confirmed));
+        }
+        let reproduced_without = inferred_any
+            && learning_pass(path, recording, own, as_recorded, (&[], false))?.reproduced;
+        Ok(Lesson {
+            claims: std::sync::Arc::from(Vec::new()),
+            infer_as_read: !reproduced_without,
+            reproduced: reproduced_without,
+        })
     };
-    let learned: Claims = learn().unwrap_or_default().into();
+    let learned = learn().unwrap_or_default();
     recording
         .learned_mem_pools
         .borrow_mut()
@@ -486,16 +520,37 @@ fn learned_under(
 /// infers). Files without private pools stop after the first.
 const LEARNING_PASSES: usize = 4;
 
+/// Adds to `known` the claims of `found` on segments it holds none for.
+fn merge_claims(known: &mut Claims, found: Claims) {
+    for claim in found {
+        if !known.iter().any(|&(made, _)| made == claim.0) {
+            known.push(claim);
+        }
+    }
+}
+
+/// What one learning pass ([`learning_pass`]) found.
+struct PassOutcome {
+    /// Whether it reproduced every recorded segment event.
+    reproduced: bool,
+    /// The `MemPool` claims it trusts ([`Pass::trusted_mem_pool_claims`]).
+    trusted: Claims,
+    /// The claims it made only at the segments' release ([`Pass::released_mem_pool_claims`]).
+    released: Claims,
+    /// Whether it inferred any `MemPool` claim at all.
+    inferred: bool,
+}
+
 /// One self-replay of [`learned_mem_pools`] under `own`, knowing the claims `learned` from
-/// the start (read as the recorded run's where `as_recorded`, its fraction given): whether it
-/// reproduced every recorded segment event, and the `MemPool` claims it made.
+/// the start (read as the recorded run's where `as_recorded`, its fraction given), inferring
+/// more as it reads where `infer`.
 fn learning_pass(
     path: &Path,
     recording: &Recording,
     own: &ReplayOptions,
     as_recorded: bool,
-    learned: &[(u64, crate::alloc::MemPoolId)],
-) -> Result<(bool, Vec<(u64, crate::alloc::MemPoolId)>), ReplayError> {
+    (learned, infer): (&[(u64, crate::alloc::MemPoolId)], bool),
+) -> Result<PassOutcome, ReplayError> {
     let mut pass = Pass::new(
         path,
         own,
@@ -504,14 +559,24 @@ fn learning_pass(
         recording.routes(),
         Vec::new(),
     )?;
-    pass.learn_mem_pools(learned);
+    pass.learn_mem_pools(&Lesson {
+        claims: learned.into(),
+        infer_as_read: infer,
+        reproduced: false,
+    });
     let plan = pass.plan(recording, own)?;
     pass.apply(plan, recording)?;
     if as_recorded {
         pass.read_as_recorded_run();
     }
     pickle::stream_file(path, |emitted| pass.handle(emitted))?;
-    Ok((pass.reproduced_segments(), pass.trusted_mem_pool_claims()))
+    let inferred = !pass.mem_pool_claims_trusted_or_not().is_empty();
+    Ok(PassOutcome {
+        reproduced: pass.reproduced_segments(),
+        trusted: pass.trusted_mem_pool_claims(),
+        released: pass.released_mem_pool_claims(),
+        inferred,
+    })
 }
 
 /// Replays `path` once more under the config, device, placement, pool routes and limit `report`

@@ -360,6 +360,13 @@ impl Pass {
         self.engine.mem_pool_claims_before(limit)
     }
 
+    /// The `MemPool` claims this pass made only as the segments were released: they routed
+    /// nothing in it, so they hold only if a pass that knows them from the start reproduces
+    /// the recording too.
+    pub(super) fn released_mem_pool_claims(&self) -> Vec<(u64, MemPoolId)> {
+        self.engine.released_mem_pool_claims()
+    }
+
     /// Every `MemPool` claim this pass made, trusted or not: whether it inferred any.
     pub(super) fn mem_pool_claims_trusted_or_not(&self) -> Vec<(u64, MemPoolId)> {
         self.engine.mem_pool_claims()
@@ -374,9 +381,12 @@ impl Pass {
             && segments.first_difference.is_none()
     }
 
-    /// Takes a self-replay's `MemPool` claims ([`Engine::learn_mem_pools`]).
-    pub(super) fn learn_mem_pools(&mut self, claims: &[(u64, MemPoolId)]) {
-        self.engine.learn_mem_pools(claims);
+    /// Takes what self-replays taught about `MemPool`s: their claims
+    /// ([`Engine::learn_mem_pools`]), and whether to go on inferring pools as it reads
+    /// ([`Engine::infer_mem_pools_as_read`]).
+    pub(super) fn learn_mem_pools(&mut self, lesson: &super::lessons::Lesson) {
+        self.engine.learn_mem_pools(&lesson.claims);
+        self.engine.infer_mem_pools_as_read(lesson.infer_as_read);
     }
 
     pub(super) fn events(&self) -> u64 {

@@ -653,16 +653,15 @@ class CompareTest(unittest.TestCase):
     def test_the_eighth_wave_searches_a_batch_size_inside_a_mempool(self):
         """results-wave8/ (pool_retry on an H100 80GB, 2026-12-05), recorded after the seventh
         wave's fixes and not fitted to: a batch-size search inside a MemPool, its OOMs caught.
-        Before the last fix (a pool's segments told by its release, made before the first one
-        the replay knew): 14 self-replays and 9 what-if pairs differed, 2 saying "fits" where
-        PyTorch ran out of memory. Now every what-if pair whose request sequence matches is
-        exact (6 changed their sequence: the caught OOMs). 5 self-replays still differ, not
-        diagnosed: 4 `.frac` runs whose OOM inside the pool the replay does not reproduce,
-        and `expandable` (the pool's pages mapped in a segment of its own)."""
-        known_self = {f"pool_retry.{c}" for c in ("combo.frac", "expandable.frac", "expandable",
-                                                  "split128.frac", "split64.frac")}
-        exact = self.check_recordings(os.path.join(HERE, "results-wave8"), 9, known=set(),
-                                      known_self=known_self)
+        Before the release-run fix (a pool's segments told by its release, made before the
+        first one the replay knew): 14 self-replays and 9 what-if pairs differed, 2 saying
+        "fits" where PyTorch ran out of memory. Then 5 self-replays differed; since the fixes
+        of the session after (an OOM whose default-pool reading would have released segments,
+        a pool's own release_available_cached_blocks, garbage collection that passed over a
+        pool's segments, an expandable pool's pages mapped beside its own) every self-replay is
+        exact, and every what-if pair whose request sequence matches (6 changed their sequence:
+        the caught OOMs)."""
+        exact = self.check_recordings(os.path.join(HERE, "results-wave8"), 9, known=set())
         self.assertIn("pool_retry.default", exact)
 
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
