@@ -3,7 +3,9 @@ every recorded counter after every op (the GPU-side twin of tests/pytorch_traces
 
 usage: traces.py GPUMEM DEVICE FIXTURE.json[.gz] [...]
 Each fixture becomes one Rhai script: the traces' ops on 12 slots, `memory_stats()` printed after
-every op, run with the fixture's allocator config and memory fraction. An allocation the
+every op, run with the fixture's allocator config and memory fraction (on a card of another
+size than the recording's, given in the CARD_TOTAL environment variable, the fraction that
+gives the recording's cap in bytes). An allocation the
 recording made on its second stream (op `["alloc", k, n, "stream1"]`) is made inside
 `with_stream(side, ...)` on a stream the script creates, so it draws from that stream's pools as
 PyTorch's did. Prints one line per fixture and `FAIL` lines for the first mismatches; exits 1 on
@@ -26,12 +28,23 @@ def load(path):
         return json.load(f)
 
 
-def script_for(fixture, keys):
+def fraction_on_card(fixture, card_total):
+    """The memory fraction that gives the recording's cap (its fraction of the memory it was
+    recorded on) on a card of `card_total` bytes; None where that card is too small for it."""
+    fraction = float(fixture["memory_fraction"])
+    recorded = fixture.get("total_memory")
+    if not card_total or not recorded or card_total == recorded:
+        return fraction
+    scaled = fraction * recorded / card_total
+    return scaled if scaled <= 1.0 else None
+
+
+def script_for(fixture, keys, fraction):
     lines = ["let slots = [(), (), (), (), (), (), (), (), (), (), (), ()];"]
     if fixture.get("streams"):
         lines.append("let side = stream();")
     if fixture["memory_fraction"] < 1.0:
-        lines.append(f"set_per_process_memory_fraction({float(fixture['memory_fraction'])});")
+        lines.append(f"set_per_process_memory_fraction({fraction!r});")
     resets = fixture.get("per_trace_counters", "").startswith("all")
     for t, trace in enumerate(fixture["traces"]):
         lines.append("slots = [(), (), (), (), (), (), (), (), (), (), (), ()];")
@@ -61,8 +74,19 @@ def main():
     for path in paths:
         fixture = load(path)
         keys = sorted(fixture["traces"][0]["ops"][0]["stats"])
+        card_total = int(os.environ.get("CARD_TOTAL") or 0)
+        fraction = fixture["memory_fraction"]
+        if fraction < 1.0:
+            fraction = fraction_on_card(fixture, card_total)
+            if fraction is None:
+                print(f"FAIL {path}: its cap does not fit a card of {card_total} bytes")
+                failures += 1
+                continue
+            if fraction != fixture["memory_fraction"]:
+                print(f"{os.path.basename(path)}: fraction {fixture['memory_fraction']} of "
+                      f"{fixture['total_memory']} bytes given as {fraction!r} of {card_total}")
         script = f"/tmp/gpumem-trace-{os.path.basename(path)}.rhai"
-        open(script, "w").write(script_for(fixture, keys))
+        open(script, "w").write(script_for(fixture, keys, fraction))
         run = subprocess.run([gpumem, "--device", device, "--alloc-conf", fixture["alloc_conf"],
                               "--max-operations", "0", "run", script],
                              capture_output=True, text=True)
