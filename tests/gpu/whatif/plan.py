@@ -52,6 +52,10 @@ WHATIF_WORKLOADS += ["pool_cache"]
 # An eighth (results-wave8/), also not fitted: a batch-size search inside a MemPool, its OOMs
 # caught.
 WHATIF_WORKLOADS += ["pool_retry"]
+# A ninth (results-wave9/), written after the eighth wave's fixes: a MemPool fed from a side
+# stream (record_stream), swapped for a fresh one while a free is deferred, and an evaluation
+# searching its batch inside a kept MemPool.
+WHATIF_WORKLOADS += ["pool_side"]
 
 # The batch-size search always runs under its own limit (the fraction it searches within).
 BS_SEARCH_LIMIT = 3 * GIB

@@ -1379,6 +1379,80 @@ def pool_retry(job):
     job.synchronize()
 
 
+
+def pool_side(job):
+    """A MemPool fed from a side stream, written after the eighth wave's fixes to check them
+    where they were not fitted: a SwiGLU stack (width 576, 2 blocks) trained at batch 12 x 224
+    rows (AdamW) on the default stream, each step's next batch made on a side stream inside
+    use_mem_pool of a prefetch pool (randn and a normalisation, two temporaries) and recorded
+    on the default stream (record_stream: its free waits for the step's work); every third
+    step the next batch goes to a fresh prefetch pool and the old one is destroyed while its
+    last batch's free is still deferred. Then an evaluation inside an eval MemPool (kept to
+    the end) at 64, 40 and 24 x 224 rows from the largest down, each OOM caught and the try's
+    tensors dropped, and 2 more training steps. On the CPU the same tensors without pools or
+    streams."""
+    seed_all(23)
+    width = 576
+    model = nn.Sequential(SwiGLU(width, 1664), SwiGLU(width, 1664)).to(job.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    side = job.stream()
+
+    def in_pool(pool):
+        return torch.cuda.use_mem_pool(pool) if job.cuda else contextlib.nullcontext()
+
+    def new_pool():
+        return torch.cuda.MemPool() if job.cuda else None
+
+    def prepare(pool, rows):
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(job.device))
+        with job.on_stream(side), in_pool(pool):
+            raw = torch.randn(rows, 224, width, device=job.device)
+            centred = raw - raw.mean(-1, keepdim=True)
+            batch = centred / (centred.std(-1, keepdim=True) + 1e-5)
+            del raw, centred
+        job.wait_stream(side)
+        job.record_stream(batch)
+        return batch
+
+    def train_on(batch):
+        loss = model(batch).square().mean()
+        learn(optimizer, loss)
+        del loss
+
+    pool = new_pool()
+    batch = prepare(pool, 12)
+    for step in range(8):
+        old_pool = None
+        if step % 3 == 2:
+            old_pool, pool = pool, new_pool()
+        following = prepare(pool, 12)
+        train_on(batch)
+        batch = following
+        del following
+        if old_pool is not None:
+            del old_pool
+    del batch
+    eval_pool = new_pool()
+    job.kept.append(eval_pool)
+    kept = None
+    for rows in (64, 40, 24):
+        try:
+            with torch.no_grad(), in_pool(eval_pool):
+                x = torch.randn(rows, 224, width, device=job.device)
+                kept = model(x).softmax(-1)
+                del x
+            break
+        except torch.OutOfMemoryError as error:
+            job.caught_oom(error)
+            kept = None
+    for _ in range(2):
+        batch = prepare(pool, 12)
+        train_on(batch)
+        del batch
+    del kept
+    job.synchronize()
+
 WORKLOADS = {
     "transformer_ckpt": transformer_ckpt,
     "unet": unet,
@@ -1408,4 +1482,5 @@ WORKLOADS = {
     "pool_phases": pool_phases,
     "pool_cache": pool_cache,
     "pool_retry": pool_retry,
+    "pool_side": pool_side,
 }
