@@ -1552,231 +1552,103 @@ mod self_replay {
     /// reading of a garbage collection, and collected again by a later one.
     #[test]
     fn a_collection_beside_a_kept_mem_pool_releases_only_default_segments() {
-        use Op::*;
         let other = SIDE + 0x100;
-        let ops = [
-            Alloc {
-                slot: 0,
-                size: 56_623_105,
-                stream: SIDE,
-            },
-            Alloc {
-                slot: 2,
-                size: 1_048_577,
-                stream: 0,
-            },
-            Alloc {
-                slot: 1,
-                size: 79_691_777,
-                stream: 0,
-            },
-            Alloc {
-                slot: 4,
-                size: 77_594_625,
-                stream: 0,
-            },
-            InMemPool {
-                slot: 3,
-                size: 46_137_345,
-            },
-            Alloc {
-                slot: 1,
-                size: 1_048_577,
-                stream: other,
-            },
-            Free { slot: 5 },
-            EmptyCache,
-            Alloc {
-                slot: 9,
-                size: 19_922_433,
-                stream: 0,
-            },
-            Alloc {
-                slot: 3,
-                size: 512,
-                stream: 0,
-            },
-            Alloc {
-                slot: 9,
-                size: 56_623_105,
-                stream: 0,
-            },
-            Alloc {
-                slot: 0,
-                size: 20_971_521,
-                stream: 0,
-            },
-        ];
-        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
-        if let Err(failure) = self_replay_holds(conf, &ops) {
-            panic!("{failure}");
-        }
+        assert_holds(
+            "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6",
+            &[
+                alloc(0, 56_623_105, SIDE),
+                alloc(2, 1_048_577, 0),
+                alloc(1, 79_691_777, 0),
+                alloc(4, 77_594_625, 0),
+                in_mem_pool(3, 46_137_345),
+                alloc(1, 1_048_577, other),
+                Op::Free { slot: 5 },
+                Op::EmptyCache,
+                alloc(9, 19_922_433, 0),
+                alloc(3, 512, 0),
+                alloc(9, 56_623_105, 0),
+                alloc(0, 20_971_521, 0),
+            ],
+        );
     }
 
     /// Found by the property past CI's case count: a graph pool's segment released by an
     /// `empty_cache()` among default-pool segments, with a deferred free on a side stream.
     #[test]
     fn an_empty_cache_beside_a_graph_pool_counts_one_synchronisation() {
-        use Op::*;
-        let ops = [
-            Alloc {
-                slot: 0,
-                size: 1_048_577,
-                stream: SIDE,
-            },
-            Alloc {
-                slot: 8,
-                size: 512,
-                stream: 0,
-            },
-            Alloc {
-                slot: 3,
-                size: 512,
-                stream: 0,
-            },
-            Free { slot: 1 },
-            Alloc {
-                slot: 2,
-                size: 33_554_433,
-                stream: 0,
-            },
-            Work { stream: 0 },
-            Alloc {
-                slot: 1,
-                size: 4_164_609,
-                stream: SIDE,
-            },
-            Alloc {
-                slot: 8,
-                size: 8_359_937,
-                stream: SIDE,
-            },
-            RecordStream { slot: 8, stream: 0 },
-            InGraph {
-                slot: 0,
-                size: 88_080_385,
-            },
-            Alloc {
-                slot: 0,
-                size: 71_303_169,
-                stream: 0,
-            },
-            Alloc {
-                slot: 0,
-                size: 512,
-                stream: 0,
-            },
-            Alloc {
-                slot: 8,
-                size: 85_983_233,
-                stream: 0,
-            },
-            Alloc {
-                slot: 7,
-                size: 7_396_865,
-                stream: SIDE,
-            },
-            Alloc {
-                slot: 0,
-                size: 512,
-                stream: 0,
-            },
-            Alloc {
-                slot: 3,
-                size: 512,
-                stream: 0,
-            },
-            Free { slot: 1 },
-            Alloc {
-                slot: 7,
-                size: 512,
-                stream: 0,
-            },
-            EmptyCache,
-            Alloc {
-                slot: 0,
-                size: 512,
-                stream: 0,
-            },
-        ];
-        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
-        if let Err(failure) = self_replay_holds(conf, &ops) {
-            panic!("{failure}");
-        }
+        assert_holds(
+            "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6",
+            &[
+                alloc(0, 1_048_577, SIDE),
+                alloc(8, 512, 0),
+                alloc(3, 512, 0),
+                Op::Free { slot: 1 },
+                alloc(2, 33_554_433, 0),
+                Op::Work { stream: 0 },
+                alloc(1, 4_164_609, SIDE),
+                alloc(8, 8_359_937, SIDE),
+                Op::RecordStream { slot: 8, stream: 0 },
+                Op::InGraph {
+                    slot: 0,
+                    size: 88_080_385,
+                },
+                alloc(0, 71_303_169, 0),
+                alloc(0, 512, 0),
+                alloc(8, 85_983_233, 0),
+                alloc(7, 7_396_865, SIDE),
+                alloc(0, 512, 0),
+                alloc(3, 512, 0),
+                Op::Free { slot: 1 },
+                alloc(7, 512, 0),
+                Op::EmptyCache,
+                alloc(0, 512, 0),
+            ],
+        );
     }
 
     /// Found by the property past CI's case count: a `MemPool` and a graph pool filled before
     /// an `empty_cache()`, then default-pool requests on three streams until one retries.
     #[test]
     fn pools_filled_before_an_empty_cache_leave_the_retry_to_the_default_pools() {
-        use Op::*;
         let other = SIDE + 0x100;
-        let ops = [
-            Alloc {
-                slot: 7,
-                size: 35_651_585,
-                stream: SIDE,
-            },
-            InMemPool {
-                slot: 0,
-                size: 62_996_993,
-            },
-            InMemPool {
-                slot: 0,
-                size: 2_014_209,
-            },
-            InMemPool {
-                slot: 0,
-                size: 69_206_017,
-            },
-            InGraph {
-                slot: 0,
-                size: 1_048_577,
-            },
-            InMemPool {
-                slot: 0,
-                size: 71_303_169,
-            },
-            Alloc {
-                slot: 2,
-                size: 1_048_577,
-                stream: other,
-            },
-            InGraph { slot: 7, size: 512 },
-            EmptyCache,
-            Alloc {
-                slot: 5,
-                size: 1_048_577,
-                stream: SIDE,
-            },
-            Alloc {
-                slot: 0,
-                size: 52_428_801,
-                stream: 0,
-            },
-            Alloc {
-                slot: 6,
-                size: 2_096_641,
-                stream: 0,
-            },
-            Alloc {
-                slot: 3,
-                size: 62_914_561,
-                stream: 0,
-            },
-            Alloc {
-                slot: 1,
-                size: 512,
-                stream: 0,
-            },
-            Alloc {
-                slot: 0,
-                size: 75_497_473,
-                stream: SIDE,
-            },
-        ];
-        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
-        if let Err(failure) = self_replay_holds(conf, &ops) {
+        assert_holds(
+            "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6",
+            &[
+                alloc(7, 35_651_585, SIDE),
+                in_mem_pool(0, 62_996_993),
+                in_mem_pool(0, 2_014_209),
+                in_mem_pool(0, 69_206_017),
+                Op::InGraph {
+                    slot: 0,
+                    size: 1_048_577,
+                },
+                in_mem_pool(0, 71_303_169),
+                alloc(2, 1_048_577, other),
+                Op::InGraph { slot: 7, size: 512 },
+                Op::EmptyCache,
+                alloc(5, 1_048_577, SIDE),
+                alloc(0, 52_428_801, 0),
+                alloc(6, 2_096_641, 0),
+                alloc(3, 62_914_561, 0),
+                alloc(1, 512, 0),
+                alloc(0, 75_497_473, SIDE),
+            ],
+        );
+    }
+
+    /// `slots[slot] = torch.empty(size)` on `stream`.
+    fn alloc(slot: usize, size: u64, stream: u64) -> Op {
+        Op::Alloc { slot, size, stream }
+    }
+
+    /// `slots[slot] = torch.empty(size)` inside `use_mem_pool` of the job's `MemPool`.
+    fn in_mem_pool(slot: usize, size: u64) -> Op {
+        Op::InMemPool { slot, size }
+    }
+
+    /// [`self_replay_holds`], failing the test with its message.
+    fn assert_holds(conf: &str, ops: &[Op]) {
+        if let Err(failure) = self_replay_holds(conf, ops) {
             panic!("{failure}");
         }
     }

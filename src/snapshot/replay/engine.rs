@@ -1006,13 +1006,7 @@ impl Engine {
         // A whole `empty_cache()` would make just these releases, in this order: the trace
         // reads as well as the job's call before a default-pool malloc, the likelier reading
         // (a pool's first malloc collecting garbage is told by what a call would not release).
-        let whole: Vec<u64> = self
-            .allocator
-            .empty_cache_outlook()
-            .into_iter()
-            .map(|(address, _)| address)
-            .collect();
-        if collects_the_run && whole != self.run.freed_at {
+        if collects_the_run && self.empty_cache_addresses() != self.run.freed_at {
             self.route_unshown_mem_pool(event, pool);
         }
         Ok(())
@@ -1378,22 +1372,33 @@ impl Engine {
                 return Ok(());
             }
         }
-        let mut released: Vec<u64> = run.freed_at.clone();
-        let mut whole: Vec<u64> = self
-            .allocator
-            .empty_cache_outlook()
-            .into_iter()
-            .map(|(address, _)| address)
-            .collect();
-        released.sort_unstable();
-        whole.sort_unstable();
-        if released == whole {
+        if self.whole_empty_cache_releases(&run.freed_at) {
             return Ok(());
         }
         for made in run.released_made.iter().flatten() {
             self.capture_pools.claim_made(*made, pool);
         }
         Ok(())
+    }
+
+    /// The recorded addresses of the segments a whole `empty_cache()` would release now, in
+    /// its order ([`CachingAllocator::empty_cache_outlook`]).
+    fn empty_cache_addresses(&self) -> Vec<u64> {
+        self.allocator
+            .empty_cache_outlook()
+            .into_iter()
+            .map(|(address, _)| address)
+            .collect()
+    }
+
+    /// Whether a whole `empty_cache()` would release just the segments at `addresses`, in
+    /// whatever order: a run of them then reads as the job's call.
+    fn whole_empty_cache_releases(&self, addresses: &[u64]) -> bool {
+        let mut released = addresses.to_vec();
+        let mut whole = self.empty_cache_addresses();
+        released.sort_unstable();
+        whole.sort_unstable();
+        released == whole
     }
 
     /// A run of releases that begins with the `own` segments of the `MemPool` `pool` (its
@@ -1410,16 +1415,7 @@ impl Engine {
         if own >= run.released.len() || run.freed_at.len() != run.released.len() {
             return;
         }
-        let mut rest: Vec<u64> = run.freed_at[own..].to_vec();
-        let mut whole: Vec<u64> = self
-            .allocator
-            .empty_cache_outlook()
-            .into_iter()
-            .map(|(address, _)| address)
-            .collect();
-        rest.sort_unstable();
-        whole.sort_unstable();
-        if rest == whole {
+        if self.whole_empty_cache_releases(&run.freed_at[own..]) {
             return;
         }
         let mut smallest = run.released[..own]

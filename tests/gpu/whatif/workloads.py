@@ -1435,17 +1435,19 @@ def pool_side(job):
     del batch
     eval_pool = new_pool()
     job.kept.append(eval_pool)
+
+    def evaluate(rows):
+        with torch.no_grad(), in_pool(eval_pool):
+            x = torch.randn(rows, 224, width, device=job.device)
+            return model(x).softmax(-1)
+
     kept = None
     for rows in (64, 40, 24):
         try:
-            with torch.no_grad(), in_pool(eval_pool):
-                x = torch.randn(rows, 224, width, device=job.device)
-                kept = model(x).softmax(-1)
-                del x
+            kept = evaluate(rows)
             break
         except torch.OutOfMemoryError as error:
             job.caught_oom(error)
-            kept = None
     for _ in range(2):
         batch = prepare(pool, 12)
         train_on(batch)
