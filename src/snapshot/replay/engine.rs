@@ -932,10 +932,15 @@ impl Engine {
     /// `event` in the replay's default pools, where the trace shows it released none: they
     /// were a private pool's. Claimed, by the event that made each
     /// ([`CapturePools::claim_made`]), for the private pool the stream allocated to last, if
-    /// any: a self-replay that learns from this one holds them there from the start, and
+    /// it is a `MemPool`: a self-replay that learns from this one holds them there from the start, and
     /// keeps them only if it then reproduces the recording.
     fn claim_uncollected(&mut self, event: &RawEvent, size: u64) {
-        let Some(&pool) = self.last_private_pool.get(&event.stream) else {
+        // A `MemPool`'s only: a graph pool's segments are claimed by its capture.
+        let Some(&pool) = self
+            .last_private_pool
+            .get(&event.stream)
+            .filter(|&&pool| self.capture_pools.is_mem_pool(pool))
+        else {
             return;
         };
         for address in self.allocator.collection_outlook(event.stream as u64, size) {
