@@ -1547,8 +1547,9 @@ impl Engine {
     /// alike. The releases the trace shows before it tell them apart: asked in the pool
     /// (`captures_underway` not empty), PyTorch's OOM path releases only that pool's cached
     /// blocks and garbage collection's; asked in the default pools, it goes on to
-    /// `release_cached_blocks`. Taken as the default pools only where that reading makes the
-    /// recorded releases and the pool's does not.
+    /// `release_cached_blocks`. Taken as the default pools where that reading makes the
+    /// recorded releases and the pool's does not, or where the pool's cache would have served
+    /// the request (that pool did not run out of memory).
     fn oom_in_default_pools(&mut self, event: &RawEvent) -> Result<bool, String> {
         let Some(pool) = self.route(event) else {
             return Ok(false);
@@ -1569,10 +1570,15 @@ impl Engine {
         // deferred free, so completions recorded before the `oom` were frees made at once.
         // The pool's reading first: the default pools' runs `process_events`, which completes
         // finished frees, so it is asked only when the pool's does not fit the trace.
-        let in_default = match self.outlook_in(event, Some(pool), &leading).map(makes) {
-            Ok(false) => Ok(self.outlook_in(event, None, &[]).map(makes)?
+        // A pool whose cache would serve the request was not the one that ran out of memory:
+        // the default pools' reading stands, whatever their state before the run shows (an
+        // `empty_cache()` in the run may release the block their cache holds now).
+        let in_default = match self.outlook_in(event, Some(pool), &leading) {
+            Ok(MallocOutlook::Cached) => Ok(true),
+            Ok(outlook) if makes(outlook.clone()) => Ok(false),
+            Ok(_) => Ok(self.outlook_in(event, None, &[]).map(makes)?
                 || self.outlook_in(event, None, &leading).map(makes)?),
-            other => other.map(|_| false),
+            Err(error) => Err(error),
         };
         self.run.released = recorded;
         in_default
