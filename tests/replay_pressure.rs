@@ -906,9 +906,34 @@ enum PoolJobOp {
     EmptyCache,
 }
 
+/// A job's tensors held by index, as a Python job holds them in variables: putting one in a
+/// slot drops the one held there, which the allocator frees, as rebinding a variable does.
+struct Slots(Vec<Option<Allocation>>);
+
+impl Slots {
+    /// Twelve empty slots.
+    fn new() -> Slots {
+        Slots(vec![None; 12])
+    }
+
+    /// `slots[slot] = new` (`None`: the slot emptied), freeing what it held.
+    fn put(&mut self, allocator: &mut CachingAllocator, slot: usize, new: Option<Allocation>) {
+        if let Some(old) = std::mem::replace(&mut self.0[slot], new) {
+            allocator.free(old).expect("free");
+        }
+    }
+
+    /// `slots[slot].record_stream(stream)`, where the slot holds a tensor.
+    fn record_stream(&self, allocator: &mut CachingAllocator, slot: usize, stream: StreamId) {
+        if let Some(allocation) = self.0[slot] {
+            allocator.record_stream(allocation, stream).expect("record");
+        }
+    }
+}
+
 /// Runs `ops` on `recording`.
 fn run_pool_job(recording: &mut CachingAllocator, ops: &[PoolJobOp]) {
-    let mut slots: Vec<Option<Allocation>> = vec![None; 12];
+    let mut slots = Slots::new();
     let mut pools = JobPools::default();
     for &op in ops {
         let (slot, new) = match op {
@@ -917,9 +942,7 @@ fn run_pool_job(recording: &mut CachingAllocator, ops: &[PoolJobOp]) {
             PoolJobOp::InGraph(slot, size) => (slot, pools.in_graph(recording, size)),
             PoolJobOp::Free(slot) => (slot, None),
             PoolJobOp::RecordStream(slot, stream) => {
-                if let Some(allocation) = slots[slot] {
-                    recording.record_stream(allocation, stream).expect("record");
-                }
+                slots.record_stream(recording, slot, stream);
                 continue;
             }
             PoolJobOp::Work(stream) => {
@@ -935,9 +958,7 @@ fn run_pool_job(recording: &mut CachingAllocator, ops: &[PoolJobOp]) {
                 continue;
             }
         };
-        if let Some(old) = std::mem::replace(&mut slots[slot], new) {
-            recording.free(old).expect("free");
-        }
+        slots.put(recording, slot, new);
     }
 }
 
@@ -1495,7 +1516,15 @@ mod self_replay {
         },
     }
 
-    const STREAMS: [u64; 3] = [0, SIDE, SIDE + 0x100];
+    /// A third stream, beside the default one and `SIDE`.
+    const THIRD: StreamId = SIDE + 0x100;
+
+    const STREAMS: [u64; 3] = [0, SIDE, THIRD];
+
+    /// The config the found jobs below were recorded under: a memory fraction and garbage
+    /// collection, where a pool's malloc and the job's `empty_cache()` read alike.
+    const FRACTION_WITH_GC: &str =
+        "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
 
     fn op() -> impl Strategy<Value = Op> {
         let stream =
@@ -1552,16 +1581,15 @@ mod self_replay {
     /// reading of a garbage collection, and collected again by a later one.
     #[test]
     fn a_collection_beside_a_kept_mem_pool_releases_only_default_segments() {
-        let other = SIDE + 0x100;
         assert_holds(
-            "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6",
+            FRACTION_WITH_GC,
             &[
                 alloc(0, 56_623_105, SIDE),
                 alloc(2, 1_048_577, 0),
                 alloc(1, 79_691_777, 0),
                 alloc(4, 77_594_625, 0),
                 in_mem_pool(3, 46_137_345),
-                alloc(1, 1_048_577, other),
+                alloc(1, 1_048_577, THIRD),
                 Op::Free { slot: 5 },
                 Op::EmptyCache,
                 alloc(9, 19_922_433, 0),
@@ -1577,7 +1605,7 @@ mod self_replay {
     #[test]
     fn an_empty_cache_beside_a_graph_pool_counts_one_synchronisation() {
         assert_holds(
-            "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6",
+            FRACTION_WITH_GC,
             &[
                 alloc(0, 1_048_577, SIDE),
                 alloc(8, 512, 0),
@@ -1610,9 +1638,8 @@ mod self_replay {
     /// an `empty_cache()`, then default-pool requests on three streams until one retries.
     #[test]
     fn pools_filled_before_an_empty_cache_leave_the_retry_to_the_default_pools() {
-        let other = SIDE + 0x100;
         assert_holds(
-            "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6",
+            FRACTION_WITH_GC,
             &[
                 alloc(7, 35_651_585, SIDE),
                 in_mem_pool(0, 62_996_993),
@@ -1623,7 +1650,7 @@ mod self_replay {
                     size: 1_048_577,
                 },
                 in_mem_pool(0, 71_303_169),
-                alloc(2, 1_048_577, other),
+                alloc(2, 1_048_577, THIRD),
                 Op::InGraph { slot: 7, size: 512 },
                 Op::EmptyCache,
                 alloc(5, 1_048_577, SIDE),
@@ -1692,7 +1719,7 @@ mod self_replay {
     /// job: `ops` recorded under `conf`, then replayed under it.
     fn self_replay_holds(conf: &str, ops: &[Op]) -> Result<(), TestCaseError> {
         let mut recording = recorder(conf, None);
-        let mut slots: Vec<Option<Allocation>> = vec![None; 12];
+        let mut slots = Slots::new();
         let mut invisible_syncs = 0;
         let mut empty_cache_ends = Vec::new();
         // Mallocs that complete a pending free and then release its segment: the trace
@@ -1708,15 +1735,11 @@ mod self_replay {
             match *op {
                 Op::InMemPool { slot, size } => {
                     let new = pools.in_mem_pool(&mut recording, size);
-                    if let Some(old) = std::mem::replace(&mut slots[slot], new) {
-                        recording.free(old).expect("free");
-                    }
+                    slots.put(&mut recording, slot, new);
                 }
                 Op::InGraph { slot, size } => {
                     let new = pools.in_graph(&mut recording, size);
-                    if let Some(old) = std::mem::replace(&mut slots[slot], new) {
-                        recording.free(old).expect("free");
-                    }
+                    slots.put(&mut recording, slot, new);
                 }
                 Op::Alloc { slot, size, stream } => {
                     let before = recording.trace().len();
@@ -1732,21 +1755,14 @@ mod self_replay {
                     if completion.zip(release).is_some_and(|(c, r)| c < r) {
                         collected_or_flushed += 1;
                     }
+                    // A refused request leaves the slot as it was (the OOM was caught).
                     if let Ok(new) = outcome {
-                        if let Some(old) = slots[slot].replace(new) {
-                            recording.free(old).expect("free");
-                        }
+                        slots.put(&mut recording, slot, Some(new));
                     }
                 }
-                Op::Free { slot } => {
-                    if let Some(old) = slots[slot].take() {
-                        recording.free(old).expect("free");
-                    }
-                }
+                Op::Free { slot } => slots.put(&mut recording, slot, None),
                 Op::RecordStream { slot, stream } => {
-                    if let Some(allocation) = slots[slot] {
-                        recording.record_stream(allocation, stream).expect("record");
-                    }
+                    slots.record_stream(&mut recording, slot, stream);
                 }
                 Op::Work { stream } => recording.device_mut().sleep(stream, 1).expect("work"),
                 Op::Sync => recording.synchronize_device().expect("sync"),
@@ -2393,7 +2409,7 @@ mod what_if_on_sim {
         ops: &[Op],
         base: Option<&[Seen]>,
     ) -> Vec<(usize, usize)> {
-        let mut slots: Vec<Option<Allocation>> = vec![None; 12];
+        let mut slots = Slots::new();
         let mut calls = Vec::new();
         let mut pools = JobPools::default();
         for op in ops {
@@ -2404,26 +2420,14 @@ mod what_if_on_sim {
                     } else {
                         pools.in_graph(allocator, size)
                     };
-                    if let Some(old) = std::mem::replace(&mut slots[slot], new) {
-                        allocator.free(old).expect("free");
-                    }
+                    slots.put(allocator, slot, new);
                 }
                 Op::Alloc { slot, size, stream } => {
                     let new = allocator.malloc_on(stream, size).ok();
-                    if let Some(old) = std::mem::replace(&mut slots[slot], new) {
-                        allocator.free(old).expect("free");
-                    }
+                    slots.put(allocator, slot, new);
                 }
-                Op::Free { slot } => {
-                    if let Some(old) = slots[slot].take() {
-                        allocator.free(old).expect("free");
-                    }
-                }
-                Op::RecordStream { slot, stream } => {
-                    if let Some(allocation) = slots[slot] {
-                        allocator.record_stream(allocation, stream).expect("record");
-                    }
-                }
+                Op::Free { slot } => slots.put(allocator, slot, None),
+                Op::RecordStream { slot, stream } => slots.record_stream(allocator, slot, stream),
                 Op::Sync => allocator.synchronize_device().expect("sync"),
                 Op::EmptyCache => {
                     let before = allocator.trace().len();

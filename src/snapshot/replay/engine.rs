@@ -950,6 +950,17 @@ impl Engine {
         }
     }
 
+    /// Whether the run of releases before the allocation `event` may tell the `MemPool` it
+    /// asked ([`Engine::infer_collecting_mem_pool`], [`Engine::infer_releasing_mem_pool`]): the
+    /// run releases something, no capture or `empty_cache()` frame explains it, and the
+    /// allocation may be inferred at all ([`Engine::may_infer_mem_pool`]).
+    fn releases_may_tell_mem_pool(&self, event: &RawEvent) -> bool {
+        self.run.releases > 0
+            && !self.run.capture
+            && !self.run.empty_cache_frame
+            && self.may_infer_mem_pool(event)
+    }
+
     /// Whether the allocation `event` may be found to have asked a `MemPool` the file does
     /// not show: under the recorded config (the replay's state is then the recording's), not
     /// routed already, in a segment the trace made for it that no pool claimed.
@@ -978,11 +989,7 @@ impl Engine {
     /// collection is left to [`Engine::end_run`], and a malloc with no release before it to
     /// [`Engine::infer_mem_pool`].
     fn infer_collecting_mem_pool(&mut self, event: &RawEvent) -> Result<(), String> {
-        if self.run.releases == 0
-            || self.run.capture
-            || self.run.empty_cache_frame
-            || !self.may_infer_mem_pool(event)
-        {
+        if !self.releases_may_tell_mem_pool(event) {
             return Ok(());
         }
         let size = non_negative(event.size, "size")?;
@@ -1024,11 +1031,7 @@ impl Engine {
     /// is a default-pool malloc after the pool's `emptyCache(pool)`, which would release every
     /// whole cached segment of the pool, and the pool would be gone.
     fn infer_releasing_mem_pool(&mut self, event: &RawEvent) -> Result<(), String> {
-        if self.run.releases == 0
-            || self.run.capture
-            || self.run.empty_cache_frame
-            || !self.may_infer_mem_pool(event)
-        {
+        if !self.releases_may_tell_mem_pool(event) {
             return Ok(());
         }
         let Some(pool) = self.run.released.first().map(|segment| segment.pool) else {
