@@ -1698,6 +1698,41 @@ mod self_replay {
         );
     }
 
+    /// Found with seed 123 at 20,000 cases: a malloc under `max_split_size_mb` whose
+    /// `process_events` completed a side stream's deferred free and whose
+    /// `release_available_cached_blocks` released that block's oversize segment, while another
+    /// free (a graph pool's block used on the default stream) stayed pending. Read as the
+    /// malloc's flush (`release_cached_blocks`), the replay completed that free too, which
+    /// the flush's synchronisation would have done and recorded.
+    #[test]
+    fn a_release_that_leaves_a_free_pending_is_no_flush() {
+        let in_graph = |slot, size| Op::InGraph { slot, size };
+        assert_holds(
+            "per_process_memory_fraction:0.03,max_split_size_mb:40",
+            &[
+                in_graph(0, 79_691_777),
+                in_graph(3, 512),
+                in_graph(1, 90_177_537),
+                alloc(4, 83_886_081, 0),
+                alloc(6, 1_917_441, 0),
+                alloc(5, 71_303_169, 0),
+                alloc(8, 50_331_649, 0),
+                alloc(1, 2_661_377, 0),
+                Op::RecordStream { slot: 3, stream: 0 },
+                alloc(6, 1_048_577, SIDE),
+                Op::Work { stream: 0 },
+                Op::RecordStream {
+                    slot: 5,
+                    stream: SIDE,
+                },
+                alloc(1, 3_821_569, 0),
+                alloc(5, 7_233_025, 0),
+                in_graph(3, 62_914_561),
+                alloc(0, 5_336_065, 0),
+            ],
+        );
+    }
+
     /// `slots[slot] = torch.empty(size)` on `stream`.
     fn alloc(slot: usize, size: u64, stream: u64) -> Op {
         Op::Alloc { slot, size, stream }
@@ -3113,4 +3148,85 @@ fn a_second_mempool_and_its_segments_told_by_their_release_are_inferred() {
     assert_reproduces(&recording, &report);
     // The first pool is the file's (its cached block is there at the end); the second's two.
     assert_eq!(report.counts.inferred_pool_allocs, 2, "{report}");
+}
+
+/// A malloc in a `MemPool` under `max_split_size_mb` that finds no room under the fraction and
+/// releases its own pool's cached oversize segment (`release_available_cached_blocks`) while a
+/// free deferred by `record_stream` is pending. The trace reads like an `empty_cache()` made
+/// before the malloc (the replay held the released segment in the default pools: its pool was
+/// gone from the file's end), but that call's synchronisation completes every pending free,
+/// and the trace shows the free still pending: the release was the malloc's own, and the
+/// segment its pool's (a pool the file names by the segments it still holds at the end).
+#[test]
+fn a_release_while_a_free_is_pending_is_no_empty_cache() {
+    let conf = format!("{},max_split_size_mb:40", fraction_conf(300 * MIB));
+    let mut recording = recorder(&conf, None);
+    let pool = enter_new_mem_pool(&mut recording);
+    let big = recording
+        .malloc(82 * MIB + 1)
+        .expect("the pool's 84 MiB segment");
+    let fed = recording
+        .malloc_on(SIDE, MIB + 1)
+        .expect("a batch made on the side stream");
+    recording
+        .record_stream(fed, 0)
+        .expect("used on the default stream");
+    let kept = recording
+        .malloc(34 * MIB)
+        .expect("held to the end: the file names the pool");
+    leave_mem_pool(&mut recording, pool);
+    recording.free(big).expect("cached in the pool, oversize");
+    let default = recording.malloc(150 * MIB).expect("default pool");
+    recording.free(fed).expect("its free deferred");
+    // A malloc in a pool runs no `process_events` (`captures_underway` is not empty): the
+    // free stays pending, its work done or not.
+    recording
+        .begin_allocate_to_pool(pool, PoolFilter::AllStreams)
+        .expect("use_mem_pool again");
+    let before = recording.stats().num_device_free;
+    let last = recording
+        .malloc(54 * MIB)
+        .expect("after releasing the pool's 84 MiB segment");
+    leave_mem_pool(&mut recording, pool);
+    assert_eq!(recording.stats().num_device_free, before + 1);
+    assert_eq!(
+        recording.pending_frees().blocks,
+        1,
+        "the batch's free is still pending"
+    );
+    let _ = (kept, default, last);
+    let report = replayed_framed(&recording, "pool-release-pending", &conf, &|_| Vec::new());
+    assert_reproduces(&recording, &report);
+}
+
+/// A `MemPool` destroyed while a tensor still holds its memory (its `emptyCache(pool)`
+/// releases nothing), the tensor freed after, then `torch.cuda.empty_cache()`: the call
+/// releases the default pools' cached segments first and the freeable pool's after. The file's
+/// end shows no pool, so the replay held the pool's segment in the default pools, where its
+/// own call would release it first (it is the smaller); the recorded order tells the pool.
+#[test]
+fn an_empty_cache_after_a_destroyed_mem_pool_releases_the_pools_segments_last() {
+    let mut recording = recorder("", None);
+    let kept = recording.malloc(512).expect("default pool");
+    let pool = enter_new_mem_pool(&mut recording);
+    let held = recording
+        .malloc(MIB + 1)
+        .expect("the pool's 20 MiB segment");
+    leave_mem_pool(&mut recording, pool);
+    let cached = recording
+        .malloc(20 * MIB + 1)
+        .expect("a 22 MiB default segment");
+    recording.free(cached).expect("cached");
+    destroy_mem_pool(&mut recording, pool);
+    let before = recording.stats().num_device_free;
+    recording.free(held).expect("the destroyed pool's block");
+    recording
+        .empty_cache()
+        .expect("releases both, the default pools' first");
+    assert_eq!(recording.stats().num_device_free, before + 2);
+    recording.free(kept).expect("free");
+    let report = replayed_framed(&recording, "destroyed-pool-order", "", &|_| Vec::new());
+    // The pool's emptyCache(pool) synchronised, with nothing to release: the trace does not
+    // show it.
+    assert_reproduces_but(&recording, &report, &["num_sync_all_streams"]);
 }

@@ -1018,7 +1018,9 @@ impl Engine {
         // A whole `empty_cache()` would make just these releases, in this order: the trace
         // reads as well as the job's call before a default-pool malloc, the likelier reading
         // (a pool's first malloc collecting garbage is told by what a call would not release).
-        if collects_the_run && self.empty_cache_addresses() != self.run.freed_at {
+        let call_reads_so = self.empty_cache_addresses() == self.run.freed_at
+            && !self.leaves_a_free_pending(self.run.leading.len());
+        if collects_the_run && !call_reads_so {
             self.route_unshown_mem_pool(event, pool);
         }
         Ok(())
@@ -1206,6 +1208,8 @@ impl Engine {
             _ if run.capture => false,
             _ if adjacent_only && !shown && !self.recorded_config => false,
             Some(event) if self.had_room(event, &run, self.recording_room) => false,
+            // That path's synchronisation would have completed every pending free.
+            _ if self.leaves_a_free_pending(run.leading.len()) => false,
             Some(event) if missed && !run.leading.is_empty() => {
                 let size = non_negative(event.size, "size")?;
                 match self.outlook(event)? {
@@ -1259,6 +1263,8 @@ impl Engine {
             Some(event) => {
                 run.releases > 0
                     && run.after_release.is_empty()
+                    // Its completions are done by now: any free still pending rules it out.
+                    && !self.leaves_a_free_pending(0)
                     && matches!(event.action, Action::Alloc | Action::Oom)
                     && (self.had_room(event, &run, self.recording_room)
                         || !self.malloc_releases(event, &run.released)?)
@@ -1277,6 +1283,7 @@ impl Engine {
             empty_cache = !self.empty_cache_of_inferred_mem_pool(&run)?;
         }
         if empty_cache {
+            self.claim_released_out_of_order(&run);
             if !self.empty_cache_of_an_unknown_pool(&run)? {
                 self.allocator
                     .empty_cache()
@@ -1368,10 +1375,7 @@ impl Engine {
         {
             return Ok(());
         }
-        let Some(pool) = self
-            .route(event)
-            .filter(|&pool| self.capture_pools.is_mem_pool(pool))
-        else {
+        let Some(pool) = self.asked_in_a_mem_pool(event) else {
             return Ok(());
         };
         let leading: Vec<Allocation> = run.leading.iter().map(|&(_, a)| a).collect();
@@ -1380,13 +1384,72 @@ impl Engine {
                 return Ok(());
             }
         }
-        if self.whole_empty_cache_releases(&run.freed_at) {
+        if self.whole_empty_cache_releases(&run.freed_at)
+            && !self.leaves_a_free_pending(run.leading.len())
+        {
             return Ok(());
         }
         for made in run.released_made.iter().flatten() {
             self.capture_pools.claim_made(*made, pool);
         }
         Ok(())
+    }
+
+    /// The `MemPool` the malloc of `event` was asked in, if it was asked in one: a pool the
+    /// replay inferred, or one the file's segments name under an id users make, `(0, n)`
+    /// (`torch.cuda.MemPool()`, and `graph_pool_handle()`, whose pools captures share; a
+    /// capture's own pool is `(n, 0)`) where no sign tells a capture (its frames, or
+    /// `torch.cuda.graph`'s capture stream).
+    fn asked_in_a_mem_pool(&self, event: &RawEvent) -> Option<MemPoolId> {
+        let pool = self.route(event)?;
+        let captured = event.signs.graph_capture || self.capture_stream == Some(event.stream);
+        let named = pool.first == 0 && self.routes.names(pool) && !captured;
+        (self.capture_pools.is_mem_pool(pool) || named).then_some(pool)
+    }
+
+    /// A run read as a whole `empty_cache()` that releases just the segments that call would
+    /// release in the replay, but not in its order: PyTorch's walks the default pools first
+    /// (large, then small, each by size and address) and then each freeable private pool, so
+    /// the segments from the first one out of that order on were a private pool's, gone
+    /// before the call (a `MemPool` destroyed while a tensor still held its memory, which the
+    /// file's end no longer shows). Claimed for a new inferred `MemPool` by the event that
+    /// made each: a replay that learns from this one holds them there from the start, and the
+    /// claims stand only if that replay reproduces the recording (a tail of several pools'
+    /// segments does not).
+    fn claim_released_out_of_order(&mut self, run: &Run) {
+        if !self.recorded_config
+            || !self.infer_mem_pools_as_read
+            || run.capture
+            || run.freed_at.len() != run.released.len()
+            || run.released_made.len() != run.released.len()
+            || run
+                .released
+                .iter()
+                .any(|segment| segment.pool != MemPoolId::DEFAULT)
+        {
+            return;
+        }
+        let order = self.empty_cache_addresses();
+        let places: Option<Vec<usize>> = run
+            .freed_at
+            .iter()
+            .map(|address| order.iter().position(|at| at == address))
+            .collect();
+        let Some(places) = places.filter(|places| places.len() == order.len()) else {
+            return;
+        };
+        let Some(first_out) = places.windows(2).position(|pair| pair[1] < pair[0]) else {
+            return;
+        };
+        let made: Option<Vec<u64>> = run.released_made[first_out + 1..].iter().copied().collect();
+        let Some(made) = made else {
+            return;
+        };
+        let pool = self.capture_pools.new_mem_pool(0);
+        self.capture_pools.make_freeable(pool);
+        for index in made {
+            self.capture_pools.claim_made(index, pool);
+        }
     }
 
     /// The recorded addresses of the segments a whole `empty_cache()` would release now, in
@@ -1409,6 +1472,17 @@ impl Engine {
         released == whole
     }
 
+    /// Whether a whole `empty_cache()` made here would leave a free pending that the trace
+    /// shows no completion of, `completed` of the pending frees being the run's own completions
+    /// (still pending in the replay): that call's synchronisation completes every pending free
+    /// (PyTorch's `synchronize_and_free_events`, before any release, each recorded as a
+    /// `free_completed`), so a free still pending rules the call out. The replay holds no free
+    /// pending that the recording did not (it completes each where the trace does, or sooner
+    /// on an OOM path), so this reads the recording.
+    fn leaves_a_free_pending(&self, completed: usize) -> bool {
+        self.allocator.pending_frees().blocks > completed as u64
+    }
+
     /// A run of releases that begins with the `own` segments of the `MemPool` `pool` (its
     /// `emptyCache(pool)`) and goes on with segments no pool claimed, of sizes that go on
     /// growing as the pool's own did: the pool's walk of its cached blocks (small, then large,
@@ -1423,7 +1497,7 @@ impl Engine {
         if own >= run.released.len() || run.freed_at.len() != run.released.len() {
             return;
         }
-        if self.whole_empty_cache_releases(&run.freed_at[own..]) {
+        if self.whole_empty_cache_releases(&run.freed_at[own..]) && !self.leaves_a_free_pending(0) {
             return;
         }
         let mut smallest = run.released[..own]

@@ -283,12 +283,20 @@ pub fn replay_reading(
     })?;
     let recording = Recording::new(path, scan, remainder, options.device_index)?;
     let (chosen, _) = recording.choose_conf(options)?;
+    // Its inferences include those of the run the trace ends with.
+    if !abandoned && first.end_trace().is_err() {
+        abandoned = true;
+    }
     // The first pass reads as the recorded run until the file names its config: its
-    // inferences stand only where the config is the recorded one.
+    // inferences stand only where the config is the recorded one. It knows none of the
+    // file's pools (their segments come at the file's end), so where the file has private
+    // pools a replay knowing them may claim more segments at their release
+    // (`Engine::end_run`), which only a pass knowing those from the start routes right.
+    let pools_unread = !recording.routes().is_empty();
     recording.infers_mem_pools.set(
         !abandoned
             && recording.is_recorded_conf(&chosen)
-            && !first.mem_pool_claims_trusted_or_not().is_empty(),
+            && (!first.mem_pool_claims_trusted_or_not().is_empty() || pools_unread),
     );
     let plan = first.plan(&recording, options)?;
     // Under another config than the recorded one, `MemPool`s only a self-replay can infer
@@ -573,6 +581,7 @@ fn learning_pass(
         pass.read_as_recorded_run();
     }
     pickle::stream_file(path, |emitted| pass.handle(emitted))?;
+    pass.end_trace()?;
     let inferred = !pass.mem_pool_claims_trusted_or_not().is_empty();
     Ok(PassOutcome {
         reproduced: pass.reproduced_segments(),

@@ -58,6 +58,8 @@ pub(super) struct Pass {
     /// The device whose trace is replayed; `None`: the first with events.
     wanted: Option<u32>,
     last_index: u64,
+    /// Whether the trace's end was replayed ([`Pass::end_trace`]).
+    ended: bool,
 }
 
 impl Pass {
@@ -111,6 +113,7 @@ impl Pass {
             routes,
             wanted: options.device_index,
             last_index: 0,
+            ended: false,
         })
     }
 
@@ -393,6 +396,17 @@ impl Pass {
         self.engine.counts.events
     }
 
+    /// Replays the trace's end once, after its last event: the run of releases and
+    /// completions it ends with (an `empty_cache()` at the end, say), and the frees still
+    /// held. Before it, what the pass inferred and compared leaves that run out.
+    pub(super) fn end_trace(&mut self) -> Result<(), ReplayError> {
+        if !self.ended {
+            self.ended = true;
+            self.engine.finish(self.last_index)?;
+        }
+        Ok(())
+    }
+
     /// Ends the replay of the file at `path` and makes its report.
     pub(super) fn finish(
         mut self,
@@ -400,7 +414,7 @@ impl Pass {
         recording: &Recording,
         plan: Plan,
     ) -> Result<ReplayReport, ReplayError> {
-        self.engine.finish(self.last_index)?;
+        self.end_trace()?;
         // A replay that ran as it read started under PyTorch's defaults: when the file
         // records a config that behaves alike, the report names the recorded one.
         if self.conf_source == ConfSource::DefaultNoSettings {
