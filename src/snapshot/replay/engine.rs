@@ -1259,7 +1259,7 @@ impl Engine {
         self.allocator.walk_streams_first(&[]);
         let mut empty_cache = match malloc {
             _ if run.empty_cache_frame || run.capture => true,
-            None => run.shows_empty_cache(),
+            None => run.shows_empty_cache() && !self.pools_own_empty_cache(&run)?,
             Some(event) => {
                 run.releases > 0
                     && run.after_release.is_empty()
@@ -1527,8 +1527,9 @@ impl Engine {
     /// default-pool segments besides those the trace released. Only where each recorded
     /// release names a whole cached segment of the replay at its recorded address (a replay
     /// that placed them as recorded), with no completion after a release (a whole
-    /// synchronisation's), no pending free and no `empty_cache` frame; and only under the
-    /// recorded config,
+    /// synchronisation's) and no `empty_cache` frame, where the whole call would release more
+    /// or would have completed a free the trace leaves pending; and only under the recorded
+    /// config,
     /// whose state is the recording's (under another, a `torch.cuda.empty_cache()` finds
     /// other segments cached than the recording's did). Returns whether it did.
     fn empty_cache_of_an_unknown_pool(&mut self, run: &Run) -> Result<bool, String> {
@@ -1538,18 +1539,18 @@ impl Engine {
             || !run.after_release.is_empty()
             || run.freed_at.is_empty()
             || run.freed_at.len() as u64 != run.releases
-            // A pending free: a whole synchronisation would complete it (and perhaps release
-            // its segment), the pool's would not; the trace cannot tell which ran.
-            || self.allocator.pending_frees().blocks > 0
         {
             return Ok(false);
         }
+        // A free still pending: a whole `empty_cache()` would have completed it, the pool's
+        // (whose synchronisation reaches its own blocks only) did not.
+        let pending_left = self.leaves_a_free_pending(0);
         let whole = self.allocator.empty_cache_outlook();
         let recorded_all = run
             .freed_at
             .iter()
             .all(|address| whole.iter().any(|&(at, _)| at == *address));
-        if !recorded_all || whole.len() == run.freed_at.len() {
+        if !recorded_all || (whole.len() == run.freed_at.len() && !pending_left) {
             return Ok(false);
         }
         let done = self
@@ -1559,6 +1560,26 @@ impl Engine {
         // Read from the replay's state: right only if its config is the recording's.
         self.assumed_recorded_config |= done;
         Ok(done)
+    }
+
+    /// A run with no malloc after it that completed deferred frees and released nothing, where
+    /// a whole `empty_cache()` would have released cached segments (under the recorded
+    /// config, whose cache is the recording's) or completed a free the trace leaves pending:
+    /// a `MemPool`'s `emptyCache(pool)` (the pool going away; its synchronisation reaches its
+    /// own blocks' frees, the run's completions, and it had nothing whole to release).
+    /// Counts that call's synchronisation; returns whether it read the run so.
+    fn pools_own_empty_cache(&mut self, run: &Run) -> Result<bool, String> {
+        if run.releases > 0 || run.empty_cache_frame || run.capture {
+            return Ok(false);
+        }
+        let whole_releases = self.recorded_config && !self.empty_cache_addresses().is_empty();
+        if !whole_releases && !self.leaves_a_free_pending(0) {
+            return Ok(false);
+        }
+        self.allocator
+            .empty_cache_of_segments(&[])
+            .map_err(|error| format!("the allocator failed: {error}"))?;
+        Ok(true)
     }
 
     /// Whether the recording shows that the malloc of `event` took no OOM path, so that the
