@@ -3428,4 +3428,34 @@ mod mem_pool_swaps {
             panic!("{failure}");
         }
     }
+    /// Found at seed 24, case 58: the same with expandable segments. The default pools' free
+    /// pages a whole `empty_cache()` would unmap tell the pool's call apart, as their cached
+    /// `cudaMalloc` segments do without expandable segments.
+    #[test]
+    fn a_destroyed_pools_completion_beside_free_pages_is_no_whole_empty_cache() {
+        let alloc = |slot, size, stream| Op::Alloc { slot, size, stream };
+        let in_pool = |slot, size, stream| Op::InPool { slot, size, stream };
+        let job = [
+            alloc(0, MIB + 1, 0),
+            in_pool(10, MIB + 1, SIDE),
+            alloc(11, 512, 0),
+            alloc(0, MIB + 1, 0),
+            alloc(0, 512, 0),
+            alloc(0, 512, 0),
+            alloc(0, 512, 0),
+            in_pool(0, MIB + 1, SIDE),
+            Op::RecordStream {
+                slot: 10,
+                stream: 0,
+            },
+            alloc(10, 512, 0),
+            in_pool(1, 512, 0),
+            Op::Swap,
+            Op::Free { slot: 0 },
+        ];
+        let conf = "expandable_segments:True,per_process_memory_fraction:0.03";
+        if let Err(failure) = swapped_pools_replay_exactly(conf, &job) {
+            panic!("{failure}");
+        }
+    }
 }

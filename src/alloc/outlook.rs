@@ -346,6 +346,23 @@ impl CachingAllocator {
             .collect()
     }
 
+    /// Whether `empty_cache()` would unmap pages of the default pools' expandable segments
+    /// now: a free, mapped block of one that spans a whole page (PyTorch's `release_blocks`
+    /// unmaps every whole page of each). [`CachingAllocator::empty_cache_outlook`] lists
+    /// `cudaMalloc` segments only; a replay asks both before it reads a run as that call.
+    pub fn empty_cache_unmaps_pages(&self) -> bool {
+        self.blocks.iter().any(|(_, block)| {
+            block.is_expandable()
+                && block.owner == DEFAULT_OWNER
+                && !block.allocated
+                && block.mapped
+                && self
+                    .expandable
+                    .get(block.segment)
+                    .is_some_and(|segment| !segment.pages_inside(block.ptr, block.size).is_empty())
+        })
+    }
+
     /// What `release_cached_blocks` would release (added to `released`): after the pending
     /// frees complete, every `cudaMalloc` segment of the default pools with nothing allocated
     /// (large pool first, each in (stream, size, address) order), then those of the freeable
@@ -560,6 +577,18 @@ mod tests {
             pool: MemPoolId::DEFAULT,
             size,
         }
+    }
+
+    #[test]
+    fn empty_cache_unmaps_a_whole_free_page_only() {
+        let mut a = allocator("expandable_segments:True", 1 << 30);
+        let x = a.malloc(MIB + 1).expect("a 20 MiB page mapped");
+        assert!(!a.empty_cache_unmaps_pages(), "its page holds a live block");
+        a.free(x).expect("free");
+        assert!(a.empty_cache_unmaps_pages(), "the whole page is free");
+        assert!(a.empty_cache_outlook().is_empty(), "no cudaMalloc segment");
+        a.empty_cache().expect("unmaps it");
+        assert!(!a.empty_cache_unmaps_pages());
     }
 
     #[test]

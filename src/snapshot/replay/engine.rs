@@ -1572,7 +1572,9 @@ impl Engine {
         if run.releases > 0 || run.empty_cache_frame || run.capture {
             return Ok(false);
         }
-        let whole_releases = self.recorded_config && !self.empty_cache_addresses().is_empty();
+        let whole_releases = self.recorded_config
+            && (!self.empty_cache_addresses().is_empty()
+                || self.allocator.empty_cache_unmaps_pages());
         if !whole_releases && !self.leaves_a_free_pending(0) {
             return Ok(false);
         }
