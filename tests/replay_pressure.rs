@@ -1471,6 +1471,32 @@ fn replayed_on_h200(path: &Path) -> ReplayReport {
     replay(path, &ReplayOptions::default(), &mut |_, _| {}).expect("replays")
 }
 
+/// Every counter of `recording` but `num_alloc_retries` and `num_sync_all_streams` (which a
+/// trace shows only in part: the properties bound them themselves, or leave them out), and
+/// every segment event, came back in `report`.
+fn reproduces_but_retries_and_syncs(
+    recording: &CachingAllocator,
+    report: &ReplayReport,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    let mut wrong = Vec::new();
+    for (key, value) in recording.stats().entries() {
+        if key == "num_alloc_retries" || key == "num_sync_all_streams" {
+            continue;
+        }
+        if report.stat(&key) != value {
+            wrong.push(format!(
+                "{key}: recorded {value}, replayed {}",
+                report.stat(&key)
+            ));
+        }
+    }
+    proptest::prop_assert!(wrong.is_empty(), "{}\n{report}", wrong.join("\n"));
+    let segments = &report.segment_events;
+    proptest::prop_assert_eq!(segments.differing, 0, "{}", report);
+    proptest::prop_assert_eq!(segments.recorded, segments.replayed);
+    Ok(())
+}
+
 mod self_replay {
     //! Random jobs recorded by gpumem's allocator — several streams, `record_stream` with work
     //! still running, synchronisations, `empty_cache()`, under memory fractions, garbage
@@ -1885,24 +1911,7 @@ mod self_replay {
                 .contains(&replayed_syncs),
             "num_sync_all_streams: recorded {syncs}, replayed {replayed_syncs}\n{report}"
         );
-        let mut wrong = Vec::new();
-        for (key, value) in recording.stats().entries() {
-            if key == "num_alloc_retries" || key == "num_sync_all_streams" {
-                continue;
-            }
-            let expected = value;
-            if report.stat(&key) != expected {
-                wrong.push(format!(
-                    "{key}: recorded {expected}, replayed {}",
-                    report.stat(&key)
-                ));
-            }
-        }
-        prop_assert!(wrong.is_empty(), "{}\n{report}", wrong.join("\n"));
-        let segments = &report.segment_events;
-        prop_assert_eq!(segments.differing, 0, "{}", report);
-        prop_assert_eq!(segments.recorded, segments.replayed);
-        Ok(())
+        reproduces_but_retries_and_syncs(&recording, &report)
     }
 }
 
@@ -3384,23 +3393,7 @@ mod mem_pool_swaps {
         if let Some(folder) = path.parent() {
             let _ = std::fs::remove_dir_all(folder);
         }
-        let mut wrong = Vec::new();
-        for (key, value) in recording.stats().entries() {
-            if key == "num_alloc_retries" || key == "num_sync_all_streams" {
-                continue;
-            }
-            if report.stat(&key) != value {
-                wrong.push(format!(
-                    "{key}: recorded {value}, replayed {}",
-                    report.stat(&key)
-                ));
-            }
-        }
-        prop_assert!(wrong.is_empty(), "{}\n{report}", wrong.join("\n"));
-        let segments = &report.segment_events;
-        prop_assert_eq!(segments.differing, 0, "{}", report);
-        prop_assert_eq!(segments.recorded, segments.replayed);
-        Ok(())
+        reproduces_but_retries_and_syncs(&recording, &report)
     }
 
     /// Found at seed 23, case 14,089: a `MemPool` destroyed while one of its tensors was still
