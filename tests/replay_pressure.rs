@@ -1471,6 +1471,17 @@ fn replayed_on_h200(path: &Path) -> ReplayReport {
     replay(path, &ReplayOptions::default(), &mut |_, _| {}).expect("replays")
 }
 
+/// A request size for the random jobs: small-pool sizes, large-pool sizes below
+/// `max_split_size_mb:40`'s threshold, and sizes around and above it.
+fn request_size() -> impl proptest::strategy::Strategy<Value = u64> + Clone {
+    use proptest::prelude::*;
+    prop_oneof![
+        (1_u64..=2048).prop_map(|k| k * 512),
+        (MIB + 1)..(10 * MIB),
+        (10 * MIB)..(90 * MIB),
+    ]
+}
+
 /// Every counter of `recording` but `num_alloc_retries` and `num_sync_all_streams` (which a
 /// trace shows only in part: the properties bound them themselves, or leave them out), and
 /// every segment event, came back in `report`.
@@ -1552,14 +1563,14 @@ mod self_replay {
     const FRACTION_WITH_GC: &str =
         "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
 
+    /// The stream a job's request or `record_stream` names: mostly the default one.
+    pub(super) fn job_stream() -> impl Strategy<Value = u64> + Clone {
+        prop_oneof![4 => Just(STREAMS[0]), 2 => Just(STREAMS[1]), 1 => Just(STREAMS[2])]
+    }
+
     fn op() -> impl Strategy<Value = Op> {
-        let stream =
-            prop_oneof![4 => Just(STREAMS[0]), 2 => Just(STREAMS[1]), 1 => Just(STREAMS[2])];
-        let size = prop_oneof![
-            (1_u64..=2048).prop_map(|k| k * 512),
-            (MIB + 1)..(10 * MIB),
-            (10 * MIB)..(90 * MIB),
-        ];
+        let stream = job_stream();
+        let size = request_size();
         prop_oneof![
             6 => (0_usize..12, size.clone(), stream.clone()).prop_map(|(slot, size, stream)| Op::Alloc { slot, size, stream }),
             4 => (0_usize..12).prop_map(|slot| Op::Free { slot }),
@@ -2402,11 +2413,7 @@ mod what_if_on_sim {
 
     fn op() -> impl Strategy<Value = Op> {
         let stream = prop_oneof![4 => Just(STREAMS[0]), 1 => Just(STREAMS[1])];
-        let size = prop_oneof![
-            (1_u64..=2048).prop_map(|k| k * 512),
-            (MIB + 1)..(10 * MIB),
-            (10 * MIB)..(90 * MIB),
-        ];
+        let size = request_size();
         prop_oneof![
             6 => (0_usize..12, size.clone(), stream.clone()).prop_map(|(slot, size, stream)| Op::Alloc { slot, size, stream }),
             1 => (0_usize..12, size.clone()).prop_map(|(slot, size)| Op::PoolAlloc { slot, size }),
@@ -3279,12 +3286,8 @@ mod mem_pool_swaps {
     }
 
     fn op() -> impl Strategy<Value = Op> {
-        let stream = prop_oneof![4 => Just(0_u64), 2 => Just(SIDE), 1 => Just(SIDE + 0x100)];
-        let size = prop_oneof![
-            (1_u64..=2048).prop_map(|k| k * 512),
-            (MIB + 1)..(10 * MIB),
-            (10 * MIB)..(90 * MIB),
-        ];
+        let stream = super::self_replay::job_stream();
+        let size = request_size();
         prop_oneof![
             5 => (0_usize..12, size.clone(), stream.clone())
                 .prop_map(|(slot, size, stream)| Op::Alloc { slot, size, stream }),
