@@ -3424,6 +3424,74 @@ mod mem_pool_swaps {
             panic!("{failure}");
         }
     }
+    /// Found at seed 25 (`max_split_size_mb:40` under a fraction, the pool kept): a default
+    /// request made a new 58 MiB segment beside the pool's free 68 MiB block, which the
+    /// replay held in the default pools (the file no longer shows it: the pool's own malloc
+    /// released it later), so it read the request as a pool's; the final `empty_cache()`
+    /// then released that segment last, as a freeable pool's. The release in the pool's
+    /// malloc tells the block's pool, and the reading made beside it is dropped.
+    #[test]
+    fn a_request_read_beside_a_pools_block_is_read_again_once_a_release_tells_its_pool() {
+        let alloc = |slot, size, stream| Op::Alloc { slot, size, stream };
+        let in_pool = |slot, size, stream| Op::InPool { slot, size, stream };
+        // The self-replay property's third stream, and its side stream.
+        let (s1, s2) = (SIDE + 0x100, SIDE);
+        let job = [
+            alloc(1, 3072001, s1),
+            alloc(2, 41943041, 0),
+            in_pool(0, 71303169, s2),
+            alloc(1, 9437697, s1),
+            alloc(2, 79691777, 0),
+            alloc(2, 512, 0),
+            alloc(0, MIB + 1, s2),
+            in_pool(2, MIB + 1, 0),
+            alloc(2, 58720257, s2),
+            alloc(0, 8460801, s1),
+            in_pool(3, 35651585, 0),
+            in_pool(0, 60817409, 0),
+            alloc(2, MIB + 1, 0),
+            in_pool(0, MIB + 1, s2),
+            in_pool(0, 25165825, s2),
+            alloc(0, 512, 0),
+            Op::EmptyCache,
+        ];
+        let conf = "per_process_memory_fraction:0.03,max_split_size_mb:40";
+        if let Err(failure) = swapped_pools_replay_exactly(conf, &job) {
+            panic!("{failure}");
+        }
+    }
+
+    /// Found at seed 25 after the fix above: a default request (its segment in the default
+    /// pools at the file's end) made new memory beside a free block of the pool's first
+    /// segment, which the replay held in the default pools; and the pool's later requests,
+    /// read as a made-up pool's, released their segments in the pool's own malloc. The
+    /// passed-over block's segment is claimed for the pool the stream used, and the made-up
+    /// pool whose segments the pool's malloc released is that pool.
+    #[test]
+    fn a_block_a_default_request_passed_over_was_the_pools() {
+        let alloc = |slot, size, stream| Op::Alloc { slot, size, stream };
+        let in_pool = |slot, size, stream| Op::InPool { slot, size, stream };
+        let job = [
+            in_pool(2, 56623105, 0),
+            alloc(6, 75497473, 0),
+            alloc(6, MIB + 1, SIDE),
+            in_pool(2, 65011713, 0),
+            in_pool(0, MIB + 1, 0),
+            alloc(0, 512, 0),
+            in_pool(0, 31457281, 0),
+            alloc(0, 50331649, 0),
+            in_pool(1, 512, 0),
+            alloc(2, 44040193, 0),
+            alloc(0, 41943041, 0),
+            alloc(0, MIB + 1, 0),
+            in_pool(0, 67108865, 0),
+        ];
+        let conf = "per_process_memory_fraction:0.03,max_split_size_mb:40";
+        if let Err(failure) = swapped_pools_replay_exactly(conf, &job) {
+            panic!("{failure}");
+        }
+    }
+
     /// Found at seed 24, case 58: the same with expandable segments. The default pools' free
     /// pages a whole `empty_cache()` would unmap tell the pool's call apart, as their cached
     /// `cudaMalloc` segments do without expandable segments.

@@ -155,6 +155,37 @@ impl CachingAllocator {
             .collect()
     }
 
+    /// The base address of the `cudaMalloc` segment whose cached block `malloc_on(stream,
+    /// size)` asked in the default pools would take now (`None`: no cached block serves it,
+    /// or the block lies in an expandable segment). A replay asks it where the trace shows a
+    /// default-pool malloc that made new memory instead: that segment was not the default
+    /// pools' (a private pool's, which the replay had not told).
+    pub fn default_cached_block_segment(&self, stream: StreamId, size: u64) -> Option<u64> {
+        if size == 0 || size >= super::ONE_EXABYTE {
+            return None;
+        }
+        let request = Request {
+            owner: DEFAULT_OWNER,
+            ..self.request_as_routed(stream, size)
+        };
+        let (_, _, _, id) = self.find_free_block(request)?;
+        let block = self.blocks.at(id);
+        (!block.is_expandable()).then(|| block.segment_base.addr())
+    }
+
+    /// The request `malloc_on(stream, size)` makes, in the pool `stream` is routed to.
+    fn request_as_routed(&self, stream: StreamId, size: u64) -> Request {
+        let rounded = self.round_size(size);
+        Request {
+            stream,
+            size: rounded,
+            pool: Self::pool_for(rounded),
+            owner: self.pools.route(stream),
+            alloc_size: self.allocation_size(rounded),
+            expandable: self.expandable_active(),
+        }
+    }
+
     /// [`CachingAllocator::malloc_outlook`] had the pending frees of `completed` completed
     /// just now (their blocks back in the cache, merged, as young as a block can be). A replay
     /// asks it to tell a free made just before a malloc from a deferred free that the malloc
@@ -180,15 +211,7 @@ impl CachingAllocator {
         if size == 0 || size >= super::ONE_EXABYTE {
             return MallocOutlook::Cached;
         }
-        let rounded = self.round_size(size);
-        let request = Request {
-            stream,
-            size: rounded,
-            pool: Self::pool_for(rounded),
-            owner: self.pools.route(stream),
-            alloc_size: self.allocation_size(rounded),
-            expandable: self.expandable_active(),
-        };
+        let request = self.request_as_routed(stream, size);
         if self.find_free_block(request).is_some() {
             return MallocOutlook::Cached;
         }
@@ -589,6 +612,36 @@ mod tests {
         assert!(a.empty_cache_outlook().is_empty(), "no cudaMalloc segment");
         a.empty_cache().expect("unmaps it");
         assert!(!a.empty_cache_unmaps_pages());
+    }
+
+    #[test]
+    fn the_default_block_a_malloc_would_take_names_its_segment() {
+        let mut a = allocator("", 1 << 30);
+        let x = a.malloc(30 * MIB).expect("alloc");
+        let base = x.ptr.addr();
+        a.free(x).expect("free");
+        assert_eq!(a.default_cached_block_segment(0, 20 * MIB), Some(base));
+        assert_eq!(a.default_cached_block_segment(0, 40 * MIB), None, "too big");
+        assert_eq!(
+            a.default_cached_block_segment(7, 20 * MIB),
+            None,
+            "another stream"
+        );
+        assert_eq!(
+            a.default_cached_block_segment(0, 0),
+            None,
+            "no block for nothing"
+        );
+        // A `MemPool`'s cached block serves no default-pool request, even while the stream
+        // allocates in the pool.
+        let pool = a.new_mem_pool_id();
+        a.create_pool(pool).expect("MemPool()");
+        a.begin_allocate_to_pool(pool, crate::alloc::PoolFilter::AllStreams)
+            .expect("use_mem_pool");
+        let y = a.malloc(60 * MIB).expect("in the pool");
+        a.free(y).expect("free");
+        assert_eq!(a.default_cached_block_segment(0, 50 * MIB), None);
+        assert_eq!(a.default_cached_block_segment(0, 20 * MIB), Some(base));
     }
 
     #[test]

@@ -34,6 +34,13 @@ use crate::alloc::MemPoolId;
 /// (`graph_pool_handle()` counts from 1), so never one the file's segments name.
 const FIRST_INFERRED_ID: u64 = 1 << 62;
 
+/// Whether `pool` is a `MemPool` a replay made up ([`CapturePools::new_mem_pool`]): a stand-in
+/// for a pool of the job's that nothing had named yet, which may turn out to be one the file
+/// names.
+pub(super) fn is_stand_in(pool: MemPoolId) -> bool {
+    pool.first == 0 && pool.second > FIRST_INFERRED_ID
+}
+
 /// A recorded segment: where it ends, when it was made, and the inferred pool that claimed it.
 #[derive(Debug, Clone, Copy)]
 struct RecordedSegment {
@@ -74,6 +81,10 @@ pub(super) struct CapturePools {
     /// Claims a self-replay of the same trace made ([`CapturePools::learn`]), by the index
     /// of the event that made the segment.
     learned: HashMap<u64, MemPoolId>,
+    /// Claims inferred because the default pools would have served the request from a free
+    /// block instead ([`CapturePools::passed_over`]): (index of the event that made the
+    /// claimed segment, index of the event that made the segment of that block).
+    passed_over: Vec<(u64, u64)>,
 }
 
 impl CapturePools {
@@ -278,7 +289,7 @@ impl CapturePools {
     /// made it: what a replay under another config takes from a self-replay
     /// ([`CapturePools::learn`]).
     pub fn mem_pool_claims(&self) -> Vec<(u64, MemPoolId)> {
-        self.mem_pool_claims_before(u64::MAX)
+        self.claims_before(u64::MAX, false)
     }
 
     /// The claims made at the segments' release ([`CapturePools::claim_made`]).
@@ -291,14 +302,41 @@ impl CapturePools {
         self.claims.clone()
     }
 
+    /// The segment the allocation at `addr` lies in, just claimed for a `MemPool` because
+    /// the default pools would have served the request from a free block in the segment made
+    /// at event `serving` (the trace shows new memory): if a release later shows that segment
+    /// to be a pool's ([`CapturePools::claim_made`]), the default pools never held the block,
+    /// and this claim was read from a wrong state.
+    pub fn passed_over(&mut self, addr: u64, serving: u64) {
+        if let Some((_, segment)) = self.segment_at(addr) {
+            self.passed_over.push((segment.made, serving));
+        }
+    }
+
     /// [`CapturePools::mem_pool_claims`], less those of segments made at or after event
     /// `limit`: a replay whose state stopped being the recording's there claimed them from a
     /// wrong state. Segments made before it and claimed at their release later stand: the
     /// trace's own releases showed them (their pool made new memory where the default pools
-    /// would have too, so the replay could not tell as they were made).
+    /// would have too, so the replay could not tell as they were made). Less, too, the claims
+    /// inferred because the default pools would have served a request from a block whose
+    /// segment a release then claimed ([`CapturePools::passed_over`]): a pass that knows that
+    /// segment's pool from the start infers again what still holds.
     pub fn mem_pool_claims_before(&self, limit: u64) -> Vec<(u64, MemPoolId)> {
+        self.claims_before(limit, true)
+    }
+
+    /// The claims of segments made before event `limit`, less those read beside a block a
+    /// release then claimed where `trusted` ([`CapturePools::mem_pool_claims_before`]).
+    fn claims_before(&self, limit: u64, trusted: bool) -> Vec<(u64, MemPoolId)> {
+        let misread = |made: u64| {
+            trusted
+                && self.passed_over.iter().any(|&(claimed, serving)| {
+                    claimed == made && self.released_claims.iter().any(|&(at, _)| at == serving)
+                })
+        };
         let mut claims: Vec<(u64, MemPoolId)> = Vec::new();
-        for &(made, pool) in self.claims.iter().chain(self.released_claims.iter()) {
+        let inferred = self.claims.iter().filter(|&&(made, _)| !misread(made));
+        for &(made, pool) in inferred.chain(self.released_claims.iter()) {
             if made < limit && !claims.iter().any(|&(at, _)| at == made) {
                 claims.push((made, pool));
             }
@@ -315,7 +353,7 @@ impl CapturePools {
             self.learned.insert(made, pool);
             self.mem_pools.insert(pool);
             // A pool this replay infers itself gets an id of its own, not a learnt one's.
-            if pool.first == 0 && pool.second > FIRST_INFERRED_ID {
+            if is_stand_in(pool) {
                 self.made = self.made.max(pool.second - FIRST_INFERRED_ID);
             }
         }
@@ -381,6 +419,28 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_claim_read_beside_a_block_a_release_then_claimed_is_not_trusted() {
+        let mut pools = CapturePools::default();
+        // A pool's segment the replay held in the default pools (made at event 1), and a
+        // request beside its free block that made new memory (event 5): read as a pool's.
+        pools.segment_made(0x1000_0000, 70 * MIB, 1, false);
+        pools.segment_made(0x2000_0000, 58 * MIB, 5, false);
+        let stand_in = pools.route_new_mem_pool(0x2000_0000, 0).expect("claimed");
+        pools.passed_over(0x2000_0000, 1);
+        assert_eq!(pools.mem_pool_claims_before(u64::MAX), vec![(5, stand_in)]);
+        // The release of the first segment in a pool's malloc shows it was that pool's.
+        let named = MemPoolId::new(0, 1);
+        pools.claim_made(1, named);
+        assert_eq!(
+            pools.mem_pool_claims_before(u64::MAX),
+            vec![(1, named)],
+            "the default pools never held the block: the request was read from a wrong state"
+        );
+        assert_eq!(pools.mem_pool_claims(), vec![(5, stand_in), (1, named)]);
+        assert!(is_stand_in(stand_in) && !is_stand_in(named));
+    }
 
     #[test]
     fn a_capture_claims_the_segments_it_made_and_a_later_capture_shares_them() {

@@ -225,18 +225,36 @@ struct Live {
 }
 
 /// Where the allocations of private pools lie: the segments of the file's end state that a
-/// private pool owns, each with the index of the recorded event that made it.
+/// private pool owns, each with the index of the recorded event that made it; and the end
+/// state's default-pool segments, which no private pool's malloc made.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PoolRoutes {
     /// By base address: (end, pool, index of the `segment_alloc` that made the segment).
     segments: BTreeMap<u64, (u64, MemPoolId, u64)>,
+    /// The default pools' segments at the file's end, the same way.
+    default_segments: BTreeMap<u64, (u64, u64)>,
 }
 
 impl PoolRoutes {
-    /// Routes allocations in `[base, base + size)` made at or after event `made` to `pool`.
+    /// Routes allocations in `[base, base + size)` made at or after event `made` to `pool`
+    /// (a default pool's segment routes nothing: `PoolRoutes::in_default_segment` tells it).
     pub fn add(&mut self, base: u64, size: u64, pool: MemPoolId, made: u64) {
-        self.segments
-            .insert(base, (base.saturating_add(size), pool, made));
+        let end = base.saturating_add(size);
+        if pool.is_default() {
+            self.default_segments.insert(base, (end, made));
+        } else {
+            self.segments.insert(base, (end, pool, made));
+        }
+    }
+
+    /// Whether an allocation at `addr` recorded at event `index` lies in a segment the file's
+    /// end shows in the default pools, made at or before that event: a segment belongs to the
+    /// pool whose malloc made it for its whole life, so no private pool asked for it.
+    fn in_default_segment(&self, addr: u64, index: u64) -> bool {
+        self.default_segments
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(_, &(end, made))| addr < end && index >= made)
     }
 
     /// Whether no segment is routed.
@@ -382,6 +400,9 @@ pub struct Engine {
     /// By recorded stream: the private pool its last allocation in one went to (kept while
     /// the stream allocates in the default pools).
     last_private_pool: HashMap<i64, MemPoolId>,
+    /// By the index of the `segment_alloc` that made a segment: the private pool its stream
+    /// had allocated to last by then ([`Engine::claim_passed_over`]).
+    pool_when_made: HashMap<u64, MemPoolId>,
     /// The recorded run's config, once the file has named it (a first pass takes its own for
     /// it): how the recording rounded a request for its memory-fraction check.
     recorded_conf: Option<AllocConf>,
@@ -410,6 +431,10 @@ pub struct Engine {
     /// Whether, following the recorded config, the replay infers the `MemPool`s the file does
     /// not show from its state as it reads ([`Engine::infer_mem_pools_as_read`]).
     infer_mem_pools_as_read: bool,
+    /// Whether [`Engine::claim_passed_over`] claims what it finds.
+    claim_passed_over: bool,
+    /// Whether [`Engine::claim_passed_over`] found a segment to claim (claimed or not).
+    pub(super) passed_over_seen: bool,
     /// Whether a decision so far took [`Engine::follows_recorded_config`] for granted: a
     /// replay that ran before the recorded config was known must then run again if it was
     /// not.
@@ -478,6 +503,7 @@ impl Engine {
             last_request: 0,
             stream_pools: HashMap::new(),
             last_private_pool: HashMap::new(),
+            pool_when_made: HashMap::new(),
             oom_in_default: false,
             recorded_conf: None,
             restore_scanned: 0,
@@ -487,6 +513,8 @@ impl Engine {
             started_mid_run: false,
             recorded_config: true,
             infer_mem_pools_as_read: true,
+            claim_passed_over: false,
+            passed_over_seen: false,
             assumed_recorded_config: false,
             recording_room: None,
             provisional_room: None,
@@ -587,6 +615,15 @@ impl Engine {
     /// the claims it learnt still route.
     pub fn infer_mem_pools_as_read(&mut self, infer: bool) {
         self.infer_mem_pools_as_read = infer;
+    }
+
+    /// Says whether the replay claims for a `MemPool` the segments a default-pool malloc
+    /// passed over (`Engine::claim_passed_over`; the default: no). A self-replay that learns
+    /// does, where learning without them reproduced nothing: the reading is sound in the
+    /// recording's state, but a claim for the wrong one of several pools can lead later
+    /// passes astray where the replay would otherwise have found its way.
+    pub fn claim_passed_over_blocks(&mut self, claim: bool) {
+        self.claim_passed_over = claim;
     }
 
     /// Tells a what-if replay of a trace that starts with its process how many bytes the
@@ -748,6 +785,9 @@ impl Engine {
                 self.run.new_bytes = self.run.new_bytes.saturating_add(event.size as u64);
                 if event.action == Action::SegmentAlloc {
                     self.made_at.insert(event.addr as u64, index);
+                    if let Some(&pool) = self.last_private_pool.get(&event.stream) {
+                        self.pool_when_made.insert(index, pool);
+                    }
                 }
                 self.capture_pools.segment_made(
                     event.addr as u64,
@@ -911,6 +951,7 @@ impl Engine {
     /// release (`released`: it shows some), those segments were not the default large pool's,
     /// the only one the collector reads ([`Engine::claim_uncollected`]).
     fn infer_mem_pool(&mut self, event: &RawEvent, released: bool) -> Result<(), String> {
+        self.claim_passed_over(event);
         if !self.may_infer_mem_pool(event) {
             return Ok(());
         }
@@ -923,9 +964,67 @@ impl Engine {
             }
             _ => return Ok(()),
         }
+        let serving = self
+            .allocator
+            .default_cached_block_segment(event.stream as u64, size)
+            .and_then(|base| self.made_at.get(&base).copied());
         let pool = self.unshown_mem_pool_for(event)?;
         self.route_unshown_mem_pool(event, pool);
+        if let Some(serving) = serving.filter(|_| self.capture_route.is_some()) {
+            self.capture_pools.passed_over(event.addr as u64, serving);
+        }
         Ok(())
+    }
+
+    /// Under the recorded config, an allocation that made a new segment the file's end shows
+    /// in the default pools (so its malloc asked them), where the replay's default pools, in
+    /// the recording's state, hold a free block that would serve it: PyTorch's did not, so
+    /// the segment of that block was a private pool's, which its requests did not tell (they
+    /// made new memory where the default pools would have too). Claimed, while every segment
+    /// event so far was the recording's, by the event that made it
+    /// ([`CapturePools::claim_made`]), for the `MemPool` the segment's stream had allocated
+    /// to last when the segment was made, else the one this stream allocated to last:
+    /// a self-replay that learns from this one holds it there from the start, and keeps it
+    /// only if it then reproduces the recording.
+    fn claim_passed_over(&mut self, event: &RawEvent) {
+        let addr = event.addr as u64;
+        // Read from the replay's state: only while that is still the recording's.
+        if self.capture_route.is_some()
+            || !self.recorded_config
+            || !self.infer_mem_pools_as_read
+            || self.segments.first_difference.is_some()
+            || !self.routes.in_default_segment(addr, self.index)
+            || !self
+                .capture_pools
+                .made_unclaimed_after(addr, self.last_request)
+        {
+            return;
+        }
+        let Ok(size) = u64::try_from(event.size) else {
+            return;
+        };
+        let serving = self
+            .allocator
+            .default_cached_block_segment(event.stream as u64, size);
+        let Some(&made) = serving.and_then(|base| self.made_at.get(&base)) else {
+            return;
+        };
+        let mem_pool = |pool: &MemPoolId| {
+            let user_pool = pool.first == 0 && self.routes.names(*pool);
+            self.capture_pools.is_mem_pool(*pool) || user_pool
+        };
+        let then = self.pool_when_made.get(&made).copied().filter(mem_pool);
+        let last = self
+            .last_private_pool
+            .get(&event.stream)
+            .copied()
+            .filter(mem_pool);
+        if let Some(pool) = then.or(last) {
+            self.passed_over_seen = true;
+            if self.claim_passed_over {
+                self.capture_pools.claim_made(made, pool);
+            }
+        }
     }
 
     /// The cached segments garbage collection would have released before the malloc of
@@ -970,6 +1069,7 @@ impl Engine {
             && self.recorded_config
             && self.infer_mem_pools_as_read
             && self.routes.pool_of(addr, self.index).is_none()
+            && !self.routes.in_default_segment(addr, self.index)
             && self
                 .capture_pools
                 .made_unclaimed_after(addr, self.last_request)
@@ -1361,6 +1461,14 @@ impl Engine {
     /// the default pools would have too, which nothing told before. Claimed for `pool` by the
     /// event that made each ([`CapturePools::claim_made`]): a self-replay that learns from this
     /// one routes them from the start.
+    ///
+    /// The run may release segments of the asked pool too, and of `MemPool`s the replay
+    /// inferred that the file does not name (a stand-in it made up, for a pool request that
+    /// made new memory beside a default free block, before anything told which pool it was):
+    /// where every segment is one `release_available_cached_blocks` could release (oversize,
+    /// under `max_split_size_mb`), they were the asked pool's all along, its malloc's own
+    /// release taking them; an inferred pool's `emptyCache(pool)` (a `MemPool` destroyed)
+    /// would not release beside the asked pool's.
     fn claim_released_by_pool_malloc(&mut self, run: &Run, event: &RawEvent) -> Result<(), String> {
         if !self.recorded_config
             || !self.infer_mem_pools_as_read
@@ -1368,16 +1476,19 @@ impl Engine {
             || run.capture
             || run.empty_cache_frame
             || run.freed_at.len() != run.released.len()
-            || run
-                .released
-                .iter()
-                .any(|segment| segment.pool != MemPoolId::DEFAULT)
         {
             return Ok(());
         }
         let Some(pool) = self.asked_in_a_mem_pool(event) else {
             return Ok(());
         };
+        let all_default = run
+            .released
+            .iter()
+            .all(|segment| segment.pool == MemPoolId::DEFAULT);
+        if !all_default && !self.released_by_own_pool_malloc(run, pool) {
+            return Ok(());
+        }
         let leading: Vec<Allocation> = run.leading.iter().map(|&(_, a)| a).collect();
         if let MallocOutlook::Collect(sizes) = self.outlook_in(event, Some(pool), &leading)? {
             if sizes == run.released {
@@ -1393,6 +1504,25 @@ impl Engine {
             self.capture_pools.claim_made(*made, pool);
         }
         Ok(())
+    }
+
+    /// Whether the run of releases before a malloc asked in `pool` can be that malloc's own
+    /// `release_available_cached_blocks` ([`Engine::claim_released_by_pool_malloc`]) though
+    /// the replay holds some of its segments elsewhere: each is `pool`'s, the default pools'
+    /// or an inferred `MemPool`'s the file does not name, at least one is not `pool`'s, and
+    /// each is oversize under `max_split_size_mb` (the only blocks that call releases).
+    fn released_by_own_pool_malloc(&self, run: &Run, pool: MemPoolId) -> bool {
+        let config = self.allocator.config();
+        let stand_in = |of: MemPoolId| {
+            of == MemPoolId::DEFAULT
+                || (self.capture_pools.is_mem_pool(of) && !self.routes.names(of))
+        };
+        config.has_split_limit()
+            && run.released.iter().any(|segment| segment.pool != pool)
+            && run.released.iter().all(|segment| {
+                (segment.pool == pool || stand_in(segment.pool))
+                    && segment.size >= config.max_split_size
+            })
     }
 
     /// The `MemPool` the malloc of `event` was asked in, if it was asked in one: a pool the
@@ -2148,6 +2278,19 @@ mod tests {
         );
         assert_eq!(routes.pool_of(0x2000, 9), None, "past its end");
         assert_eq!(routes.pool_of(0x0800, 9), None);
+        routes.add(0x4000, 0x1000, MemPoolId::DEFAULT, 7);
+        assert_eq!(
+            routes.pool_of(0x4800, 9),
+            None,
+            "a default segment routes nothing"
+        );
+        assert!(routes.in_default_segment(0x4800, 9));
+        assert!(
+            !routes.in_default_segment(0x4800, 6),
+            "an earlier segment at that address"
+        );
+        assert!(!routes.in_default_segment(0x1800, 9), "a private pool's");
+        assert!(!routes.is_empty() && !routes.names(MemPoolId::DEFAULT));
     }
 
     #[test]

@@ -477,37 +477,31 @@ fn learned_under(
             infer_as_read: true,
             reproduced: true,
         };
-        let mut known: Claims = Vec::new();
-        // The claims of the last pass that reproduced the recording, when it had found more
-        // at the segments' release, which the next pass tries.
-        let mut reproducing: Option<Claims> = None;
         let mut inferred_any = false;
-        for _ in 0..LEARNING_PASSES {
-            let outcome = learning_pass(path, recording, own, as_recorded, (&known, true))?;
-            inferred_any |= outcome.inferred;
-            let before = known.len();
-            merge_claims(&mut known, outcome.trusted);
-            if outcome.reproduced {
-                let confirmed = known.clone();
-                merge_claims(&mut known, outcome.released);
-                if known.len() == confirmed.len() {
-                    return Ok(taught(confirmed));
-                }
-                reproducing = Some(confirmed);
-                continue;
-            }
-            if let Some(confirmed) = reproducing {
-                return Ok(taught(confirmed));
-            }
-            if known.len() == before {
+        let mut passed_over = false;
+        // Without the segments default-pool mallocs passed over, and, where that reproduced
+        // nothing and some were found, with them.
+        for claim_passed_over in [false, true] {
+            if claim_passed_over && !passed_over {
                 break;
             }
+            let conditions = LearningConditions {
+                as_recorded,
+                claim_passed_over,
+            };
+            let found = learning_passes(path, recording, own, conditions)?;
+            inferred_any |= found.inferred;
+            passed_over |= found.passed_over;
+            if let Some(claims) = found.reproducing {
+                return Ok(taught(claims));
+            }
         }
-        if let Some(confirmed) = reproducing {
-            return Ok(taught(confirmed));
-        }
+        let conditions = LearningConditions {
+            as_recorded,
+            claim_passed_over: false,
+        };
         let reproduced_without = inferred_any
-            && learning_pass(path, recording, own, as_recorded, (&[], false))?.reproduced;
+            && learning_pass(path, recording, own, conditions, (&[], false))?.reproduced;
         Ok(Lesson {
             claims: std::sync::Arc::from(Vec::new()),
             infer_as_read: !reproduced_without,
@@ -522,6 +516,66 @@ fn learned_under(
     learned
 }
 
+/// How the self-replays of [`learned_under`] run: read as the recorded run's (its fraction
+/// given), and whether they claim the segments default-pool mallocs passed over
+/// ([`Pass::claim_passed_over_blocks`]).
+#[derive(Debug, Clone, Copy)]
+struct LearningConditions {
+    as_recorded: bool,
+    claim_passed_over: bool,
+}
+
+/// What [`learning_passes`] found.
+struct Learnt {
+    /// The claims of a pass that reproduced the recording, if one did.
+    reproducing: Option<Claims>,
+    /// Whether any pass inferred a `MemPool` claim.
+    inferred: bool,
+    /// Whether any pass found segments a default-pool malloc passed over.
+    passed_over: bool,
+}
+
+/// Up to [`LEARNING_PASSES`] self-replays under `conditions`, each knowing what the ones
+/// before found, while each finds more ([`learned_under`]).
+fn learning_passes(
+    path: &Path,
+    recording: &Recording,
+    own: &ReplayOptions,
+    conditions: LearningConditions,
+) -> Result<Learnt, ReplayError> {
+    let mut known: Claims = Vec::new();
+    // The claims of the last pass that reproduced the recording, when it had found more at
+    // the segments' release, which the next pass tries.
+    let mut reproducing: Option<Claims> = None;
+    let mut learnt = Learnt {
+        reproducing: None,
+        inferred: false,
+        passed_over: false,
+    };
+    for _ in 0..LEARNING_PASSES {
+        let outcome = learning_pass(path, recording, own, conditions, (&known, true))?;
+        learnt.inferred |= outcome.inferred;
+        learnt.passed_over |= outcome.passed_over;
+        let before = known.clone();
+        merge_claims(&mut known, outcome.trusted);
+        if outcome.reproduced {
+            let confirmed = known.clone();
+            merge_claims(&mut known, outcome.released);
+            if known == confirmed {
+                learnt.reproducing = Some(confirmed);
+                return Ok(learnt);
+            }
+            reproducing = Some(confirmed);
+            continue;
+        }
+        if reproducing.is_some() || known == before {
+            break;
+        }
+    }
+    learnt.reproducing = reproducing;
+    Ok(learnt)
+}
+
 /// How many self-replays [`learned_mem_pools`] runs at most on one recording: each after the
 /// first starts from the claims the ones before found (a pool's segments its releases told,
 /// which only a replay knowing them from the start routes right, and what that one then
@@ -531,11 +585,19 @@ fn learned_under(
 /// while the one before found more.
 const LEARNING_PASSES: usize = 6;
 
-/// Adds to `known` the claims of `found` on segments it holds none for.
+/// Adds to `known` the claims of `found` on segments it holds none for. Where `found` gives a
+/// pool the file names to a segment `known` gave a made-up `MemPool` (a stand-in, inferred
+/// before anything named its pool), the stand-in was that pool: every claim of it is renamed.
 fn merge_claims(known: &mut Claims, found: Claims) {
-    for claim in found {
-        if !known.iter().any(|&(made, _)| made == claim.0) {
-            known.push(claim);
+    for (made, pool) in found {
+        match known.iter().find(|&&(at, _)| at == made).map(|&(_, of)| of) {
+            None => known.push((made, pool)),
+            Some(stand_in) if captures::is_stand_in(stand_in) && !captures::is_stand_in(pool) => {
+                for claim in known.iter_mut().filter(|(_, of)| *of == stand_in) {
+                    claim.1 = pool;
+                }
+            }
+            Some(_) => {}
         }
     }
 }
@@ -550,6 +612,8 @@ struct PassOutcome {
     released: Claims,
     /// Whether it inferred any `MemPool` claim at all.
     inferred: bool,
+    /// Whether it found segments a default-pool malloc passed over.
+    passed_over: bool,
 }
 
 /// One self-replay of [`learned_mem_pools`] under `own`, knowing the claims `learned` from
@@ -559,7 +623,7 @@ fn learning_pass(
     path: &Path,
     recording: &Recording,
     own: &ReplayOptions,
-    as_recorded: bool,
+    conditions: LearningConditions,
     (learned, infer): (&[(u64, crate::alloc::MemPoolId)], bool),
 ) -> Result<PassOutcome, ReplayError> {
     let mut pass = Pass::new(
@@ -577,9 +641,10 @@ fn learning_pass(
     });
     let plan = pass.plan(recording, own)?;
     pass.apply(plan, recording)?;
-    if as_recorded {
+    if conditions.as_recorded {
         pass.read_as_recorded_run();
     }
+    pass.claim_passed_over_blocks(conditions.claim_passed_over);
     pickle::stream_file(path, |emitted| pass.handle(emitted))?;
     pass.end_trace()?;
     let inferred = !pass.mem_pool_claims_trusted_or_not().is_empty();
@@ -588,6 +653,7 @@ fn learning_pass(
         trusted: pass.trusted_mem_pool_claims(),
         released: pass.released_mem_pool_claims(),
         inferred,
+        passed_over: pass.saw_passed_over_blocks(),
     })
 }
 
@@ -620,4 +686,34 @@ pub fn replay_tapped(
         &mut no_progress,
         (observers, tap),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::MemPoolId;
+
+    #[test]
+    fn a_named_pool_found_for_a_stand_ins_segment_renames_every_claim_of_it() {
+        let stand_in = MemPoolId::new(0, (1 << 62) + 1);
+        let other = MemPoolId::new(0, (1 << 62) + 2);
+        let named = MemPoolId::new(0, 1);
+        let mut known: Claims = vec![(3, stand_in), (9, stand_in), (12, other)];
+        merge_claims(
+            &mut known,
+            vec![(9, named), (20, named), (12, MemPoolId::new(0, 2))],
+        );
+        assert_eq!(
+            known,
+            vec![
+                (3, named),
+                (9, named),
+                (12, MemPoolId::new(0, 2)),
+                (20, named)
+            ]
+        );
+        // A claim already naming a pool the file names stands.
+        merge_claims(&mut known, vec![(3, other), (9, MemPoolId::new(0, 3))]);
+        assert_eq!(known[..2], [(3, named), (9, named)]);
+    }
 }

@@ -392,6 +392,18 @@ impl Pass {
         self.engine.infer_mem_pools_as_read(lesson.infer_as_read);
     }
 
+    /// Whether this self-replay, learning, claims the segments a default-pool malloc passed
+    /// over ([`Engine::claim_passed_over_blocks`]).
+    pub(super) fn claim_passed_over_blocks(&mut self, claim: bool) {
+        self.engine.claim_passed_over_blocks(claim);
+    }
+
+    /// Whether this self-replay found segments a default-pool malloc passed over, claimed
+    /// or not ([`Engine::claim_passed_over_blocks`]).
+    pub(super) fn saw_passed_over_blocks(&self) -> bool {
+        self.engine.passed_over_seen
+    }
+
     pub(super) fn events(&self) -> u64 {
         self.engine.counts.events
     }

@@ -84,16 +84,15 @@ impl Recording {
         devices(&self.remainder)
     }
 
-    /// Where the replayed device's private pools lie: the file's end-state segments that a
-    /// pool other than the default ones owns, each from the `segment_alloc` that made it, or
-    /// for an expandable segment the `segment_map` that began its mapped range (from the
-    /// trace's start when the trace does not show it).
+    /// Where the replayed device's pools lie: the file's end-state segments, each from the
+    /// `segment_alloc` that made it, or for an expandable segment the `segment_map` that
+    /// began its mapped range (from the trace's start when the trace does not show it).
     pub fn routes(&self) -> PoolRoutes {
         let mut routes = PoolRoutes::default();
         for segment in &self.remainder.segments {
             let (first, second) = segment.pool;
             let pool = MemPoolId::new(first as u64, second as u64);
-            if pool.is_default() || segment.device != self.device_index as i64 {
+            if segment.device != self.device_index as i64 {
                 continue;
             }
             let made = self
