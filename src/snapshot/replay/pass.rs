@@ -183,6 +183,9 @@ impl Pass {
             && plan.applied == Applied::No
             && self.placement == options.placement
             && recording.routes().is_empty()
+            // A pool inferred as it read, without the end state, which tells a default-pool
+            // segment (`PoolRoutes`): a pass knowing it reads again.
+            && self.mem_pool_claims_trusted_or_not().is_empty()
             && !recording.frees_on_request()
             && same_behaviour(&self.conf, &conf)
             // It read before the file named its config, taking it for the recorded one.
