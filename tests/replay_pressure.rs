@@ -3321,6 +3321,23 @@ mod mem_pool_swaps {
         }
     }
 
+    /// `slots[slot] = torch.empty(size)` on `stream`, in the default pools.
+    fn alloc(slot: usize, size: u64, stream: u64) -> Op {
+        Op::Alloc { slot, size, stream }
+    }
+
+    /// The same inside `use_mem_pool` of the job's current `MemPool`.
+    fn in_pool(slot: usize, size: u64, stream: u64) -> Op {
+        Op::InPool { slot, size, stream }
+    }
+
+    /// A job the property found, pinned: `job` recorded under `conf` replays exactly.
+    fn replays_exactly(conf: &str, job: &[Op]) {
+        if let Err(failure) = swapped_pools_replay_exactly(conf, job) {
+            panic!("{failure}");
+        }
+    }
+
     /// The property for one job: `ops` recorded under `conf`, then replayed under it.
     fn swapped_pools_replay_exactly(conf: &str, ops: &[Op]) -> Result<(), TestCaseError> {
         let mut recording = recorder(conf, None);
@@ -3405,8 +3422,6 @@ mod mem_pool_swaps {
     /// the replay released the default pools' cached segment too.
     #[test]
     fn a_destroyed_pools_completion_alone_is_no_whole_empty_cache() {
-        let alloc = |slot, size, stream| Op::Alloc { slot, size, stream };
-        let in_pool = |slot, size, stream| Op::InPool { slot, size, stream };
         let job = [
             in_pool(2, MIB + 1, 0),
             alloc(0, MIB + 1, 0),
@@ -3420,9 +3435,7 @@ mod mem_pool_swaps {
             in_pool(0, 512, 0),
             Op::Swap,
         ];
-        if let Err(failure) = swapped_pools_replay_exactly("", &job) {
-            panic!("{failure}");
-        }
+        replays_exactly("", &job);
     }
     /// Found at seed 25 (`max_split_size_mb:40` under a fraction, the pool kept): a default
     /// request made a new 58 MiB segment beside the pool's free 68 MiB block, which the
@@ -3432,8 +3445,6 @@ mod mem_pool_swaps {
     /// malloc tells the block's pool, and the reading made beside it is dropped.
     #[test]
     fn a_request_read_beside_a_pools_block_is_read_again_once_a_release_tells_its_pool() {
-        let alloc = |slot, size, stream| Op::Alloc { slot, size, stream };
-        let in_pool = |slot, size, stream| Op::InPool { slot, size, stream };
         // The self-replay property's third stream, and its side stream.
         let (s1, s2) = (SIDE + 0x100, SIDE);
         let job = [
@@ -3456,9 +3467,7 @@ mod mem_pool_swaps {
             Op::EmptyCache,
         ];
         let conf = "per_process_memory_fraction:0.03,max_split_size_mb:40";
-        if let Err(failure) = swapped_pools_replay_exactly(conf, &job) {
-            panic!("{failure}");
-        }
+        replays_exactly(conf, &job);
     }
 
     /// Found at seed 25 after the fix above: a default request (its segment in the default
@@ -3469,8 +3478,6 @@ mod mem_pool_swaps {
     /// pool whose segments the pool's malloc released is that pool.
     #[test]
     fn a_block_a_default_request_passed_over_was_the_pools() {
-        let alloc = |slot, size, stream| Op::Alloc { slot, size, stream };
-        let in_pool = |slot, size, stream| Op::InPool { slot, size, stream };
         let job = [
             in_pool(2, 56623105, 0),
             alloc(6, 75497473, 0),
@@ -3487,9 +3494,7 @@ mod mem_pool_swaps {
             in_pool(0, 67108865, 0),
         ];
         let conf = "per_process_memory_fraction:0.03,max_split_size_mb:40";
-        if let Err(failure) = swapped_pools_replay_exactly(conf, &job) {
-            panic!("{failure}");
-        }
+        replays_exactly(conf, &job);
     }
 
     /// Found at seed 24, case 58: the same with expandable segments. The default pools' free
@@ -3497,8 +3502,6 @@ mod mem_pool_swaps {
     /// `cudaMalloc` segments do without expandable segments.
     #[test]
     fn a_destroyed_pools_completion_beside_free_pages_is_no_whole_empty_cache() {
-        let alloc = |slot, size, stream| Op::Alloc { slot, size, stream };
-        let in_pool = |slot, size, stream| Op::InPool { slot, size, stream };
         let job = [
             alloc(0, MIB + 1, 0),
             in_pool(10, MIB + 1, SIDE),
@@ -3518,8 +3521,6 @@ mod mem_pool_swaps {
             Op::Free { slot: 0 },
         ];
         let conf = "expandable_segments:True,per_process_memory_fraction:0.03";
-        if let Err(failure) = swapped_pools_replay_exactly(conf, &job) {
-            panic!("{failure}");
-        }
+        replays_exactly(conf, &job);
     }
 }

@@ -594,6 +594,15 @@ mod tests {
         CachingAllocator::new(Box::new(SimDevice::new(total)), conf).expect("allocator")
     }
 
+    /// A new `MemPool`, entered for every stream (`use_mem_pool`): its id.
+    fn in_new_mem_pool(a: &mut CachingAllocator) -> MemPoolId {
+        let id = a.new_mem_pool_id();
+        a.create_pool(id).expect("MemPool()");
+        a.begin_allocate_to_pool(id, crate::alloc::PoolFilter::AllStreams)
+            .expect("use_mem_pool");
+        id
+    }
+
     /// A default-pool segment of `size` bytes, as an outlook lists it.
     fn default_segment(size: u64) -> ReleasedSegment {
         ReleasedSegment {
@@ -634,10 +643,7 @@ mod tests {
         );
         // A `MemPool`'s cached block serves no default-pool request, even while the stream
         // allocates in the pool.
-        let pool = a.new_mem_pool_id();
-        a.create_pool(pool).expect("MemPool()");
-        a.begin_allocate_to_pool(pool, crate::alloc::PoolFilter::AllStreams)
-            .expect("use_mem_pool");
+        in_new_mem_pool(&mut a);
         let y = a.malloc(60 * MIB).expect("in the pool");
         a.free(y).expect("free");
         assert_eq!(a.default_cached_block_segment(0, 50 * MIB), None);
@@ -789,10 +795,7 @@ mod tests {
         // is active), named with the pool's id, not taken for a default-pool segment.
         let mut a = allocator("max_split_size_mb:40", 1 << 30);
         a.set_memory_fraction(0.1).expect("fraction");
-        let id = a.new_mem_pool_id();
-        a.create_pool(id).expect("MemPool()");
-        a.begin_allocate_to_pool(id, crate::alloc::PoolFilter::AllStreams)
-            .expect("use_mem_pool");
+        let id = in_new_mem_pool(&mut a);
         let x = a.malloc(60 * MIB).expect("in the pool");
         a.free(x).expect("free");
         assert_eq!(
