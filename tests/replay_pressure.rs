@@ -3523,4 +3523,103 @@ mod mem_pool_swaps {
         let conf = "expandable_segments:True,per_process_memory_fraction:0.03";
         replays_exactly(conf, &job);
     }
+
+    /// Found at seed 23, after 6,327 cases (`max_split_size_mb:40` under a fraction, the
+    /// pool kept): the job's `empty_cache()` released a default 2 MiB segment, and the pool's
+    /// next malloc its own oversize 68 MiB block (`release_available_cached_blocks`): one run
+    /// of releases in the trace. The replay claimed both for the pool, the default request
+    /// that made the 2 MiB segment with them. What a whole `empty_cache()` would release first
+    /// is that call's; only the rest can be the malloc's.
+    #[test]
+    fn an_empty_cache_right_before_a_pools_own_release_keeps_its_default_segment() {
+        let job = [
+            in_pool(2, 69206017, 0),
+            in_pool(0, 85983233, 0),
+            in_pool(0, MIB + 1, 0),
+            alloc(1, 23068673, 0),
+            in_pool(2, MIB + 1, SIDE),
+            alloc(3, 16777217, 0),
+            alloc(4, 81788929, 0),
+            alloc(7, 2096641, 0),
+            alloc(2, 512, 0),
+            alloc(0, 39845889, 0),
+            in_pool(2, 512, 0),
+            alloc(2, 56623105, 0),
+            alloc(5, 23068673, 0),
+            Op::EmptyCache,
+            in_pool(0, 35651585, 0),
+        ];
+        replays_exactly(
+            "per_process_memory_fraction:0.03,max_split_size_mb:40",
+            &job,
+        );
+    }
+
+    /// Found at seed 27, after 6,632 cases (the same config): the pool's malloc released its
+    /// own 62 MiB block, which the file's end no longer shows, so the first learning pass went
+    /// astray there. The job's `empty_cache()` later released six default segments before a
+    /// pool request; the astray replay's state no longer told that call, and it claimed all
+    /// six for the pool, though none is oversize (under 40 MiB), as the pool's own release
+    /// would be. Once a segment event differed, only releases the malloc could make are
+    /// claimed.
+    #[test]
+    fn after_a_difference_an_empty_cache_before_a_pool_request_is_the_jobs_call() {
+        let job = [
+            in_pool(2, 62914561, 0),
+            alloc(0, 512, 0),
+            alloc(0, MIB + 1, 0),
+            in_pool(0, 81788929, 0),
+            alloc(0, 512, SIDE),
+            alloc(0, 71303169, 0),
+            alloc(0, 23068673, 0),
+            alloc(0, 81788929, 0),
+            alloc(0, 512, 0),
+            in_pool(2, 50331649, 0),
+            Op::RecordStream {
+                slot: 2,
+                stream: SIDE,
+            },
+            in_pool(2, 83886081, 0),
+            in_pool(0, MIB + 1, 0),
+            Op::EmptyCache,
+            in_pool(0, 512, 0),
+        ];
+        replays_exactly(
+            "per_process_memory_fraction:0.03,max_split_size_mb:40",
+            &job,
+        );
+    }
+
+    /// Found at seed 27 too, once the test above held: the pool's 80 MiB request released
+    /// its own cached 80 and 62 MiB blocks, largest first (`release_available_cached_blocks`
+    /// finds no single block large enough), segments the file's end no longer shows. The
+    /// replay held them in the default pools, where a whole `empty_cache()` would release
+    /// just those two, so it read the run as the job's call; but that call walks each pool by
+    /// size, 62 MiB first. A run is read as the call only in the call's order.
+    #[test]
+    fn a_pools_own_release_largest_first_is_no_whole_empty_cache() {
+        let job = [
+            in_pool(2, 62914561, 0),
+            alloc(6, 512, 0),
+            in_pool(0, MIB + 1, SIDE),
+            in_pool(7, 81788929, 0),
+            alloc(7, 512, SIDE),
+            alloc(2, 71303169, 0),
+            alloc(10, 23068673, 0),
+            alloc(0, 81788929, 0),
+            in_pool(0, 512, 0),
+            alloc(0, 512, 0),
+            alloc(0, 2096641, 0),
+            alloc(2, 48234497, SIDE),
+            in_pool(2, 83886081, 0),
+            alloc(0, 512, 0),
+            alloc(0, 512, 0),
+            alloc(0, 512, 0),
+            Op::EmptyCache,
+        ];
+        replays_exactly(
+            "per_process_memory_fraction:0.03,max_split_size_mb:40",
+            &job,
+        );
+    }
 }

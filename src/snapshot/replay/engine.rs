@@ -1462,24 +1462,28 @@ impl Engine {
         Ok(true)
     }
 
-    /// A run of releases right before a malloc asked in the inferred `MemPool` `pool`, of
-    /// segments the replay holds in the default pools: a malloc in a private pool releases
-    /// the pool's own cached blocks (`release_available_cached_blocks`) and what garbage
-    /// collection takes from the default large pool, and skips `release_cached_blocks`
-    /// (PyTorch's `captures_underway` is not empty). Unless garbage collection in the pool's
-    /// malloc makes exactly the run's releases, or a whole `empty_cache()` would release just
-    /// them (a call the job made), they were the pool's: their requests made new memory where
-    /// the default pools would have too, which nothing told before. Claimed for `pool` by the
-    /// event that made each ([`CapturePools::claim_made`]): a self-replay that learns from this
-    /// one routes them from the start.
-    ///
-    /// The run may release segments of the asked pool too, and of `MemPool`s the replay
-    /// inferred that the file does not name (a stand-in it made up, for a pool request that
-    /// made new memory beside a default free block, before anything told which pool it was):
-    /// where every segment is one `release_available_cached_blocks` could release (oversize,
-    /// under `max_split_size_mb`), they were the asked pool's all along, its malloc's own
-    /// release taking them; an inferred pool's `emptyCache(pool)` (a `MemPool` destroyed)
-    /// would not release beside the asked pool's.
+    /// A run of releases right before a malloc asked in the inferred `MemPool` `pool`: a
+    /// malloc in a private pool releases the pool's own cached blocks
+    /// (`release_available_cached_blocks`: oversize blocks, under `max_split_size_mb`) and
+    /// what garbage collection takes from the default large pool, and skips
+    /// `release_cached_blocks` (PyTorch's `captures_underway` is not empty). Unless garbage
+    /// collection in the pool's malloc makes exactly the run's releases, the segments after
+    /// those a whole `empty_cache()` would release now, in its order (a call the job made
+    /// just before; all of them, or none) were a private pool's, claimed for `pool` by the
+    /// event that made each ([`CapturePools::claim_made`]): a self-replay that learns from
+    /// this one routes them from the start. Either:
+    /// - every one is a segment `release_available_cached_blocks` could release, of the asked
+    ///   pool, of the default pools as the replay holds them, or of a `MemPool` the replay
+    ///   inferred that the file does not name (a stand-in it made up for a pool request that
+    ///   made new memory beside a default free block, before anything told which pool it
+    ///   was): they were the asked pool's all along, its malloc's own release taking them (an
+    ///   inferred pool's `emptyCache(pool)` would not release beside the asked pool's);
+    /// - or every one is a segment the replay holds in the default pools, and no segment event
+    ///   has differed yet: they were a private pool's, whose requests made new memory where
+    ///   the default pools would have too, which nothing told before (a `MemPool` the job
+    ///   destroyed, or the asked one). Once an event differed, the replay's state no longer
+    ///   tells whether a whole `empty_cache()` made them (its segments and the recording's
+    ///   part ways), and a call the job made is the likelier reading.
     fn claim_released_by_pool_malloc(&mut self, run: &Run, event: &RawEvent) -> Result<(), String> {
         if !self.recorded_config
             || !self.infer_mem_pools_as_read
@@ -1493,25 +1497,36 @@ impl Engine {
         let Some(pool) = self.asked_in_a_mem_pool(event) else {
             return Ok(());
         };
-        let all_default = run
-            .released
-            .iter()
-            .all(|segment| segment.pool == MemPoolId::DEFAULT);
-        if !all_default && !self.released_by_own_pool_malloc(run, pool) {
-            return Ok(());
-        }
         let leading: Vec<Allocation> = run.leading.iter().map(|&(_, a)| a).collect();
         if let MallocOutlook::Collect(sizes) = self.outlook_in(event, Some(pool), &leading)? {
             if sizes == run.released {
                 return Ok(());
             }
         }
-        if self.whole_empty_cache_releases(&run.freed_at)
-            && !self.leaves_a_free_pending(run.leading.len())
-        {
+        // A whole `empty_cache()` (a call the job made) releases the run's first segments, or
+        // all of them, in its order: those are its, and only the rest can be the pool's
+        // malloc's own (`release_available_cached_blocks`, finding no single block large
+        // enough, releases the largest first, where the call walks each pool by size).
+        let by_empty_cache = if self.leaves_a_free_pending(run.leading.len()) {
+            0
+        } else {
+            let order = self.empty_cache_addresses();
+            (1..=run.freed_at.len())
+                .rev()
+                .find(|&count| run.freed_at[..count] == order[..])
+                .unwrap_or(0)
+        };
+        let own = &run.released[by_empty_cache..];
+        // The replay's state tells a whole `empty_cache()` only while it is the recording's:
+        // once a segment event differed, only releases the malloc itself could make are read.
+        let default_only =
+            !own.is_empty() && own.iter().all(|segment| segment.pool == MemPoolId::DEFAULT);
+        let as_recorded = self.segments.first_difference.is_none();
+        let readable = self.released_by_own_pool_malloc(own, pool) || (default_only && as_recorded);
+        if !readable {
             return Ok(());
         }
-        for made in run.released_made.iter().flatten() {
+        for made in run.released_made.iter().skip(by_empty_cache).flatten() {
             self.capture_pools.claim_made(*made, pool);
         }
         Ok(())
@@ -1522,15 +1537,15 @@ impl Engine {
     /// the replay holds some of its segments elsewhere: each is `pool`'s, the default pools'
     /// or an inferred `MemPool`'s the file does not name, at least one is not `pool`'s, and
     /// each is oversize under `max_split_size_mb` (the only blocks that call releases).
-    fn released_by_own_pool_malloc(&self, run: &Run, pool: MemPoolId) -> bool {
+    fn released_by_own_pool_malloc(&self, released: &[ReleasedSegment], pool: MemPoolId) -> bool {
         let config = self.allocator.config();
         let stand_in = |of: MemPoolId| {
             of == MemPoolId::DEFAULT
                 || (self.capture_pools.is_mem_pool(of) && !self.routes.names(of))
         };
         config.has_split_limit()
-            && run.released.iter().any(|segment| segment.pool != pool)
-            && run.released.iter().all(|segment| {
+            && released.iter().any(|segment| segment.pool != pool)
+            && released.iter().all(|segment| {
                 (segment.pool == pool || stand_in(segment.pool))
                     && segment.size >= config.max_split_size
             })

@@ -20,6 +20,11 @@ pub(super) struct Lesson {
     /// Whether a self-replay under those conditions reproduced every recorded segment event
     /// (with these claims, or inferring nothing): the conditions were the recorded run's.
     pub(super) reproduced: bool,
+    /// Whether those self-replays read the trace as the recorded run's under a memory
+    /// fraction given with the recorded config (the one the job set in code, which the file
+    /// does not record, or the one it records) and reproduced it: a replay under that config
+    /// and fraction is the recorded run, and reads the trace so too.
+    pub(super) as_recorded_run: bool,
 }
 
 impl Default for Lesson {
@@ -29,6 +34,7 @@ impl Default for Lesson {
             claims: std::sync::Arc::from(Vec::new()),
             infer_as_read: true,
             reproduced: false,
+            as_recorded_run: false,
         }
     }
 }

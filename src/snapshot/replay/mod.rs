@@ -370,11 +370,19 @@ fn replay_recording_tapped(
         recording.routes(),
         observers,
     )?;
-    if recording.wants_learned_mem_pools(&pass_conf) {
-        pass.learn_mem_pools(&learned_mem_pools(path, recording, options));
+    let lesson = recording
+        .wants_learned_mem_pools(&pass_conf)
+        .then(|| learned_mem_pools(path, recording, options));
+    if let Some(lesson) = &lesson {
+        pass.learn_mem_pools(lesson);
     }
     let plan = pass.plan(recording, options)?;
     let plan = pass.apply(plan, recording)?;
+    // Where self-replays under this config and fraction, read as the recorded run's,
+    // reproduced it, this replay is that run too: it reads the trace as they did.
+    if lesson.is_some_and(|lesson| lesson.as_recorded_run) {
+        pass.read_as_recorded_run();
+    }
     pickle::stream_file(path, |emitted| {
         let offset = emitted.offset;
         if pass.replays(&emitted) {
@@ -476,6 +484,7 @@ fn learned_under(
             claims: claims.into(),
             infer_as_read: true,
             reproduced: true,
+            as_recorded_run: as_recorded,
         };
         let mut inferred_any = false;
         let mut passed_over = false;
@@ -506,6 +515,7 @@ fn learned_under(
             claims: std::sync::Arc::from(Vec::new()),
             infer_as_read: !reproduced_without,
             reproduced: reproduced_without,
+            as_recorded_run: as_recorded && reproduced_without,
         })
     };
     let learned = learn().unwrap_or_default();
@@ -638,6 +648,7 @@ fn learning_pass(
         claims: learned.into(),
         infer_as_read: infer,
         reproduced: false,
+        as_recorded_run: false,
     });
     let plan = pass.plan(recording, own)?;
     pass.apply(plan, recording)?;
