@@ -32,6 +32,11 @@ const TOTAL: u64 = 16 << 30;
 /// A side stream (a `cudaStream_t` value in a real trace).
 const SIDE: StreamId = 0x5555_0000;
 
+/// The config most of the jobs the properties found ran under: `max_split_size_mb:40` (so
+/// 40 MiB and larger blocks are oversize and `release_available_cached_blocks` runs) under a
+/// fraction of 3% of [`TOTAL`] (491.52 MiB), which the jobs' requests reach.
+const SPLIT_40_UNDER_A_FRACTION: &str = "per_process_memory_fraction:0.03,max_split_size_mb:40";
+
 fn fixed_clock() -> i64 {
     1
 }
@@ -970,7 +975,7 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
     vec![
         // a fraction the file records in PYTORCH_CUDA_ALLOC_CONF, and releases read as the
         // OOM path of the malloc after them (not an empty_cache()): the cap is the recorded one
-        ("per_process_memory_fraction:0.03,max_split_size_mb:40", vec![
+        (SPLIT_40_UNDER_A_FRACTION, vec![
             Alloc(0, 54525953, 0), InMemPool(0, 1048577), Alloc(0, 85983233, 0),
             Alloc(3, 75497473, 0), Alloc(4, 1048577, SIDE), Alloc(0, 512, SIDE),
             Alloc(0, 60817409, 0), Alloc(4, 418816, 0), InMemPool(0, 27262977),
@@ -989,14 +994,14 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
         ]),
         // an `oom` on a stream whose last allocation was in a MemPool, after releases only
         // the default pools' OOM path makes: asked in the default pools
-        ("per_process_memory_fraction:0.03,max_split_size_mb:40", vec![
+        (SPLIT_40_UNDER_A_FRACTION, vec![
             InGraph(0, 92274689), InGraph(0, 1048577), Alloc(0, 60817409, 0),
             Alloc(2, 1048577, 0), Alloc(6, 92274689, 0), InMemPool(0, 62914561),
             InMemPool(3, 71303169), Alloc(3, 56623105, SIDE), Alloc(0, 85983233, 0)
         ]),
         // the same, where the pool's reading would have released the pool's block freed just
         // before (a free made at once, not completed by the OOM path)
-        ("per_process_memory_fraction:0.03,max_split_size_mb:40", vec![
+        (SPLIT_40_UNDER_A_FRACTION, vec![
             InGraph(0, 88080385), InGraph(0, 56623105), Alloc(0, 1048577, 0),
             Alloc(0, 65011713, 0), Alloc(0, 1048577, SIDE), Alloc(8, 92274689, 0),
             Alloc(1, 29360129, 0), InMemPool(2, 71303169), Alloc(2, 56623105, SIDE),
@@ -1021,7 +1026,7 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
         ]),
         // a deferred free the malloc's `process_events` completed before the OOM path's
         // releases, read as the OOM path's: it completes before those recorded after them
-        ("per_process_memory_fraction:0.03,max_split_size_mb:40", vec![
+        (SPLIT_40_UNDER_A_FRACTION, vec![
             Sync, Alloc(0, 512, 0), InMemPool(0, 512), Alloc(0, 27262977, 0),
             Alloc(1, 44040193, 0), Alloc(6, 20971521, 0), Alloc(2, 56623105, SIDE),
             Alloc(9, 512, 0), Alloc(0, 20971521, 0), RecordStream(6, SIDE + 0x100),
@@ -1061,7 +1066,7 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
         // an `empty_cache()` released a default-pool segment the size of a MemPool's cached
         // one, then a MemPool allocation made new memory: the pool's OOM path would release
         // its own segment, not the default pools' (releases compared by pool and size)
-        ("per_process_memory_fraction:0.03,max_split_size_mb:40", vec![
+        (SPLIT_40_UNDER_A_FRACTION, vec![
             InMemPool(8, 12582913), Alloc(8, 1048577, 0), Alloc(0, 1048577, 0),
             InGraph(0, 44040193), Alloc(3, 77594625, 0), Free(0), InMemPool(0, 69206017),
             InMemPool(4, 58720257), Alloc(7, 512, 0), Alloc(4, 512, 0), Alloc(0, 44040193, 0),
@@ -1117,7 +1122,7 @@ fn a_deleted_graphs_pool_is_inferred_from_its_capture() {
     for conf in [
         "",
         "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6",
-        "per_process_memory_fraction:0.03,max_split_size_mb:40",
+        SPLIT_40_UNDER_A_FRACTION,
         "per_process_memory_fraction:0.03",
     ] {
         let mut recording = recorder(conf, None);
@@ -1589,7 +1594,7 @@ mod self_replay {
             Just(String::new()),
             Just("per_process_memory_fraction:0.02".to_string()),
             Just("per_process_memory_fraction:0.03,garbage_collection_threshold:0.6".to_string()),
-            Just("per_process_memory_fraction:0.03,max_split_size_mb:40".to_string()),
+            Just(SPLIT_40_UNDER_A_FRACTION.to_string()),
             Just("expandable_segments:True,per_process_memory_fraction:0.03".to_string()),
         ]
     }
@@ -1745,7 +1750,7 @@ mod self_replay {
     fn a_release_that_leaves_a_free_pending_is_no_flush() {
         let in_graph = |slot, size| Op::InGraph { slot, size };
         assert_holds(
-            "per_process_memory_fraction:0.03,max_split_size_mb:40",
+            SPLIT_40_UNDER_A_FRACTION,
             &[
                 in_graph(0, 79_691_777),
                 in_graph(3, 512),
@@ -2432,7 +2437,7 @@ mod what_if_on_sim {
             Just("expandable_segments:True".to_string()),
             Just("per_process_memory_fraction:0.02,roundup_power2_divisions:4".to_string()),
             Just("per_process_memory_fraction:0.03,garbage_collection_threshold:0.6".to_string()),
-            Just("per_process_memory_fraction:0.03,max_split_size_mb:40".to_string()),
+            Just(SPLIT_40_UNDER_A_FRACTION.to_string()),
             Just("expandable_segments:True,per_process_memory_fraction:0.03".to_string()),
         ]
     }
@@ -2700,7 +2705,7 @@ mod what_if_on_sim {
                 stream: 0,
             },
         ];
-        let conf = "per_process_memory_fraction:0.03,max_split_size_mb:40";
+        let conf = SPLIT_40_UNDER_A_FRACTION;
         assert_replay_gives_the_direct_runs_counters("", conf, &ops, (TOTAL, false));
     }
 
@@ -3466,8 +3471,7 @@ mod mem_pool_swaps {
             alloc(0, 512, 0),
             Op::EmptyCache,
         ];
-        let conf = "per_process_memory_fraction:0.03,max_split_size_mb:40";
-        replays_exactly(conf, &job);
+        replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
     }
 
     /// Found at seed 25 after the fix above: a default request (its segment in the default
@@ -3493,8 +3497,7 @@ mod mem_pool_swaps {
             alloc(0, MIB + 1, 0),
             in_pool(0, 67108865, 0),
         ];
-        let conf = "per_process_memory_fraction:0.03,max_split_size_mb:40";
-        replays_exactly(conf, &job);
+        replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
     }
 
     /// Found at seed 24, case 58: the same with expandable segments. The default pools' free
@@ -3549,10 +3552,7 @@ mod mem_pool_swaps {
             Op::EmptyCache,
             in_pool(0, 35651585, 0),
         ];
-        replays_exactly(
-            "per_process_memory_fraction:0.03,max_split_size_mb:40",
-            &job,
-        );
+        replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
     }
 
     /// Found at seed 27, after 6,632 cases (the same config): the pool's malloc released its
@@ -3584,10 +3584,7 @@ mod mem_pool_swaps {
             Op::EmptyCache,
             in_pool(0, 512, 0),
         ];
-        replays_exactly(
-            "per_process_memory_fraction:0.03,max_split_size_mb:40",
-            &job,
-        );
+        replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
     }
 
     /// Found at seed 27 too, once the test above held: the pool's 80 MiB request released
@@ -3617,9 +3614,6 @@ mod mem_pool_swaps {
             alloc(0, 512, 0),
             Op::EmptyCache,
         ];
-        replays_exactly(
-            "per_process_memory_fraction:0.03,max_split_size_mb:40",
-            &job,
-        );
+        replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
     }
 }
