@@ -369,6 +369,40 @@ fn a_mempool_going_away_releases_only_its_own_segments() {
     assert_reproduces(&recording, &report);
 }
 
+/// [`a_mempool_going_away_releases_only_its_own_segments`] with expandable segments: a
+/// `MemPool` filled on a side stream (its own expandable segment) goes away while the default
+/// pools hold free mapped pages. Its `emptyCache(pool)` unmaps the pool's pages only; read as
+/// a whole `empty_cache()` (the replay never knew the pool: nothing of it is left in the
+/// file's segments), the replay would unmap the default pools' pages too (the what-if
+/// harness's `pool_side` under `expandable_segments:True` showed this).
+#[test]
+fn a_mempool_going_away_unmaps_only_its_own_pages() {
+    let mut recording = recorder("expandable_segments:True", None);
+    let kept = beside_a_cached_block(&mut recording, 8 * MIB);
+    let pool = enter_new_mem_pool(&mut recording);
+    let pooled = recording.malloc_on(SIDE, 40 * MIB).expect("in the pool");
+    leave_mem_pool(&mut recording, pool);
+    recording.free(pooled).expect("free");
+    destroy_mem_pool(&mut recording, pool);
+    assert_eq!(
+        recording.stats().num_sync_all_streams,
+        1,
+        "the pool's emptyCache synchronised"
+    );
+    one_more_request_then_free(&mut recording, 30 * MIB, kept);
+    let path = dump(&recording, "mempool-gone-expandable", &[]);
+    let unmaps: Vec<u64> = recording
+        .trace()
+        .entries()
+        .iter()
+        .filter(|entry| entry.action.name() == "segment_unmap")
+        .map(|entry| entry.size)
+        .collect();
+    assert_eq!(unmaps, [40 * MIB], "only the pool's pages went");
+    let report = replayed(&path, None);
+    assert_reproduces(&recording, &report);
+}
+
 /// The OOM path's `synchronize_and_free_events` completes every pending free, one of them a
 /// block whose free was requested right before the malloc: its completion comes right after
 /// its `free_requested` (it reads like a free made at once), then another pending free's

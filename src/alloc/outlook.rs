@@ -374,16 +374,36 @@ impl CachingAllocator {
     /// unmaps every whole page of each). [`CachingAllocator::empty_cache_outlook`] lists
     /// `cudaMalloc` segments only; a replay asks both before it reads a run as that call.
     pub fn empty_cache_unmaps_pages(&self) -> bool {
-        self.blocks.iter().any(|(_, block)| {
-            block.is_expandable()
-                && block.owner == DEFAULT_OWNER
-                && !block.allocated
-                && block.mapped
-                && self
-                    .expandable
-                    .get(block.segment)
-                    .is_some_and(|segment| !segment.pages_inside(block.ptr, block.size).is_empty())
-        })
+        !self.empty_cache_unmap_outlook().is_empty()
+    }
+
+    /// The page ranges `empty_cache()` would unmap now from the default pools' expandable
+    /// segments, as (address, bytes), one per free mapped block (PyTorch's `unmap_block`
+    /// records one `segment_unmap` per block: its whole pages), ordered by address. Frees
+    /// still pending are not completed first: a replay rules the call out by those itself.
+    pub fn empty_cache_unmap_outlook(&self) -> Vec<(u64, u64)> {
+        let mut ranges: Vec<(u64, u64)> = self
+            .blocks
+            .iter()
+            .filter(|(_, block)| {
+                block.is_expandable()
+                    && block.owner == DEFAULT_OWNER
+                    && !block.allocated
+                    && block.mapped
+            })
+            .filter_map(|(_, block)| {
+                let segment = self.expandable.get(block.segment)?;
+                let pages = segment.pages_inside(block.ptr, block.size);
+                (!pages.is_empty()).then(|| {
+                    (
+                        segment.page_address(pages.begin),
+                        pages.len() * segment.page,
+                    )
+                })
+            })
+            .collect();
+        ranges.sort_unstable();
+        ranges
     }
 
     /// What `release_cached_blocks` would release (added to `released`): after the pending
@@ -621,6 +641,33 @@ mod tests {
         assert!(a.empty_cache_outlook().is_empty(), "no cudaMalloc segment");
         a.empty_cache().expect("unmaps it");
         assert!(!a.empty_cache_unmaps_pages());
+    }
+
+    #[test]
+    fn a_pools_unmaps_leave_the_other_free_pages_mapped() {
+        let mut a = allocator("expandable_segments:True", 1 << 30);
+        let x = a.malloc(MIB + 1).expect("a 20 MiB page on stream 0");
+        let y = a.malloc_on(7, MIB + 1).expect("a 20 MiB page on stream 7");
+        let (x_at, y_at) = (x.ptr.addr(), y.ptr.addr());
+        a.free(x).expect("free");
+        a.free(y).expect("free");
+        let page = 20 * MIB;
+        let mut both = vec![(x_at, page), (y_at, page)];
+        both.sort_unstable();
+        assert_eq!(a.empty_cache_unmap_outlook(), both);
+        let syncs = a.stats().num_sync_all_streams;
+        assert!(
+            !a.empty_cache_of_unmapped_ranges(&[(y_at, MIB)])
+                .expect("no error"),
+            "no free block's pages span just that"
+        );
+        assert_eq!(a.empty_cache_unmap_outlook(), both, "nothing changed");
+        assert!(a
+            .empty_cache_of_unmapped_ranges(&[(y_at, page)])
+            .expect("unmaps"));
+        assert_eq!(a.empty_cache_unmap_outlook(), [(x_at, page)]);
+        assert_eq!(a.stats().num_sync_all_streams, syncs + 1);
+        assert_eq!(a.stats().num_device_free, 1, "stream 7's segment went");
     }
 
     #[test]

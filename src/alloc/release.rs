@@ -92,6 +92,56 @@ impl CachingAllocator {
         Ok(true)
     }
 
+    /// [`CachingAllocator::empty_cache_of_segments`] for expandable segments: a private
+    /// pool's `emptyCache(pool)` replayed where the replay held the pool's expandable
+    /// segments in the default pools. Counts the call's synchronisation and unmaps exactly the
+    /// page ranges `ranges` (address, bytes), in that order, each the whole pages of one free
+    /// mapped default-pool block (as [`CachingAllocator::empty_cache_unmap_outlook`] lists
+    /// them), releasing a segment left with nothing mapped. Returns whether every range was
+    /// such a block's; if not, nothing is changed.
+    pub fn empty_cache_of_unmapped_ranges(
+        &mut self,
+        ranges: &[(u64, u64)],
+    ) -> Result<bool, AllocError> {
+        let mut ids = Vec::with_capacity(ranges.len());
+        for &(address, bytes) in ranges {
+            let found = self.blocks.iter().find(|(_, block)| {
+                block.is_expandable()
+                    && block.owner == DEFAULT_OWNER
+                    && !block.allocated
+                    && block.mapped
+                    && self.expandable.get(block.segment).is_some_and(|segment| {
+                        let pages = segment.pages_inside(block.ptr, block.size);
+                        !pages.is_empty()
+                            && segment.page_address(pages.begin) == address
+                            && pages.len() * segment.page == bytes
+                    })
+            });
+            match found {
+                Some((id, _)) if !ids.contains(&id) => ids.push(id),
+                _ => return Ok(false),
+            }
+        }
+        self.emit(
+            EventKind::EmptyCache,
+            0,
+            0,
+            0,
+            0,
+            Pool::Large,
+            DEFAULT_OWNER,
+        );
+        self.stats.num_sync_all_streams += 1;
+        for id in ids {
+            self.unmap_block(id)?;
+            let block = self.blocks.at(id);
+            if block.prev == NIL && block.next == NIL {
+                self.release_expandable_segment(id)?;
+            }
+        }
+        Ok(true)
+    }
+
     /// PyTorch's `release_cached_blocks(mempool_id)`. For the default id with no private pool
     /// active: wait for every outstanding event and complete the frees they held back
     /// (`synchronize_and_free_events`, `num_sync_all_streams` +1), then release the default

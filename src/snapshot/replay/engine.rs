@@ -312,6 +312,8 @@ struct Run {
     released: Vec<ReleasedSegment>,
     /// The recorded addresses of its `segment_free` events, in order.
     freed_at: Vec<u64>,
+    /// The recorded ranges (address, bytes) of its `segment_unmap` events, in order.
+    unmapped_at: Vec<(u64, u64)>,
     /// By release, in order: the event that made its segment, where the trace shows it (a
     /// whole segment's `segment_free`).
     released_made: Vec<Option<u64>>,
@@ -352,6 +354,7 @@ impl Run {
             && !self.capture
             && self.released.is_empty()
             && self.freed_at.is_empty()
+            && self.unmapped_at.is_empty()
             && self.leading.is_empty()
             && self.after_release.is_empty()
     }
@@ -784,6 +787,9 @@ impl Engine {
                     self.run.freed_at.push(event.addr as u64);
                     self.made_at.get(&(event.addr as u64)).copied()
                 } else {
+                    self.run
+                        .unmapped_at
+                        .push((event.addr as u64, event.size.max(0) as u64));
                     None
                 };
                 self.run.released_made.push(made);
@@ -1693,9 +1699,13 @@ impl Engine {
             || run.empty_cache_frame
             || run.capture
             || !run.after_release.is_empty()
-            || run.freed_at.is_empty()
-            || run.freed_at.len() as u64 != run.releases
         {
+            return Ok(false);
+        }
+        if !run.unmapped_at.is_empty() && run.unmapped_at.len() as u64 == run.releases {
+            return self.unmaps_of_an_unknown_pool(run);
+        }
+        if run.freed_at.is_empty() || run.freed_at.len() as u64 != run.releases {
             return Ok(false);
         }
         // A free still pending: a whole `empty_cache()` would have completed it, the pool's
@@ -1712,6 +1722,30 @@ impl Engine {
         let done = self
             .allocator
             .empty_cache_of_segments(&run.freed_at)
+            .map_err(|error| format!("the allocator failed: {error}"))?;
+        // Read from the replay's state: right only if its config is the recording's.
+        self.assumed_recorded_config |= done;
+        Ok(done)
+    }
+
+    /// [`Engine::empty_cache_of_an_unknown_pool`] with expandable segments: a run of
+    /// `segment_unmap` events only, each the whole pages of one free block the replay holds
+    /// in the default pools, at its recorded address, where a whole `empty_cache()` would
+    /// unmap other pages (or release a `cudaMalloc` segment) too, or would have completed a
+    /// free the trace leaves pending. The pool's `emptyCache(pool)` then unmapped just these,
+    /// in the recorded order. Returns whether it read the run so.
+    fn unmaps_of_an_unknown_pool(&mut self, run: &Run) -> Result<bool, String> {
+        let pending_left = self.leaves_a_free_pending(0);
+        let whole = self.allocator.empty_cache_unmap_outlook();
+        let recorded_all = run.unmapped_at.iter().all(|range| whole.contains(range));
+        let releases_more =
+            whole.len() > run.unmapped_at.len() || !self.empty_cache_addresses().is_empty();
+        if !recorded_all || (!releases_more && !pending_left) {
+            return Ok(false);
+        }
+        let done = self
+            .allocator
+            .empty_cache_of_unmapped_ranges(&run.unmapped_at)
             .map_err(|error| format!("the allocator failed: {error}"))?;
         // Read from the replay's state: right only if its config is the recording's.
         self.assumed_recorded_config |= done;
