@@ -403,6 +403,69 @@ fn a_mempool_going_away_unmaps_only_its_own_pages() {
     assert_reproduces(&recording, &report);
 }
 
+/// Prefetch `MemPool`s on a side stream, as results-wave9's `pool_side` feeds them: pool A
+/// holds a batch, pool B is made for the next one while A still exists, then A goes away, B
+/// grows by a second segment and goes away too. The default pools hold cached segments all
+/// along, which a whole `empty_cache()` would release. Nothing of A or B is left at the end.
+fn prefetch_pools_swapped(recording: &mut CachingAllocator) {
+    let first = recording.malloc(30 * MIB).expect("default");
+    let second = recording.malloc(30 * MIB).expect("default");
+    let kept = recording.malloc(8 * MIB).expect("default");
+    free_all(recording, vec![first, second]);
+    let batch = |recording: &mut CachingAllocator, sizes: &[u64]| {
+        let pool = enter_new_mem_pool(recording);
+        let blocks: Vec<Allocation> = sizes
+            .iter()
+            .map(|&size| recording.malloc_on(SIDE, size).expect("in the pool"))
+            .collect();
+        leave_mem_pool(recording, pool);
+        (pool, blocks)
+    };
+    let (pool_a, blocks) = batch(recording, &[10_000, 6 * MIB]);
+    free_all(recording, blocks);
+    let (pool_b, blocks) = batch(recording, &[10_000, 6 * MIB]);
+    destroy_mem_pool(recording, pool_a);
+    recording
+        .begin_allocate_to_pool(pool_b, PoolFilter::AllStreams)
+        .expect("use_mem_pool again");
+    let grown = recording
+        .malloc_on(SIDE, 15 * MIB)
+        .expect("a second segment");
+    leave_mem_pool(recording, pool_b);
+    free_all(recording, blocks);
+    recording.free(grown).expect("free");
+    destroy_mem_pool(recording, pool_b);
+    one_more_request_then_free(recording, 30 * MIB, kept);
+}
+
+/// [`prefetch_pools_swapped`]: the first pool's release before the second pool's request is
+/// no release of that request (it made none: nothing ran out), and the second pool's
+/// `emptyCache(pool)` releases its first segments, held in the default pools, beside the one
+/// the replay knew: a self-replay learns three pools, so a what-if replay releases at each
+/// pool's going what PyTorch did, never the default pools' cache.
+#[test]
+fn mem_pools_swapped_on_a_side_stream_are_told_apart() {
+    let mut recording = recorder("", None);
+    prefetch_pools_swapped(&mut recording);
+    let path = dump(&recording, "pools-swapped", &[]);
+    assert_reproduces(&recording, &replayed(&path, None));
+    let what_if_conf = "max_split_size_mb:64";
+    let mut truth = recorder(what_if_conf, None);
+    prefetch_pools_swapped(&mut truth);
+    let what_if = replayed(&path, Some(what_if_conf));
+    for key in [
+        "num_device_alloc",
+        "num_device_free",
+        "reserved_bytes.all.peak",
+    ] {
+        assert_eq!(
+            what_if.stat(key),
+            truth.stats().get(key).expect(key),
+            "{key}\n{what_if}"
+        );
+    }
+}
+
 /// The OOM path's `synchronize_and_free_events` completes every pending free, one of them a
 /// block whose free was requested right before the malloc: its completion comes right after
 /// its `free_requested` (it reads like a free made at once), then another pending free's

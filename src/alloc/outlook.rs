@@ -671,6 +671,23 @@ mod tests {
     }
 
     #[test]
+    fn one_pools_release_order_walks_its_small_pool_then_its_large_pool_by_size() {
+        let mut a = allocator("", 1 << 30);
+        let blocks = [30 * MIB, 12 * MIB, 1000].map(|size| a.malloc(size).expect("alloc"));
+        let [large, middle, small] = blocks.map(|block| block.ptr.addr());
+        for block in blocks {
+            a.free(block).expect("free");
+        }
+        assert_eq!(
+            a.one_pool_release_order(&[large, middle, small]),
+            Some(vec![small, middle, large])
+        );
+        let again = a.malloc(30 * MIB).expect("the cached 30 MiB segment");
+        assert_eq!(again.ptr.addr(), large);
+        assert_eq!(a.one_pool_release_order(&[large]), None, "allocated again");
+    }
+
+    #[test]
     fn the_default_block_a_malloc_would_take_names_its_segment() {
         let mut a = allocator("", 1 << 30);
         let x = a.malloc(30 * MIB).expect("alloc");

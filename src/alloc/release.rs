@@ -92,6 +92,84 @@ impl CachingAllocator {
         Ok(true)
     }
 
+    /// The whole cached `cudaMalloc` segment whose first byte is `address`, of any pool.
+    fn whole_cached_segment(&self, address: u64) -> Option<BlockId> {
+        self.blocks
+            .iter()
+            .find(|(_, block)| {
+                block.ptr == address
+                    && !block.is_split()
+                    && block.is_free()
+                    && !block.is_expandable()
+            })
+            .map(|(id, _)| id)
+    }
+
+    /// The whole cached segments at `addresses` in the order one pool's `release_blocks` walk
+    /// releases them (PyTorch's `release_cached_blocks` for one pool: its small pool, then
+    /// its large pool, each by stream, size and address); `None` where an address is no
+    /// whole cached `cudaMalloc` segment. A replay compares it with the order a run of
+    /// releases shows, to tell one pool's `emptyCache(pool)` from a whole `empty_cache()`
+    /// (which walks the default pools first, the large one before the small one).
+    pub fn one_pool_release_order(&self, addresses: &[u64]) -> Option<Vec<u64>> {
+        let mut keyed = Vec::with_capacity(addresses.len());
+        for &address in addresses {
+            let block = self.blocks.at(self.whole_cached_segment(address)?);
+            let small_first = u8::from(block.pool != Pool::Small);
+            keyed.push((small_first, block.stream, block.size, block.ptr));
+        }
+        keyed.sort_unstable();
+        Some(keyed.into_iter().map(|(_, _, _, ptr)| ptr).collect())
+    }
+
+    /// A freeable private pool's `emptyCache(pool)` replayed where the replay held some of
+    /// the pool's segments in the default pools: counts the call's synchronisation and
+    /// releases exactly the whole cached segments at `addresses`, in that order, each the
+    /// pool `id`'s or the default pools', then forgets the pool once nothing of it is left.
+    /// Returns whether every address was such a segment; if not, nothing is changed.
+    pub fn empty_cache_of_pool_segments(
+        &mut self,
+        id: MemPoolId,
+        addresses: &[u64],
+    ) -> Result<bool, AllocError> {
+        let Some(owner) = self
+            .pools
+            .owner(id)
+            .filter(|_| self.pools.freeable.contains(&id))
+        else {
+            return Ok(false);
+        };
+        let mut ids = Vec::with_capacity(addresses.len());
+        for &address in addresses {
+            match self.whole_cached_segment(address) {
+                Some(block)
+                    if [DEFAULT_OWNER, owner].contains(&self.blocks.at(block).owner)
+                        && !ids.contains(&block) =>
+                {
+                    ids.push(block)
+                }
+                _ => return Ok(false),
+            }
+        }
+        self.emit(
+            EventKind::EmptyCache,
+            0,
+            0,
+            0,
+            0,
+            Pool::Large,
+            DEFAULT_OWNER,
+        );
+        self.stats.num_sync_all_streams += 1;
+        for block in ids {
+            self.release_block(block)?;
+        }
+        if self.pools.at(owner).cuda_malloc_count == 0 && !self.pool_holds_blocks(owner) {
+            self.pools.forget(id);
+        }
+        Ok(true)
+    }
+
     /// [`CachingAllocator::empty_cache_of_segments`] for expandable segments: a private
     /// pool's `emptyCache(pool)` replayed where the replay held the pool's expandable
     /// segments in the default pools. Counts the call's synchronisation and unmaps exactly the

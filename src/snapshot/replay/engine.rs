@@ -1397,7 +1397,8 @@ impl Engine {
             }
         }
         if empty_cache && !run.capture && !run.empty_cache_frame {
-            empty_cache = !self.empty_cache_of_inferred_mem_pool(&run)?;
+            empty_cache = !self.empty_cache_of_inferred_mem_pool(&run)?
+                && !self.empty_cache_of_a_pool_and_beside(&run)?;
         }
         if empty_cache {
             self.claim_released_out_of_order(&run);
@@ -1468,6 +1469,67 @@ impl Engine {
         Ok(true)
     }
 
+    /// A run of releases read as an `empty_cache()` that releases segments of one inferred
+    /// `MemPool` gone by now and, before or among them, segments the replay holds in the
+    /// default pools, all in the order that pool's own `emptyCache(pool)` walks them
+    /// (its small pool, then its large pool, each by size) where a whole `empty_cache()`
+    /// would release other segments too: that pool's call, the default-held segments its own
+    /// (their requests made new memory where the default pools would have too, which nothing
+    /// told). Under the recorded config, whose state is the recording's, the replay releases
+    /// just those, with one synchronisation, and claims the default-held ones for the pool by
+    /// the event that made each ([`CapturePools::claim_made`]): a self-replay that learns from
+    /// this one holds them there from the start. Returns whether it read the run so.
+    fn empty_cache_of_a_pool_and_beside(&mut self, run: &Run) -> Result<bool, String> {
+        if !self.recorded_config
+            || !self.infer_mem_pools_as_read
+            || !run.after_release.is_empty()
+            || run.freed_at.len() != run.released.len()
+            || run.released_made.len() != run.released.len()
+        {
+            return Ok(false);
+        }
+        let beside = |segment: &ReleasedSegment| segment.pool == MemPoolId::DEFAULT;
+        let Some(pool) = run
+            .released
+            .iter()
+            .find(|segment| !beside(segment))
+            .map(|segment| segment.pool)
+        else {
+            return Ok(false);
+        };
+        if !self.capture_pools.is_mem_pool(pool)
+            || !run.released.iter().any(beside)
+            || !run
+                .released
+                .iter()
+                .all(|segment| segment.pool == pool || beside(segment))
+            || self.whole_empty_cache_releases(&run.freed_at)
+            || self
+                .allocator
+                .one_pool_release_order(&run.freed_at)
+                .as_ref()
+                != Some(&run.freed_at)
+        {
+            return Ok(false);
+        }
+        let done = self
+            .allocator
+            .empty_cache_of_pool_segments(pool, &run.freed_at)
+            .map_err(|error| format!("the allocator failed: {error}"))?;
+        if !done {
+            return Ok(false);
+        }
+        for (segment, made) in run.released.iter().zip(&run.released_made) {
+            if let (true, Some(made)) = (beside(segment), *made) {
+                self.capture_pools.claim_made(made, pool);
+            }
+        }
+        // Read from the replay's state: right only if its config is the recording's.
+        self.assumed_recorded_config = true;
+        self.counts.empty_cache_calls += 1;
+        Ok(true)
+    }
+
     /// A run of releases right before a malloc asked in the inferred `MemPool` `pool`: a
     /// malloc in a private pool releases the pool's own cached blocks
     /// (`release_available_cached_blocks`: oversize blocks, under `max_split_size_mb`) and
@@ -1504,11 +1566,16 @@ impl Engine {
             return Ok(());
         };
         let leading: Vec<Allocation> = run.leading.iter().map(|&(_, a)| a).collect();
-        if let MallocOutlook::Collect(sizes) = self.outlook_in(event, Some(pool), &leading)? {
-            if sizes == run.released {
+        let outlook = self.outlook_in(event, Some(pool), &leading)?;
+        if let MallocOutlook::Collect(sizes) = &outlook {
+            if *sizes == run.released {
                 return Ok(());
             }
         }
+        // Served from the pool's cache or by new memory with every released segment still
+        // held: the malloc released nothing (PyTorch releases only on a failed `cudaMalloc`,
+        // or by garbage collection, which `Collect` tells).
+        let released_nothing = matches!(outlook, MallocOutlook::Cached | MallocOutlook::NewMemory);
         // A whole `empty_cache()` (a call the job made) releases the run's first segments, or
         // all of them, in its order: those are its, and only the rest can be the pool's
         // malloc's own (`release_available_cached_blocks`, finding no single block large
@@ -1532,8 +1599,16 @@ impl Engine {
         if !readable {
             return Ok(());
         }
+        // Segments the malloc did not release, of no whole `empty_cache()`: a `MemPool` the
+        // job destroyed right before (its `emptyCache(pool)`), never the asked one, which is
+        // still in use. Claimed for a pool of their own, gone by now.
+        let claimant = if released_nothing && default_only {
+            self.capture_pools.new_gone_mem_pool()
+        } else {
+            pool
+        };
         for made in run.released_made.iter().skip(by_empty_cache).flatten() {
-            self.capture_pools.claim_made(*made, pool);
+            self.capture_pools.claim_made(*made, claimant);
         }
         Ok(())
     }
