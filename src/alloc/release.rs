@@ -57,25 +57,12 @@ impl CachingAllocator {
     /// `addresses`. Returns whether every one of them was such a segment; if not, nothing is
     /// changed.
     pub fn empty_cache_of_segments(&mut self, addresses: &[u64]) -> Result<bool, AllocError> {
-        let mut ids = Vec::with_capacity(addresses.len());
-        for &address in addresses {
-            let whole = self
-                .large
-                .iter()
-                .chain(self.small.iter())
-                .map(|(_, _, _, id)| id)
-                .find(|&id| {
-                    let block = self.blocks.at(id);
-                    block.ptr == address
-                        && block.prev == NIL
-                        && block.next == NIL
-                        && !block.is_expandable()
-                });
-            match whole {
-                Some(id) => ids.push(id),
-                None => return Ok(false),
-            }
-        }
+        self.release_whole_segments_of(addresses, &[DEFAULT_OWNER])
+    }
+
+    /// One pool's `emptyCache(pool)` as a replay makes it: its event, and its synchronisation
+    /// (`synchronize_and_free_events` for one pool counts in `num_sync_all_streams` too).
+    fn begin_one_pools_empty_cache(&mut self) {
         self.emit(
             EventKind::EmptyCache,
             0,
@@ -86,6 +73,26 @@ impl CachingAllocator {
             DEFAULT_OWNER,
         );
         self.stats.num_sync_all_streams += 1;
+    }
+
+    /// Releases, as one pool's `emptyCache(pool)`, exactly the whole cached `cudaMalloc`
+    /// segments at `addresses`, in that order, each of a pool in `owners`. Returns whether
+    /// every address was such a segment; if not, nothing is changed.
+    fn release_whole_segments_of(
+        &mut self,
+        addresses: &[u64],
+        owners: &[PoolOwner],
+    ) -> Result<bool, AllocError> {
+        let mut ids = Vec::with_capacity(addresses.len());
+        for &address in addresses {
+            match self.whole_cached_segment(address) {
+                Some(id) if owners.contains(&self.blocks.at(id).owner) && !ids.contains(&id) => {
+                    ids.push(id)
+                }
+                _ => return Ok(false),
+            }
+        }
+        self.begin_one_pools_empty_cache();
         for id in ids {
             self.release_block(id)?;
         }
@@ -139,30 +146,8 @@ impl CachingAllocator {
         else {
             return Ok(false);
         };
-        let mut ids = Vec::with_capacity(addresses.len());
-        for &address in addresses {
-            match self.whole_cached_segment(address) {
-                Some(block)
-                    if [DEFAULT_OWNER, owner].contains(&self.blocks.at(block).owner)
-                        && !ids.contains(&block) =>
-                {
-                    ids.push(block)
-                }
-                _ => return Ok(false),
-            }
-        }
-        self.emit(
-            EventKind::EmptyCache,
-            0,
-            0,
-            0,
-            0,
-            Pool::Large,
-            DEFAULT_OWNER,
-        );
-        self.stats.num_sync_all_streams += 1;
-        for block in ids {
-            self.release_block(block)?;
+        if !self.release_whole_segments_of(addresses, &[DEFAULT_OWNER, owner])? {
+            return Ok(false);
         }
         if self.pools.at(owner).cuda_malloc_count == 0 && !self.pool_holds_blocks(owner) {
             self.pools.forget(id);
@@ -200,16 +185,7 @@ impl CachingAllocator {
                 _ => return Ok(false),
             }
         }
-        self.emit(
-            EventKind::EmptyCache,
-            0,
-            0,
-            0,
-            0,
-            Pool::Large,
-            DEFAULT_OWNER,
-        );
-        self.stats.num_sync_all_streams += 1;
+        self.begin_one_pools_empty_cache();
         for id in ids {
             self.unmap_block(id)?;
             let block = self.blocks.at(id);
