@@ -193,7 +193,7 @@ impl CapturePools {
 
     /// A new inferred `MemPool`, `stream`'s current one from now on.
     pub fn new_mem_pool(&mut self, stream: i64) -> MemPoolId {
-        let pool = self.next_mem_pool();
+        let pool = self.new_unfed_mem_pool();
         self.mem_current.insert(stream, pool);
         pool
     }
@@ -201,13 +201,14 @@ impl CapturePools {
     /// A new inferred `MemPool` that went away already (its released segments tell it, and
     /// no stream allocates to it any more): freeable, and no stream's current one.
     pub fn new_gone_mem_pool(&mut self) -> MemPoolId {
-        let pool = self.next_mem_pool();
+        let pool = self.new_unfed_mem_pool();
         self.freeable.insert(pool);
         pool
     }
 
-    /// A new inferred `MemPool` id, known as a `MemPool`.
-    fn next_mem_pool(&mut self) -> MemPoolId {
+    /// A new inferred `MemPool` id, known as a `MemPool`, that no stream allocates to from
+    /// now on: one the replay learns of from its cached segments alone.
+    pub fn new_unfed_mem_pool(&mut self) -> MemPoolId {
         self.made += 1;
         let pool = MemPoolId::new(0, FIRST_INFERRED_ID + self.made);
         self.mem_pools.insert(pool);
