@@ -1806,11 +1806,15 @@ impl Engine {
         if !recorded_all || (whole.len() == run.freed_at.len() && !pending_left) {
             return Ok(false);
         }
-        let done = self
-            .allocator
-            .empty_cache_of_segments(&run.freed_at)
-            .map_err(|error| format!("the allocator failed: {error}"))?;
-        // Read from the replay's state: right only if its config is the recording's.
+        let done = self.allocator.empty_cache_of_segments(&run.freed_at);
+        self.read_from_state(done)
+    }
+
+    /// The outcome of a reading made from the replay's state (an unknown pool's
+    /// `emptyCache(pool)`, say): where it was made, it is right only if the replay's config
+    /// is the recording's, which the pass then assumes.
+    fn read_from_state(&mut self, done: Result<bool, AllocError>) -> Result<bool, String> {
+        let done = done.map_err(|error| format!("the allocator failed: {error}"))?;
         self.assumed_recorded_config |= done;
         Ok(done)
     }
@@ -1832,11 +1836,8 @@ impl Engine {
         }
         let done = self
             .allocator
-            .empty_cache_of_unmapped_ranges(&run.unmapped_at)
-            .map_err(|error| format!("the allocator failed: {error}"))?;
-        // Read from the replay's state: right only if its config is the recording's.
-        self.assumed_recorded_config |= done;
-        Ok(done)
+            .empty_cache_of_unmapped_ranges(&run.unmapped_at);
+        self.read_from_state(done)
     }
 
     /// A run with no malloc after it that completed deferred frees and released nothing, where
