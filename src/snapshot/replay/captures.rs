@@ -81,9 +81,10 @@ pub(super) struct CapturePools {
     /// Claims a self-replay of the same trace made ([`CapturePools::learn`]), by the index
     /// of the event that made the segment.
     learned: HashMap<u64, MemPoolId>,
-    /// Claims inferred because the default pools would have served the request from a free
-    /// block instead ([`CapturePools::passed_over`]): (index of the event that made the
-    /// claimed segment, index of the event that made the segment of that block).
+    /// Claims read from the default pools' state ([`CapturePools::passed_over`],
+    /// [`CapturePools::read_beside`]): (index of the event that made the claimed segment or
+    /// asked the claimed request, index of the event that made a default-held segment the
+    /// reading depended on).
     passed_over: Vec<(u64, u64)>,
 }
 
@@ -328,6 +329,15 @@ impl CapturePools {
         }
     }
 
+    /// The claim of event `claimed` (a request's, [`CapturePools::claim_request`]) was read
+    /// from the default pools' state while they held the segment made at event `held`: if a
+    /// release later shows that segment to be a pool's ([`CapturePools::claim_made`]), the
+    /// default pools never held it, and the claim is not trusted
+    /// ([`CapturePools::mem_pool_claims_before`]).
+    pub fn read_beside(&mut self, claimed: u64, held: u64) {
+        self.passed_over.push((claimed, held));
+    }
+
     /// [`CapturePools::mem_pool_claims`], less those of segments made at or after event
     /// `limit`: a replay whose state stopped being the recording's there claimed them from a
     /// wrong state. Segments made before it and claimed at their release later stand: the
@@ -455,6 +465,30 @@ mod tests {
         );
         assert_eq!(pools.mem_pool_claims(), vec![(5, stand_in), (1, named)]);
         assert!(is_stand_in(stand_in) && !is_stand_in(named));
+    }
+
+    #[test]
+    fn an_ooms_pool_read_while_the_default_pools_held_a_pools_segment_is_not_trusted() {
+        let mut pools = CapturePools::default();
+        // Segments made at events 1 and 4, both held in the default pools by the replay; an
+        // `oom` at event 9 read as asked in a pool, from what those pools held.
+        pools.segment_made(0x1000_0000, 2 * MIB, 1, false);
+        pools.segment_made(0x2000_0000, 20 * MIB, 4, false);
+        let stand_in = pools.new_mem_pool(0);
+        pools.claim_request(9, stand_in);
+        pools.read_beside(9, 1);
+        pools.read_beside(9, 4);
+        assert_eq!(pools.mem_pool_claims_before(u64::MAX), vec![(9, stand_in)]);
+        // A release made by another pool's call shows the small segment was that pool's.
+        let other = pools.new_gone_mem_pool();
+        pools.claim_made(1, other);
+        assert_eq!(
+            pools.mem_pool_claims_before(u64::MAX),
+            vec![(1, other)],
+            "the default pools never held that segment: the `oom` was read from a wrong state"
+        );
+        // Every claim is still there for a replay under another config to weigh.
+        assert_eq!(pools.mem_pool_claims(), vec![(9, stand_in), (1, other)]);
     }
 
     #[test]

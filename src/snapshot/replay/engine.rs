@@ -1214,6 +1214,17 @@ impl Engine {
                     None => self.capture_pools.new_mem_pool(event.stream),
                 };
                 self.capture_pools.claim_request(self.index, pool);
+                // Read from what the default pools hold: if a release later shows one of
+                // those segments to be a pool's, that reading was wrong.
+                let default_held: Vec<u64> = self
+                    .allocator
+                    .segment_pool_ids()
+                    .filter(|&(_, owner)| owner.is_default())
+                    .filter_map(|(base, _)| self.made_at.get(&base).copied())
+                    .collect();
+                for made in default_held {
+                    self.capture_pools.read_beside(self.index, made);
+                }
                 // Read from the replay's state: right only if its config is the recording's.
                 self.assumed_recorded_config = true;
                 pool
