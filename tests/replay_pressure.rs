@@ -3713,4 +3713,72 @@ mod mem_pool_swaps {
         ];
         replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
     }
+
+    /// Found at seed 28, after 10,041 cases (`max_split_size_mb:40` under a fraction, the
+    /// pool kept): the pool's 54 MiB request released its own cached 80 MiB block (oversize:
+    /// `release_available_cached_blocks`), a segment the file's end no longer shows, and the
+    /// job's `empty_cache()` later released six default segments. The first learning pass
+    /// held the 82 MiB segment in the default pools, where a whole `empty_cache()` would have
+    /// released it too, so it claimed the six for the pool; knowing those, the next pass went
+    /// astray sooner and learnt nothing. Learning then starts again from the first pass's
+    /// claims read up to the release that met its first difference: the 82 MiB segment's.
+    #[test]
+    fn claims_read_after_a_first_difference_are_dropped_when_learning_is_stuck() {
+        let s1 = SIDE + 0x100;
+        let job = [
+            alloc(0, MIB + 1, SIDE),
+            in_pool(0, 512, 0),
+            alloc(7, MIB + 1, 0),
+            alloc(0, 48234497, 0),
+            alloc(0, 56623105, 0),
+            Op::RecordStream {
+                slot: 7,
+                stream: SIDE,
+            },
+            in_pool(0, 83886081, 0),
+            alloc(1, 33554433, 0),
+            alloc(0, 75497473, 0),
+            in_pool(0, 50331649, 0),
+            in_pool(1, 29360129, 0),
+            alloc(7, MIB + 1, s1),
+            in_pool(1, 512, 0),
+            in_pool(0, 56623105, 0),
+            Op::EmptyCache,
+            in_pool(0, 56623105, 0),
+        ];
+        replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
+    }
+
+    /// Found at seed 29, after 8,760 cases (the same config): likewise, with the pool's 88 MiB
+    /// segment, released by the pool's own 62 MiB request, held in the default pools. A
+    /// default request's OOM path released a default 20 MiB segment after the first
+    /// difference, and the first pass claimed it for a made-up pool; every later pass kept
+    /// that claim, and went astray where the default OOM path released it.
+    #[test]
+    fn a_default_oom_paths_release_read_after_a_difference_is_not_a_pools() {
+        let s1 = SIDE + 0x100;
+        let job = [
+            alloc(5, 52428801, 0),
+            in_pool(6, MIB + 1, SIDE),
+            in_pool(0, 54525953, SIDE),
+            alloc(1, 48234497, 0),
+            in_pool(0, MIB + 1, 0),
+            in_pool(2, 50331649, s1),
+            alloc(8, 56623105, 0),
+            in_pool(7, 90177537, 0),
+            Op::Free { slot: 7 },
+            in_pool(2, 512, 0),
+            alloc(9, MIB + 1, 0),
+            alloc(2, 849408, 0),
+            alloc(0, 81788929, SIDE),
+            in_pool(6, MIB + 1, s1),
+            alloc(3, 795136, 0),
+            alloc(3, 453120, 0),
+            alloc(8, 19922433, 0),
+            alloc(3, 512, 0),
+            in_pool(9, 65011713, 0),
+            alloc(0, 62914561, 0),
+        ];
+        replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
+    }
 }

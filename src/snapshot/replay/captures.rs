@@ -78,6 +78,9 @@ pub(super) struct CapturePools {
     /// The segments found to be inferred `MemPool`s' only when they were released
     /// ([`CapturePools::claim_made`]): (index of the event that made each, pool).
     released_claims: Vec<(u64, MemPoolId)>,
+    /// For each of `released_claims`, the index of the event being replayed when it was
+    /// made: what the replay's state was then.
+    released_at: Vec<u64>,
     /// Claims a self-replay of the same trace made ([`CapturePools::learn`]), by the index
     /// of the event that made the segment.
     learned: HashMap<u64, MemPoolId>,
@@ -244,9 +247,14 @@ impl CapturePools {
 
     /// Takes the segment made at event `made`, released already, to have been `pool`'s: a
     /// claim for a replay that learns from this one ([`CapturePools::mem_pool_claims`]).
-    pub fn claim_made(&mut self, made: u64, pool: MemPoolId) {
-        if !self.released_claims.iter().any(|&(at, _)| at == made) {
+    pub fn claim_made(&mut self, made: u64, pool: MemPoolId, at: u64) {
+        if !self
+            .released_claims
+            .iter()
+            .any(|&(claimed, _)| claimed == made)
+        {
             self.released_claims.push((made, pool));
+            self.released_at.push(at);
         }
     }
 
@@ -305,7 +313,7 @@ impl CapturePools {
     /// made it: what a replay under another config takes from a self-replay
     /// ([`CapturePools::learn`]).
     pub fn mem_pool_claims(&self) -> Vec<(u64, MemPoolId)> {
-        self.claims_before(u64::MAX, false)
+        self.claims_before(u64::MAX, false, false)
     }
 
     /// The claims made at the segments' release ([`CapturePools::claim_made`]).
@@ -347,21 +355,44 @@ impl CapturePools {
     /// segment a release then claimed ([`CapturePools::passed_over`]): a pass that knows that
     /// segment's pool from the start infers again what still holds.
     pub fn mem_pool_claims_before(&self, limit: u64) -> Vec<(u64, MemPoolId)> {
-        self.claims_before(limit, true)
+        self.claims_before(limit, true, false)
+    }
+
+    /// [`CapturePools::mem_pool_claims_before`], less the claims made at releases read after
+    /// the first run of releases read at or after event `limit` (the run that met the first
+    /// difference): those later runs were read from a state that difference had led astray.
+    /// What a learning pass retreats to when the claims it learnt from all releases led the
+    /// next pass astray sooner.
+    pub fn mem_pool_claims_read_in_time(&self, limit: u64) -> Vec<(u64, MemPoolId)> {
+        self.claims_before(limit, true, true)
     }
 
     /// The claims of segments made before event `limit`, less those read beside a block a
-    /// release then claimed where `trusted` ([`CapturePools::mem_pool_claims_before`]).
-    fn claims_before(&self, limit: u64, trusted: bool) -> Vec<(u64, MemPoolId)> {
+    /// release then claimed where `trusted` ([`CapturePools::mem_pool_claims_before`]), and
+    /// those released too late where `in_time` ([`CapturePools::mem_pool_claims_read_in_time`]).
+    fn claims_before(&self, limit: u64, trusted: bool, in_time: bool) -> Vec<(u64, MemPoolId)> {
         let misread = |made: u64| {
             trusted
                 && self.passed_over.iter().any(|&(claimed, serving)| {
                     claimed == made && self.released_claims.iter().any(|&(at, _)| at == serving)
                 })
         };
+        let first_read_after = self
+            .released_at
+            .iter()
+            .copied()
+            .filter(|&at| at >= limit)
+            .min();
+        let read_in_time = |at: u64| !in_time || at < limit || Some(at) == first_read_after;
+        let released = self
+            .released_claims
+            .iter()
+            .zip(&self.released_at)
+            .filter(|&(_, &at)| read_in_time(at))
+            .map(|(claim, _)| claim);
         let mut claims: Vec<(u64, MemPoolId)> = Vec::new();
         let inferred = self.claims.iter().filter(|&&(made, _)| !misread(made));
-        for &(made, pool) in inferred.chain(self.released_claims.iter()) {
+        for &(made, pool) in inferred.chain(released) {
             if made < limit && !claims.iter().any(|&(at, _)| at == made) {
                 claims.push((made, pool));
             }
@@ -457,7 +488,7 @@ mod tests {
         assert_eq!(pools.mem_pool_claims_before(u64::MAX), vec![(5, stand_in)]);
         // The release of the first segment in a pool's malloc shows it was that pool's.
         let named = MemPoolId::new(0, 1);
-        pools.claim_made(1, named);
+        pools.claim_made(1, named, 7);
         assert_eq!(
             pools.mem_pool_claims_before(u64::MAX),
             vec![(1, named)],
@@ -481,7 +512,7 @@ mod tests {
         assert_eq!(pools.mem_pool_claims_before(u64::MAX), vec![(9, stand_in)]);
         // A release made by another pool's call shows the small segment was that pool's.
         let other = pools.new_gone_mem_pool();
-        pools.claim_made(1, other);
+        pools.claim_made(1, other, 12);
         assert_eq!(
             pools.mem_pool_claims_before(u64::MAX),
             vec![(1, other)],
@@ -489,6 +520,33 @@ mod tests {
         );
         // Every claim is still there for a replay under another config to weigh.
         assert_eq!(pools.mem_pool_claims(), vec![(9, stand_in), (1, other)]);
+    }
+
+    #[test]
+    fn claims_read_at_releases_after_the_run_that_met_the_difference_are_not_in_time() {
+        let mut pools = CapturePools::default();
+        for (made, base) in [(1, 0x1000_0000), (3, 0x2000_0000), (5, 0x3000_0000)] {
+            pools.segment_made(base, 20 * MIB, made, false);
+        }
+        let pool = pools.new_gone_mem_pool();
+        // Released before the first difference (event 10), at the run that met it (event
+        // 12), and at a later run (event 20).
+        pools.claim_made(1, pool, 8);
+        pools.claim_made(3, pool, 12);
+        pools.claim_made(5, pool, 20);
+        assert_eq!(
+            pools.mem_pool_claims_before(10),
+            vec![(1, pool), (3, pool), (5, pool)]
+        );
+        assert_eq!(
+            pools.mem_pool_claims_read_in_time(10),
+            vec![(1, pool), (3, pool)],
+            "the later run was read from a state the difference had led astray"
+        );
+        // Made at or after the difference: in neither.
+        pools.segment_made(0x4000_0000, 20 * MIB, 11, false);
+        pools.claim_made(11, pool, 12);
+        assert_eq!(pools.mem_pool_claims_read_in_time(10).len(), 2);
     }
 
     #[test]

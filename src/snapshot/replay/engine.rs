@@ -1039,7 +1039,7 @@ impl Engine {
         if let Some(pool) = then.or(last) {
             self.passed_over_seen = true;
             if self.claim_passed_over {
-                self.capture_pools.claim_made(made, pool);
+                self.capture_pools.claim_made(made, pool, self.index);
             }
         }
     }
@@ -1062,7 +1062,7 @@ impl Engine {
         for address in self.allocator.collection_outlook(event.stream as u64, size) {
             if let Some(&made) = self.made_at.get(&address) {
                 let pool = *pool.get_or_insert_with(|| self.capture_pools.new_unfed_mem_pool());
-                self.capture_pools.claim_made(made, pool);
+                self.capture_pools.claim_made(made, pool, self.index);
             }
         }
     }
@@ -1522,7 +1522,7 @@ impl Engine {
         let claim_beside = |engine: &mut Engine| {
             for (segment, made) in run.released.iter().zip(&run.released_made) {
                 if let (true, Some(made)) = (beside(segment), *made) {
-                    engine.capture_pools.claim_made(made, pool);
+                    engine.capture_pools.claim_made(made, pool, engine.index);
                 }
             }
         };
@@ -1631,7 +1631,7 @@ impl Engine {
             pool
         };
         for made in run.released_made.iter().skip(by_empty_cache).flatten() {
-            self.capture_pools.claim_made(*made, claimant);
+            self.capture_pools.claim_made(*made, claimant, self.index);
         }
         Ok(())
     }
@@ -1708,7 +1708,7 @@ impl Engine {
         let pool = self.capture_pools.new_mem_pool(0);
         self.capture_pools.make_freeable(pool);
         for index in made {
-            self.capture_pools.claim_made(index, pool);
+            self.capture_pools.claim_made(index, pool, self.index);
         }
     }
 
@@ -1776,7 +1776,7 @@ impl Engine {
                 break;
             }
             smallest = segment.size;
-            self.capture_pools.claim_made(made, pool);
+            self.capture_pools.claim_made(made, pool, self.index);
         }
     }
 
@@ -2102,6 +2102,12 @@ impl Engine {
     /// included).
     pub fn mem_pool_claims_before(&self, limit: u64) -> Vec<(u64, MemPoolId)> {
         self.capture_pools.mem_pool_claims_before(limit)
+    }
+
+    /// The `MemPool` claims of segments made before event `limit`, less those made at
+    /// releases read after the run of releases that met it (read from a state gone astray).
+    pub(super) fn mem_pool_claims_read_in_time(&self, limit: u64) -> Vec<(u64, MemPoolId)> {
+        self.capture_pools.mem_pool_claims_read_in_time(limit)
     }
 
     /// Takes a self-replay's `MemPool` claims: for a replay under

@@ -461,7 +461,11 @@ type Claims = Vec<(u64, crate::alloc::MemPoolId)>;
 /// release only). At most [`LEARNING_PASSES`], while each finds more. A pass that reproduced
 /// every recorded segment event teaches what it inferred as it read; what it claimed only at
 /// the segments' release (which routed nothing in it) stands only if the next pass, knowing it
-/// from the start, reproduces the recording too. Where none reproduced it, one more that infers
+/// from the start, reproduces the recording too. A pass that did not reproduce it trusts the
+/// claims made at releases after its first difference too (a pool's segment is often told by
+/// its release alone); where learning then gets stuck, it starts again from the latest pass
+/// that made such claims, with only those read up to the run that met its first difference
+/// ([`learning_passes`]). Where none reproduced it, one more that infers
 /// nothing may: then its lesson is to infer nothing (an inference read the trace the wrong way,
 /// which the later events showed); else nothing is learnt.
 fn learned_under(
@@ -562,11 +566,19 @@ fn learning_passes(
         inferred: false,
         passed_over: false,
     };
+    // What each pass knew from the start.
+    let mut tried: Vec<Claims> = Vec::new();
+    // Where to learn again from when learning is stuck: what a pass knew, with only the
+    // claims it read up to the run that met its first difference, latest last.
+    let mut retreats: Vec<Claims> = Vec::new();
     for _ in 0..LEARNING_PASSES {
+        tried.push(known.clone());
         let outcome = learning_pass(path, recording, own, conditions, (&known, true))?;
         learnt.inferred |= outcome.inferred;
         learnt.passed_over |= outcome.passed_over;
         let before = known.clone();
+        let mut retreat = known.clone();
+        merge_claims(&mut retreat, outcome.read_in_time);
         merge_claims(&mut known, outcome.trusted);
         if outcome.reproduced {
             let confirmed = known.clone();
@@ -578,8 +590,22 @@ fn learning_passes(
             reproducing = Some(confirmed);
             continue;
         }
-        if reproducing.is_some() || known == before {
+        if reproducing.is_some() {
             break;
+        }
+        if retreat != known {
+            retreats.push(retreat);
+        }
+        // Stuck: this pass taught nothing new. A claim a pass made at a release read after
+        // its own first difference came from a wrong state (the job's own `empty_cache()` or
+        // a default OOM path read as a pool's, because the replay still held a pool's segment
+        // the file no longer shows); learn again without such claims, from the latest pass
+        // that made some.
+        if known == before {
+            match retreats.pop().filter(|retreat| !tried.contains(retreat)) {
+                Some(retreat) => known = retreat,
+                None => break,
+            }
         }
     }
     learnt.reproducing = reproducing;
@@ -618,6 +644,9 @@ struct PassOutcome {
     reproduced: bool,
     /// The `MemPool` claims it trusts ([`Pass::trusted_mem_pool_claims`]).
     trusted: Claims,
+    /// Those of them read up to the run that met its first difference
+    /// ([`Pass::mem_pool_claims_read_in_time`]).
+    read_in_time: Claims,
     /// The claims it made only at the segments' release ([`Pass::released_mem_pool_claims`]).
     released: Claims,
     /// Whether it inferred any `MemPool` claim at all.
@@ -662,6 +691,7 @@ fn learning_pass(
     Ok(PassOutcome {
         reproduced: pass.reproduced_segments(),
         trusted: pass.trusted_mem_pool_claims(),
+        read_in_time: pass.mem_pool_claims_read_in_time(),
         released: pass.released_mem_pool_claims(),
         inferred,
         passed_over: pass.saw_passed_over_blocks(),

@@ -350,8 +350,24 @@ impl Pass {
         if self.reproduced_segments() {
             return self.engine.inferred_mem_pool_claims();
         }
-        let limit = self
-            .engine
+        self.engine
+            .mem_pool_claims_before(self.first_difference_at())
+    }
+
+    /// [`Pass::trusted_mem_pool_claims`] less those made at releases read after the run that
+    /// met the first difference ([`Engine::mem_pool_claims_read_in_time`]).
+    pub(super) fn mem_pool_claims_read_in_time(&self) -> Vec<(u64, MemPoolId)> {
+        if self.reproduced_segments() {
+            return self.engine.inferred_mem_pool_claims();
+        }
+        self.engine
+            .mem_pool_claims_read_in_time(self.first_difference_at())
+    }
+
+    /// The event where this pass's segment events first differed from the recording's (the
+    /// earlier of the recorded and the replayed one); `u64::MAX` where none did.
+    fn first_difference_at(&self) -> u64 {
+        self.engine
             .segments
             .first_difference
             .as_ref()
@@ -362,8 +378,7 @@ impl Pass {
                     (Some(a), None) | (None, Some(a)) => a,
                     (None, None) => u64::MAX,
                 }
-            });
-        self.engine.mem_pool_claims_before(limit)
+            })
     }
 
     /// The `MemPool` claims this pass made only as the segments were released: they routed
