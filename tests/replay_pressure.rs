@@ -3781,4 +3781,58 @@ mod mem_pool_swaps {
         ];
         replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
     }
+
+    /// Found at seed 28, after 10,421 cases, once the tests above held (the same config): a
+    /// default request on the side stream ran out of memory, its stream's last allocation
+    /// having been the pool's, after `release_cached_blocks` released a default 2 MiB
+    /// segment. The pool's OOM path cannot release that (only its own oversize blocks); the
+    /// default pools' would have released two more whole segments the replay held there,
+    /// the pool's 58 and 60 MiB ones, which the pool's own malloc released right after and
+    /// the file's end no longer shows. So the `oom` was the default pools', and those two
+    /// were the pool's.
+    #[test]
+    fn a_default_ooms_release_tells_the_pools_segments_it_left() {
+        let s1 = SIDE + 0x100;
+        let job = [
+            alloc(2, 512, 0),
+            in_pool(6, 39845889, 0),
+            in_pool(3, 58720257, 0),
+            in_pool(2, 60817409, 0),
+            in_pool(0, 92274689, SIDE),
+            alloc(0, MIB + 1, 0),
+            in_pool(2, MIB + 1, SIDE),
+            in_pool(3, 83886081, 0),
+            in_pool(5, 18874369, s1),
+            alloc(1, 83886081, 0),
+            alloc(0, 2096641, s1),
+            Op::Free { slot: 4 },
+            in_pool(0, 62914561, 0),
+        ];
+        replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
+    }
+
+    /// Found at seed 32, after 8,851 cases (the same config): the same reading, where the
+    /// default OOM path released a 10 MiB and a 2 MiB default segment, and left the pool's
+    /// whole 60 and 40 MiB segments the replay held in the default pools.
+    #[test]
+    fn a_default_ooms_releases_beside_the_pools_whole_segments() {
+        let job = [
+            alloc(3, 10485760, 0),
+            in_pool(0, MIB + 1, 0),
+            alloc(3, MIB + 1, 0),
+            in_pool(4, 39845889, 0),
+            alloc(0, 512, 0),
+            in_pool(1, 50331649, 0),
+            in_pool(4, 92274689, SIDE),
+            in_pool(0, MIB + 1, SIDE),
+            in_pool(4, 48234497, 0),
+            in_pool(0, 512, 0),
+            in_pool(0, 60817409, 0),
+            alloc(0, 54525953, SIDE),
+            alloc(0, 90177537, 0),
+            alloc(0, MIB + 1, SIDE),
+            in_pool(0, 69206017, SIDE),
+        ];
+        replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
+    }
 }

@@ -1966,11 +1966,80 @@ impl Engine {
             Ok(MallocOutlook::Cached) => Ok(true),
             Ok(outlook) if makes(outlook.clone()) => Ok(false),
             Ok(_) => Ok(self.outlook_in(event, None, &[]).map(makes)?
-                || self.outlook_in(event, None, &leading).map(makes)?),
+                || self.outlook_in(event, None, &leading).map(makes)?
+                || self.claim_unreleased_by_default_oom(pool, &recorded)),
             Err(error) => Err(error),
         };
         self.run.released = recorded;
         in_default
+    }
+
+    /// Under the recorded config, an `oom` neither reading of [`Engine::oom_in_default_pools`]
+    /// explains: the releases before it are default-pool segments a private pool's OOM path
+    /// cannot release (it releases only that pool's oversize blocks, and garbage collection's),
+    /// and the default pools' path would release them with more whole cached segments
+    /// (`release_cached_blocks` releases every one, once the pending frees complete). If those
+    /// others are segments the file's end does not show in the default pools, they were a
+    /// private pool's the replay could not tell (the file no longer shows them): the `oom` was
+    /// asked in the default pools, and they are claimed for the pool the stream allocated to
+    /// last where it is a `MemPool`, else for one the file does not name
+    /// ([`CapturePools::claim_made`]), for the next pass to hold there from the start.
+    fn claim_unreleased_by_default_oom(
+        &mut self,
+        stream_pool: MemPoolId,
+        recorded: &[ReleasedSegment],
+    ) -> bool {
+        if !self.recorded_config
+            || !self.infer_mem_pools_as_read
+            || recorded.is_empty()
+            || self.run.freed_at.len() != recorded.len()
+            || recorded.iter().any(|segment| !segment.pool.is_default())
+        {
+            return false;
+        }
+        let default: HashSet<u64> = self
+            .allocator
+            .segment_pool_ids()
+            .filter(|&(_, owner)| owner.is_default())
+            .map(|(base, _)| base)
+            .collect();
+        let whole: Vec<u64> = self
+            .allocator
+            .empty_cache_outlook()
+            .into_iter()
+            .map(|(base, _)| base)
+            .filter(|base| default.contains(base))
+            .collect();
+        if !self.run.freed_at.iter().all(|freed| whole.contains(freed)) {
+            return false;
+        }
+        let others: Vec<u64> = whole
+            .into_iter()
+            .filter(|base| !self.run.freed_at.contains(base))
+            .collect();
+        let mut made = Vec::with_capacity(others.len());
+        for base in &others {
+            match self.made_at.get(base) {
+                Some(&index) if !self.routes.in_default_segment(*base, index) => made.push(index),
+                _ => return false,
+            }
+        }
+        if made.is_empty() {
+            return false;
+        }
+        let mem_pool = self.capture_pools.is_mem_pool(stream_pool)
+            || (stream_pool.first == 0 && self.routes.names(stream_pool));
+        let pool = if mem_pool {
+            stream_pool
+        } else {
+            self.capture_pools.new_unfed_mem_pool()
+        };
+        for index in made {
+            self.capture_pools.claim_made(index, pool, self.index);
+        }
+        // Read from the replay's state: right only if its config is the recording's.
+        self.assumed_recorded_config = true;
+        true
     }
 
     /// What the malloc of `event` would do now asked in `pool` (`None`: the default pools),
