@@ -3835,4 +3835,38 @@ mod mem_pool_swaps {
         ];
         replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
     }
+
+    /// Found at seed 29, after 8,760 cases, once the tests above held (the same config): the
+    /// same reading with no release at all before the `oom`. Asked in the pool, its OOM path
+    /// would have released the pool's free oversize 52 MiB block on that stream
+    /// (`release_available_cached_blocks` releases oversize blocks even where they are not
+    /// enough); asked in the default pools, it would have released the pool's 88 MiB
+    /// segment the replay held there, which the pool's own malloc released later. So the
+    /// `oom` was the default pools', and that segment the pool's.
+    #[test]
+    fn a_default_oom_that_released_nothing_left_the_pools_segments() {
+        let s1 = SIDE + 0x100;
+        let job = [
+            alloc(3, 52428801, 0),
+            in_pool(0, MIB + 1, SIDE),
+            in_pool(0, 54525953, SIDE),
+            in_pool(0, 48234497, 0),
+            alloc(2, 512, 0),
+            in_pool(0, MIB + 1, 0),
+            alloc(0, 512, 0),
+            alloc(0, 512, 0),
+            in_pool(0, 50331649, s1),
+            alloc(5, 56623105, 0),
+            in_pool(7, 90177537, 0),
+            Op::Free { slot: 7 },
+            alloc(0, 512, 0),
+            in_pool(0, 512, 0),
+            alloc(0, MIB + 1, 0),
+            alloc(1, 512, 0),
+            alloc(0, 81788929, SIDE),
+            in_pool(6, MIB + 1, s1),
+            in_pool(0, 60817409, 0),
+        ];
+        replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
+    }
 }

@@ -1975,9 +1975,10 @@ impl Engine {
     }
 
     /// Under the recorded config, an `oom` neither reading of [`Engine::oom_in_default_pools`]
-    /// explains: the releases before it are default-pool segments a private pool's OOM path
-    /// cannot release (it releases only that pool's oversize blocks, and garbage collection's),
-    /// and the default pools' path would release them with more whole cached segments
+    /// explains: the pool's OOM path would not make the recorded releases (default segments
+    /// it cannot release: it releases only that pool's oversize blocks, and garbage
+    /// collection's; or its own oversize blocks the trace does not show released), and the
+    /// default pools' path would make them and release more whole cached segments
     /// (`release_cached_blocks` releases every one, once the pending frees complete). If those
     /// others are segments the file's end does not show in the default pools, they were a
     /// private pool's the replay could not tell (the file no longer shows them): the `oom` was
@@ -1991,7 +1992,6 @@ impl Engine {
     ) -> bool {
         if !self.recorded_config
             || !self.infer_mem_pools_as_read
-            || recorded.is_empty()
             || self.run.freed_at.len() != recorded.len()
             || recorded.iter().any(|segment| !segment.pool.is_default())
         {
