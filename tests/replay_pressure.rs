@@ -32,6 +32,9 @@ const TOTAL: u64 = 16 << 30;
 /// A side stream (a `cudaStream_t` value in a real trace).
 const SIDE: StreamId = 0x5555_0000;
 
+/// A third stream, for jobs that use two side streams.
+const THIRD: StreamId = SIDE + 0x100;
+
 /// The config most of the jobs the properties found ran under: `max_split_size_mb:40` (so
 /// 40 MiB and larger blocks are oversize and `release_available_cached_blocks` runs) under a
 /// fraction of 3% of [`TOTAL`] (491.52 MiB), which the jobs' requests reach.
@@ -477,7 +480,7 @@ fn mem_pools_swapped_on_a_side_stream_are_told_apart() {
 fn a_completion_right_after_its_request_can_start_the_oom_paths_walk() {
     let conf = fraction_conf(160 * MIB);
     let mut recording = recorder(&conf, None);
-    let other = SIDE + 0x100;
+    let other = THIRD;
     // An older pending free, its work on another stream.
     let small = recording.malloc_on(0, 4096).expect("small");
     recording
@@ -1085,8 +1088,8 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
             Alloc(3, 26164225, 0), InMemPool(0, 41943041), Alloc(0, 1048577, 0),
             InGraph(0, 21140993), InGraph(0, 18573313), Alloc(4, 68097537, 0),
             Alloc(5, 1597441, 0), Alloc(6, 512, SIDE), Free(6), Alloc(5, 41003009, 0), Free(6),
-            Alloc(1, 9936385, 0), InGraph(0, 65142273), Alloc(0, 6113793, SIDE + 0x100),
-            Alloc(3, 72901633, SIDE + 0x100), Alloc(0, 25841153, SIDE + 0x100),
+            Alloc(1, 9936385, 0), InGraph(0, 65142273), Alloc(0, 6113793, THIRD),
+            Alloc(3, 72901633, THIRD), Alloc(0, 25841153, THIRD),
             Alloc(0, 20971521, SIDE), Alloc(0, 512, 0)
         ]),
         // an `oom` on a stream whose last allocation was in a MemPool, after releases only
@@ -1108,9 +1111,9 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
         // fraction check counts: its releases were its OOM path
         ("expandable_segments:True,per_process_memory_fraction:0.03", vec![
             InMemPool(0, 49629185), InMemPool(0, 13284865), InGraph(2, 6679041),
-            Alloc(3, 1048577, SIDE), Alloc(0, 512, SIDE + 0x100), InGraph(3, 18226177),
-            Alloc(0, 512, 0), InGraph(0, 79951361), Alloc(0, 59835905, SIDE + 0x100),
-            InMemPool(1, 512), Alloc(2, 19599361, 0), Alloc(0, 45021185, SIDE + 0x100),
+            Alloc(3, 1048577, SIDE), Alloc(0, 512, THIRD), InGraph(3, 18226177),
+            Alloc(0, 512, 0), InGraph(0, 79951361), Alloc(0, 59835905, THIRD),
+            InMemPool(1, 512), Alloc(2, 19599361, 0), Alloc(0, 45021185, THIRD),
             Alloc(3, 5771777, 0), Alloc(0, 9219585, 0), Alloc(1, 512, SIDE),
             Alloc(0, 28322305, 0), Alloc(0, 65011713, 0)
         ]),
@@ -1126,7 +1129,7 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
         (SPLIT_40_UNDER_A_FRACTION, vec![
             Sync, Alloc(0, 512, 0), InMemPool(0, 512), Alloc(0, 27262977, 0),
             Alloc(1, 44040193, 0), Alloc(6, 20971521, 0), Alloc(2, 56623105, SIDE),
-            Alloc(9, 512, 0), Alloc(0, 20971521, 0), RecordStream(6, SIDE + 0x100),
+            Alloc(9, 512, 0), Alloc(0, 20971521, 0), RecordStream(6, THIRD),
             InMemPool(0, 44040193), Alloc(5, 512, 0), Alloc(10, 1048577, SIDE),
             RecordStream(5, SIDE), Alloc(0, 83886081, 0), Alloc(2, 73400321, 0), Work(SIDE),
             Alloc(5, 512, SIDE), Free(6), InMemPool(6, 1048577), Alloc(10, 77594625, SIDE),
@@ -1136,9 +1139,9 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
         // `cudaFree` synchronised the device: the first's was done then too (the trace's
         // order, which splits the small segment once more)
         ("per_process_memory_fraction:0.03,garbage_collection_threshold:0.6", vec![
-            Work(SIDE + 0x100), Alloc(0, 23068673, 0), InMemPool(1, 1048577),
+            Work(THIRD), Alloc(0, 23068673, 0), InMemPool(1, 1048577),
             InGraph(1, 52428801), Alloc(3, 512, SIDE), Alloc(8, 512, SIDE),
-            RecordStream(8, SIDE + 0x100), RecordStream(3, 0), Alloc(1, 48234497, 0),
+            RecordStream(8, THIRD), RecordStream(3, 0), Alloc(1, 48234497, 0),
             Alloc(11, 2096641, 0), Free(8), Alloc(0, 75497473, 0), Alloc(0, 56623105, 0), Free(0),
             Alloc(3, 1048577, SIDE), Free(11), Alloc(0, 77594625, 0)
         ]),
@@ -1149,7 +1152,7 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
             Alloc(1, 512, 0), InMemPool(1, 62914561), Alloc(1, 512, 0), InGraph(0, 41943041),
             Alloc(0, 512, 0), Alloc(8, 512, 0), Alloc(3, 83886081, 0), Alloc(8, 41943041, 0),
             InGraph(0, 512), Alloc(6, 20971009, 0), Alloc(6, 83886081, SIDE),
-            Alloc(4, 20971521, SIDE + 0x100), InMemPool(0, 2472961), Alloc(0, 81412609, 0)
+            Alloc(4, 20971521, THIRD), InMemPool(0, 2472961), Alloc(0, 81412609, 0)
         ]),
         // a malloc in a private pool runs no `process_events`: a deferred free whose work a
         // `cudaFree` finished stays pending
@@ -1656,8 +1659,6 @@ mod self_replay {
     }
 
     /// A third stream, beside the default one and `SIDE`.
-    const THIRD: StreamId = SIDE + 0x100;
-
     const STREAMS: [u64; 3] = [0, SIDE, THIRD];
 
     /// The config the found jobs below were recorded under: a memory fraction and garbage
@@ -1827,8 +1828,8 @@ mod self_replay {
                 alloc(9, 1_048_577, 0),
                 in_mem_pool(0, 83_886_081),
                 alloc(0, 83_886_081, SIDE),
-                alloc(1, 17_057_281, SIDE + 0x100),
-                alloc(9, 87_799_809, SIDE + 0x100),
+                alloc(1, 17_057_281, THIRD),
+                alloc(9, 87_799_809, THIRD),
                 Op::EmptyCache,
                 alloc(0, 1_048_577, 0),
                 alloc(0, 512, 0),
@@ -3547,24 +3548,22 @@ mod mem_pool_swaps {
     /// malloc tells the block's pool, and the reading made beside it is dropped.
     #[test]
     fn a_request_read_beside_a_pools_block_is_read_again_once_a_release_tells_its_pool() {
-        // The self-replay property's third stream, and its side stream.
-        let (s1, s2) = (SIDE + 0x100, SIDE);
         let job = [
-            alloc(1, 3072001, s1),
+            alloc(1, 3072001, THIRD),
             alloc(2, 41943041, 0),
-            in_pool(0, 71303169, s2),
-            alloc(1, 9437697, s1),
+            in_pool(0, 71303169, SIDE),
+            alloc(1, 9437697, THIRD),
             alloc(2, 79691777, 0),
             alloc(2, 512, 0),
-            alloc(0, MIB + 1, s2),
+            alloc(0, MIB + 1, SIDE),
             in_pool(2, MIB + 1, 0),
-            alloc(2, 58720257, s2),
-            alloc(0, 8460801, s1),
+            alloc(2, 58720257, SIDE),
+            alloc(0, 8460801, THIRD),
             in_pool(3, 35651585, 0),
             in_pool(0, 60817409, 0),
             alloc(2, MIB + 1, 0),
-            in_pool(0, MIB + 1, s2),
-            in_pool(0, 25165825, s2),
+            in_pool(0, MIB + 1, SIDE),
+            in_pool(0, 25165825, SIDE),
             alloc(0, 512, 0),
             Op::EmptyCache,
         ];
@@ -3724,7 +3723,6 @@ mod mem_pool_swaps {
     /// claims read up to the release that met its first difference: the 82 MiB segment's.
     #[test]
     fn claims_read_after_a_first_difference_are_dropped_when_learning_is_stuck() {
-        let s1 = SIDE + 0x100;
         let job = [
             alloc(0, MIB + 1, SIDE),
             in_pool(0, 512, 0),
@@ -3740,7 +3738,7 @@ mod mem_pool_swaps {
             alloc(0, 75497473, 0),
             in_pool(0, 50331649, 0),
             in_pool(1, 29360129, 0),
-            alloc(7, MIB + 1, s1),
+            alloc(7, MIB + 1, THIRD),
             in_pool(1, 512, 0),
             in_pool(0, 56623105, 0),
             Op::EmptyCache,
@@ -3756,14 +3754,13 @@ mod mem_pool_swaps {
     /// that claim, and went astray where the default OOM path released it.
     #[test]
     fn a_default_oom_paths_release_read_after_a_difference_is_not_a_pools() {
-        let s1 = SIDE + 0x100;
         let job = [
             alloc(5, 52428801, 0),
             in_pool(6, MIB + 1, SIDE),
             in_pool(0, 54525953, SIDE),
             alloc(1, 48234497, 0),
             in_pool(0, MIB + 1, 0),
-            in_pool(2, 50331649, s1),
+            in_pool(2, 50331649, THIRD),
             alloc(8, 56623105, 0),
             in_pool(7, 90177537, 0),
             Op::Free { slot: 7 },
@@ -3771,7 +3768,7 @@ mod mem_pool_swaps {
             alloc(9, MIB + 1, 0),
             alloc(2, 849408, 0),
             alloc(0, 81788929, SIDE),
-            in_pool(6, MIB + 1, s1),
+            in_pool(6, MIB + 1, THIRD),
             alloc(3, 795136, 0),
             alloc(3, 453120, 0),
             alloc(8, 19922433, 0),
@@ -3792,7 +3789,6 @@ mod mem_pool_swaps {
     /// were the pool's.
     #[test]
     fn a_default_ooms_release_tells_the_pools_segments_it_left() {
-        let s1 = SIDE + 0x100;
         let job = [
             alloc(2, 512, 0),
             in_pool(6, 39845889, 0),
@@ -3802,9 +3798,9 @@ mod mem_pool_swaps {
             alloc(0, MIB + 1, 0),
             in_pool(2, MIB + 1, SIDE),
             in_pool(3, 83886081, 0),
-            in_pool(5, 18874369, s1),
+            in_pool(5, 18874369, THIRD),
             alloc(1, 83886081, 0),
-            alloc(0, 2096641, s1),
+            alloc(0, 2096641, THIRD),
             Op::Free { slot: 4 },
             in_pool(0, 62914561, 0),
         ];
@@ -3845,7 +3841,6 @@ mod mem_pool_swaps {
     /// `oom` was the default pools', and that segment the pool's.
     #[test]
     fn a_default_oom_that_released_nothing_left_the_pools_segments() {
-        let s1 = SIDE + 0x100;
         let job = [
             alloc(3, 52428801, 0),
             in_pool(0, MIB + 1, SIDE),
@@ -3855,7 +3850,7 @@ mod mem_pool_swaps {
             in_pool(0, MIB + 1, 0),
             alloc(0, 512, 0),
             alloc(0, 512, 0),
-            in_pool(0, 50331649, s1),
+            in_pool(0, 50331649, THIRD),
             alloc(5, 56623105, 0),
             in_pool(7, 90177537, 0),
             Op::Free { slot: 7 },
@@ -3864,7 +3859,7 @@ mod mem_pool_swaps {
             alloc(0, MIB + 1, 0),
             alloc(1, 512, 0),
             alloc(0, 81788929, SIDE),
-            in_pool(6, MIB + 1, s1),
+            in_pool(6, MIB + 1, THIRD),
             in_pool(0, 60817409, 0),
         ];
         replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
