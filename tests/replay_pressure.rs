@@ -3864,4 +3864,37 @@ mod mem_pool_swaps {
         ];
         replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
     }
+    /// Found at seed 29, after 8,760 cases, on `96ee77e` (the same config): the pool's 88 MiB
+    /// segment, freed and kept by the live pool, stood beside the job's `empty_cache()`, which
+    /// released two default segments. Holding the 88 MiB segment in the default pools, where
+    /// a whole call would have released it too, the first pass read the run as a destroyed
+    /// pool's `emptyCache(pool)` and claimed the two for it; a later default `oom` that
+    /// released nothing showed the 88 MiB segment to be the pool's, but the first claims
+    /// still stood, so every pass went astray at the run. Claims read beside a default-held
+    /// segment that a release later shows to be a pool's are no longer trusted.
+    #[test]
+    fn a_release_run_read_beside_a_pools_segment_is_the_jobs_empty_cache() {
+        let job = [
+            alloc(3, 52428801, 0),
+            in_pool(0, MIB + 1, SIDE),
+            in_pool(0, 54525953, SIDE),
+            in_pool(0, 48234497, 0),
+            alloc(2, MIB + 1, 0),
+            alloc(5, MIB + 1, SIDE),
+            alloc(2, 512, 0),
+            in_pool(6, 512, 0),
+            in_pool(2, 48234497, THIRD),
+            alloc(6, 56623105, 0),
+            in_pool(7, 90177537, 0),
+            Op::Free { slot: 7 },
+            Op::EmptyCache,
+            in_pool(0, 512, SIDE),
+            alloc(0, MIB + 1, 0),
+            alloc(1, 512, 0),
+            alloc(0, 81788929, SIDE),
+            in_pool(0, MIB + 1, THIRD),
+            in_pool(0, 60817409, 0),
+        ];
+        replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
+    }
 }

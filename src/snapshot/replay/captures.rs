@@ -89,6 +89,10 @@ pub(super) struct CapturePools {
     /// asked the claimed request, index of the event that made a default-held segment the
     /// reading depended on).
     passed_over: Vec<(u64, u64)>,
+    /// Claims made at releases read from the default pools' state
+    /// ([`CapturePools::released_read_beside`]): (index of the event that made the claimed
+    /// segment, index of the event that made a default-held segment the reading depended on).
+    released_beside: Vec<(u64, u64)>,
 }
 
 impl CapturePools {
@@ -346,14 +350,26 @@ impl CapturePools {
         self.passed_over.push((claimed, held));
     }
 
+    /// The claim of the segment made at event `claimed`, made at its release
+    /// ([`CapturePools::claim_made`]), was read from the default pools' state while they held
+    /// the segment made at event `held` (a whole `empty_cache()` would have released it too,
+    /// and the trace shows no such release): if a release later shows that segment to be a
+    /// pool's, the default pools never held it, the run reads otherwise (the job's own call),
+    /// and the claim is not trusted ([`CapturePools::mem_pool_claims_before`]).
+    pub fn released_read_beside(&mut self, claimed: u64, held: u64) {
+        self.released_beside.push((claimed, held));
+    }
+
     /// [`CapturePools::mem_pool_claims`], less those of segments made at or after event
     /// `limit`: a replay whose state stopped being the recording's there claimed them from a
     /// wrong state. Segments made before it and claimed at their release later stand: the
     /// trace's own releases showed them (their pool made new memory where the default pools
     /// would have too, so the replay could not tell as they were made). Less, too, the claims
     /// inferred because the default pools would have served a request from a block whose
-    /// segment a release then claimed ([`CapturePools::passed_over`]): a pass that knows that
-    /// segment's pool from the start infers again what still holds.
+    /// segment a release then claimed ([`CapturePools::passed_over`]), and the claims made at
+    /// releases read beside a segment a release read in time then claimed
+    /// ([`CapturePools::released_read_beside`]): a pass that knows that segment's pool from the
+    /// start infers again what still holds.
     pub fn mem_pool_claims_before(&self, limit: u64) -> Vec<(u64, MemPoolId)> {
         self.claims_before(limit, true, false)
     }
@@ -383,12 +399,28 @@ impl CapturePools {
             .copied()
             .filter(|&at| at >= limit)
             .min();
-        let read_in_time = |at: u64| !in_time || at < limit || Some(at) == first_read_after;
+        let in_time_at = |at: u64| at < limit || Some(at) == first_read_after;
+        let read_in_time = |at: u64| !in_time || in_time_at(at);
+        // A release read in time showed the segment made at `held` to be a pool's (one read
+        // later came from a state the first difference had led astray, and tells nothing).
+        let shown_a_pools = |held: u64| {
+            self.released_claims
+                .iter()
+                .zip(&self.released_at)
+                .any(|(&(made, _), &at)| made == held && in_time_at(at))
+        };
+        let misread_at_release = |made: u64| {
+            trusted
+                && self
+                    .released_beside
+                    .iter()
+                    .any(|&(claimed, held)| claimed == made && shown_a_pools(held))
+        };
         let released = self
             .released_claims
             .iter()
             .zip(&self.released_at)
-            .filter(|&(_, &at)| read_in_time(at))
+            .filter(|&(&(made, _), &at)| read_in_time(at) && !misread_at_release(made))
             .map(|(claim, _)| claim);
         let mut claims: Vec<(u64, MemPoolId)> = Vec::new();
         let inferred = self.claims.iter().filter(|&&(made, _)| !misread(made));
@@ -520,6 +552,61 @@ mod tests {
         );
         // Every claim is still there for a replay under another config to weigh.
         assert_eq!(pools.mem_pool_claims(), vec![(9, stand_in), (1, other)]);
+    }
+
+    #[test]
+    fn claims_made_at_a_release_read_beside_a_pools_segment_are_not_trusted() {
+        let mut pools = CapturePools::default();
+        // Two default segments released by a run (events 13 and 17) that a whole
+        // `empty_cache()` would have walked beside a segment made at event 31, which the
+        // replay held in the default pools: read as a destroyed pool's `emptyCache(pool)`.
+        for (made, base) in [(13, 0x1000_0000), (17, 0x2000_0000), (31, 0x3000_0000)] {
+            pools.segment_made(base, 20 * MIB, made, false);
+        }
+        let gone = pools.new_gone_mem_pool();
+        for made in [13, 17] {
+            pools.claim_made(made, gone, 38);
+            pools.released_read_beside(made, 31);
+        }
+        assert_eq!(
+            pools.mem_pool_claims_before(u64::MAX),
+            vec![(13, gone), (17, gone)]
+        );
+        // A later `oom` shows the segment of event 31 to be a live pool's: the run was the
+        // job's own call, and its releases were the default pools'.
+        let live = MemPoolId::new(0, 1);
+        pools.claim_made(31, live, 47);
+        assert_eq!(pools.mem_pool_claims_before(u64::MAX), vec![(31, live)]);
+        assert_eq!(
+            pools.mem_pool_claims(),
+            vec![(13, gone), (17, gone), (31, live)]
+        );
+        // Read in time too where the pass first differed at event 45 (the `oom`'s is the run
+        // that met that difference).
+        assert_eq!(pools.mem_pool_claims_before(45), vec![(31, live)]);
+    }
+
+    #[test]
+    fn a_release_read_after_the_difference_does_not_overturn_an_earlier_claim() {
+        let mut pools = CapturePools::default();
+        for (made, base) in [(1, 0x1000_0000), (7, 0x2000_0000), (17, 0x3000_0000)] {
+            pools.segment_made(base, 20 * MIB, made, false);
+        }
+        // A pool's malloc released the segment of event 17 (event 43), read beside the
+        // default segments of events 1 and 7; the pass first differed at event 41.
+        let pool = MemPoolId::new(0, 1);
+        pools.claim_made(17, pool, 43);
+        pools.released_read_beside(17, 1);
+        pools.released_read_beside(17, 7);
+        // A later run (event 54), read from the state that difference led astray, took the
+        // two default segments for the pool: it overturns nothing.
+        pools.claim_made(1, pool, 54);
+        pools.claim_made(7, pool, 54);
+        assert_eq!(
+            pools.mem_pool_claims_before(41),
+            vec![(17, pool), (1, pool), (7, pool)]
+        );
+        assert_eq!(pools.mem_pool_claims_read_in_time(41), vec![(17, pool)]);
     }
 
     #[test]

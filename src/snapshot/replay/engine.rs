@@ -1630,8 +1630,26 @@ impl Engine {
         } else {
             pool
         };
+        // The whole call's other segments, which the replay holds in the default pools: the
+        // reading rests on them (had one been a pool's, the call would read otherwise).
+        let default: HashSet<u64> = self
+            .allocator
+            .segment_pool_ids()
+            .filter(|&(_, owner)| owner.is_default())
+            .map(|(base, _)| base)
+            .collect();
+        let beside: Vec<u64> = self
+            .allocator
+            .empty_cache_outlook()
+            .into_iter()
+            .filter(|(base, _)| default.contains(base) && !run.freed_at.contains(base))
+            .filter_map(|(base, _)| self.made_at.get(&base).copied())
+            .collect();
         for made in run.released_made.iter().skip(by_empty_cache).flatten() {
             self.capture_pools.claim_made(*made, claimant, self.index);
+            for &held in &beside {
+                self.capture_pools.released_read_beside(*made, held);
+            }
         }
         Ok(())
     }
