@@ -278,6 +278,14 @@ impl PoolRoutes {
         self.segments.values().any(|&(_, of, _)| of == pool)
     }
 
+    /// Whether the file's end shows a segment of `pool` made after event `index`: the pool
+    /// was still in use then, so it had not gone away at `index`.
+    fn makes_memory_after(&self, pool: MemPoolId, index: u64) -> bool {
+        self.segments
+            .values()
+            .any(|&(_, of, made)| of == pool && made > index)
+    }
+
     /// The pool of an allocation at `addr` recorded at event `index`, if any.
     fn pool_of(&self, addr: u64, index: u64) -> Option<MemPoolId> {
         let (_, &(end, pool, made)) = self.segments.range(..=addr).next_back()?;
@@ -2073,14 +2081,14 @@ impl Engine {
         let stream = event.stream as u64;
         // In the pool first: a malloc asked in a private pool runs no `process_events`
         // (PyTorch's `captures_underway` is not empty), so nothing completes there.
-        self.enter_pool(pool, stream)?;
+        let entered = self.enter_pool(pool, stream)?;
         self.allocator
             .complete_finished_frees()
             .map_err(|error| format!("the allocator failed: {error}"))?;
         let outlook = self
             .allocator
             .malloc_outlook_if_completed(stream, size, completed);
-        self.leave_pool(pool)?;
+        self.leave_pool(entered)?;
         Ok(outlook)
     }
 
@@ -2093,11 +2101,11 @@ impl Engine {
         let stream = event.stream as u64;
         let pool = self.route(event);
         let allocations: Vec<Allocation> = run.leading.iter().map(|&(_, a)| a).collect();
-        self.enter_pool(pool, stream)?;
+        let entered = self.enter_pool(pool, stream)?;
         let outlook = self
             .allocator
             .malloc_outlook_if_completed(stream, size, &allocations);
-        self.leave_pool(pool)?;
+        self.leave_pool(entered)?;
         // A malloc recorded as an `oom` took its OOM path: served from the cache, by new
         // memory or after a collection, it would not have.
         let ran_out = event.action == Action::Oom;
@@ -2137,7 +2145,7 @@ impl Engine {
         if self.routes.is_empty() && self.capture_route.is_none() && self.stream_pools.is_empty() {
             return None;
         }
-        match event.action {
+        let routed = match event.action {
             Action::Alloc => self
                 .routes
                 .pool_of(event.addr as u64, self.index)
@@ -2150,14 +2158,24 @@ impl Engine {
             Action::Oom if self.oom_in_default => None,
             Action::Oom => self.stream_pools.get(&event.stream).copied(),
             _ => None,
-        }
+        };
+        // A pool the replay let go is not asked again (see `Engine::enter_pool`).
+        routed.filter(|&pool| self.allocator.pool_use_count(pool) != Some(0))
     }
 
     /// Makes `pool` (if any) serve `stream`, creating it with one lasting use the first time
-    /// (the replay never learns when a graph or `MemPool` went away).
-    fn enter_pool(&mut self, pool: Option<MemPoolId>, stream: StreamId) -> Result<(), String> {
-        let Some(pool) = pool else {
-            return Ok(());
+    /// (the replay never learns when a graph or `MemPool` went away); returns the pool entered,
+    /// for [`Engine::leave_pool`]. A pool the replay already let go (a reading of its releases
+    /// that the trace later belies) is not entered: the allocator refuses a released pool, so
+    /// the request goes to the default pools and the pass differs from there, never failing
+    /// the replay.
+    fn enter_pool(
+        &mut self,
+        pool: Option<MemPoolId>,
+        stream: StreamId,
+    ) -> Result<Option<MemPoolId>, String> {
+        let Some(pool) = pool.filter(|&pool| self.allocator.pool_use_count(pool) != Some(0)) else {
+            return Ok(None);
         };
         let fail = |error: AllocError| format!("the allocator failed: {error}");
         if self.pools.insert(pool) {
@@ -2165,7 +2183,8 @@ impl Engine {
         }
         self.allocator
             .begin_allocate_to_pool(pool, PoolFilter::Stream(stream))
-            .map_err(fail)
+            .map_err(fail)?;
+        Ok(Some(pool))
     }
 
     /// The segments the `MemPool`s this replay inferred claimed, by the index of the event
@@ -2208,6 +2227,11 @@ impl Engine {
     /// ([`Engine::enter_pool`]) goes, and no stream asks it again (an `oom` on the stream it
     /// served last).
     fn pool_went_away(&mut self, pool: MemPoolId) -> Result<(), String> {
+        // A reading that lets a pool go which the file's end shows making memory later is
+        // wrong (PyTorch never reuses a pool id): the pool stays.
+        if self.routes.makes_memory_after(pool, self.index) {
+            return Ok(());
+        }
         self.stream_pools.retain(|_, served| *served != pool);
         if self.pools.contains(&pool) {
             self.allocator
@@ -2281,12 +2305,12 @@ impl Engine {
                 self.stream_pools.remove(&event.stream);
             }
         }
-        self.enter_pool(pool, stream)?;
+        let entered = self.enter_pool(pool, stream)?;
         // The completions PyTorch's OOM path made here, in the order the trace shows.
         self.allocator.walk_streams_first(&self.run.after_release);
         let result = self.allocator.malloc_on(stream, size);
         self.allocator.walk_streams_first(&[]);
-        self.leave_pool(pool)?;
+        self.leave_pool(entered)?;
         self.after_malloc()?;
         if let Some(hints) = &self.hints {
             hints.clear();
@@ -2529,6 +2553,20 @@ fn never_allocated(action: &str, addr: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pool_the_end_shows_making_memory_later_had_not_gone_away() {
+        let mut routes = PoolRoutes::default();
+        let pool = MemPoolId::new(0, 1);
+        routes.add(0x1000, 0x1000, pool, 5);
+        routes.add(0x4000, 0x1000, pool, 45);
+        assert!(routes.makes_memory_after(pool, 40));
+        assert!(
+            !routes.makes_memory_after(pool, 45),
+            "made at that event, not after"
+        );
+        assert!(!routes.makes_memory_after(MemPoolId::new(0, 2), 0));
+    }
 
     #[test]
     fn routes_only_inside_a_segment_made_before() {
