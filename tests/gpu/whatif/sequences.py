@@ -83,13 +83,30 @@ def completions(events):
     """{allocation ordinal: (requests before its completion, whether a segment event or an OOM
     follows the completion before the next request, whether the `free_completed` followed its
     `free_requested` at once)} for every block whose free completed."""
+    return {block: facts[:3] for block, facts in completions_and_survivors(events).items()}
+
+
+def completions_and_survivors(events):
+    """completions(), each with a fourth fact: whether another free requested before it was
+    still pending once its run of completions ended. A synchronisation of the allocator (the OOM
+    path's `synchronize_and_free_events`, `empty_cache()`'s) completes every pending free in one
+    run; a completion that left another pending was the allocator finding that free's work done
+    (`process_events`), so GPU timing alone put it there."""
     ordinal_at = {}
     completed = {}
     ordinal = requests = 0
     open_blocks = []
+    pending = set()
+    in_run = []
     previous = None
     for event in events:
         action = event["action"]
+        if action != "free_completed" and in_run:
+            for block in in_run:
+                completed[block] = completed[block][:3] + (bool(pending),)
+            in_run = []
+        if action == "free_requested":
+            pending.add(event["addr"])
         if action in ("alloc", "free_requested"):
             open_blocks = []
             requests += 1
@@ -98,17 +115,21 @@ def completions(events):
                 ordinal += 1
         elif action in SEGMENT_ACTIONS:
             for block in open_blocks:
-                at, _, at_once = completed[block]
-                completed[block] = (at, True, at_once)
+                at, _, at_once, survived = completed[block]
+                completed[block] = (at, True, at_once, survived)
             open_blocks = []
         elif action == "free_completed":
             at_once = (previous is not None and previous["action"] == "free_requested"
                        and previous["addr"] == event["addr"])
+            pending.discard(event["addr"])
             block = ordinal_at.pop(event["addr"], None)
             if block is not None:
-                completed[block] = (requests, False, at_once)
+                completed[block] = (requests, False, at_once, False)
                 open_blocks.append(block)
+                in_run.append(block)
         previous = event
+    for block in in_run:
+        completed[block] = completed[block][:3] + (bool(pending),)
     return completed
 
 
@@ -136,6 +157,11 @@ def completed_otherwise(base_events, run_events, run_stats):
     an earlier one that no segment event or OOM follows before the next request. Either way the
     run's input differed from the base run's, which no replay of the base run can know.
 
+    An earlier completion that left another free pending was no synchronisation (one completes
+    them all); a run with more points of earlier completion than synchronisations had some that
+    were none, and so had one with more such points, none followed by a segment event or an
+    OOM, than `empty_cache()` calls (synchronisations less retries).
+
     A free deferred in one run may complete at once in the other (the work it waited for was
     already done at the next malloc): deferred on either side counts. A run ended by an
     uncaught OOM is given up to its `oom` event (whose path completed every pending free before
@@ -143,14 +169,32 @@ def completed_otherwise(base_events, run_events, run_stats):
     syncs = run_stats.get("num_sync_all_streams")
     retries = run_stats.get("num_alloc_retries")
     base = completions(base_events)
-    run = completions(run_events)
+    run = completions_and_survivors(run_events)
+    # Each synchronisation completes the pending frees in one run: more points of earlier
+    # completion than the run synchronised can only be the GPU's timing.
+    def deferred_somewhere(block):
+        return block in base and not (run[block][2] and base[block][2])
+
+    earlier_points = {facts[0] for block, facts in run.items()
+                      if deferred_somewhere(block) and facts[0] < base[block][0]}
+    too_many = syncs is not None and len(earlier_points) > syncs
+    # An OOM path's synchronisation is followed by its retry (a segment event or an `oom`):
+    # earlier completions with none after them were `empty_cache()` calls', of which the run
+    # made `syncs - retries`.
+    plain_points = {facts[0] for block, facts in run.items()
+                    if deferred_somewhere(block) and facts[0] < base[block][0] and not facts[1]}
+    too_many_plain = (syncs is not None and retries is not None
+                      and len(plain_points) > syncs - retries)
     for block in sorted(run):
         if block not in base or run[block][0] == base[block][0]:
             continue
-        at, then_segments, at_once = run[block]
+        at, then_segments, at_once, survived = run[block]
         if at_once and base[block][2]:
             continue
-        if at > base[block][0] or syncs == 0 or \
-                (syncs is not None and syncs == retries and not then_segments):
+        earlier = at < base[block][0]
+        # An earlier completion that left another free pending: no synchronisation.
+        unsynchronised = earlier and survived
+        if at > base[block][0] or syncs == 0 or unsynchronised or (earlier and too_many) or \
+                (earlier and not then_segments and too_many_plain):
             return block, base[block][0], at
     return None

@@ -199,6 +199,34 @@ class SequenceTest(unittest.TestCase):
         self.assertEqual(sequences.completed_otherwise(at_once, base, never), (0, 2, 4))
         self.assertIsNone(sequences.completed_otherwise(at_once, at_once, never))
 
+    def test_earlier_completions_no_synchronisation_can_make_are_the_gpus_timing(self):
+        # Blocks 0 and 1 (addresses 1 and 2) freed on a side stream, their completions deferred
+        # (C1, C2); X are other requests.
+        a1, f1 = event("alloc", 512, addr=1), event("free_requested", 512, addr=1)
+        a2, f2 = event("alloc", 512, addr=2), event("free_requested", 512, addr=2)
+        c1, c2 = event("free_completed", 512, addr=1), event("free_completed", 512, addr=2)
+        x = [event("alloc", 1024, addr=10 + n) for n in range(4)]
+        synced = {"num_sync_all_streams": 1, "num_alloc_retries": 0}
+        # Both complete together in the base run; in the run block 0 completes earlier while
+        # block 1 stays pending: a synchronisation completes every pending free, so this was the
+        # allocator finding block 0's work done.
+        base = [a1, f1, a2, f2, x[0], x[1], c1, c2, x[2], x[3]]
+        self.assertIsNone(sequences.completed_otherwise(
+            base, [a1, f1, a2, f2, x[0], c1, c2, x[1], x[2], x[3]], synced),
+            "both earlier, together: one synchronisation could have done it")
+        self.assertEqual(sequences.completed_otherwise(
+            base, [a1, f1, a2, f2, x[0], c1, x[1], c2, x[2], x[3]], synced), (0, 6, 5))
+        # Each completes earlier at a point of its own, leaving nothing pending: two points.
+        base = [a1, f1, x[0], x[1], c1, a2, f2, x[2], x[3], c2]
+        apart = [a1, f1, x[0], c1, x[1], a2, f2, x[2], c2, x[3]]
+        self.assertEqual(sequences.completed_otherwise(base, apart, synced), (0, 4, 3))
+        self.assertIsNone(sequences.completed_otherwise(
+            base, apart, {"num_sync_all_streams": 2, "num_alloc_retries": 0}))
+        # Two synchronisations, one an OOM path's (whose retry makes a segment or raises an
+        # OOM right after): one empty_cache() for two points with nothing after them.
+        self.assertEqual(sequences.completed_otherwise(
+            base, apart, {"num_sync_all_streams": 2, "num_alloc_retries": 1}), (0, 4, 3))
+
     def test_a_run_ended_by_an_oom_is_checked_for_timing_up_to_it(self):
         def run(completed_after, oom_after=None):
             events = [event("alloc", 512, addr=1), event("free_requested", 512, addr=1)]
