@@ -56,6 +56,11 @@ WHATIF_WORKLOADS += ["pool_retry"]
 # stream (record_stream), swapped for a fresh one while a free is deferred, and an evaluation
 # searching its batch inside a kept MemPool.
 WHATIF_WORKLOADS += ["pool_side"]
+# A tenth (results-wave10/), written after the ninth wave's fixes, not fitted: the default pools
+# under a serving process's three streams (record_stream both ways, a model swapped midway) and
+# a fine-tuning script's habits (accumulation, clipping, evaluation then empty_cache(), an
+# evaluation's OOM caught and retried at half the batch, a checkpoint cloned on the device).
+WHATIF_WORKLOADS += ["pipeline", "finetune"]
 
 # The batch-size search always runs under its own limit (the fraction it searches within).
 BS_SEARCH_LIMIT = 3 * GIB
