@@ -1640,18 +1640,11 @@ impl Engine {
         };
         // The whole call's other segments, which the replay holds in the default pools: the
         // reading rests on them (had one been a pool's, the call would read otherwise).
-        let default: HashSet<u64> = self
-            .allocator
-            .segment_pool_ids()
-            .filter(|&(_, owner)| owner.is_default())
-            .map(|(base, _)| base)
-            .collect();
         let beside: Vec<u64> = self
-            .allocator
-            .empty_cache_outlook()
+            .default_segments_a_whole_call_releases()
             .into_iter()
-            .filter(|(base, _)| default.contains(base) && !run.freed_at.contains(base))
-            .filter_map(|(base, _)| self.made_at.get(&base).copied())
+            .filter(|base| !run.freed_at.contains(base))
+            .filter_map(|base| self.made_at.get(&base).copied())
             .collect();
         for made in run.released_made.iter().skip(by_empty_cache).flatten() {
             self.capture_pools.claim_made(*made, claimant, self.index);
@@ -1736,6 +1729,23 @@ impl Engine {
         for index in made {
             self.capture_pools.claim_made(index, pool, self.index);
         }
+    }
+
+    /// The bases of the segments a whole `empty_cache()` would release now that the replay
+    /// holds in the default pools (not a freeable private pool's), in that call's order.
+    fn default_segments_a_whole_call_releases(&self) -> Vec<u64> {
+        let default: HashSet<u64> = self
+            .allocator
+            .segment_pool_ids()
+            .filter(|&(_, owner)| owner.is_default())
+            .map(|(base, _)| base)
+            .collect();
+        self.allocator
+            .empty_cache_outlook()
+            .into_iter()
+            .map(|(base, _)| base)
+            .filter(|base| default.contains(base))
+            .collect()
     }
 
     /// The recorded addresses of the segments a whole `empty_cache()` would release now, in
@@ -2023,19 +2033,7 @@ impl Engine {
         {
             return false;
         }
-        let default: HashSet<u64> = self
-            .allocator
-            .segment_pool_ids()
-            .filter(|&(_, owner)| owner.is_default())
-            .map(|(base, _)| base)
-            .collect();
-        let whole: Vec<u64> = self
-            .allocator
-            .empty_cache_outlook()
-            .into_iter()
-            .map(|(base, _)| base)
-            .filter(|base| default.contains(base))
-            .collect();
+        let whole = self.default_segments_a_whole_call_releases();
         if !self.run.freed_at.iter().all(|freed| whole.contains(freed)) {
             return false;
         }
