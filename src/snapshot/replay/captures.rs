@@ -508,6 +508,15 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    /// Pools that saw a 20 MiB `cudaMalloc` segment made at each (event, base) of `made`.
+    fn with_segments(made: &[(u64, u64)]) -> CapturePools {
+        let mut pools = CapturePools::default();
+        for &(index, base) in made {
+            pools.segment_made(base, 20 * MIB, index, false);
+        }
+        pools
+    }
+
     #[test]
     fn a_claim_read_beside_a_block_a_release_then_claimed_is_not_trusted() {
         let mut pools = CapturePools::default();
@@ -556,13 +565,10 @@ mod tests {
 
     #[test]
     fn claims_made_at_a_release_read_beside_a_pools_segment_are_not_trusted() {
-        let mut pools = CapturePools::default();
         // Two default segments released by a run (events 13 and 17) that a whole
         // `empty_cache()` would have walked beside a segment made at event 31, which the
         // replay held in the default pools: read as a destroyed pool's `emptyCache(pool)`.
-        for (made, base) in [(13, 0x1000_0000), (17, 0x2000_0000), (31, 0x3000_0000)] {
-            pools.segment_made(base, 20 * MIB, made, false);
-        }
+        let mut pools = with_segments(&[(13, 0x1000_0000), (17, 0x2000_0000), (31, 0x3000_0000)]);
         let gone = pools.new_gone_mem_pool();
         for made in [13, 17] {
             pools.claim_made(made, gone, 38);
@@ -588,10 +594,7 @@ mod tests {
 
     #[test]
     fn a_release_read_after_the_difference_does_not_overturn_an_earlier_claim() {
-        let mut pools = CapturePools::default();
-        for (made, base) in [(1, 0x1000_0000), (7, 0x2000_0000), (17, 0x3000_0000)] {
-            pools.segment_made(base, 20 * MIB, made, false);
-        }
+        let mut pools = with_segments(&[(1, 0x1000_0000), (7, 0x2000_0000), (17, 0x3000_0000)]);
         // A pool's malloc released the segment of event 17 (event 43), read beside the
         // default segments of events 1 and 7; the pass first differed at event 41.
         let pool = MemPoolId::new(0, 1);
@@ -611,10 +614,7 @@ mod tests {
 
     #[test]
     fn claims_read_at_releases_after_the_run_that_met_the_difference_are_not_in_time() {
-        let mut pools = CapturePools::default();
-        for (made, base) in [(1, 0x1000_0000), (3, 0x2000_0000), (5, 0x3000_0000)] {
-            pools.segment_made(base, 20 * MIB, made, false);
-        }
+        let mut pools = with_segments(&[(1, 0x1000_0000), (3, 0x2000_0000), (5, 0x3000_0000)]);
         let pool = pools.new_gone_mem_pool();
         // Released before the first difference (event 10), at the run that met it (event
         // 12), and at a later run (event 20).
