@@ -44,7 +44,9 @@ impl SegmentShape {
             blocks: segment
                 .blocks
                 .iter()
-                .map(|b| (b.size, b.state == BlockState::ActiveAllocated))
+                // Active: allocated, or freed and waiting for its streams
+                // (`active_pending_free`), as the recorded side reads its states.
+                .map(|b| (b.size, b.state != BlockState::Inactive))
                 .collect(),
         }
     }
@@ -229,10 +231,10 @@ mod tests {
             recorded(100, &[(4096, "active_allocated"), (8192, "inactive")]),
             recorded(900, &[(4096, "active_pending_free")]),
         ];
-        let same = [
-            replayed(100, &[(4096, true), (8192, false)]),
-            replayed(950, &[(4096, true)]),
-        ];
+        // A block freed and waiting for its streams is active on both sides.
+        let mut pending = replayed(950, &[(4096, true)]);
+        pending.blocks[0].state = BlockState::ActivePendingFree;
+        let same = [replayed(100, &[(4096, true), (8192, false)]), pending];
         let comparison = EndStateComparison::of(&file, &same);
         assert!(comparison.matches());
         assert_eq!((comparison.equal, comparison.same_address), (2, 1));
