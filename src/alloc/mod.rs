@@ -598,6 +598,35 @@ impl CachingAllocator {
         stream: StreamId,
         orig_size: u64,
     ) -> Result<Allocation, AllocError> {
+        self.malloc_rounded(stream, orig_size, None)
+    }
+
+    /// [`CachingAllocator::malloc_on`] for a block of exactly `size` bytes (a multiple of
+    /// 512) from `pool`: the config's `roundup_power2_divisions` is not applied to the
+    /// request, and the pool is not chosen by its size. A block a recording shows, free space
+    /// between blocks among them, may have a size no single request rounds to (with
+    /// `roundup_power2_divisions:4`, 5.5 MiB: requests round to 5 or 6 MiB), or be a large-pool
+    /// block of 1 MiB or less (an expandable segment's, next to unmapped pages); rebuilding
+    /// such a recorded layout block by block needs pieces of exactly that size and pool.
+    /// Everything else (best fit, splitting, new memory, the OOM path) is `malloc_on`'s.
+    pub fn malloc_unrounded_on(
+        &mut self,
+        stream: StreamId,
+        size: u64,
+        pool: Pool,
+    ) -> Result<Allocation, AllocError> {
+        self.malloc_rounded(stream, size, Some(pool))
+    }
+
+    /// `malloc_on`, with the request rounded by the config and served from the pool its size
+    /// picks (`exact: None`), or rounded only to [`MIN_BLOCK_SIZE`] and served from the pool
+    /// given.
+    fn malloc_rounded(
+        &mut self,
+        stream: StreamId,
+        orig_size: u64,
+        exact: Option<Pool>,
+    ) -> Result<Allocation, AllocError> {
         if orig_size == 0 {
             return Ok(Allocation::NULL);
         }
@@ -614,8 +643,13 @@ impl CachingAllocator {
         if !self.capture_underway() {
             self.process_events()?;
         }
-        let size = self.round_size(orig_size);
-        let pool = Self::pool_for(size);
+        let (size, pool) = match exact {
+            None => {
+                let size = self.round_size(orig_size);
+                (size, Self::pool_for(size))
+            }
+            Some(pool) => (orig_size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE, pool),
+        };
         let mut request = Request {
             stream,
             size,

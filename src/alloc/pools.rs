@@ -481,7 +481,7 @@ impl CachingAllocator {
     }
 
     /// The owner index of the live pool `id`.
-    fn pool_owner(&self, id: MemPoolId) -> Result<PoolOwner, AllocError> {
+    pub(super) fn pool_owner(&self, id: MemPoolId) -> Result<PoolOwner, AllocError> {
         self.pools
             .owner(id)
             .ok_or_else(|| AllocError::Pool(format!("Could not find pool of id {id}")))

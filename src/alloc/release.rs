@@ -166,11 +166,46 @@ impl CachingAllocator {
         &mut self,
         ranges: &[(u64, u64)],
     ) -> Result<bool, AllocError> {
+        let Some(ids) = self.free_blocks_of_pages(ranges, DEFAULT_OWNER) else {
+            return Ok(false);
+        };
+        self.begin_one_pools_empty_cache();
+        self.unmap_blocks(ids)?;
+        Ok(true)
+    }
+
+    /// Unmaps exactly the page ranges `ranges` (address, bytes), each the whole pages of one
+    /// free mapped block of the private pool `id`'s expandable segments, releasing a segment
+    /// left with nothing mapped; no `empty_cache()` is counted. Returns whether every range
+    /// was such a block's; if not, nothing is changed. This puts a recorded layout back (a
+    /// replay rebuilding a trace's start state maps the unmapped pages between a pool's
+    /// mapped ranges while it carves them, then gives them back), which the pool's own
+    /// `emptyCache` cannot do while the pool is in use.
+    pub fn unmap_free_pages_of_pool(
+        &mut self,
+        id: MemPoolId,
+        ranges: &[(u64, u64)],
+    ) -> Result<bool, AllocError> {
+        let owner = self.pool_owner(id)?;
+        let Some(ids) = self.free_blocks_of_pages(ranges, owner) else {
+            return Ok(false);
+        };
+        self.unmap_blocks(ids)?;
+        Ok(true)
+    }
+
+    /// The free mapped expandable blocks of `owner` whose whole pages are exactly `ranges`,
+    /// one each; `None` if a range is no such block's.
+    fn free_blocks_of_pages(
+        &self,
+        ranges: &[(u64, u64)],
+        owner: PoolOwner,
+    ) -> Option<Vec<BlockId>> {
         let mut ids = Vec::with_capacity(ranges.len());
         for &(address, bytes) in ranges {
             let found = self.blocks.iter().find(|(_, block)| {
                 block.is_expandable()
-                    && block.owner == DEFAULT_OWNER
+                    && block.owner == owner
                     && !block.allocated
                     && block.mapped
                     && self.expandable.get(block.segment).is_some_and(|segment| {
@@ -182,10 +217,15 @@ impl CachingAllocator {
             });
             match found {
                 Some((id, _)) if !ids.contains(&id) => ids.push(id),
-                _ => return Ok(false),
+                _ => return None,
             }
         }
-        self.begin_one_pools_empty_cache();
+        Some(ids)
+    }
+
+    /// Unmaps the whole pages of each free block of `ids`, releasing a segment left with
+    /// nothing mapped.
+    fn unmap_blocks(&mut self, ids: Vec<BlockId>) -> Result<(), AllocError> {
         for id in ids {
             self.unmap_block(id)?;
             let block = self.blocks.at(id);
@@ -193,7 +233,7 @@ impl CachingAllocator {
                 self.release_expandable_segment(id)?;
             }
         }
-        Ok(true)
+        Ok(())
     }
 
     /// PyTorch's `release_cached_blocks(mempool_id)`. For the default id with no private pool

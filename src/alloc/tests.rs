@@ -696,3 +696,30 @@ fn a_segment_only_observer_is_told_every_segment_event() {
     assert!(told.contains(&EventKind::Alloc), "{told:?}");
     assert_eq!(every.borrow().events().len(), told.len());
 }
+
+/// `malloc_unrounded_on` hands out exactly the bytes asked (to 512) from the pool named:
+/// under `roundup_power2_divisions:4` a request of 5.5 MiB rounds to 6 MiB, and one of 1 MiB
+/// goes to the small pool; asked unrounded from the large pool, they are 5.5 MiB and 1 MiB
+/// blocks of a large segment. Everything else is malloc's: the same segment, split as usual.
+#[test]
+fn an_unrounded_request_is_served_at_its_size_from_the_pool_named() {
+    const MIB: u64 = 1 << 20;
+    let mut rounded = allocator("roundup_power2_divisions:4");
+    let block = rounded.malloc(5 * MIB + MIB / 2).expect("rounded");
+    assert_eq!(block.size, 6 * MIB);
+    let mut exact = allocator("roundup_power2_divisions:4");
+    let first = exact
+        .malloc_unrounded_on(0, 5 * MIB + MIB / 2, Pool::Large)
+        .expect("5.5 MiB");
+    assert_eq!(first.size, 5 * MIB + MIB / 2);
+    let second = exact
+        .malloc_unrounded_on(0, MIB, Pool::Large)
+        .expect("1 MiB");
+    assert_eq!(second.size, MIB);
+    assert_eq!(second.ptr.addr(), first.ptr.addr() + first.size);
+    assert_eq!(get(&exact, "segment.large_pool.current"), 1);
+    assert_eq!(get(&exact, "segment.small_pool.current"), 0);
+    exact.free(second).expect("freed");
+    exact.free(first).expect("freed");
+    assert_eq!(get(&exact, "allocated_bytes.all.current"), 0);
+}
