@@ -612,6 +612,8 @@ impl Engine {
             }
         }
         self.skipped.extend(seeded.failed.iter().copied());
+        // Private pools the start state's segments belong to, created with their lasting use.
+        self.pools.extend(seeded.pools.iter().copied());
         self.started_mid_run = true;
         self.log.borrow_mut().0.clear();
         self.allocator.reset_accumulated_stats();

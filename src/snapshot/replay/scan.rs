@@ -18,6 +18,7 @@ use super::ranges::Ranges;
 use super::sequence::DeviceCall;
 use crate::snapshot::model::Action;
 use crate::snapshot::pickle::{Emitted, Entry, Trace};
+use std::collections::BTreeMap;
 
 /// A block the trace frees without having allocated it: live when the trace starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +84,10 @@ pub struct Scan {
     first_freed: AddressSet,
     /// Blocks freed before the trace allocated them.
     pub first_frees: Vec<FirstFree>,
+    /// The number of the first `alloc` at each address the trace allocated (at most
+    /// [`MAX_KEPT_CALLS`] addresses; later new ones are not kept): where a block boundary
+    /// lay while blocks live at the trace's start were still held ([`Scan::first_alloc_from`]).
+    first_allocs: BTreeMap<u64, u64>,
     /// `cudaMalloc` segments the trace made and has not freed.
     segments: AddressMap<u64>,
     /// The number of the last `segment_alloc` at each address (for the private pools' routes,
@@ -145,6 +150,15 @@ impl Scan {
         }
     }
 
+    /// The lowest address in `from..to` the trace allocated before event `before`, if any
+    /// (as far as [`Scan::first_allocs`] kept them).
+    pub fn first_alloc_from(&self, from: u64, to: u64, before: u64) -> Option<u64> {
+        self.first_allocs
+            .range(from..to)
+            .find(|&(_, &index)| index < before)
+            .map(|(&addr, _)| addr)
+    }
+
     /// Whether `emitted` belongs to the trace replayed (pinned host memory's never does);
     /// counts another device's events.
     pub fn replays(&mut self, emitted: &Emitted) -> bool {
@@ -185,11 +199,16 @@ impl Scan {
         let size = event.size.max(0) as u64;
         let stream = event.stream as u64;
         match event.action {
-            Action::Alloc => match self.blocks.insert(addr, Held::Allocated) {
-                Some(Held::Allocated) => self.double_allocs += 1,
-                Some(Held::Requested) => self.allocs_after_request += 1,
-                None => {}
-            },
+            Action::Alloc => {
+                if self.first_allocs.len() < MAX_KEPT_CALLS {
+                    self.first_allocs.entry(addr).or_insert(index);
+                }
+                match self.blocks.insert(addr, Held::Allocated) {
+                    Some(Held::Allocated) => self.double_allocs += 1,
+                    Some(Held::Requested) => self.allocs_after_request += 1,
+                    None => {}
+                }
+            }
             Action::FreeRequested | Action::FreeCompleted => {
                 let requested_only = event.action == Action::FreeRequested;
                 let before = if requested_only {

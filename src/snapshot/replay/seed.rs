@@ -21,7 +21,9 @@ use serde::Serialize;
 
 use super::device::Hints;
 use super::start::{StartSegment, StartState};
-use crate::alloc::{AllocError, Allocation, CachingAllocator, Pool, SMALL_SIZE};
+use crate::alloc::{
+    AllocError, Allocation, CachingAllocator, MemPoolId, Pool, PoolFilter, SMALL_SIZE,
+};
 
 /// A block of the start state as the replay holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +67,9 @@ pub struct Seeded {
     mismatches: u64,
     /// Whether the blocks were allocated without the recorded layout.
     compact: bool,
+    /// The private pools seeding created, each with one lasting use (as a replay's
+    /// `Engine::enter_pool` gives a pool the first time it serves a request).
+    pub pools: Vec<MemPoolId>,
 }
 
 impl Seeded {
@@ -107,7 +112,40 @@ struct Group<'a> {
     stream: u64,
     pool: Pool,
     expandable: bool,
+    /// The private pool its segments belong to, where they are carved (the default id for
+    /// the default pools).
+    owner: MemPoolId,
     segments: Vec<&'a StartSegment>,
+}
+
+/// Runs `carve` with the allocator's mallocs on `stream` routed to the private pool `owner`
+/// (nothing to do for the default id), as a capture or `use_mem_pool` routes them: the pool
+/// is created the first time with one lasting use, and recorded in `seeded.pools` (also when
+/// an earlier attempt, given back, created it).
+fn in_pool<T>(
+    allocator: &mut CachingAllocator,
+    owner: MemPoolId,
+    stream: u64,
+    seeded: &mut Seeded,
+    carve: impl FnOnce(&mut CachingAllocator, &mut Seeded) -> Result<T, String>,
+) -> Result<T, String> {
+    if owner.is_default() {
+        return carve(allocator, seeded);
+    }
+    let pool_error = |error: AllocError| format!("the private pool {owner}: {error}");
+    if allocator.pool_use_count(owner).is_none() {
+        allocator.create_pool(owner).map_err(pool_error)?;
+    }
+    if !seeded.pools.contains(&owner) {
+        seeded.pools.push(owner);
+    }
+    allocator
+        .begin_allocate_to_pool(owner, PoolFilter::Stream(stream))
+        .map_err(pool_error)?;
+    let carved = carve(allocator, seeded);
+    allocator.end_allocate_to_pool(owner).map_err(pool_error)?;
+    allocator.release_pool(owner).map_err(pool_error)?;
+    carved
 }
 
 /// Seeds `allocator` (fresh) with `start`. `hints` (when the replay places segments where
@@ -119,23 +157,66 @@ pub fn seed(
 ) -> Result<Seeded, String> {
     let expandable = allocator.config().expandable_segments;
     let same_kind = start.segments.iter().all(|s| s.expandable == expandable);
-    let mut seeded = if same_kind {
-        match carve(allocator, start, hints)? {
-            Some(seeded) => seeded,
-            None => {
-                allocator
-                    .empty_cache()
-                    .map_err(|error| format!("empty_cache failed: {error}"))?;
-                compact(allocator, start)?
-            }
-        }
+    let carved = if same_kind {
+        carve_beyond_the_cap(allocator, start, hints)?
     } else {
-        compact(allocator, start)?
+        None
+    };
+    let mut seeded = match carved {
+        Some(seeded) => seeded,
+        None => compact(allocator, start)?,
     };
     seeded.live.sort_by_key(|block| block.addr);
     allocator.reset_accumulated_stats();
     allocator.reset_peak_stats();
     Ok(seeded)
+}
+
+/// The recorded layout carved with the memory fraction's cap lifted, then held to it: `None`
+/// (the allocator emptied) when the device ran out of memory while carving, or when what was
+/// carved holds more than the cap allows.
+///
+/// The start state is memory the recorded process held, so under the recording's own fraction
+/// it fits the cap; but carving maps, for a moment, more than it keeps (the unmapped pages
+/// between an expandable segment's mapped ranges are mapped and released again), and that
+/// must not fail a self-replay near its limit. Under a smaller what-if fraction the carved
+/// state may hold more than allowed: the live blocks are then allocated again under the cap
+/// ([`compact`]), and those that do not fit fail as the job's own allocations would.
+fn carve_beyond_the_cap(
+    allocator: &mut CachingAllocator,
+    start: &StartState,
+    hints: Option<&Hints>,
+) -> Result<Option<Seeded>, String> {
+    let cap = allocator.allowed_memory_maximum();
+    let fraction = (allocator.config().per_process_memory_fraction)
+        .unwrap_or_else(|| allocator.memory_fraction());
+    let fraction_error = |error: AllocError| format!("the memory fraction: {error}");
+    if cap.is_some() {
+        allocator.set_memory_fraction(1.0).map_err(fraction_error)?;
+    }
+    let carved = carve(allocator, start, hints);
+    if cap.is_some() {
+        // The cap the allocator was made with (`CachingAllocator::new` sets it from the
+        // config's fraction the same way), so it is restored to the byte.
+        allocator
+            .set_memory_fraction(fraction)
+            .map_err(fraction_error)?;
+    }
+    let carved = match carved? {
+        Some(seeded) if cap.is_some_and(|cap| allocator.total_allocated_memory() > cap) => {
+            for block in seeded.live {
+                allocator.free(block.allocation).map_err(alloc_error)?;
+            }
+            None
+        }
+        carved => carved,
+    };
+    if carved.is_none() {
+        allocator
+            .empty_cache()
+            .map_err(|error| format!("empty_cache failed: {error}"))?;
+    }
+    Ok(carved)
 }
 
 fn alloc_error(error: AllocError) -> String {
@@ -149,18 +230,27 @@ fn compact(allocator: &mut CachingAllocator, start: &StartState) -> Result<Seede
         ..Seeded::default()
     };
     for segment in &start.segments {
-        for block in &segment.blocks {
-            match allocator.malloc_on(segment.stream, block.requested) {
-                Ok(allocation) => seeded.live.push(SeededBlock {
-                    addr: block.addr,
-                    allocation,
-                    requested: block.requested,
-                    free_requested: block.free_requested,
-                }),
-                Err(AllocError::OutOfMemory(_)) => seeded.failed.push(block.addr),
-                Err(other) => return Err(alloc_error(other)),
-            }
-        }
+        in_pool(
+            allocator,
+            segment.owner,
+            segment.stream,
+            &mut seeded,
+            |allocator, seeded| {
+                for block in &segment.blocks {
+                    match allocator.malloc_on(segment.stream, block.requested) {
+                        Ok(allocation) => seeded.live.push(SeededBlock {
+                            addr: block.addr,
+                            allocation,
+                            requested: block.requested,
+                            free_requested: block.free_requested,
+                        }),
+                        Err(AllocError::OutOfMemory(_)) => seeded.failed.push(block.addr),
+                        Err(other) => return Err(alloc_error(other)),
+                    }
+                }
+                Ok(())
+            },
+        )?;
     }
     Ok(seeded)
 }
@@ -174,10 +264,17 @@ fn carve(
 ) -> Result<Option<Seeded>, String> {
     let mut seeded = Seeded::default();
     let mut gaps: Vec<Allocation> = Vec::new();
-    let mut holes: Vec<Allocation> = Vec::new();
+    let mut holes: Vec<(Allocation, MemPoolId)> = Vec::new();
     for group in groups(start) {
-        let outcome = carve_group(allocator, &group, hints, &mut seeded)?;
+        let outcome = in_pool(
+            allocator,
+            group.owner,
+            group.stream,
+            &mut seeded,
+            |allocator, seeded| carve_group(allocator, &group, hints, seeded),
+        )?;
         let Some(carved) = outcome else {
+            let holes = holes.into_iter().map(|(allocation, _)| allocation);
             for allocation in gaps.into_iter().chain(holes) {
                 allocator.free(allocation).map_err(alloc_error)?;
             }
@@ -188,18 +285,40 @@ fn carve(
         };
         for (allocation, role) in carved {
             match role {
-                Role::Hole => holes.push(allocation),
+                Role::Hole => holes.push((allocation, group.owner)),
                 Role::Gap | Role::Block(..) => gaps.push(allocation),
             }
         }
     }
-    if !holes.is_empty() {
-        for allocation in holes {
-            allocator.free(allocation).map_err(alloc_error)?;
+    // The unmapped pages between an expandable segment's mapped ranges, mapped to carve
+    // them, go again: the default pools' with empty_cache(), a private pool's (which its
+    // empty_cache() keeps while the pool is in use) page range by page range.
+    let mut default_holes = false;
+    let mut pool_holes: Vec<(MemPoolId, Vec<(u64, u64)>)> = Vec::new();
+    for (allocation, owner) in holes {
+        allocator.free(allocation).map_err(alloc_error)?;
+        if owner.is_default() {
+            default_holes = true;
+            continue;
         }
+        let range = (allocation.ptr.addr(), allocation.size);
+        match pool_holes.iter_mut().find(|(pool, _)| *pool == owner) {
+            Some((_, ranges)) => ranges.push(range),
+            None => pool_holes.push((owner, vec![range])),
+        }
+    }
+    if default_holes {
         allocator
             .empty_cache()
             .map_err(|error| format!("empty_cache failed: {error}"))?;
+    }
+    for (owner, ranges) in pool_holes {
+        if !allocator
+            .unmap_free_pages_of_pool(owner, &ranges)
+            .map_err(|error| format!("unmapping pool {owner}'s pages failed: {error}"))?
+        {
+            seeded.mismatches += 1;
+        }
     }
     for allocation in gaps {
         allocator.free(allocation).map_err(alloc_error)?;
@@ -213,10 +332,12 @@ fn groups(start: &StartState) -> Vec<Group<'_>> {
     let mut groups: Vec<Group<'_>> = Vec::new();
     for segment in &start.segments {
         if segment.expandable {
-            if let Some(group) = groups
-                .iter_mut()
-                .find(|g| g.expandable && g.stream == segment.stream && g.pool == segment.pool)
-            {
+            if let Some(group) = groups.iter_mut().find(|g| {
+                g.expandable
+                    && g.stream == segment.stream
+                    && g.pool == segment.pool
+                    && g.owner == segment.owner
+            }) {
                 group.segments.push(segment);
                 continue;
             }
@@ -225,6 +346,7 @@ fn groups(start: &StartState) -> Vec<Group<'_>> {
             stream: segment.stream,
             pool: segment.pool,
             expandable: segment.expandable,
+            owner: segment.owner,
             segments: vec![segment],
         });
     }
@@ -377,7 +499,7 @@ fn carve_group(
         allocator.free(made).map_err(alloc_error)?;
     }
     for piece in pieces(group) {
-        let allocation = match allocator.malloc_on(stream, piece.len) {
+        let allocation = match allocator.malloc_unrounded_on(stream, piece.len, group.pool) {
             Ok(allocation) => allocation,
             Err(AllocError::OutOfMemory(_)) => return give_back(allocator, carved),
             Err(other) => return Err(alloc_error(other)),
@@ -458,6 +580,7 @@ mod tests {
                     stream: 0,
                     pool: Pool::Small,
                     expandable,
+                    owner: MemPoolId::default(),
                     blocks: vec![block(base + 1536, 512, 300)],
                 }],
             };
@@ -473,6 +596,242 @@ mod tests {
         }
     }
 
+    /// Each segment's blocks as (offset, size, allocated).
+    fn layout_of(allocator: &CachingAllocator) -> Vec<SegmentLayout> {
+        allocator
+            .segment_snapshots()
+            .iter()
+            .map(|segment| {
+                (
+                    segment.address,
+                    segment
+                        .blocks
+                        .iter()
+                        .map(|b| {
+                            (
+                                b.address - segment.address,
+                                b.size,
+                                b.state == BlockState::ActiveAllocated,
+                            )
+                        })
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
+    fn allocator_with(conf: &str, total: u64) -> (CachingAllocator, Hints) {
+        let hints = Hints::default();
+        let device = super::super::device::ReplayDevice::new(SimDevice::new(total), hints.clone());
+        let conf = AllocConf::parse(conf).expect("config");
+        let allocator = CachingAllocator::new(Box::new(device), conf).expect("allocator");
+        (allocator, hints)
+    }
+
+    /// Under `roundup_power2_divisions:4` no request rounds to 5.5 MiB (requests between 4
+    /// and 8 MiB round to whole MiB), yet a recorded segment's free space between two blocks
+    /// may be that wide: the pieces are carved at their exact sizes, and the blocks still
+    /// carry their own requests.
+    #[test]
+    fn free_space_no_request_rounds_to_is_carved_under_power2_divisions() {
+        let base = 0x7f00_0000_0000;
+        let start = StartState {
+            segments: vec![StartSegment {
+                addr: base,
+                size: 20 * MIB,
+                stream: 0,
+                pool: Pool::Large,
+                expandable: false,
+                owner: MemPoolId::default(),
+                blocks: vec![
+                    block(base, 3 * MIB, 3 * MIB - 100),
+                    block(base + 8 * MIB + MIB / 2, 4 * MIB, 4 * MIB),
+                ],
+            }],
+        };
+        let (mut allocator, hints) = allocator_with("roundup_power2_divisions:4", 1 << 34);
+        let seeded = seed(&mut allocator, &start, Some(&hints)).expect("seeds");
+        assert_eq!(seeded.layout(), Layout::Exact);
+        assert_eq!(
+            layout_of(&allocator),
+            [(
+                base,
+                vec![
+                    (0, 3 * MIB, true),
+                    (3 * MIB, 5 * MIB + MIB / 2, false),
+                    (8 * MIB + MIB / 2, 4 * MIB, true),
+                    (12 * MIB + MIB / 2, 7 * MIB + MIB / 2, false),
+                ]
+            )]
+        );
+        assert_eq!(
+            allocator.stats().requested_bytes.all.current,
+            (7 * MIB - 100) as i64
+        );
+    }
+
+    /// An expandable segment's start state: two mapped ranges with unmapped pages between.
+    /// Carving maps those pages for a moment, beyond a memory fraction the recorded process
+    /// stayed within; the start state is still carved as recorded. Under a smaller fraction
+    /// (a what-if) it holds more than allowed, and its blocks are allocated again under the
+    /// cap instead, those that do not fit failing.
+    #[test]
+    fn a_start_state_at_the_fractions_cap_is_carved_as_recorded() {
+        let total: u64 = 1 << 34;
+        let start = |base: u64| StartState {
+            segments: [0, 40 * MIB]
+                .into_iter()
+                .map(|offset| StartSegment {
+                    addr: base + offset,
+                    size: 20 * MIB,
+                    stream: 0,
+                    pool: Pool::Large,
+                    expandable: true,
+                    owner: MemPoolId::default(),
+                    blocks: vec![block(base + offset, 16 * MIB, 16 * MIB)],
+                })
+                .collect(),
+        };
+        let fraction = |cap: u64| format!("{}", cap as f64 / total as f64);
+        let (mut allocator, hints) = allocator_with(
+            &format!(
+                "expandable_segments:True,per_process_memory_fraction:{}",
+                fraction(41 * MIB)
+            ),
+            total,
+        );
+        let cap = allocator.allowed_memory_maximum();
+        let base = 0x7f00_0000_0000;
+        let seeded = seed(&mut allocator, &start(base), Some(&hints)).expect("seeds");
+        assert_eq!(seeded.layout(), Layout::Exact);
+        assert!(seeded.failed.is_empty());
+        assert_eq!(allocator.total_allocated_memory(), 40 * MIB);
+        assert_eq!(
+            allocator.allowed_memory_maximum(),
+            cap,
+            "the cap is restored"
+        );
+
+        let (mut allocator, hints) = allocator_with(
+            &format!(
+                "expandable_segments:True,per_process_memory_fraction:{}",
+                fraction(30 * MIB)
+            ),
+            total,
+        );
+        let seeded = seed(&mut allocator, &start(base), Some(&hints)).expect("seeds");
+        assert_eq!(seeded.layout(), Layout::Compact);
+        assert_eq!(seeded.failed.len(), 1);
+        assert!(allocator.total_allocated_memory() <= 30 * MIB);
+    }
+
+    /// Next to unmapped pages (of 20 MiB in the large pool) an expandable segment may hold a
+    /// free block of 1 MiB or less, which a request of its size would take from the small pool: it is
+    /// carved from the large pool all the same.
+    #[test]
+    fn a_large_pool_piece_of_one_mib_is_carved_from_the_large_pool() {
+        let base = 0x7f00_0000_0000;
+        let start = StartState {
+            segments: vec![
+                StartSegment {
+                    addr: base,
+                    size: 20 * MIB,
+                    stream: 0,
+                    pool: Pool::Large,
+                    expandable: true,
+                    owner: MemPoolId::default(),
+                    blocks: vec![block(base, 16 * MIB, 16 * MIB)],
+                },
+                StartSegment {
+                    addr: base + 40 * MIB,
+                    size: 20 * MIB,
+                    stream: 0,
+                    pool: Pool::Large,
+                    expandable: true,
+                    owner: MemPoolId::default(),
+                    blocks: vec![block(base + 41 * MIB, 16 * MIB, 16 * MIB)],
+                },
+            ],
+        };
+        let (mut allocator, hints) = allocator_with("expandable_segments:True", 1 << 34);
+        let seeded = seed(&mut allocator, &start, Some(&hints)).expect("seeds");
+        assert_eq!(seeded.layout(), Layout::Exact);
+        let offsets: Vec<Vec<(u64, u64, bool)>> = layout_of(&allocator)
+            .into_iter()
+            .map(|(_, blocks)| blocks)
+            .collect();
+        assert_eq!(
+            offsets,
+            [
+                vec![(0, 16 * MIB, true), (16 * MIB, 4 * MIB, false)],
+                vec![
+                    (0, MIB, false),
+                    (MIB, 16 * MIB, true),
+                    (17 * MIB, 3 * MIB, false)
+                ],
+            ]
+        );
+        assert_eq!(allocator.stats().reserved_bytes.small.current, 0);
+    }
+
+    /// Segments of private pools at the trace's start (a CUDA graph's, and a `MemPool`'s two:
+    /// `cudaMalloc` segments, or with expandable segments two mapped ranges with unmapped
+    /// pages between) are carved in their pools, each created with one lasting use; the
+    /// pages between the ranges are unmapped again although the pool is in use.
+    #[test]
+    fn private_pools_segments_are_carved_in_their_pools() {
+        let base = 0x7f00_0000_0000;
+        let graph = MemPoolId::new(1, 0);
+        let mem_pool = MemPoolId::new(0, 1);
+        let segment = |addr: u64, expandable: bool, owner: MemPoolId| StartSegment {
+            addr,
+            size: 20 * MIB,
+            stream: 0,
+            pool: Pool::Large,
+            expandable,
+            owner,
+            blocks: vec![block(addr + 2 * MIB, 8 * MIB, 8 * MIB)],
+        };
+        for expandable in [false, true] {
+            let start = StartState {
+                segments: vec![
+                    segment(base, expandable, graph),
+                    segment(base + 64 * MIB, expandable, mem_pool),
+                    segment(base + 104 * MIB, expandable, mem_pool),
+                ],
+            };
+            let conf = if expandable {
+                "expandable_segments:True"
+            } else {
+                ""
+            };
+            let (mut allocator, hints) = allocator_with(conf, 1 << 34);
+            let seeded = seed(&mut allocator, &start, Some(&hints)).expect("seeds");
+            assert_eq!(seeded.layout(), Layout::Exact, "expandable {expandable}");
+            assert_eq!(seeded.pools, [graph, mem_pool]);
+            assert_eq!(allocator.pool_use_count(graph), Some(1));
+            assert_eq!(allocator.pool_use_count(mem_pool), Some(1));
+            let owners: Vec<(u64, MemPoolId)> = allocator
+                .segment_snapshots()
+                .iter()
+                .map(|segment| (segment.total_size, segment.segment_pool_id))
+                .collect();
+            assert_eq!(
+                owners,
+                [
+                    (20 * MIB, graph),
+                    (20 * MIB, mem_pool),
+                    (20 * MIB, mem_pool)
+                ],
+                "expandable {expandable}"
+            );
+            assert_eq!(
+                allocator.stats().reserved_bytes.all.current,
+                (60 * MIB) as i64
+            );
+        }
+    }
+
     #[test]
     fn a_start_state_is_carved_as_recorded() {
         let base = 0x7f00_0000_0000;
@@ -484,6 +843,7 @@ mod tests {
                     stream: 0,
                     pool: Pool::Large,
                     expandable: false,
+                    owner: MemPoolId::default(),
                     blocks: vec![
                         block(base + 2 * MIB, 3 * MIB, 3 * MIB - 100),
                         block(base + 12 * MIB, 8 * MIB, 8 * MIB),
@@ -495,6 +855,7 @@ mod tests {
                     stream: 0,
                     pool: Pool::Small,
                     expandable: false,
+                    owner: MemPoolId::default(),
                     blocks: vec![block(base + 64 * MIB + 1536, 512, 300)],
                 },
             ],

@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use super::ranges::Ranges;
 use super::scan::Scan;
-use crate::alloc::{CachingAllocator, Pool, SMALL_BUFFER, SMALL_SIZE};
+use crate::alloc::{CachingAllocator, MemPoolId, Pool, SMALL_BUFFER, SMALL_SIZE};
 use crate::snapshot::model::Segment;
 
 /// A block live at the trace's first event.
@@ -46,6 +46,10 @@ pub struct StartSegment {
     pub pool: Pool,
     /// Whether it is a mapped range of an expandable segment.
     pub expandable: bool,
+    /// The private pool it belongs to (a CUDA graph's or a `MemPool`'s, the file's
+    /// `segment_pool_id`); the default id for the default pools, and for a segment the trace
+    /// releases (its pool is not recorded).
+    pub owner: MemPoolId,
     /// Its live blocks, lowest address first; the rest of it is free.
     pub blocks: Vec<StartBlock>,
 }
@@ -114,6 +118,12 @@ impl fmt::Display for StartError {
 /// Whether a segment's blocks are named active by its `state`.
 fn is_active(state: &str) -> bool {
     state.starts_with("active")
+}
+
+/// The private pool a file's segment belongs to (the default id for the default pools).
+fn owner_of(segment: &Segment) -> MemPoolId {
+    let (first, second) = segment.segment_pool_id;
+    MemPoolId::new(first.max(0) as u64, second.max(0) as u64)
 }
 
 fn pool_of(segment_type: &str) -> Pool {
@@ -189,7 +199,7 @@ pub fn rebuild(
     let last_event = scan.last;
     for segment in &mut held {
         segment.blocks.sort_by_key(|block| block.addr);
-        settle_sizes(segment, oversize, last_event)?;
+        settle_sizes(segment, oversize, last_event, scan)?;
     }
     Ok(StartState { segments: held })
 }
@@ -197,10 +207,17 @@ pub fn rebuild(
 /// Checks that a segment's blocks do not overlap and gives each block the trace freed the
 /// free space after it that the allocator could not have split off. An overlap is reported at
 /// the event that frees the block, or at `last_event` for a block live at the end.
+///
+/// That free space ends at the next block live at the start or, closer, at the first address
+/// the trace allocated after the block's end while the block was still held: an allocation
+/// starts a free block, so the bytes between the two belonged to no free block of their own
+/// (in a `cudaMalloc` segment of the large pool every block is larger than 1 MiB, since
+/// PyTorch splits off only remainders larger than that): they were the block's tail.
 fn settle_sizes(
     segment: &mut StartSegment,
     max_split_size: u64,
     last_event: u64,
+    scan: &Scan,
 ) -> Result<(), StartError> {
     let end = segment.addr + segment.size;
     for i in 0..segment.blocks.len() {
@@ -225,8 +242,18 @@ fn settle_sizes(
         if block.freed_at.is_none() || segment.expandable || segment.pool == Pool::Small {
             continue;
         }
-        let gap = next_start - block_end;
-        if gap > 0 && (gap <= SMALL_SIZE || block.size >= max_split_size) {
+        let oversize = block.size >= max_split_size;
+        let reach = if oversize {
+            next_start
+        } else {
+            next_start.min(block_end.saturating_add(SMALL_SIZE + 1))
+        };
+        let boundary = block
+            .freed_at
+            .and_then(|freed_at| scan.first_alloc_from(block_end, reach, freed_at))
+            .unwrap_or(next_start);
+        let gap = boundary - block_end;
+        if gap > 0 && (gap <= SMALL_SIZE || oversize) {
             block.size += gap;
         }
     }
@@ -245,6 +272,7 @@ fn held_segments(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
                 stream: segment.stream as u64,
                 pool: pool_of(&segment.segment_type),
                 expandable: false,
+                owner: owner_of(segment),
                 blocks: Vec::new(),
             });
         }
@@ -260,6 +288,7 @@ fn held_segments(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
                 Pool::Large
             },
             expandable: false,
+            owner: MemPoolId::default(),
             blocks: Vec::new(),
         });
     }
@@ -268,43 +297,60 @@ fn held_segments(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
     held
 }
 
+/// Mapped pages of an expandable segment at the trace's start, as one piece of a run.
+struct MappedPiece {
+    start: u64,
+    end: u64,
+    stream: u64,
+    /// Its pool and owner, from the end state; `None` for pages the trace unmaps, whose pool
+    /// is not recorded.
+    known: Option<(Pool, MemPoolId)>,
+}
+
 /// Expandable segments' pages mapped when the trace starts, as contiguous runs: the pages it
 /// unmaps before mapping them, and the end state's mapped pages it never touched.
 fn mapped_ranges(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
-    // (start, end, stream, pool) of each piece; the pool of a piece the trace unmaps is
-    // not recorded: a range of whole 20 MiB pages is taken as the large pool's.
-    let mut pieces: Vec<(u64, u64, u64, Option<Pool>)> = Vec::new();
+    let mut pieces: Vec<MappedPiece> = Vec::new();
     for segment in segments.iter().filter(|s| s.is_expandable) {
         let start = segment.address as u64;
         let end = start.saturating_add(segment.total_size.max(0) as u64);
         for (gap_start, gap_end) in scan.touched_pages.gaps(start, end) {
-            pieces.push((
-                gap_start,
-                gap_end,
-                segment.stream as u64,
-                Some(pool_of(&segment.segment_type)),
-            ));
+            pieces.push(MappedPiece {
+                start: gap_start,
+                end: gap_end,
+                stream: segment.stream as u64,
+                known: Some((pool_of(&segment.segment_type), owner_of(segment))),
+            });
         }
     }
     for unmap in &scan.first_unmaps {
-        pieces.push((unmap.addr, unmap.addr + unmap.size, unmap.stream, None));
+        pieces.push(MappedPiece {
+            start: unmap.addr,
+            end: unmap.addr + unmap.size,
+            stream: unmap.stream,
+            known: None,
+        });
     }
     let mut runs = Ranges::default();
-    for &(start, end, _, _) in &pieces {
-        runs.insert(start, end);
+    for piece in &pieces {
+        runs.insert(piece.start, piece.end);
     }
     runs.iter()
         .map(|(start, end)| {
-            let inside = pieces.iter().filter(|p| p.0 >= start && p.1 <= end);
-            let known = inside.clone().find_map(|p| p.3.map(|pool| (p.2, pool)));
-            let (stream, pool) = known.unwrap_or_else(|| {
-                let stream = inside.clone().next().map_or(0, |p| p.2);
+            let inside = pieces.iter().filter(|p| p.start >= start && p.end <= end);
+            let known = inside
+                .clone()
+                .find_map(|p| p.known.map(|(pool, owner)| (p.stream, pool, owner)));
+            // A run of pages only the trace unmaps: whole 20 MiB pages are taken as the large
+            // pool's, of the default pools.
+            let (stream, pool, owner) = known.unwrap_or_else(|| {
+                let stream = inside.clone().next().map_or(0, |p| p.stream);
                 let pool = if (end - start) % crate::alloc::LARGE_BUFFER == 0 {
                     Pool::Large
                 } else {
                     Pool::Small
                 };
-                (stream, pool)
+                (stream, pool, MemPoolId::default())
             });
             StartSegment {
                 addr: start,
@@ -312,6 +358,7 @@ fn mapped_ranges(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
                 stream,
                 pool,
                 expandable: true,
+                owner,
                 blocks: Vec::new(),
             }
         })
@@ -417,6 +464,55 @@ mod tests {
             (1, 2, 1)
         );
         assert_eq!(figures.reserved_bytes, 20 << 20);
+    }
+
+    /// A block live at the start (3 MiB asked for) with free space after it to the segment's
+    /// end, the whole segment free at the end. While the block is held, the trace allocates
+    /// 0.5 MiB past its rounded end: that allocation began a free block, so the half MiB
+    /// before it was no block of its own (a large-pool block is larger than 1 MiB) but the
+    /// held block's unsplit tail. An allocation there only after the block's free, or more
+    /// than 1 MiB past its end, says nothing of its tail.
+    #[test]
+    fn a_tail_is_read_from_where_the_trace_allocates_while_the_block_is_held() {
+        let end = [segment(BASE, &[(BASE, 20 * MIB, "inactive")])];
+        let size_of_first = |events: &[(Action, i64, i64)]| {
+            let start = rebuild(&scan(events), &end, &allocator()).expect("one start state");
+            start.segments[0].blocks.first().expect("a block").size
+        };
+        let tail = BASE + 3 * MIB + MIB / 2;
+        assert_eq!(
+            size_of_first(&[
+                (Action::Alloc, tail, 4 * MIB),
+                (Action::FreeRequested, tail, 4 * MIB),
+                (Action::FreeCompleted, tail, 4 * MIB),
+                (Action::FreeRequested, BASE, 3 * MIB),
+                (Action::FreeCompleted, BASE, 3 * MIB),
+            ]),
+            (3 * MIB + MIB / 2) as u64
+        );
+        assert_eq!(
+            size_of_first(&[
+                (Action::FreeRequested, BASE, 3 * MIB),
+                (Action::FreeCompleted, BASE, 3 * MIB),
+                (Action::Alloc, tail, 4 * MIB),
+                (Action::FreeRequested, tail, 4 * MIB),
+                (Action::FreeCompleted, tail, 4 * MIB),
+            ]),
+            (3 * MIB) as u64,
+            "allocated there after the block's free"
+        );
+        let far = BASE + 5 * MIB;
+        assert_eq!(
+            size_of_first(&[
+                (Action::Alloc, far, 4 * MIB),
+                (Action::FreeRequested, far, 4 * MIB),
+                (Action::FreeCompleted, far, 4 * MIB),
+                (Action::FreeRequested, BASE, 3 * MIB),
+                (Action::FreeCompleted, BASE, 3 * MIB),
+            ]),
+            (3 * MIB) as u64,
+            "2 MiB past its end"
+        );
     }
 
     #[test]
