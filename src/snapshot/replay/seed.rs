@@ -596,6 +596,24 @@ mod tests {
         }
     }
 
+    /// A 20 MiB segment of the large pool on stream 0.
+    fn large_segment(
+        addr: u64,
+        expandable: bool,
+        owner: MemPoolId,
+        blocks: Vec<StartBlock>,
+    ) -> StartSegment {
+        StartSegment {
+            addr,
+            size: 20 * MIB,
+            stream: 0,
+            pool: Pool::Large,
+            expandable,
+            owner,
+            blocks,
+        }
+    }
+
     /// Each segment's blocks as (offset, size, allocated).
     fn layout_of(allocator: &CachingAllocator) -> Vec<SegmentLayout> {
         allocator
@@ -636,18 +654,15 @@ mod tests {
     fn free_space_no_request_rounds_to_is_carved_under_power2_divisions() {
         let base = 0x7f00_0000_0000;
         let start = StartState {
-            segments: vec![StartSegment {
-                addr: base,
-                size: 20 * MIB,
-                stream: 0,
-                pool: Pool::Large,
-                expandable: false,
-                owner: MemPoolId::default(),
-                blocks: vec![
+            segments: vec![large_segment(
+                base,
+                false,
+                MemPoolId::default(),
+                vec![
                     block(base, 3 * MIB, 3 * MIB - 100),
                     block(base + 8 * MIB + MIB / 2, 4 * MIB, 4 * MIB),
                 ],
-            }],
+            )],
         };
         let (mut allocator, hints) = allocator_with("roundup_power2_divisions:4", 1 << 34);
         let seeded = seed(&mut allocator, &start, Some(&hints)).expect("seeds");
@@ -681,14 +696,13 @@ mod tests {
         let start = |base: u64| StartState {
             segments: [0, 40 * MIB]
                 .into_iter()
-                .map(|offset| StartSegment {
-                    addr: base + offset,
-                    size: 20 * MIB,
-                    stream: 0,
-                    pool: Pool::Large,
-                    expandable: true,
-                    owner: MemPoolId::default(),
-                    blocks: vec![block(base + offset, 16 * MIB, 16 * MIB)],
+                .map(|offset| {
+                    large_segment(
+                        base + offset,
+                        true,
+                        MemPoolId::default(),
+                        vec![block(base + offset, 16 * MIB, 16 * MIB)],
+                    )
                 })
                 .collect(),
         };
@@ -726,31 +740,25 @@ mod tests {
     }
 
     /// Next to unmapped pages (of 20 MiB in the large pool) an expandable segment may hold a
-    /// free block of 1 MiB or less, which a request of its size would take from the small pool: it is
-    /// carved from the large pool all the same.
+    /// free block of 1 MiB or less, which a request of its size would take from the small
+    /// pool: it is carved from the large pool all the same.
     #[test]
     fn a_large_pool_piece_of_one_mib_is_carved_from_the_large_pool() {
         let base = 0x7f00_0000_0000;
         let start = StartState {
             segments: vec![
-                StartSegment {
-                    addr: base,
-                    size: 20 * MIB,
-                    stream: 0,
-                    pool: Pool::Large,
-                    expandable: true,
-                    owner: MemPoolId::default(),
-                    blocks: vec![block(base, 16 * MIB, 16 * MIB)],
-                },
-                StartSegment {
-                    addr: base + 40 * MIB,
-                    size: 20 * MIB,
-                    stream: 0,
-                    pool: Pool::Large,
-                    expandable: true,
-                    owner: MemPoolId::default(),
-                    blocks: vec![block(base + 41 * MIB, 16 * MIB, 16 * MIB)],
-                },
+                large_segment(
+                    base,
+                    true,
+                    MemPoolId::default(),
+                    vec![block(base, 16 * MIB, 16 * MIB)],
+                ),
+                large_segment(
+                    base + 40 * MIB,
+                    true,
+                    MemPoolId::default(),
+                    vec![block(base + 41 * MIB, 16 * MIB, 16 * MIB)],
+                ),
             ],
         };
         let (mut allocator, hints) = allocator_with("expandable_segments:True", 1 << 34);
@@ -837,18 +845,15 @@ mod tests {
         let base = 0x7f00_0000_0000;
         let start = StartState {
             segments: vec![
-                StartSegment {
-                    addr: base,
-                    size: 20 * MIB,
-                    stream: 0,
-                    pool: Pool::Large,
-                    expandable: false,
-                    owner: MemPoolId::default(),
-                    blocks: vec![
+                large_segment(
+                    base,
+                    false,
+                    MemPoolId::default(),
+                    vec![
                         block(base + 2 * MIB, 3 * MIB, 3 * MIB - 100),
                         block(base + 12 * MIB, 8 * MIB, 8 * MIB),
                     ],
-                },
+                ),
                 StartSegment {
                     addr: base + 64 * MIB,
                     size: 2 * MIB,
@@ -860,34 +865,11 @@ mod tests {
                 },
             ],
         };
-        let hints = Hints::default();
-        let device =
-            super::super::device::ReplayDevice::new(SimDevice::new(1 << 34), hints.clone());
-        let mut allocator =
-            CachingAllocator::new(Box::new(device), AllocConf::default()).expect("allocator");
+        let (mut allocator, hints) = allocator_with("", 1 << 34);
         let seeded = seed(&mut allocator, &start, Some(&hints)).expect("seeds");
         assert_eq!(seeded.layout(), Layout::Exact);
         assert_eq!(seeded.live.len(), 3);
-        let layout: Vec<SegmentLayout> = allocator
-            .segment_snapshots()
-            .iter()
-            .map(|segment| {
-                (
-                    segment.address,
-                    segment
-                        .blocks
-                        .iter()
-                        .map(|b| {
-                            (
-                                b.address - segment.address,
-                                b.size,
-                                b.state == BlockState::ActiveAllocated,
-                            )
-                        })
-                        .collect(),
-                )
-            })
-            .collect();
+        let layout = layout_of(&allocator);
         assert_eq!(
             layout,
             [

@@ -479,37 +479,36 @@ mod tests {
             let start = rebuild(&scan(events), &end, &allocator()).expect("one start state");
             start.segments[0].blocks.first().expect("a block").size
         };
-        let tail = BASE + 3 * MIB + MIB / 2;
-        assert_eq!(
-            size_of_first(&[
-                (Action::Alloc, tail, 4 * MIB),
-                (Action::FreeRequested, tail, 4 * MIB),
-                (Action::FreeCompleted, tail, 4 * MIB),
+        // A 4 MiB block allocated and freed at `at`, and the held block's free, in that order
+        // or the other.
+        let events = |at: i64, held_freed_first: bool| {
+            let other = [
+                (Action::Alloc, at, 4 * MIB),
+                (Action::FreeRequested, at, 4 * MIB),
+                (Action::FreeCompleted, at, 4 * MIB),
+            ];
+            let held = [
                 (Action::FreeRequested, BASE, 3 * MIB),
                 (Action::FreeCompleted, BASE, 3 * MIB),
-            ]),
+            ];
+            if held_freed_first {
+                [&held[..], &other[..]].concat()
+            } else {
+                [&other[..], &held[..]].concat()
+            }
+        };
+        let tail = BASE + 3 * MIB + MIB / 2;
+        assert_eq!(
+            size_of_first(&events(tail, false)),
             (3 * MIB + MIB / 2) as u64
         );
         assert_eq!(
-            size_of_first(&[
-                (Action::FreeRequested, BASE, 3 * MIB),
-                (Action::FreeCompleted, BASE, 3 * MIB),
-                (Action::Alloc, tail, 4 * MIB),
-                (Action::FreeRequested, tail, 4 * MIB),
-                (Action::FreeCompleted, tail, 4 * MIB),
-            ]),
+            size_of_first(&events(tail, true)),
             (3 * MIB) as u64,
             "allocated there after the block's free"
         );
-        let far = BASE + 5 * MIB;
         assert_eq!(
-            size_of_first(&[
-                (Action::Alloc, far, 4 * MIB),
-                (Action::FreeRequested, far, 4 * MIB),
-                (Action::FreeCompleted, far, 4 * MIB),
-                (Action::FreeRequested, BASE, 3 * MIB),
-                (Action::FreeCompleted, BASE, 3 * MIB),
-            ]),
+            size_of_first(&events(BASE + 5 * MIB, false)),
             (3 * MIB) as u64,
             "2 MiB past its end"
         );

@@ -764,20 +764,10 @@ class CompareTest(unittest.TestCase):
         One is known: finetune.pow2div4.frac.ring05's inactive_split_bytes peak is an estimate
         (each block the window frees before allocating may have had up to 1 MiB more), and it
         lies 2 MiB above the whole run's."""
-        out = os.path.join(self.tmp, "rings")
-        with contextlib.redirect_stdout(io.StringIO()):
-            ringcut.main([os.path.join(HERE, "results-wave10"), out,
-                          "--only", r"^(pipeline\.|finetune\.pow2div4)",
-                          "--unpack-to", os.path.join(self.tmp, "wave10")])
-        printed = io.StringIO()
-        out_json = os.path.join(self.tmp, "rings.json")
-        with contextlib.redirect_stdout(printed):
-            compare.main([out, "--gpumem", GPUMEM, "--jobs", "2", "--json", out_json])
-        with open(out_json) as f:
-            rows = json.load(f)["self_replay"]
-        self.assertEqual(len(rows), 54, printed.getvalue())
+        rows, text = self.wrapped_self_replays("results-wave10", r"^(pipeline\.|finetune\.pow2div4)")
+        self.assertEqual(len(rows), 54, text)
         wrong = {r["run"]: r["details"] for r in rows if r["verdict"] != "exact in the window"}
-        self.assertEqual(sorted(wrong), ["finetune.pow2div4.frac.ring05"], printed.getvalue())
+        self.assertEqual(sorted(wrong), ["finetune.pow2div4.frac.ring05"], text)
         self.assertRegex(wrong["finetune.pow2div4.frac.ring05"][0],
                          r"^2 counters differ: inactive_split_bytes\.all\.peak .*"
                          r"inactive_split_bytes\.large_pool\.peak")
@@ -791,21 +781,26 @@ class CompareTest(unittest.TestCase):
         mem_pools.expandable: the pages stayed mapped, or the state fell back to blocks in
         address order), and a large-pool expandable gap of 1 MiB (bs_search.expandable: it
         went to the small pool). Every copy replays exactly in its window."""
+        rows, text = self.wrapped_self_replays(
+            "results", r"^(compiled\.default|compiled\.expandable|mem_pools\.expandable"
+                       r"|bs_search\.expandable)$")
+        self.assertEqual(len(rows), 12, text)
+        self.assertEqual([r["run"] for r in rows if r["verdict"] != "exact in the window"], [],
+                         text)
+
+    def wrapped_self_replays(self, results, only):
+        """The self-replay rows (and compare.py's output) of ringcut.py's copies of the runs
+        of `results` (a folder here) that `only` matches."""
         out = os.path.join(self.tmp, "rings")
         with contextlib.redirect_stdout(io.StringIO()):
-            ringcut.main([os.path.join(HERE, "results"), out, "--only",
-                          r"^(compiled\.default|compiled\.expandable|mem_pools\.expandable"
-                          r"|bs_search\.expandable)$",
-                          "--unpack-to", os.path.join(self.tmp, "results")])
+            ringcut.main([os.path.join(HERE, results), out, "--only", only,
+                          "--unpack-to", os.path.join(self.tmp, results)])
         printed = io.StringIO()
         out_json = os.path.join(self.tmp, "rings.json")
         with contextlib.redirect_stdout(printed):
             compare.main([out, "--gpumem", GPUMEM, "--jobs", "2", "--json", out_json])
         with open(out_json) as f:
-            rows = json.load(f)["self_replay"]
-        self.assertEqual(len(rows), 12, printed.getvalue())
-        self.assertEqual([r["run"] for r in rows if r["verdict"] != "exact in the window"], [],
-                         printed.getvalue())
+            return json.load(f)["self_replay"], printed.getvalue()
 
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
     def test_the_resnet_pairs_recorded_again_on_an_h100(self):
