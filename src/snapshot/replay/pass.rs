@@ -202,10 +202,16 @@ impl Pass {
         recording: &Recording,
     ) -> Result<Plan, ReplayError> {
         if !plan.start.is_empty() {
+            let held = if recording.is_recorded_conf_but_fraction(&self.conf) {
+                seed::HeldBy::TheRecordedRun
+            } else {
+                seed::HeldBy::AnotherConfig
+            };
             let seeded = seed::seed(
                 self.engine.allocator_mut(),
                 &plan.start,
                 self.hints.as_ref(),
+                held,
             )
             .map_err(ReplayError::Allocator)?;
             self.engine

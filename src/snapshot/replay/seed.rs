@@ -148,17 +148,30 @@ fn in_pool<T>(
     carved
 }
 
+/// Who held a start state: what the replay may take for granted of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeldBy {
+    /// The recorded run, replayed under its own config (a memory fraction given taken as the
+    /// one it ran under): PyTorch held that memory, whatever the cap says (a fraction set
+    /// after the job had reserved more, or memory the cap does not count).
+    TheRecordedRun,
+    /// A run under another config, a what-if: the state must fit its cap, or the job would
+    /// not have reached it.
+    AnotherConfig,
+}
+
 /// Seeds `allocator` (fresh) with `start`. `hints` (when the replay places segments where
 /// they were recorded) receives each `cudaMalloc` segment's address.
 pub fn seed(
     allocator: &mut CachingAllocator,
     start: &StartState,
     hints: Option<&Hints>,
+    held: HeldBy,
 ) -> Result<Seeded, String> {
     let expandable = allocator.config().expandable_segments;
     let same_kind = start.segments.iter().all(|s| s.expandable == expandable);
     let carved = if same_kind {
-        carve_beyond_the_cap(allocator, start, hints)?
+        carve_beyond_the_cap(allocator, start, hints, held)?
     } else {
         None
     };
@@ -174,7 +187,7 @@ pub fn seed(
 
 /// The recorded layout carved with the memory fraction's cap lifted, then held to it: `None`
 /// (the allocator emptied) when the device ran out of memory while carving, or when what was
-/// carved holds more than the cap allows.
+/// carved holds more than the cap allows under another config than the recorded run's.
 ///
 /// The start state is memory the recorded process held, so under the recording's own fraction
 /// it fits the cap; but carving maps, for a moment, more than it keeps (the unmapped pages
@@ -186,6 +199,7 @@ fn carve_beyond_the_cap(
     allocator: &mut CachingAllocator,
     start: &StartState,
     hints: Option<&Hints>,
+    held: HeldBy,
 ) -> Result<Option<Seeded>, String> {
     let cap = allocator.allowed_memory_maximum();
     let fraction = (allocator.config().per_process_memory_fraction)
@@ -203,7 +217,10 @@ fn carve_beyond_the_cap(
             .map_err(fraction_error)?;
     }
     let carved = match carved? {
-        Some(seeded) if cap.is_some_and(|cap| allocator.total_allocated_memory() > cap) => {
+        Some(seeded)
+            if held == HeldBy::AnotherConfig
+                && cap.is_some_and(|cap| allocator.total_allocated_memory() > cap) =>
+        {
             for block in seeded.live {
                 allocator.free(block.allocation).map_err(alloc_error)?;
             }
@@ -590,7 +607,7 @@ mod tests {
             };
             let mut allocator =
                 CachingAllocator::new(Box::new(SimDevice::new(1 << 34)), conf).expect("allocator");
-            let seeded = seed(&mut allocator, &start, None).expect("seeds");
+            let seeded = seed(&mut allocator, &start, None, HeldBy::AnotherConfig).expect("seeds");
             assert!(seeded.compact);
             assert_eq!(seeded.live.len(), 1);
         }
@@ -665,7 +682,8 @@ mod tests {
             )],
         };
         let (mut allocator, hints) = allocator_with("roundup_power2_divisions:4", 1 << 34);
-        let seeded = seed(&mut allocator, &start, Some(&hints)).expect("seeds");
+        let seeded =
+            seed(&mut allocator, &start, Some(&hints), HeldBy::AnotherConfig).expect("seeds");
         assert_eq!(seeded.layout(), Layout::Exact);
         assert_eq!(
             layout_of(&allocator),
@@ -689,7 +707,7 @@ mod tests {
     /// Carving maps those pages for a moment, beyond a memory fraction the recorded process
     /// stayed within; the start state is still carved as recorded. Under a smaller fraction
     /// (a what-if) it holds more than allowed, and its blocks are allocated again under the
-    /// cap instead, those that do not fit failing.
+    /// cap instead, those that do not fit failing; the recorded run's own state is kept.
     #[test]
     fn a_start_state_at_the_fractions_cap_is_carved_as_recorded() {
         let total: u64 = 1 << 34;
@@ -716,7 +734,13 @@ mod tests {
         );
         let cap = allocator.allowed_memory_maximum();
         let base = 0x7f00_0000_0000;
-        let seeded = seed(&mut allocator, &start(base), Some(&hints)).expect("seeds");
+        let seeded = seed(
+            &mut allocator,
+            &start(base),
+            Some(&hints),
+            HeldBy::AnotherConfig,
+        )
+        .expect("seeds");
         assert_eq!(seeded.layout(), Layout::Exact);
         assert!(seeded.failed.is_empty());
         assert_eq!(allocator.total_allocated_memory(), 40 * MIB);
@@ -733,10 +757,35 @@ mod tests {
             ),
             total,
         );
-        let seeded = seed(&mut allocator, &start(base), Some(&hints)).expect("seeds");
+        let seeded = seed(
+            &mut allocator,
+            &start(base),
+            Some(&hints),
+            HeldBy::AnotherConfig,
+        )
+        .expect("seeds");
         assert_eq!(seeded.layout(), Layout::Compact);
         assert_eq!(seeded.failed.len(), 1);
         assert!(allocator.total_allocated_memory() <= 30 * MIB);
+
+        // The recorded run itself held it (its fraction set after it had reserved more, or
+        // memory its cap does not count): kept as carved.
+        let (mut allocator, hints) = allocator_with(
+            &format!(
+                "expandable_segments:True,per_process_memory_fraction:{}",
+                fraction(30 * MIB)
+            ),
+            total,
+        );
+        let seeded = seed(
+            &mut allocator,
+            &start(base),
+            Some(&hints),
+            HeldBy::TheRecordedRun,
+        )
+        .expect("seeds");
+        assert_eq!(seeded.layout(), Layout::Exact);
+        assert_eq!(allocator.total_allocated_memory(), 40 * MIB);
     }
 
     /// Next to unmapped pages (of 20 MiB in the large pool) an expandable segment may hold a
@@ -762,7 +811,8 @@ mod tests {
             ],
         };
         let (mut allocator, hints) = allocator_with("expandable_segments:True", 1 << 34);
-        let seeded = seed(&mut allocator, &start, Some(&hints)).expect("seeds");
+        let seeded =
+            seed(&mut allocator, &start, Some(&hints), HeldBy::AnotherConfig).expect("seeds");
         assert_eq!(seeded.layout(), Layout::Exact);
         let offsets: Vec<Vec<(u64, u64, bool)>> = layout_of(&allocator)
             .into_iter()
@@ -814,7 +864,8 @@ mod tests {
                 ""
             };
             let (mut allocator, hints) = allocator_with(conf, 1 << 34);
-            let seeded = seed(&mut allocator, &start, Some(&hints)).expect("seeds");
+            let seeded =
+                seed(&mut allocator, &start, Some(&hints), HeldBy::AnotherConfig).expect("seeds");
             assert_eq!(seeded.layout(), Layout::Exact, "expandable {expandable}");
             assert_eq!(seeded.pools, [graph, mem_pool]);
             assert_eq!(allocator.pool_use_count(graph), Some(1));
@@ -866,7 +917,8 @@ mod tests {
             ],
         };
         let (mut allocator, hints) = allocator_with("", 1 << 34);
-        let seeded = seed(&mut allocator, &start, Some(&hints)).expect("seeds");
+        let seeded =
+            seed(&mut allocator, &start, Some(&hints), HeldBy::AnotherConfig).expect("seeds");
         assert_eq!(seeded.layout(), Layout::Exact);
         assert_eq!(seeded.live.len(), 3);
         let layout = layout_of(&allocator);
