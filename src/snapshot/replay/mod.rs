@@ -70,6 +70,7 @@ use pass::Pass;
 pub use recording::Recording;
 pub use report::{
     CapacitySource, ConfSource, DeviceTrace, Fragmentation, HostMemory, ReplayReport, StartReport,
+    StatScope,
 };
 use scan::Scan;
 

@@ -20,7 +20,7 @@
 use serde::Serialize;
 
 use super::device::Hints;
-use super::start::{StartSegment, StartState};
+use super::start::{StartBlock, StartSegment, StartState};
 use crate::alloc::{
     AllocError, Allocation, CachingAllocator, MemPoolId, Pool, PoolFilter, SMALL_SIZE,
 };
@@ -466,6 +466,59 @@ fn creating_request(allocator: &CachingAllocator, segment: &StartSegment) -> u64
     }
 }
 
+/// The live block of a `cudaMalloc` segment that spans it whole and whose request makes a
+/// segment of its size: PyTorch's `alloc_block` hands a new segment to the request that made
+/// it, the remainder it could not split off left in the block (1 MiB or less, or any
+/// remainder of an oversize block, which is never split). Such a segment is made the same way:
+/// carved and asked for again, its block's request could not take it back from the cache when
+/// it is smaller than `max_split_size_mb` and the block is not.
+fn made_for_its_block<'a>(
+    allocator: &CachingAllocator,
+    segment: &'a StartSegment,
+) -> Option<&'a StartBlock> {
+    let [block] = segment.blocks.as_slice() else {
+        return None;
+    };
+    (block.addr == segment.addr
+        && block.size == segment.size
+        && allocator.allocation_size(allocator.round_size(block.requested)) == segment.size)
+        .then_some(block)
+}
+
+/// Makes `segment` with its one block's request, at the recorded address (through `hints`);
+/// `false` when the device ran out of memory.
+fn make_for_its_block(
+    allocator: &mut CachingAllocator,
+    segment: &StartSegment,
+    block: &StartBlock,
+    hints: Option<&Hints>,
+    seeded: &mut Seeded,
+) -> Result<bool, String> {
+    if let Some(hints) = hints {
+        hints.clear();
+        hints.push(segment.addr, segment.size);
+    }
+    let made = allocator.malloc_on(segment.stream, block.requested);
+    if let Some(hints) = hints {
+        hints.clear();
+    }
+    let allocation = match made {
+        Ok(allocation) => allocation,
+        Err(AllocError::OutOfMemory(_)) => return Ok(false),
+        Err(other) => return Err(alloc_error(other)),
+    };
+    if allocation.size != segment.size {
+        seeded.mismatches += 1;
+    }
+    seeded.live.push(SeededBlock {
+        addr: block.addr,
+        allocation,
+        requested: block.requested,
+        free_requested: block.free_requested,
+    });
+    Ok(true)
+}
+
 /// Carves one group; `None` when the device ran out of memory (what it carved is given back).
 fn carve_group(
     allocator: &mut CachingAllocator,
@@ -487,15 +540,41 @@ fn carve_group(
         }
         Ok::<_, String>(None)
     };
+    let pieces = pieces(group);
     let mut base = None;
+    // Whether the segment is made by its first piece's request (below).
+    let mut made_by_first_piece = None;
     if !group.expandable {
         let Some(segment) = group.segments.first() else {
             return Ok(Some(carved));
         };
+        if let Some(block) = made_for_its_block(allocator, segment) {
+            return make_for_its_block(allocator, segment, block, hints, seeded)
+                .map(|made| made.then_some(carved));
+        }
         if let Some(hints) = hints {
             hints.clear();
             hints.push(segment.addr, segment.size);
         }
+        // A cached segment of at least max_split_size_mb serves no smaller request
+        // (get_free_block keeps oversize blocks for oversize requests), so its pieces cannot
+        // be carved from it once made and freed. When its first piece is smaller, the
+        // segment is made by that piece's request, as PyTorch made it for the request whose
+        // block it split; the next pieces come from the remainder.
+        let max_split_size = allocator.config().max_split_size;
+        if segment.size >= max_split_size
+            && pieces.first().is_some_and(|first| {
+                first.len < max_split_size && allocator.allocation_size(first.len) == segment.size
+            })
+        {
+            made_by_first_piece = Some(segment.size);
+        }
+    }
+    if let (false, None, Some(segment)) = (
+        group.expandable,
+        made_by_first_piece,
+        group.segments.first(),
+    ) {
         let made = allocator.malloc_on(stream, creating_request(allocator, segment));
         if let Some(hints) = hints {
             hints.clear();
@@ -515,8 +594,23 @@ fn carve_group(
         base = Some(made.ptr.addr());
         allocator.free(made).map_err(alloc_error)?;
     }
-    for piece in pieces(group) {
-        let allocation = match allocator.malloc_unrounded_on(stream, piece.len, group.pool) {
+    for piece in pieces {
+        let made = allocator.malloc_unrounded_on(stream, piece.len, group.pool);
+        if let Some(segment_size) = made_by_first_piece.take() {
+            if let Some(hints) = hints {
+                hints.clear();
+            }
+            let made_size = made.as_ref().ok().and_then(|allocation| {
+                allocator
+                    .segments()
+                    .find(|&(addr, _, _)| addr == allocation.ptr.addr())
+                    .map(|(_, size, _)| size)
+            });
+            if made.is_ok() && made_size != Some(segment_size) {
+                seeded.mismatches += 1;
+            }
+        }
+        let allocation = match made {
             Ok(allocation) => allocation,
             Err(AllocError::OutOfMemory(_)) => return give_back(allocator, carved),
             Err(other) => return Err(alloc_error(other)),
@@ -566,7 +660,6 @@ mod tests {
     use super::*;
     use crate::alloc::{AllocConf, BlockState};
     use crate::device::sim::SimDevice;
-    use crate::snapshot::replay::start::StartBlock;
 
     const MIB: u64 = 1 << 20;
 
