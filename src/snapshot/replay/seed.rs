@@ -494,18 +494,11 @@ fn make_for_its_block(
     hints: Option<&Hints>,
     seeded: &mut Seeded,
 ) -> Result<bool, String> {
-    if let Some(hints) = hints {
-        hints.clear();
-        hints.push(segment.addr, segment.size);
-    }
-    let made = allocator.malloc_on(segment.stream, block.requested);
-    if let Some(hints) = hints {
-        hints.clear();
-    }
-    let allocation = match made {
-        Ok(allocation) => allocation,
-        Err(AllocError::OutOfMemory(_)) => return Ok(false),
-        Err(other) => return Err(alloc_error(other)),
+    let made = at_recorded_address(hints, segment, || {
+        allocator.malloc_on(segment.stream, block.requested)
+    });
+    let Some(allocation) = unless_out_of_memory(made)? else {
+        return Ok(false);
     };
     if allocation.size != segment.size {
         seeded.mismatches += 1;
@@ -517,6 +510,44 @@ fn make_for_its_block(
         free_requested: block.free_requested,
     });
     Ok(true)
+}
+
+/// Runs `make` (the malloc that makes `segment`) with the placement hint that puts the new
+/// segment at its recorded address, when the replay places segments as recorded.
+fn at_recorded_address<T>(
+    hints: Option<&Hints>,
+    segment: &StartSegment,
+    make: impl FnOnce() -> T,
+) -> T {
+    if let Some(hints) = hints {
+        hints.clear();
+        hints.push(segment.addr, segment.size);
+    }
+    let made = make();
+    if let Some(hints) = hints {
+        hints.clear();
+    }
+    made
+}
+
+/// A malloc's allocation; `None` when the device ran out of memory; any other failure as the
+/// error it is.
+fn unless_out_of_memory(
+    made: Result<Allocation, AllocError>,
+) -> Result<Option<Allocation>, String> {
+    match made {
+        Ok(allocation) => Ok(Some(allocation)),
+        Err(AllocError::OutOfMemory(_)) => Ok(None),
+        Err(other) => Err(alloc_error(other)),
+    }
+}
+
+/// The size of the segment `allocation` begins.
+fn segment_size_at(allocator: &CachingAllocator, allocation: &Allocation) -> Option<u64> {
+    allocator
+        .segments()
+        .find(|&(addr, _, _)| addr == allocation.ptr.addr())
+        .map(|(_, size, _)| size)
 }
 
 /// Carves one group; `None` when the device ran out of memory (what it carved is given back).
@@ -542,7 +573,7 @@ fn carve_group(
     };
     let pieces = pieces(group);
     let mut base = None;
-    // Whether the segment is made by its first piece's request (below).
+    // The segment, when its first piece's request makes it (below).
     let mut made_by_first_piece = None;
     if !group.expandable {
         let Some(segment) = group.segments.first() else {
@@ -551,10 +582,6 @@ fn carve_group(
         if let Some(block) = made_for_its_block(allocator, segment) {
             return make_for_its_block(allocator, segment, block, hints, seeded)
                 .map(|made| made.then_some(carved));
-        }
-        if let Some(hints) = hints {
-            hints.clear();
-            hints.push(segment.addr, segment.size);
         }
         // A cached segment of at least max_split_size_mb serves no smaller request
         // (get_free_block keeps oversize blocks for oversize requests), so its pieces cannot
@@ -567,7 +594,7 @@ fn carve_group(
                 first.len < max_split_size && allocator.allocation_size(first.len) == segment.size
             })
         {
-            made_by_first_piece = Some(segment.size);
+            made_by_first_piece = Some(*segment);
         }
     }
     if let (false, None, Some(segment)) = (
@@ -575,46 +602,34 @@ fn carve_group(
         made_by_first_piece,
         group.segments.first(),
     ) {
-        let made = allocator.malloc_on(stream, creating_request(allocator, segment));
-        if let Some(hints) = hints {
-            hints.clear();
-        }
-        let made = match made {
-            Ok(made) => made,
-            Err(AllocError::OutOfMemory(_)) => return Ok(None),
-            Err(other) => return Err(alloc_error(other)),
+        let request = creating_request(allocator, segment);
+        let made = at_recorded_address(hints, segment, || allocator.malloc_on(stream, request));
+        let Some(made) = unless_out_of_memory(made)? else {
+            return Ok(None);
         };
-        let made_size = allocator
-            .segments()
-            .find(|&(addr, _, _)| addr == made.ptr.addr())
-            .map(|(_, size, _)| size);
-        if made_size != Some(segment.size) {
+        if segment_size_at(allocator, &made) != Some(segment.size) {
             seeded.mismatches += 1;
         }
         base = Some(made.ptr.addr());
         allocator.free(made).map_err(alloc_error)?;
     }
     for piece in pieces {
-        let made = allocator.malloc_unrounded_on(stream, piece.len, group.pool);
-        if let Some(segment_size) = made_by_first_piece.take() {
-            if let Some(hints) = hints {
-                hints.clear();
-            }
-            let made_size = made.as_ref().ok().and_then(|allocation| {
-                allocator
-                    .segments()
-                    .find(|&(addr, _, _)| addr == allocation.ptr.addr())
-                    .map(|(_, size, _)| size)
-            });
-            if made.is_ok() && made_size != Some(segment_size) {
+        let first = made_by_first_piece.take();
+        let malloc = |allocator: &mut CachingAllocator| {
+            allocator.malloc_unrounded_on(stream, piece.len, group.pool)
+        };
+        let made = match first {
+            Some(segment) => at_recorded_address(hints, segment, || malloc(allocator)),
+            None => malloc(allocator),
+        };
+        let Some(allocation) = unless_out_of_memory(made)? else {
+            return give_back(allocator, carved);
+        };
+        if let Some(segment) = first {
+            if segment_size_at(allocator, &allocation) != Some(segment.size) {
                 seeded.mismatches += 1;
             }
         }
-        let allocation = match made {
-            Ok(allocation) => allocation,
-            Err(AllocError::OutOfMemory(_)) => return give_back(allocator, carved),
-            Err(other) => return Err(alloc_error(other)),
-        };
         let at = allocation.ptr.addr();
         let base = *base.get_or_insert(at.wrapping_sub(piece.offset));
         if at != base.wrapping_add(piece.offset) || allocation.size != piece.len {
@@ -817,68 +832,39 @@ mod tests {
                 })
                 .collect(),
         };
-        let fraction = |cap: u64| format!("{}", cap as f64 / total as f64);
-        let (mut allocator, hints) = allocator_with(
-            &format!(
-                "expandable_segments:True,per_process_memory_fraction:{}",
-                fraction(41 * MIB)
-            ),
-            total,
-        );
-        let cap = allocator.allowed_memory_maximum();
         let base = 0x7f00_0000_0000;
-        let seeded = seed(
-            &mut allocator,
-            &start(base),
-            Some(&hints),
-            HeldBy::AnotherConfig,
-        )
-        .expect("seeds");
+        // The start state seeded on an allocator capped at `cap` bytes.
+        let seeded_under = |cap: u64, held: HeldBy| {
+            let conf = format!(
+                "expandable_segments:True,per_process_memory_fraction:{}",
+                cap as f64 / total as f64
+            );
+            let (mut allocator, hints) = allocator_with(&conf, total);
+            let before = allocator.allowed_memory_maximum();
+            let seeded = seed(&mut allocator, &start(base), Some(&hints), held).expect("seeds");
+            assert_eq!(
+                allocator.allowed_memory_maximum(),
+                before,
+                "the cap is restored"
+            );
+            (seeded, allocator.total_allocated_memory())
+        };
+
+        let (seeded, mapped) = seeded_under(41 * MIB, HeldBy::AnotherConfig);
         assert_eq!(seeded.layout(), Layout::Exact);
         assert!(seeded.failed.is_empty());
-        assert_eq!(allocator.total_allocated_memory(), 40 * MIB);
-        assert_eq!(
-            allocator.allowed_memory_maximum(),
-            cap,
-            "the cap is restored"
-        );
+        assert_eq!(mapped, 40 * MIB);
 
-        let (mut allocator, hints) = allocator_with(
-            &format!(
-                "expandable_segments:True,per_process_memory_fraction:{}",
-                fraction(30 * MIB)
-            ),
-            total,
-        );
-        let seeded = seed(
-            &mut allocator,
-            &start(base),
-            Some(&hints),
-            HeldBy::AnotherConfig,
-        )
-        .expect("seeds");
+        let (seeded, mapped) = seeded_under(30 * MIB, HeldBy::AnotherConfig);
         assert_eq!(seeded.layout(), Layout::Compact);
         assert_eq!(seeded.failed.len(), 1);
-        assert!(allocator.total_allocated_memory() <= 30 * MIB);
+        assert!(mapped <= 30 * MIB);
 
         // The recorded run itself held it (its fraction set after it had reserved more, or
         // memory its cap does not count): kept as carved.
-        let (mut allocator, hints) = allocator_with(
-            &format!(
-                "expandable_segments:True,per_process_memory_fraction:{}",
-                fraction(30 * MIB)
-            ),
-            total,
-        );
-        let seeded = seed(
-            &mut allocator,
-            &start(base),
-            Some(&hints),
-            HeldBy::TheRecordedRun,
-        )
-        .expect("seeds");
+        let (seeded, mapped) = seeded_under(30 * MIB, HeldBy::TheRecordedRun);
         assert_eq!(seeded.layout(), Layout::Exact);
-        assert_eq!(allocator.total_allocated_memory(), 40 * MIB);
+        assert_eq!(mapped, 40 * MIB);
     }
 
     /// Next to unmapped pages (of 20 MiB in the large pool) an expandable segment may hold a
