@@ -1185,6 +1185,18 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
             Alloc(4, 2096641, 0), Free(1), InGraph(6, 65011713), InMemPool(4, 512),
             Alloc(0, 75497473, 0)
         ]),
+        // an `oom` in a capture under expandable segments, above the cap: its OOM path skips
+        // `release_cached_blocks`, so the default pools' free pages stay mapped; asked in the
+        // default pools, the replay unmapped 40 MiB and served it (found by the wrapped-window
+        // property at 5,000 cases, and wrong on the whole history too)
+        ("expandable_segments:True,per_process_memory_fraction:0.03", vec![
+            Alloc(6, 512, 0), Alloc(0, 1048577, 0), Alloc(4, 5421569, 0),
+            Alloc(3, 58113025, SIDE), Alloc(0, 35471873, 0), Alloc(1, 68557313, SIDE),
+            Alloc(9, 5246977, SIDE), Alloc(8, 3506177, SIDE), Free(5), Alloc(0, 52472321, SIDE),
+            Free(2), InGraph(2, 1048577), InMemPool(2, 15607809), Alloc(0, 60423681, SIDE),
+            InMemPool(2, 68277761), Alloc(2, 512, 0), Alloc(0, 66250241, SIDE), Alloc(0, 512, 0),
+            Alloc(0, 1048577, 0), InGraph(0, 512), Alloc(0, 1048577, 0)
+        ]),
     ]
 }
 

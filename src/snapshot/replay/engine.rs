@@ -1191,8 +1191,9 @@ impl Engine {
     /// where the replay's default pools, in the recording's state, would not have failed so
     /// (PyTorch's malloc did not look there, but in a private pool): they hold a free block
     /// that would serve it; or their OOM path would release cached segments (garbage
-    /// collection's, `release_available_cached_blocks`' or `release_cached_blocks`') where the
-    /// trace shows none before the `oom` (`released`: it shows some). A malloc in a private
+    /// collection's, `release_available_cached_blocks`' or `release_cached_blocks`') or unmap
+    /// an expandable segment's free pages where the trace shows none before the `oom`
+    /// (`released`: it shows some). A malloc in a private
     /// pool found none in the pool's own cache, and its OOM path skips `release_cached_blocks`
     /// (PyTorch's `captures_underway` is not empty while a pool is in use). Asked in the
     /// stream's `MemPool` ([`Engine::unshown_mem_pool_for`]) or a new one, gone by the end. A
@@ -1214,6 +1215,12 @@ impl Engine {
                             released: Some(sizes),
                             ..
                         } => !released && !sizes.is_empty(),
+                        // Expandable segments: `release_cached_blocks` would unmap the whole
+                        // pages of a free default-pool block, which the trace would show.
+                        MallocOutlook::Release {
+                            released: None,
+                            flush: true,
+                        } => !released && self.allocator.empty_cache_unmaps_pages(),
                         _ => false,
                     };
                 if !default_would_not_fail_so {
