@@ -4047,10 +4047,52 @@ mod wrapped_windows {
         assert_eq!(window_differences("max_split_size_mb:40", &ops, 3), []);
     }
 
+    /// Found by the property at 5,000 cases: an `empty_cache()` before the window unmapped
+    /// the lowest 20 MiB of an expandable segment. The window's start state held only its
+    /// mapped pages, so the replay's segment began above them: its next maps went above the
+    /// recorded ones (20 MiB where PyTorch, extending a free tail into the hole below, mapped
+    /// 40 MiB). The segment begins at the lowest page the trace or the end state shows.
+    #[test]
+    fn an_expandable_segment_begins_at_its_lowest_unmapped_pages() {
+        use PoolJobOp::{Alloc, EmptyCache};
+        #[rustfmt::skip]
+        let ops = [
+            Alloc(6, 29086209, SIDE), Alloc(0, 46684161, SIDE), Alloc(3, 2072065, SIDE),
+            Alloc(6, 512, 0), EmptyCache, Alloc(0, 512, 0), Alloc(0, 512, 0), EmptyCache,
+            Alloc(0, 19874305, SIDE), Alloc(1, 512, 0), Alloc(0, 22068225, SIDE),
+            Alloc(0, 512, 0), Alloc(0, 512, 0), Alloc(0, 512, 0), Alloc(0, 512, 0),
+        ];
+        assert_eq!(window_differences("expandable_segments:True", &ops, 25), []);
+    }
+
+    /// The same, where the lowest pages are 40 MiB below the start's mapped ones: mapped again
+    /// in the window, they end as a range of their own, which the end state shows on the same
+    /// stream and pool as the start's (PyTorch makes one expandable segment for each).
+    #[test]
+    fn an_expandable_segment_begins_at_its_lowest_range_in_the_end_state() {
+        use PoolJobOp::{Alloc, EmptyCache, Free, InGraph};
+        #[rustfmt::skip]
+        let ops = [
+            Alloc(0, 512, 0), Alloc(0, 512, 0), Alloc(0, 6312961, SIDE), Alloc(1, 512, 0),
+            Alloc(5, 40771073, SIDE), Alloc(6, 512, 0), Alloc(7, 512, 0), InGraph(0, 512),
+            Alloc(0, 512, 0), Alloc(5, 57772545, SIDE), Alloc(0, 512, 0), Alloc(0, 512, 0),
+            Alloc(0, 512, 0), Alloc(0, 512, 0), Free(0), Free(0), Alloc(0, 512, 0),
+            Alloc(0, 512, 0), Alloc(0, 512, 0), Alloc(0, 512, 0), EmptyCache,
+            Alloc(3, 5142017, SIDE), Alloc(6, 512, 0), Alloc(0, 512, 0), Alloc(6, 512, 0),
+            Alloc(0, 512, 0), Alloc(0, 512, 0), Alloc(6, 512, 0), Alloc(0, 512, 0),
+            Alloc(0, 512, 0), Free(0), Alloc(6, 512, 0), Free(0), Alloc(1, 8135681, SIDE),
+            Alloc(0, 512, 0), Alloc(0, 7692289, SIDE), Alloc(5, 39392257, 0),
+            Alloc(0, 3106305, SIDE), Alloc(0, 59808257, SIDE),
+        ];
+        assert_eq!(window_differences("expandable_segments:True", &ops, 36), []);
+    }
+
     proptest! {
-        // A fixed seed: the same jobs on every run (PROPTEST_CASES=5000 for a deeper search,
-        // which on this seed finds a job the window's replay still gets wrong: expandable
-        // segments under a fraction, pools and an OOM; see the session's notes).
+        // A fixed seed: the same jobs on every run. PROPTEST_CASES=5000 searches deeper: on
+        // this seed, after 4,004 passing cases, it finds a window whose garbage collection
+        // under a fraction releases other cached segments than the recording's. The
+        // collector frees the blocks of at least the average age, and the ages of blocks
+        // cached before the window (their frees and later best-fit searches) are not in it.
         #![proptest_config(ProptestConfig {
             max_shrink_iters: 2000,
             rng_seed: proptest::test_runner::RngSeed::Fixed(61),

@@ -372,7 +372,12 @@ fn groups(start: &StartState) -> Vec<Group<'_>> {
 
 /// The bytes from a group's lowest address to the end of its highest segment.
 fn extent(group: &Group<'_>) -> u64 {
-    let low = group.segments.iter().map(|s| s.addr).min().unwrap_or(0);
+    let low = group
+        .segments
+        .iter()
+        .map(|s| s.addr.saturating_sub(s.unmapped_below))
+        .min()
+        .unwrap_or(0);
     let high = group
         .segments
         .iter()
@@ -387,7 +392,8 @@ fn pieces(group: &Group<'_>) -> Vec<Piece> {
     let Some(first) = group.segments.first() else {
         return Vec::new();
     };
-    let base = first.addr;
+    // An expandable segment begins at its lowest unmapped pages (a hole, mapped while carving).
+    let base = first.addr.saturating_sub(first.unmapped_below);
     let mut pieces: Vec<Piece> = Vec::new();
     let mut cursor = base;
     let push = |pieces: &mut Vec<Piece>, start: u64, end: u64, role: Role| {
@@ -707,6 +713,7 @@ mod tests {
                     expandable,
                     owner: MemPoolId::default(),
                     blocks: vec![block(base + 1536, 512, 300)],
+                    unmapped_below: 0,
                 }],
             };
             let conf = AllocConf {
@@ -736,6 +743,7 @@ mod tests {
             expandable,
             owner,
             blocks,
+            unmapped_below: 0,
         }
     }
 
@@ -928,6 +936,7 @@ mod tests {
             expandable,
             owner,
             blocks: vec![block(addr + 2 * MIB, 8 * MIB, 8 * MIB)],
+            unmapped_below: 0,
         };
         for expandable in [false, true] {
             let start = StartState {
@@ -992,6 +1001,7 @@ mod tests {
                     expandable: false,
                     owner: MemPoolId::default(),
                     blocks: vec![block(base + 64 * MIB + 1536, 512, 300)],
+                    unmapped_below: 0,
                 },
             ],
         };

@@ -13,7 +13,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::ranges::Ranges;
+use super::ranges::{Ranges, Spans};
 use super::scan::Scan;
 use crate::alloc::{CachingAllocator, MemPoolId, Pool, SMALL_BUFFER, SMALL_SIZE};
 use crate::snapshot::model::Segment;
@@ -52,6 +52,12 @@ pub struct StartSegment {
     pub owner: MemPoolId,
     /// Its live blocks, lowest address first; the rest of it is free.
     pub blocks: Vec<StartBlock>,
+    /// For a mapped range of an expandable segment: the bytes just below it that are the same
+    /// segment's, unmapped at the start (the trace maps them, or the end state shows them
+    /// mapped next to this range), down to the lowest such page. PyTorch maps an expandable
+    /// segment's lowest unmapped pages first, so a replay's segment must begin there too.
+    /// 0 for a `cudaMalloc` segment.
+    pub unmapped_below: u64,
 }
 
 /// The state a trace starts from.
@@ -274,6 +280,7 @@ fn held_segments(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
                 expandable: false,
                 owner: owner_of(segment),
                 blocks: Vec::new(),
+                unmapped_below: 0,
             });
         }
     }
@@ -290,10 +297,18 @@ fn held_segments(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
             expandable: false,
             owner: MemPoolId::default(),
             blocks: Vec::new(),
+            unmapped_below: 0,
         });
     }
     held.extend(mapped_ranges(scan, segments));
     held.sort_by_key(|segment| segment.addr);
+    // A segment's unmapped pages never reach into the segment held below it.
+    let mut below_end = 0;
+    for segment in &mut held {
+        let room = segment.addr.saturating_sub(below_end);
+        segment.unmapped_below = segment.unmapped_below.min(room);
+        below_end = below_end.max(segment.addr.saturating_add(segment.size));
+    }
     held
 }
 
@@ -335,6 +350,39 @@ fn mapped_ranges(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
     for piece in &pieces {
         runs.insert(piece.start, piece.end);
     }
+    // The address ranges known to be expandable segments' (mapped at the start, at the end, or
+    // by the trace at some point), adjacent ones joined: pages joined to a run below it are
+    // its segment's, unmapped at the start.
+    // Each range carries its lowest address.
+    let mut known: Spans<u64> = Spans::default();
+    let mut add = |start: u64, end: u64| known.insert_with(start, end, start, u64::min);
+    for (start, end) in runs.iter().chain(scan.touched_pages.iter()) {
+        add(start, end);
+    }
+    for segment in segments.iter().filter(|s| s.is_expandable) {
+        let start = segment.address as u64;
+        add(
+            start,
+            start.saturating_add(segment.total_size.max(0) as u64),
+        );
+    }
+    let joined_floor = |start: u64| known.value_at(start).unwrap_or(start);
+    // PyTorch holds one expandable segment per stream, pool and private pool at a time (its
+    // address range is larger than the device), so a segment that lasts to the end holds the
+    // end state's ranges of the same three, wherever they are. (One released in the window,
+    // all its pages unmapped, may be followed by another, anywhere.)
+    let same_segment_floor = |stream: u64, pool: Pool, owner: MemPoolId| {
+        segments
+            .iter()
+            .filter(|s| {
+                s.is_expandable
+                    && s.stream as u64 == stream
+                    && pool_of(&s.segment_type) == pool
+                    && owner_of(s) == owner
+            })
+            .map(|s| s.address as u64)
+            .min()
+    };
     runs.iter()
         .map(|(start, end)| {
             let inside = pieces.iter().filter(|p| p.start >= start && p.end <= end);
@@ -352,6 +400,13 @@ fn mapped_ranges(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
                 };
                 (stream, pool, MemPoolId::default())
             });
+            // Pages the trace never touches and the end state shows mapped: the run's segment
+            // lasts to the end.
+            let lasts = known.is_some();
+            let floor = match same_segment_floor(stream, pool, owner) {
+                Some(floor) if lasts => floor.min(start),
+                _ => start,
+            };
             StartSegment {
                 addr: start,
                 size: end - start,
@@ -360,6 +415,7 @@ fn mapped_ranges(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
                 expandable: true,
                 owner,
                 blocks: Vec::new(),
+                unmapped_below: start - floor.min(joined_floor(start)),
             }
         })
         .collect()
