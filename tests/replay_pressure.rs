@@ -4087,6 +4087,28 @@ mod wrapped_windows {
         assert_eq!(window_differences("expandable_segments:True", &ops, 36), []);
     }
 
+    /// Found by the property at 5,000 cases: the ring cut between a malloc's `segment_alloc`
+    /// (a 40 MiB segment under `max_split_size_mb:40`, for a 38 MiB request) and its `alloc`.
+    /// The window starts with the segment cached, where an oversize block serves no smaller
+    /// request: the replay made a second one. The window's first `alloc` is served by it.
+    #[test]
+    fn a_window_cut_between_a_segment_alloc_and_its_alloc() {
+        use PoolJobOp::{Alloc, EmptyCache, InMemPool};
+        #[rustfmt::skip]
+        let ops = [
+            Alloc(0, 10485760, 0), Alloc(4, 10485760, 0), Alloc(2, 39845889, 0),
+            Alloc(5, 512, 0), Alloc(5, 512, SIDE), Alloc(5, 1048577, SIDE), Alloc(5, 512, 0),
+            Alloc(1, 512, 0), Alloc(8, 10485760, 0), Alloc(0, 512, 0), Alloc(0, 10485761, 0),
+            Alloc(0, 512, 0), InMemPool(0, 512), EmptyCache, Alloc(0, 512, 0),
+        ];
+        // The window begins at the 38 MiB request's `alloc`, the trace's sixth entry.
+        let whole = recorded("max_split_size_mb:40", &ops, None).trace().len();
+        assert_eq!(
+            window_differences("max_split_size_mb:40", &ops, whole - 5),
+            []
+        );
+    }
+
     proptest! {
         // A fixed seed: the same jobs on every run. PROPTEST_CASES=5000 searches deeper: on
         // this seed, after 4,004 passing cases, it finds a window whose garbage collection

@@ -462,6 +462,62 @@ impl CachingAllocator {
         self.hand_out(block, request, size, block_size > size)
     }
 
+    /// `malloc_on(stream, orig_size)` served by the free, whole `cudaMalloc` segment at `ptr`,
+    /// as if `alloc_block` had just made that segment for this request: PyTorch records a
+    /// malloc's `segment_alloc` just before its `alloc`, and a history ring that keeps its last
+    /// entries may cut between the two. The replay of such a window starts with the segment
+    /// made and cached, where this request may not find it: a cached block of at least
+    /// `max_split_size_mb` serves no smaller request. `None`, with nothing changed, unless the
+    /// segment is cached whole, in the pool and on the stream the request is routed to, with
+    /// the size `alloc_block` would make for it, and the pool's best fit (PyTorch's
+    /// `get_free_block`) finds no block for the request; else the block is handed out as the
+    /// malloc would (the usual split; the best-fit search counted for garbage collection).
+    pub fn malloc_from_made_segment(
+        &mut self,
+        stream: StreamId,
+        orig_size: u64,
+        ptr: u64,
+    ) -> Result<Option<Allocation>, AllocError> {
+        if orig_size == 0 || orig_size >= super::ONE_EXABYTE || self.expandable_active() {
+            return Ok(None);
+        }
+        if !self.capture_underway() {
+            self.process_events()?;
+        }
+        let size = self.round_size(orig_size);
+        let pool = Self::pool_for(size);
+        let request = super::Request {
+            stream,
+            size,
+            pool,
+            owner: self.pools.route(stream),
+            alloc_size: self.allocation_size(size),
+            expandable: false,
+        };
+        let made = self
+            .pool_ref(request.owner, pool)
+            .iter()
+            .find(|&(on, bytes, start, id)| {
+                on == stream
+                    && start == ptr
+                    && bytes == request.alloc_size
+                    && !self.blocks.at(id).is_split()
+                    && !self.blocks.at(id).is_expandable()
+            });
+        let Some((_, _, _, id)) = made else {
+            return Ok(None);
+        };
+        if self.find_free_block(request).is_some() {
+            return Ok(None);
+        }
+        if self.garbage_collection_enabled() {
+            self.pool_mut(request.owner, pool)
+                .get_free_blocks_call_count += 1;
+        }
+        self.uncache(id);
+        self.alloc_found_block(id, request, orig_size).map(Some)
+    }
+
     /// How many free blocks private pool `id` caches (0 for an unknown pool): what
     /// [`CachingAllocator::allocate_block_at`] looks through.
     pub fn cached_blocks_in_pool(&self, id: MemPoolId) -> usize {
@@ -547,6 +603,45 @@ mod tests {
 
     fn get(allocator: &CachingAllocator, key: &str) -> i64 {
         allocator.stats().get(key).expect(key)
+    }
+
+    /// Under `max_split_size_mb:40` a request of 38 MiB and a byte makes a 40 MiB segment
+    /// (large segments come in 2 MiB steps): cached, the
+    /// segment serves no such request (it is oversize), but as the segment made for it, it
+    /// serves it as the malloc did, split the usual way; any other address or size is refused.
+    #[test]
+    fn a_made_segment_serves_the_request_that_made_it() {
+        let mut allocator = allocator("max_split_size_mb:40");
+        let request = 38 * MIB + 1;
+        let made = allocator.malloc_on(0, request).expect("malloc");
+        assert_eq!(made.size, 38 * MIB + 512);
+        let base = made.ptr.addr();
+        allocator.free(made).expect("free");
+        assert_eq!(
+            allocator
+                .malloc_from_made_segment(0, request, base + 512)
+                .ok()
+                .flatten(),
+            None
+        );
+        assert_eq!(
+            allocator
+                .malloc_from_made_segment(0, 41 * MIB, base)
+                .ok()
+                .flatten(),
+            None
+        );
+        let served = allocator
+            .malloc_from_made_segment(0, request, base)
+            .expect("no error")
+            .expect("served by the segment made for it");
+        assert_eq!((served.ptr.addr(), served.size), (base, 38 * MIB + 512));
+        assert_eq!(get(&allocator, "segment.all.current"), 1);
+        assert_eq!(get(&allocator, "inactive_split.all.current"), 1);
+        assert_eq!(
+            get(&allocator, "requested_bytes.all.current"),
+            request as i64
+        );
     }
 
     /// `torch.cuda.MemPool()`: a new pool id with its pool made.

@@ -476,6 +476,10 @@ pub struct Engine {
     /// Whether the trace starts mid-run ([`Engine::start_from`]): a stream's first allocation
     /// in a capture may then continue one begun before the window, so it begins none.
     started_mid_run: bool,
+    /// Set from the start of a window until its first event is replayed: that event, an
+    /// `alloc`, may be the malloc whose `segment_alloc` the history ring just dropped
+    /// ([`Engine::made_before_window`]).
+    at_window_start: bool,
     /// What was replayed.
     pub counts: Counts,
     /// The first OOM of the replay.
@@ -533,6 +537,7 @@ impl Engine {
             index: 0,
             capturing: HashMap::new(),
             started_mid_run: false,
+            at_window_start: false,
             recorded_config: true,
             infer_mem_pools_as_read: true,
             claim_passed_over: false,
@@ -615,6 +620,7 @@ impl Engine {
         // Private pools the start state's segments belong to, created with their lasting use.
         self.pools.extend(seeded.pools.iter().copied());
         self.started_mid_run = true;
+        self.at_window_start = true;
         self.log.borrow_mut().0.clear();
         self.allocator.reset_accumulated_stats();
         self.allocator.reset_peak_stats();
@@ -879,6 +885,7 @@ impl Engine {
             self.last_request = index;
             self.capture_pools.request_seen();
         }
+        self.at_window_start = false;
         self.observe(index);
         Ok(())
     }
@@ -2315,7 +2322,10 @@ impl Engine {
         let entered = self.enter_pool(pool, stream)?;
         // The completions PyTorch's OOM path made here, in the order the trace shows.
         self.allocator.walk_streams_first(&self.run.after_release);
-        let result = self.allocator.malloc_on(stream, size);
+        let result = match self.made_before_window(event, size) {
+            Some(made) => made,
+            None => self.allocator.malloc_on(stream, size),
+        };
         self.allocator.walk_streams_first(&[]);
         self.leave_pool(entered)?;
         self.after_malloc()?;
@@ -2323,6 +2333,25 @@ impl Engine {
             hints.clear();
         }
         Ok((size, result))
+    }
+
+    /// The window's first event, an `alloc` at the base of a segment cached whole at the
+    /// start, which the request would not get from the cache (a block of `max_split_size_mb`
+    /// or more serves no smaller request): the ring dropped the `segment_alloc` its malloc
+    /// made just before, and the segment is that malloc's
+    /// ([`CachingAllocator::malloc_from_made_segment`]). Read from the recorded config only.
+    /// `None`: the request goes through the allocator as any other.
+    fn made_before_window(
+        &mut self,
+        event: &RawEvent,
+        size: u64,
+    ) -> Option<Result<Allocation, AllocError>> {
+        if !self.at_window_start || event.action != Action::Alloc || !self.recorded_config {
+            return None;
+        }
+        self.allocator
+            .malloc_from_made_segment(event.stream as u64, size, event.addr as u64)
+            .transpose()
     }
 
     fn alloc(&mut self, index: u64, event: &RawEvent) -> Result<(), String> {
