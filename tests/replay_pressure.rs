@@ -4109,12 +4109,30 @@ mod wrapped_windows {
         );
     }
 
+    /// Found by the property at 5,000 cases: garbage collection under a fraction released two
+    /// of the three segments cached before the window (32 and 20 MiB, freed long before; not
+    /// the 34 MiB one, freed just before the window). The collector frees the blocks of at
+    /// least the average age, and the start state's blocks were all cached at once: the
+    /// replay freed all three. The releases the trace shows tell which were old.
+    #[test]
+    fn garbage_collection_in_a_window_takes_the_segments_the_trace_shows() {
+        use PoolJobOp::{Alloc, Free, InGraph, InMemPool, RecordStream, Work};
+        #[rustfmt::skip]
+        let ops = [
+            Alloc(3, 1048577, 0), InGraph(0, 512), Alloc(6, 33554433, 0), Free(3),
+            Alloc(2, 25165825, 0), Alloc(0, 512, 0), Alloc(2, 31457281, 0), InGraph(3, 512),
+            Alloc(0, 512, 0), Alloc(8, 1048577, SIDE), Alloc(2, 31457281, 0),
+            Alloc(6, 25165825, SIDE), Alloc(5, 48234497, 0), Work(0), Alloc(0, 512, SIDE),
+            Alloc(8, 20971521, 0), Work(SIDE), RecordStream(8, SIDE), Alloc(8, 512, 0),
+            Alloc(3, 52428801, 0), Alloc(0, 512, 0), InMemPool(0, 512),
+        ];
+        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
+        assert_eq!(window_differences(conf, &ops, 24), []);
+    }
+
     proptest! {
-        // A fixed seed: the same jobs on every run. PROPTEST_CASES=5000 searches deeper: on
-        // this seed, after 4,004 passing cases, it finds a window whose garbage collection
-        // under a fraction releases other cached segments than the recording's. The
-        // collector frees the blocks of at least the average age, and the ages of blocks
-        // cached before the window (their frees and later best-fit searches) are not in it.
+        // A fixed seed: the same jobs on every run (PROPTEST_CASES=5000 for a deeper search,
+        // which passes on this seed since the jobs pinned above were fixed).
         #![proptest_config(ProptestConfig {
             max_shrink_iters: 2000,
             rng_seed: proptest::test_runner::RngSeed::Fixed(61),

@@ -788,6 +788,38 @@ mod tests {
         assert_eq!(a.stats().num_alloc_retries, 0);
     }
 
+    /// Three 20 MiB segments cached at once have one age: over the threshold, the collector
+    /// takes all three. Aged as the segments the trace shows released, it takes only those.
+    #[test]
+    fn aged_segments_are_the_ones_the_collector_takes() {
+        let mut a = allocator("garbage_collection_threshold:0.5", 1 << 30);
+        let total = a.device().total_memory() as f64;
+        a.set_memory_fraction(100.0 * MIB as f64 / total)
+            .expect("fraction");
+        let held: Vec<Allocation> = (0..3).map(|_| a.malloc(20 * MIB).expect("alloc")).collect();
+        let bases: Vec<u64> = held.iter().map(|x| x.ptr.addr()).collect();
+        for x in held {
+            a.free(x).expect("free");
+        }
+        let all = vec![default_segment(20 * MIB); 3];
+        assert_eq!(a.malloc_outlook(0, 30 * MIB), MallocOutlook::Collect(all));
+        let since = a.collection_clock();
+        // A segment cached after the clock was read is not aged.
+        assert_eq!(a.age_unseen_segments(&bases[1..2], since - 1), 0);
+        assert_eq!(a.age_unseen_segments(&bases[1..2], since), 1);
+        assert_eq!(
+            a.malloc_outlook(0, 30 * MIB),
+            MallocOutlook::Collect(vec![default_segment(20 * MIB)])
+        );
+        let _ = a.malloc(30 * MIB).expect("alloc");
+        let cached: Vec<u64> = a.segments().map(|(addr, _, _)| addr).collect();
+        assert!(
+            !cached.contains(&bases[1]),
+            "the aged segment was collected"
+        );
+        assert!(cached.contains(&bases[0]) && cached.contains(&bases[2]));
+    }
+
     #[test]
     fn a_pending_free_read_as_completed_can_be_collected_or_released() {
         let mut a = allocator("garbage_collection_threshold:0.5", 1 << 30);

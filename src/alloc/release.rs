@@ -395,6 +395,58 @@ impl CachingAllocator {
         Ok(released >= target)
     }
 
+    /// The clock garbage collection reads ages on: the default large pool's count of
+    /// best-fit searches (PyTorch's `get_free_blocks_call_count`). A block's age is the
+    /// searches since it was cached.
+    pub fn collection_clock(&self) -> u64 {
+        self.large.get_free_blocks_call_count
+    }
+
+    /// Makes the cached whole `cudaMalloc` segments of the default large pool at `bases`
+    /// older than every other cached block, by as much as the collector needs to take them,
+    /// and only them, in its first pass; other blocks keep their ages. Only segments cached
+    /// since the clock read `since` and untouched since are aged: a replay that starts mid-run
+    /// cached them all at once, while PyTorch had cached them at times the file does not
+    /// record, and the releases the trace shows tell which the collector found old. Returns
+    /// how many were aged.
+    pub fn age_unseen_segments(&mut self, bases: &[u64], since: u64) -> usize {
+        let aged: Vec<BlockId> = self
+            .large
+            .iter()
+            .map(|(_, _, _, id)| id)
+            .filter(|&id| {
+                let block = self.blocks.at(id);
+                !block.is_split()
+                    && !block.is_expandable()
+                    && block.gc_count_base <= since
+                    && bases.contains(&block.ptr)
+            })
+            .collect();
+        if aged.is_empty() {
+            return 0;
+        }
+        // Aged by `older`, a block's age exceeds the average of any pass that holds it, and
+        // every other block's age (at most the clock) lies below that average: with n
+        // candidates, older > n * clock suffices.
+        let candidates = self.large.iter().count() as u64;
+        let clock = self.large.get_free_blocks_call_count;
+        let older = candidates
+            .saturating_add(1)
+            .saturating_mul(clock.saturating_add(1));
+        self.large.get_free_blocks_call_count = clock.saturating_add(older);
+        let others: Vec<BlockId> = self
+            .large
+            .iter()
+            .map(|(_, _, _, id)| id)
+            .filter(|id| !aged.contains(id))
+            .collect();
+        for id in others {
+            let block = self.blocks.at_mut(id);
+            block.gc_count_base = block.gc_count_base.saturating_add(older);
+        }
+        aged.len()
+    }
+
     /// With a memory fraction and `garbage_collection_threshold` set: when the bytes held pass
     /// the threshold, free the oldest unsplit cached large segments (of every stream) until
     /// back under it (PyTorch's `garbage_collect_cached_blocks`). Expandable blocks count
