@@ -248,6 +248,10 @@ pub struct CachingAllocator {
     blocks: BlockArena,
     small: BlockPool,
     large: BlockPool,
+    /// Cached blocks of the default large pool whose age the garbage collector reads was not
+    /// seen: marked by [`CachingAllocator::mark_cached_ages_unseen`] (a replay's start
+    /// state, cached all at once), each dropped once cached again. Empty otherwise.
+    unseen_ages: std::collections::HashSet<BlockId>,
     /// The private pools (graph pools, `MemPool`s) and which of them allocations go to.
     pools: pools::PrivatePools,
     stats: DeviceStats,
@@ -308,6 +312,7 @@ impl CachingAllocator {
             blocks: BlockArena::default(),
             small: BlockPool::default(),
             large: BlockPool::default(),
+            unseen_ages: std::collections::HashSet::new(),
             pools: pools::PrivatePools::default(),
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
@@ -1074,6 +1079,9 @@ impl CachingAllocator {
         let clock = pool.get_free_blocks_call_count;
         pool.insert(stream, size, ptr, id);
         self.blocks.at_mut(id).gc_count_base = clock;
+        if !self.unseen_ages.is_empty() {
+            self.unseen_ages.remove(&id);
+        }
     }
 
     /// Takes a free block out of its pool's free set, or an unmapped range out of the unmapped

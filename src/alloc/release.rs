@@ -4,7 +4,7 @@
 //! `release_available_cached_blocks`, `garbage_collect_cached_blocks`).
 
 use super::block::{Block, BlockId, FreeKey, PoolOwner, DEFAULT_OWNER, NIL};
-use super::{AllocError, CachingAllocator, EventKind, MemPoolId, Pool, Request};
+use super::{AllocError, CachingAllocator, EventKind, MemPoolId, Pool, Request, StreamId};
 
 impl CachingAllocator {
     /// `torch.cuda.empty_cache()` (PyTorch's `emptyCache` of the default pool id): waits for
@@ -395,56 +395,112 @@ impl CachingAllocator {
         Ok(released >= target)
     }
 
-    /// The clock garbage collection reads ages on: the default large pool's count of
-    /// best-fit searches (PyTorch's `get_free_blocks_call_count`). A block's age is the
-    /// searches since it was cached.
-    pub fn collection_clock(&self) -> u64 {
-        self.large.get_free_blocks_call_count
+    /// Marks every cached block of the default large pool as one whose age the collector
+    /// reads was not seen, until it is cached again: a replay that starts mid-run cached its
+    /// start state all at once, where PyTorch had cached those blocks at times the file does
+    /// not keep ([`CachingAllocator::age_unseen_segments`]).
+    pub fn mark_cached_ages_unseen(&mut self) {
+        self.unseen_ages = self.large.iter().map(|(_, _, _, id)| id).collect();
     }
 
-    /// Makes the cached whole `cudaMalloc` segments of the default large pool at `bases`
-    /// older than every other cached block, by as much as the collector needs to take them,
-    /// and only them, in its first pass; other blocks keep their ages. Only segments cached
-    /// since the clock read `since` and untouched since are aged: a replay that starts mid-run
-    /// cached them all at once, while PyTorch had cached them at times the file does not
-    /// record, and the releases the trace shows tell which the collector found old. Returns
-    /// how many were aged.
-    pub fn age_unseen_segments(&mut self, bases: &[u64], since: u64) -> usize {
-        let aged: Vec<BlockId> = self
+    /// Before a malloc on `stream` of `size` bytes whose garbage collection, as the trace
+    /// shows, released the `cudaMalloc` segments at `bases`: gives the cached whole segments
+    /// among them whose ages were not seen ([`CachingAllocator::mark_cached_ages_unseen`]) an
+    /// age with which the collector takes exactly `bases`, trying in turn an age above every
+    /// pass's average, the age of the youngest seen segment it releases, and one more than
+    /// the oldest block it keeps; other blocks keep their ages. Where none gives exactly
+    /// those releases (the run was not the collector's, or seen ages rule it out), nothing
+    /// changes. Returns whether ages were given.
+    pub fn age_unseen_segments(&mut self, stream: StreamId, size: u64, bases: &[u64]) -> bool {
+        if self.unseen_ages.is_empty() || !self.garbage_collection_enabled() {
+            return false;
+        }
+        let unseen: Vec<BlockId> = self
             .large
             .iter()
             .map(|(_, _, _, id)| id)
+            .filter(|id| self.unseen_ages.contains(id))
             .filter(|&id| {
                 let block = self.blocks.at(id);
-                !block.is_split()
-                    && !block.is_expandable()
-                    && block.gc_count_base <= since
-                    && bases.contains(&block.ptr)
+                !block.is_split() && !block.is_expandable() && bases.contains(&block.ptr)
             })
             .collect();
-        if aged.is_empty() {
-            return 0;
+        if unseen.is_empty() {
+            return false;
         }
-        // Aged by `older`, a block's age exceeds the average of any pass that holds it, and
-        // every other block's age (at most the clock) lies below that average: with n
-        // candidates, older > n * clock suffices.
-        let candidates = self.large.iter().count() as u64;
         let clock = self.large.get_free_blocks_call_count;
-        let older = candidates
-            .saturating_add(1)
-            .saturating_mul(clock.saturating_add(1));
-        self.large.get_free_blocks_call_count = clock.saturating_add(older);
-        let others: Vec<BlockId> = self
+        let age_of = |block: &Block| clock.saturating_sub(block.gc_count_base);
+        let whole: Vec<(BlockId, u64)> = self
             .large
             .iter()
             .map(|(_, _, _, id)| id)
-            .filter(|id| !aged.contains(id))
+            .filter(|&id| !self.blocks.at(id).is_split())
+            .map(|id| (id, age_of(self.blocks.at(id))))
             .collect();
-        for id in others {
-            let block = self.blocks.at_mut(id);
-            block.gc_count_base = block.gc_count_base.saturating_add(older);
+        let youngest_seen_released = whole
+            .iter()
+            .filter(|(id, _)| !unseen.contains(id) && bases.contains(&self.blocks.at(*id).ptr))
+            .map(|&(_, age)| age)
+            .min();
+        let oldest_kept = whole
+            .iter()
+            .filter(|(id, _)| !bases.contains(&self.blocks.at(*id).ptr))
+            .map(|&(_, age)| age)
+            .max();
+        // Above every pass's average: more than n times the oldest age.
+        let above_all = (whole.len() as u64 + 1).saturating_mul(clock.saturating_add(1));
+        let mut wanted: Vec<u64> = bases.to_vec();
+        wanted.sort_unstable();
+        let saved_clock = clock;
+        let saved: Vec<(BlockId, u64)> = self
+            .large
+            .iter()
+            .map(|(_, _, _, id)| (id, self.blocks.at(id).gc_count_base))
+            .collect();
+        // Above all first: the collector's first pass then takes the unseen ones whatever
+        // else is cached by the time the malloc runs (a deferred free it completes first
+        // lowers the average); where it also takes seen blocks, an age among theirs.
+        let candidates = [
+            Some(above_all),
+            youngest_seen_released,
+            oldest_kept.map(|age| age.saturating_add(1)),
+        ];
+        for age in candidates.into_iter().flatten() {
+            self.set_collection_ages(&unseen, age);
+            let mut planned = self.collection_outlook(stream, size);
+            planned.sort_unstable();
+            if planned == wanted {
+                for id in &unseen {
+                    self.unseen_ages.remove(id);
+                }
+                return true;
+            }
+            self.large.get_free_blocks_call_count = saved_clock;
+            for &(id, base) in &saved {
+                self.blocks.at_mut(id).gc_count_base = base;
+            }
         }
-        aged.len()
+        false
+    }
+
+    /// Gives the cached blocks `ids` of the default large pool the collector's age `age`,
+    /// moving the clock on (and every other cached block's base with it, keeping its age)
+    /// where the clock is below that age.
+    fn set_collection_ages(&mut self, ids: &[BlockId], age: u64) {
+        let clock = self.large.get_free_blocks_call_count;
+        if age > clock {
+            let shift = age - clock;
+            self.large.get_free_blocks_call_count = age;
+            let cached: Vec<BlockId> = self.large.iter().map(|(_, _, _, id)| id).collect();
+            for id in cached {
+                let block = self.blocks.at_mut(id);
+                block.gc_count_base = block.gc_count_base.saturating_add(shift);
+            }
+        }
+        let clock = self.large.get_free_blocks_call_count;
+        for &id in ids {
+            self.blocks.at_mut(id).gc_count_base = clock - age;
+        }
     }
 
     /// With a memory fraction and `garbage_collection_threshold` set: when the bytes held pass

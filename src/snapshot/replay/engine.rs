@@ -476,10 +476,6 @@ pub struct Engine {
     /// Whether the trace starts mid-run ([`Engine::start_from`]): a stream's first allocation
     /// in a capture may then continue one begun before the window, so it begins none.
     started_mid_run: bool,
-    /// For a trace that starts mid-run, the garbage collector's clock when the start state
-    /// was cached: blocks cached since then, untouched, have ages the file does not give
-    /// ([`Engine::age_what_the_collector_took`]).
-    unseen_since: Option<u64>,
     /// Set from the start of a window until its first event is replayed: that event, an
     /// `alloc`, may be the malloc whose `segment_alloc` the history ring just dropped
     /// ([`Engine::made_before_window`]).
@@ -542,7 +538,6 @@ impl Engine {
             capturing: HashMap::new(),
             started_mid_run: false,
             at_window_start: false,
-            unseen_since: None,
             recorded_config: true,
             infer_mem_pools_as_read: true,
             claim_passed_over: false,
@@ -626,7 +621,9 @@ impl Engine {
         self.pools.extend(seeded.pools.iter().copied());
         self.started_mid_run = true;
         self.at_window_start = true;
-        self.unseen_since = Some(self.allocator.collection_clock());
+        // Cached all at once here, at times the file does not keep: ages the collector reads
+        // are learnt from the releases the trace shows (`age_what_the_collector_took`).
+        self.allocator.mark_cached_ages_unseen();
         self.log.borrow_mut().0.clear();
         self.allocator.reset_accumulated_stats();
         self.allocator.reset_peak_stats();
@@ -1330,8 +1327,8 @@ impl Engine {
             }
         }
         self.allocator.walk_streams_first(&leading_streams);
-        if malloc.is_some() {
-            self.age_what_the_collector_took();
+        if let Some(event) = malloc {
+            self.age_what_the_collector_took(event)?;
         }
         self.released_mem_pools_went_away(malloc)?;
         // Cleared first: `oom_in_default_pools` asks `route`, which reads it.
@@ -2344,26 +2341,24 @@ impl Engine {
         Ok((size, result))
     }
 
-    /// Before a malloc whose run released segments, under the recorded config with garbage
-    /// collection on, in a trace that starts mid-run: the segments the run released that were
-    /// cached since the start, untouched, are made the oldest cached blocks
-    /// ([`CachingAllocator::age_unseen_segments`]). The collector frees the blocks of at
-    /// least the average age; the start state's were all cached at once, while the recording
-    /// had cached them at times before the window, and its releases show which it found old.
-    /// Aging blocks the trace releases changes nothing else where the run was not the
-    /// collector's.
-    fn age_what_the_collector_took(&mut self) {
-        let Some(since) = self.unseen_since else {
-            return;
-        };
-        if self.run.freed_at.is_empty()
-            || !self.recorded_config
-            || self.allocator.config().garbage_collection_threshold <= 0.0
-        {
-            return;
+    /// Before the malloc `event` whose run released `cudaMalloc` segments, under the recorded
+    /// config, in a trace that starts mid-run: the collector frees the cached blocks of at
+    /// least the average age, and the start state's were cached all at once, where the
+    /// recording had cached them at times before the window. Those the run released, still
+    /// cached as the start left them, get an age with which the malloc's collection makes
+    /// exactly the run's releases, where one does
+    /// ([`CachingAllocator::age_unseen_segments`]); otherwise nothing changes.
+    fn age_what_the_collector_took(&mut self, event: &RawEvent) -> Result<(), String> {
+        if self.run.freed_at.is_empty() || !self.recorded_config || !self.started_mid_run {
+            return Ok(());
         }
+        let size = non_negative(event.size, "size")?;
+        let stream = event.stream as u64;
+        let pool = self.route(event);
+        let entered = self.enter_pool(pool, stream)?;
         self.allocator
-            .age_unseen_segments(&self.run.freed_at, since);
+            .age_unseen_segments(stream, size, &self.run.freed_at);
+        self.leave_pool(entered)
     }
 
     /// The window's first event, an `alloc` at the base of a segment cached whole at the
