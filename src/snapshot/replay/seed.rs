@@ -705,16 +705,12 @@ mod tests {
         let base = 0x7f00_0000_0000;
         for expandable in [false, true] {
             let start = StartState {
-                segments: vec![StartSegment {
-                    addr: base,
-                    size: u64::MAX,
-                    stream: 0,
-                    pool: Pool::Small,
+                segments: vec![small_segment(
+                    base,
+                    u64::MAX,
                     expandable,
-                    owner: MemPoolId::default(),
-                    blocks: vec![block(base + 1536, 512, 300)],
-                    unmapped_below: 0,
-                }],
+                    vec![block(base + 1536, 512, 300)],
+                )],
             };
             let conf = AllocConf {
                 expandable_segments: expandable,
@@ -728,22 +724,31 @@ mod tests {
         }
     }
 
-    /// A 20 MiB segment of the large pool on stream 0.
-    fn large_segment(
-        addr: u64,
-        expandable: bool,
-        owner: MemPoolId,
-        blocks: Vec<StartBlock>,
-    ) -> StartSegment {
+    /// A 20 MiB segment of the default large pool on stream 0.
+    fn large_segment(addr: u64, expandable: bool, blocks: Vec<StartBlock>) -> StartSegment {
         StartSegment {
             addr,
             size: 20 * MIB,
             stream: 0,
             pool: Pool::Large,
             expandable,
-            owner,
+            owner: MemPoolId::default(),
             blocks,
             unmapped_below: 0,
+        }
+    }
+
+    /// A default-pool segment of the small pool on stream 0, of `size` bytes.
+    fn small_segment(
+        addr: u64,
+        size: u64,
+        expandable: bool,
+        blocks: Vec<StartBlock>,
+    ) -> StartSegment {
+        StartSegment {
+            size,
+            pool: Pool::Small,
+            ..large_segment(addr, expandable, blocks)
         }
     }
 
@@ -790,7 +795,6 @@ mod tests {
             segments: vec![large_segment(
                 base,
                 false,
-                MemPoolId::default(),
                 vec![
                     block(base, 3 * MIB, 3 * MIB - 100),
                     block(base + 8 * MIB + MIB / 2, 4 * MIB, 4 * MIB),
@@ -834,7 +838,6 @@ mod tests {
                     large_segment(
                         base + offset,
                         true,
-                        MemPoolId::default(),
                         vec![block(base + offset, 16 * MIB, 16 * MIB)],
                     )
                 })
@@ -883,16 +886,10 @@ mod tests {
         let base = 0x7f00_0000_0000;
         let start = StartState {
             segments: vec![
-                large_segment(
-                    base,
-                    true,
-                    MemPoolId::default(),
-                    vec![block(base, 16 * MIB, 16 * MIB)],
-                ),
+                large_segment(base, true, vec![block(base, 16 * MIB, 16 * MIB)]),
                 large_segment(
                     base + 40 * MIB,
                     true,
-                    MemPoolId::default(),
                     vec![block(base + 41 * MIB, 16 * MIB, 16 * MIB)],
                 ),
             ],
@@ -929,14 +926,12 @@ mod tests {
         let graph = MemPoolId::new(1, 0);
         let mem_pool = MemPoolId::new(0, 1);
         let segment = |addr: u64, expandable: bool, owner: MemPoolId| StartSegment {
-            addr,
-            size: 20 * MIB,
-            stream: 0,
-            pool: Pool::Large,
-            expandable,
             owner,
-            blocks: vec![block(addr + 2 * MIB, 8 * MIB, 8 * MIB)],
-            unmapped_below: 0,
+            ..large_segment(
+                addr,
+                expandable,
+                vec![block(addr + 2 * MIB, 8 * MIB, 8 * MIB)],
+            )
         };
         for expandable in [false, true] {
             let start = StartState {
@@ -987,22 +982,17 @@ mod tests {
                 large_segment(
                     base,
                     false,
-                    MemPoolId::default(),
                     vec![
                         block(base + 2 * MIB, 3 * MIB, 3 * MIB - 100),
                         block(base + 12 * MIB, 8 * MIB, 8 * MIB),
                     ],
                 ),
-                StartSegment {
-                    addr: base + 64 * MIB,
-                    size: 2 * MIB,
-                    stream: 0,
-                    pool: Pool::Small,
-                    expandable: false,
-                    owner: MemPoolId::default(),
-                    blocks: vec![block(base + 64 * MIB + 1536, 512, 300)],
-                    unmapped_below: 0,
-                },
+                small_segment(
+                    base + 64 * MIB,
+                    2 * MIB,
+                    false,
+                    vec![block(base + 64 * MIB + 1536, 512, 300)],
+                ),
             ],
         };
         let (mut allocator, hints) = allocator_with("", 1 << 34);
