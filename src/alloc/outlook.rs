@@ -377,6 +377,38 @@ impl CachingAllocator {
         !self.empty_cache_unmap_outlook().is_empty()
     }
 
+    /// Whether the default pools' `release_cached_blocks` (an OOM path's last remedy, or
+    /// `empty_cache()`) would unmap pages of their expandable segments: it first completes
+    /// every pending free (`synchronize_and_free_events`), each merging with its free
+    /// neighbours, then unmaps the whole pages of every free mapped block. Unlike
+    /// [`CachingAllocator::empty_cache_unmaps_pages`], a free still pending counts as done:
+    /// two free blocks on either side of a page boundary, one of them still pending, make a
+    /// whole free page once it completes.
+    pub fn flush_unmaps_pages(&self) -> bool {
+        // Free or pending (neither is allocated), with memory behind it.
+        let freeable = |block: &Block| {
+            block.is_expandable()
+                && block.owner == DEFAULT_OWNER
+                && !block.allocated
+                && block.mapped
+        };
+        self.blocks.iter().any(|(_, block)| {
+            // The first block of each run of such neighbours, which the completions merge.
+            if !freeable(block) || self.blocks.get(block.prev).is_some_and(freeable) {
+                return false;
+            }
+            let mut end = block.ptr + block.size;
+            let mut cursor = block.next;
+            while let Some(next) = self.blocks.get(cursor).filter(|next| freeable(next)) {
+                end = next.ptr + next.size;
+                cursor = next.next;
+            }
+            self.expandable
+                .get(block.segment)
+                .is_some_and(|segment| !segment.pages_inside(block.ptr, end - block.ptr).is_empty())
+        })
+    }
+
     /// The page ranges `empty_cache()` would unmap now from the default pools' expandable
     /// segments, as (address, bytes), one per free mapped block (PyTorch's `unmap_block`
     /// records one `segment_unmap` per block: its whole pages), ordered by address. Frees
@@ -651,6 +683,34 @@ mod tests {
         assert!(a.empty_cache_outlook().is_empty(), "no cudaMalloc segment");
         a.empty_cache().expect("unmaps it");
         assert!(!a.empty_cache_unmaps_pages());
+    }
+
+    #[test]
+    fn a_flush_unmaps_the_page_a_pending_free_completes() {
+        let mut a = allocator("expandable_segments:True", 1 << 30);
+        // Two blocks straddling the boundary of the second 20 MiB page; the third keeps
+        // the first page's start and the segment's tail allocated.
+        let head = a.malloc(11 * MIB).expect("head");
+        let x = a
+            .malloc(19 * MIB)
+            .expect("x: 12 to 32 MiB (sizes round to 2 MiB)");
+        let y = a.malloc(15 * MIB).expect("y: 32 to 48 MiB");
+        let tail = a.malloc(14 * MIB).expect("tail");
+        a.record_stream(x, 7).expect("record");
+        a.device_mut().sleep(7, 1).expect("work");
+        a.free(x).expect("deferred");
+        a.free(y).expect("free");
+        assert!(
+            !a.empty_cache_unmaps_pages(),
+            "neither block alone spans a page"
+        );
+        assert!(
+            a.flush_unmaps_pages(),
+            "once x completes, 12..48 MiB holds the page 20..40 MiB"
+        );
+        for block in [head, tail] {
+            a.free(block).expect("free");
+        }
     }
 
     #[test]

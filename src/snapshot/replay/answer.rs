@@ -30,6 +30,9 @@ pub struct Why {
     pub segment: u64,
     /// The pool (`"small"`/`"large"`).
     pub pool: &'static str,
+    /// Whether the request was asked in a private pool (a CUDA graph's or a `MemPool`'s),
+    /// whose blocks alone the figures below count.
+    pub in_private_pool: bool,
     /// The largest free cached block of that pool.
     pub largest_free: u64,
     /// Free cached bytes of that pool.
@@ -59,6 +62,7 @@ impl Why {
             rounded: d.rounded,
             segment: d.segment,
             pool: d.pool.name(),
+            in_private_pool: d.private_pool.is_some(),
             largest_free: d.largest_free,
             cached_free: d.cached_free,
             device_free: d.device_free,

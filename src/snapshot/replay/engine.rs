@@ -347,6 +347,11 @@ struct Run {
     /// The made-up streams of completions recorded after a release of the run: PyTorch's OOM
     /// path completed them; the replayed malloc's should too, else they are done after it.
     after_release: Vec<StreamId>,
+    /// The leading completions the run took for the OOM path's of the `oom` that ends it
+    /// (their made-up streams are in `after_release`): frees made at once after all where
+    /// that `oom` turns out to have been asked in a private pool
+    /// ([`Engine::frees_before_a_pool_oom_were_made_at_once`]).
+    oom_path_frees: Vec<(StreamId, Allocation)>,
 }
 
 impl Run {
@@ -365,6 +370,7 @@ impl Run {
             && self.unmapped_at.is_empty()
             && self.leading.is_empty()
             && self.after_release.is_empty()
+            && self.oom_path_frees.is_empty()
     }
 
     /// Whether, ended by no malloc, the run shows an `empty_cache()`: a release, or a
@@ -1212,7 +1218,7 @@ impl Engine {
     /// allocation says otherwise.
     fn infer_oom_mem_pool(&mut self, event: &RawEvent, released: bool) -> Result<(), String> {
         if self.route(event).is_some() {
-            return Ok(());
+            return self.frees_before_a_pool_oom_were_made_at_once();
         }
         let pool = match self.capture_pools.learned_at(self.index) {
             Some(pool) => pool,
@@ -1226,11 +1232,12 @@ impl Engine {
                             ..
                         } => !released && !sizes.is_empty(),
                         // Expandable segments: `release_cached_blocks` would unmap the whole
-                        // pages of a free default-pool block, which the trace would show.
+                        // pages of a free default-pool block (once the pending frees it
+                        // completes first merged), which the trace would show.
                         MallocOutlook::Release {
                             released: None,
                             flush: true,
-                        } => !released && self.allocator.empty_cache_unmaps_pages(),
+                        } => !released && self.allocator.flush_unmaps_pages(),
                         _ => false,
                     };
                 if !default_would_not_fail_so {
@@ -1259,6 +1266,27 @@ impl Engine {
             None => return Ok(()),
         };
         self.stream_pools.insert(event.stream, pool);
+        self.frees_before_a_pool_oom_were_made_at_once()
+    }
+
+    /// The `oom` about to be replayed was asked in a private pool: PyTorch's
+    /// `captures_underway` was not empty, so its malloc ran neither `process_events` nor
+    /// `release_cached_blocks` (whose `synchronize_and_free_events` is the OOM path's only
+    /// way to complete a deferred free). The completions recorded before it, which
+    /// [`Engine::end_run`] left for that path, were frees made at once: completed now, each
+    /// alone, as the trace shows them. Left pending, they kept the next `empty_cache()` from
+    /// being recognised, and a default-pool reading of the `oom` made the job fit.
+    fn frees_before_a_pool_oom_were_made_at_once(&mut self) -> Result<(), String> {
+        let fail = |error: AllocError| format!("the allocator failed: {error}");
+        for (stream, allocation) in std::mem::take(&mut self.run.oom_path_frees) {
+            if let Some(at) = self.run.after_release.iter().position(|&s| s == stream) {
+                self.run.after_release.remove(at);
+            }
+            self.allocator
+                .synchronize_stream(stream)
+                .and_then(|()| self.allocator.complete_free_now(allocation))
+                .map_err(fail)?;
+        }
         Ok(())
     }
 
@@ -1402,6 +1430,9 @@ impl Engine {
         for (stream, allocation) in std::mem::take(&mut run.leading) {
             if on_oom_path {
                 completed_first.push(stream);
+                if malloc.is_some_and(|event| event.action == Action::Oom) {
+                    run.oom_path_frees.push((stream, allocation));
+                }
             } else {
                 // Completed one by one, in the recorded order (PyTorch walks its streams in
                 // an order of its own; the trace shows it), each alone: other frees whose work
@@ -1455,6 +1486,7 @@ impl Engine {
         // malloc the run was an empty_cache(), which completed every pending free.
         if malloc.is_some() {
             self.run.after_release = run.after_release;
+            self.run.oom_path_frees = run.oom_path_frees;
         }
         Ok(())
     }
@@ -2143,6 +2175,7 @@ impl Engine {
     /// After a malloc: completions PyTorch made on its OOM path that the replayed malloc did
     /// not make are done now (their streams' work marked complete, for the next malloc).
     fn after_malloc(&mut self) -> Result<(), String> {
+        self.run.oom_path_frees.clear();
         for stream in std::mem::take(&mut self.run.after_release) {
             self.allocator
                 .synchronize_stream(stream)
