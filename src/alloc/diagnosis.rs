@@ -23,7 +23,7 @@
 
 use super::format::format_size as fs;
 use super::trial::ExpandableTrial;
-use super::{CachingAllocator, Pool, StreamId};
+use super::{CachingAllocator, MemPoolId, Pool, PoolOwner, StreamId, DEFAULT_OWNER};
 
 /// The cause an out-of-memory error is put down to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,11 +72,14 @@ pub struct OomDiagnosis {
     pub segment: u64,
     /// The pool the request belongs to.
     pub pool: Pool,
+    /// The private pool (a CUDA graph's or a `MemPool`) the request was made in, if any: its
+    /// blocks are the only ones it could take, so the figures below count only them.
+    pub private_pool: Option<MemPoolId>,
     /// The largest free cached block of that pool.
     pub largest_free: u64,
     /// Free cached bytes of that pool.
     pub cached_free: u64,
-    /// Free cached bytes of both pools.
+    /// Free cached bytes of both pools, every private pool's included.
     pub cached_free_all: u64,
     /// Bytes the device reports free (`cudaMemGetInfo`).
     pub device_free: u64,
@@ -173,7 +176,14 @@ impl OomDiagnosis {
     /// `gpumem: fragmentation: largest free cached block 4.00 MiB of 20.00 MiB cached in the
     /// large pool, 8.00 MiB needed; ...`.
     pub fn why(&self) -> String {
-        let pool = self.pool.name();
+        // No id: a replay's pool inferred from the trace has none the user would know.
+        let pool = match self.private_pool {
+            Some(_) => format!(
+                "{} pool of the private pool it was asked in",
+                self.pool.name()
+            ),
+            None => format!("{} pool", self.pool.name()),
+        };
         // Expandable segments map pages instead of allocating a segment.
         let needed = if self.expandable {
             format!("{} of pages", fs(self.segment))
@@ -217,7 +227,7 @@ impl OomDiagnosis {
                 format!("{head}; {device}")
             }
             OomCause::Fragmentation => format!(
-                "gpumem: fragmentation: largest free cached block {} of {} cached in the {pool} pool, {} needed; empty_cache() cannot help (every free block shares its segment with a live tensor); {}",
+                "gpumem: fragmentation: largest free cached block {} of {} cached in the {pool}, {} needed; empty_cache() cannot help (every free block shares its segment with a live tensor); {}",
                 fs(self.largest_free),
                 fs(self.cached_free),
                 fs(self.rounded),
@@ -230,7 +240,7 @@ impl OomDiagnosis {
             OomCause::DeviceFull => {
                 let cached = if self.cached_free > 0 {
                     format!(
-                        ", and {} stays cached in the {pool} pool in blocks of at most {}",
+                        ", and {} stays cached in the {pool} in blocks of at most {}",
                         fs(self.cached_free),
                         fs(self.largest_free)
                     )
@@ -260,11 +270,12 @@ fn fraction_text(fraction: f64) -> String {
 
 impl CachingAllocator {
     /// The facts of an out-of-memory error for a request of `requested` bytes on `stream`,
-    /// rounded to `rounded`, that needed a `segment`-byte segment, with the cause they point
-    /// to.
+    /// rounded to `rounded`, that needed a `segment`-byte segment, asked in the pool of
+    /// `owner` (a private pool's request can take only that pool's blocks), with the cause
+    /// they point to.
     pub(super) fn diagnose(
         &self,
-        stream: StreamId,
+        (stream, owner): (StreamId, PoolOwner),
         requested: u64,
         rounded: u64,
         segment: u64,
@@ -279,7 +290,7 @@ impl CachingAllocator {
             .filter(|block| !block.allocated && block.mapped)
         {
             cached_free_all += block.size;
-            if block.pool != pool {
+            if block.pool != pool || block.owner != owner {
                 continue;
             }
             cached_free += block.size;
@@ -326,6 +337,7 @@ impl CachingAllocator {
             rounded,
             segment,
             pool,
+            private_pool: (owner != DEFAULT_OWNER).then(|| self.pool_id(owner)),
             largest_free,
             cached_free,
             cached_free_all,
@@ -418,6 +430,31 @@ mod tests {
             }
         }
         (allocator, kept)
+    }
+
+    #[test]
+    fn a_private_pools_request_counts_only_that_pools_blocks() {
+        let mib = 1 << 20;
+        // 400 MiB cached free in the default pools, in 8 MiB holes.
+        let (mut allocator, _kept) = thinned(510);
+        let pool = allocator.new_mem_pool_id();
+        allocator.create_pool(pool).expect("MemPool()");
+        allocator
+            .begin_allocate_to_pool(pool, crate::alloc::PoolFilter::AllStreams)
+            .expect("use_mem_pool");
+        let Err(AllocError::OutOfMemory(oom)) = allocator.malloc(4 * mib) else {
+            panic!("the pool has no block and the cap is reached");
+        };
+        let diagnosis = &oom.diagnosis;
+        assert_eq!(diagnosis.private_pool, Some(pool));
+        // The default pools' holes would have served 4 MiB, but a pool's request cannot
+        // take them: no fragmentation, the cap.
+        assert_eq!(diagnosis.cached_free, 0, "{}", oom.why());
+        assert_eq!(diagnosis.cached_free_all, 400 * mib);
+        assert_eq!(diagnosis.cause, OomCause::OverFraction, "{}", oom.why());
+        allocator
+            .end_allocate_to_pool(pool)
+            .expect("leave the pool");
     }
 
     #[test]

@@ -639,7 +639,12 @@ impl CachingAllocator {
             return Err(AllocError::OutOfMemory(OutOfMemory {
                 message: "CUDA out of memory. Tried to allocate more than 1EB memory.".into(),
                 alloc_size: orig_size,
-                diagnosis: Box::new(self.diagnose(stream, orig_size, orig_size, orig_size)),
+                diagnosis: Box::new(self.diagnose(
+                    (stream, self.pools.route(stream)),
+                    orig_size,
+                    orig_size,
+                    orig_size,
+                )),
             }));
         }
         // Frees held back by record_stream whose events completed go back to their pools

@@ -64,7 +64,7 @@ impl CachingAllocator {
             message,
             alloc_size: request.alloc_size,
             diagnosis: Box::new(self.diagnose(
-                request.stream,
+                (request.stream, request.owner),
                 orig_size,
                 request.size,
                 request.alloc_size,
