@@ -36,11 +36,11 @@ pub struct FirstFree {
     pub free_requested: bool,
 }
 
-/// A segment or pages the trace gives back without having acquired them: held when the trace
-/// starts.
+/// A segment event the scan keeps: a segment or pages the trace gives back without having
+/// acquired them (held when the trace starts), or pages it maps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FirstRelease {
-    /// The event that released it.
+pub struct SegmentEventAt {
+    /// The event.
     pub index: u64,
     /// Its address.
     pub addr: u64,
@@ -94,14 +94,18 @@ pub struct Scan {
     /// [`super::engine::PoolRoutes`]).
     made_at: AddressMap<u64>,
     /// Segments freed before the trace made them.
-    pub first_segment_frees: Vec<FirstRelease>,
+    pub first_segment_frees: Vec<SegmentEventAt>,
     /// Expandable-segment pages the trace has mapped or unmapped.
     pub touched_pages: Ranges,
     /// The pages mapped now, and where each mapped range began (a private pool's expandable
     /// segment is routed from there).
     mapped: MappedSince,
     /// Pages unmapped before the trace mapped them.
-    pub first_unmaps: Vec<FirstRelease>,
+    pub first_unmaps: Vec<SegmentEventAt>,
+    /// The trace's `segment_map` events, in order (the first [`MAX_KEPT_CALLS`]): which
+    /// segment pages mapped while one held at the start still had pages mapped went into
+    /// (`super::start`).
+    pub maps: Vec<SegmentEventAt>,
     /// Frees of blocks the trace already freed and did not allocate again (the trace
     /// misses allocations: `skip_actions`).
     pub unmatched_frees: u64,
@@ -245,7 +249,7 @@ impl Scan {
             Action::SegmentFree => {
                 self.keep_call(DeviceCall::Free { address: addr });
                 if self.segments.remove(&addr).is_none() {
-                    self.first_segment_frees.push(FirstRelease {
+                    self.first_segment_frees.push(SegmentEventAt {
                         index,
                         addr,
                         size,
@@ -255,6 +259,14 @@ impl Scan {
                 self.pressure.released(size);
             }
             Action::SegmentMap => {
+                if self.maps.len() < MAX_KEPT_CALLS {
+                    self.maps.push(SegmentEventAt {
+                        index,
+                        addr,
+                        size,
+                        stream,
+                    });
+                }
                 self.touched_pages.insert(addr, addr.saturating_add(size));
                 self.mapped.map(addr, addr.saturating_add(size), index);
                 self.pressure.acquired(index, size);
@@ -262,7 +274,7 @@ impl Scan {
             Action::SegmentUnmap => {
                 let end = addr.saturating_add(size);
                 for (start, end) in self.touched_pages.gaps(addr, end) {
-                    self.first_unmaps.push(FirstRelease {
+                    self.first_unmaps.push(SegmentEventAt {
                         index,
                         addr: start,
                         size: end - start,

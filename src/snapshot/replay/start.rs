@@ -383,12 +383,18 @@ fn mapped_ranges(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
             .map(|s| s.address as u64)
             .min()
     };
+    let known_of = |(start, end): (u64, u64)| {
+        pieces
+            .iter()
+            .filter(|p| p.start >= start && p.end <= end)
+            .find_map(|p| p.known.map(|(pool, owner)| (p.stream, pool, owner)))
+    };
+    // The (stream, pool, private pool) of the runs whose segments last to the end.
+    let lasting: Vec<(u64, Pool, MemPoolId)> = runs.iter().filter_map(known_of).collect();
     runs.iter()
         .map(|(start, end)| {
             let inside = pieces.iter().filter(|p| p.start >= start && p.end <= end);
-            let known = inside
-                .clone()
-                .find_map(|p| p.known.map(|(pool, owner)| (p.stream, pool, owner)));
+            let known = known_of((start, end));
             // A run of pages only the trace unmaps: whole 20 MiB pages are taken as the large
             // pool's, of the default pools.
             let (stream, pool, owner) = known.unwrap_or_else(|| {
@@ -401,11 +407,18 @@ fn mapped_ranges(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
                 (stream, pool, MemPoolId::default())
             });
             // Pages the trace never touches and the end state shows mapped: the run's segment
-            // lasts to the end.
-            let lasts = known.is_some();
-            let floor = match same_segment_floor(stream, pool, owner) {
-                Some(floor) if lasts => floor.min(start),
-                _ => start,
+            // lasts to the end. So does a run the trace unmaps whole where another run of the
+            // same stream and pool lasts: PyTorch held one segment for them at the start.
+            let lasts = known.is_some() || lasting.contains(&(stream, pool, owner));
+            let identity = (stream, pool, owner);
+            let floor = if lasts {
+                let floor = same_segment_floor(stream, pool, owner).map_or(start, |f| f.min(start));
+                floor.min(joined_floor(start))
+            } else {
+                // Gone in the window: pages joined to its range by maps after it went may be
+                // a new segment's, at a reused address range.
+                mapped_while_held(scan, segments, (start, end), identity)
+                    .map_or(start, |lowest| lowest.min(start))
             };
             StartSegment {
                 addr: start,
@@ -415,10 +428,65 @@ fn mapped_ranges(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
                 expandable: true,
                 owner,
                 blocks: Vec::new(),
-                unmapped_below: start - floor.min(joined_floor(start)),
+                unmapped_below: start - floor,
             }
         })
         .collect()
+}
+
+/// For a run of pages mapped at the trace's start (`run`) that the trace unmaps whole, of
+/// `(stream, pool, owner)`: the lowest page below it the trace mapped on the same stream, in
+/// pages of that pool's kind, before it had unmapped the run's last start-mapped page. The
+/// run's segment still had pages mapped then, and PyTorch maps a request's pages into the
+/// stream's segment while it has room (`find_expandable_block`; its address range is larger
+/// than the device), lowest unmapped pages first: those pages were its own, unmapped at the
+/// start below the run. Pages of another segment's lie in between where the end state shows
+/// one of another stream, pool or private pool there, unless the trace mapped it after the
+/// run's segment went. `None` where no such map came.
+fn mapped_while_held(
+    scan: &Scan,
+    segments: &[Segment],
+    run: (u64, u64),
+    (stream, pool, owner): (u64, Pool, MemPoolId),
+) -> Option<u64> {
+    let (start, end) = run;
+    let gone_at = scan
+        .first_unmaps
+        .iter()
+        .filter(|unmap| unmap.addr >= start && unmap.addr + unmap.size <= end)
+        .map(|unmap| unmap.index)
+        .max()?;
+    let large = |bytes: u64| bytes.is_multiple_of(crate::alloc::LARGE_BUFFER);
+    let lowest = scan
+        .maps
+        .iter()
+        .take_while(|map| map.index < gone_at)
+        .filter(|map| {
+            map.stream == stream
+                && map.addr + map.size <= start
+                && large(map.size) == (pool == Pool::Large)
+        })
+        .map(|map| map.addr)
+        .min()?;
+    // One the trace mapped after the run's segment went may be a new one at a reused address
+    // range: no sign of another segment while the run's was held.
+    let mapped_after = |at: u64| {
+        scan.maps
+            .iter()
+            .any(|map| map.index > gone_at && map.addr <= at && at < map.addr + map.size)
+    };
+    let another_between = segments.iter().any(|segment| {
+        let at = segment.address as u64;
+        let other = segment.stream as u64 != stream
+            || pool_of(&segment.segment_type) != pool
+            || owner_of(segment) != owner
+            || !segment.is_expandable;
+        other
+            && at < start
+            && at.saturating_add(segment.total_size.max(0) as u64) > lowest
+            && !mapped_after(at.max(lowest))
+    });
+    (!another_between).then_some(lowest)
 }
 
 #[cfg(test)]
