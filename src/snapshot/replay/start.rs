@@ -413,7 +413,9 @@ fn mapped_ranges(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
             let identity = (stream, pool, owner);
             let floor = if lasts {
                 let floor = same_segment_floor(stream, pool, owner).map_or(start, |f| f.min(start));
-                floor.min(joined_floor(start))
+                // The pages the trace touched next to that lowest range are the segment's
+                // too (one map or unmap covers pages of one segment).
+                floor.min(joined_floor(start)).min(joined_floor(floor))
             } else {
                 // Gone in the window: pages joined to its range by maps after it went may be
                 // a new segment's, at a reused address range.
