@@ -17,7 +17,8 @@ workload, and writes:
   DIR/NAME.meta.json   what ran and how it ended (always written, also on failure)
 
 The meta's "status": "completed"; "oom" (an OOM the workload did not catch ended it: the
-snapshot and stats are still written, and the job does not fit); "skipped" (the workload cannot
+snapshot and stats are still written, in the handler, before the job's objects die, and the job
+does not fit); "skipped" (the workload cannot
 run on this machine); "failed" (any other error; "stage" says where: import, setup, workload,
 dump). The exit status is 0 for completed, oom and skipped, 1 for failed.
 """
@@ -185,10 +186,18 @@ def main(argv=None):
         except torch.OutOfMemoryError as error:
             meta["status"] = "oom"
             meta["uncaught_oom"] = str(error).splitlines()[0][:300]
-        meta["workload_s"] = round(time.time() - t0, 3)
-
-        meta["stage"] = "dump"
-        write_results(torch, job, base, meta)
+            meta["workload_s"] = round(time.time() - t0, 3)
+            # Written here, while `error`'s traceback still holds the job's frames: the state
+            # at the OOM, as a user's handler (or an OOM observer) sees it. Once the handler
+            # ends, the frames die, and a MemPool among their locals runs emptyCache(pool) as
+            # it goes: a synchronisation (`num_sync_all_streams`) no trace event shows when the
+            # pool has nothing to release, which is teardown of the harness, not the job.
+            meta["stage"] = "dump"
+            write_results(torch, job, base, meta)
+        if meta["stage"] != "dump":
+            meta["workload_s"] = round(time.time() - t0, 3)
+            meta["stage"] = "dump"
+            write_results(torch, job, base, meta)
         meta["stage"] = "done"
     except BaseException as error:  # noqa: BLE001 - every failure is recorded, then reported
         meta["status"] = "failed"
