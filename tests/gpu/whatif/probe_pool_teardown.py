@@ -71,6 +71,19 @@ def oom_beside_an_empty_pool(device):
     torch.empty(4 << 30, dtype=torch.uint8, device=device)
 
 
+def oom_then_teardown(case, job, device):
+    """Runs `job` until its OOM; reports in the handler (`CASE_kept`: the traceback holds the
+    job's frames) and once they died (`CASE_died`)."""
+    start = trace_length()
+    try:
+        job(device)
+    except torch.OutOfMemoryError:
+        report(case + "_kept", "in the handler, traceback alive", start)
+        start = trace_length()
+    gc.collect()
+    report(case + "_died", "after the handler, frames gone", start)
+
+
 def main():
     device = torch.device("cuda:0")
     torch.cuda.init()
@@ -79,23 +92,8 @@ def main():
     torch.cuda.set_per_process_memory_fraction((1 << 30) / total)
     print(json.dumps({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)}))
 
-    start = trace_length()
-    try:
-        oom_inside_pool(device)
-    except torch.OutOfMemoryError:
-        report("inside_pool_kept", "in the handler, traceback alive", start)
-        start = trace_length()
-    gc.collect()
-    report("inside_pool_died", "after the handler, frames gone", start)
-
-    start = trace_length()
-    try:
-        oom_beside_an_empty_pool(device)
-    except torch.OutOfMemoryError:
-        report("empty_pool_kept", "in the handler, traceback alive", start)
-        start = trace_length()
-    gc.collect()
-    report("empty_pool_died", "after the handler, frames gone", start)
+    oom_then_teardown("inside_pool", oom_inside_pool, device)
+    oom_then_teardown("empty_pool", oom_beside_an_empty_pool, device)
 
     start = trace_length()
     pool = torch.cuda.MemPool()

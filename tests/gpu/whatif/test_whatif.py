@@ -769,15 +769,14 @@ class CompareTest(unittest.TestCase):
         self.assertIn("verdict", done.stdout)
 
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
-    def test_the_finetune_job_recorded_again_with_kernels_loaded_lazily_and_eagerly(self):
-        """results-finetune-again/ and results-finetune-eager/ (an H100 80GB, 2026-12-06): the
-        tenth wave's finetune job recorded again, by default (kernels loaded on first use) and
-        with CUDA_MODULE_LOADING=EAGER. Before the replay learnt kept chunks, the first gave the
-        same four differing pairs as results-wave10 and the second none; now every pair of
-        both is exact, and every self-replay."""
-        for folder in ("results-finetune-again", "results-finetune-eager"):
-            with self.subTest(folder=folder):
-                self.check_recordings(os.path.join(HERE, folder), 15, known=set())
+    def test_the_finetune_job_recorded_again(self):
+        """results-finetune-again/ (an H100 80GB, 2026-12-06): the tenth wave's finetune job
+        recorded again, to check the kept-chunk rule on a recording it was not worked out on.
+        Before the replay learnt kept chunks, it gave the same four differing pairs as
+        results-wave10; now every pair is exact, and every self-replay. (Its twin recorded with
+        CUDA_MODULE_LOADING=EAGER, results-finetune-eager/, is exact with and without the rule
+        and is compared by hand, README, to keep CI short.)"""
+        self.check_recordings(os.path.join(HERE, "results-finetune-again"), 15, known=set())
 
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
     def test_wrapped_copies_of_the_tenth_wave_replay_exactly_in_their_window(self):
