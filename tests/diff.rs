@@ -107,12 +107,8 @@ fn an_unreadable_file_is_named() {
 
 #[test]
 fn a_job_whose_trace_starts_mid_run_is_compared_by_its_window() {
-    let wrapped = common::tests_path("replay/fixtures/forms/v2.11-ring-wrapped.pickle");
-    let whole = common::tests_path("replay/fixtures/forms/v2.11.pickle");
-    let (wrapped, whole) = (
-        wrapped.to_str().expect("utf-8"),
-        whole.to_str().expect("utf-8"),
-    );
+    let wrapped = &common::tests_arg("replay/fixtures/forms/v2.11-ring-wrapped.pickle");
+    let whole = &common::tests_arg("replay/fixtures/forms/v2.11.pickle");
     let (stdout, stderr, code) = run(&["diff", wrapped, whole]);
     assert_eq!(code, 0, "{stderr}");
     assert!(

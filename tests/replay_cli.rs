@@ -233,3 +233,59 @@ fn traces_recorded_with_skip_actions_replay() {
     }
     assert_eq!(report.end_state.recorded, report.end_state.replayed);
 }
+
+/// `--addresses-from RUN`: a replay places its segments where another recording of the job put
+/// them while its device calls are that recording's, and by the model after; never an error.
+#[test]
+fn a_replay_takes_segment_addresses_from_another_recording_while_its_calls_are_its() {
+    let file = &common::tests_arg("replay/fixtures/convnet.default.pickle");
+    let other = &common::tests_arg("replay/fixtures/transformer_fp32.default.pickle");
+    let json = |args: &[&str]| -> Value {
+        let output = common::gpumem(args, "");
+        let (stdout, stderr, code) = common::outcome(&output);
+        assert_eq!(code, 0, "{args:?}: {stderr}");
+        serde_json::from_str(&stdout).expect("one JSON object")
+    };
+    let plain = json(&["replay", file, "--json"]);
+    let segments = plain["placed"]["sequence"].as_u64().expect("placed");
+    assert!(segments > 1, "{}", plain["placed"]);
+    // Its own recording: every segment where the file put it, the same answer.
+    let own = json(&["replay", file, "--addresses-from", file, "--json"]);
+    assert_eq!(own["final_stats"], plain["final_stats"]);
+    assert_eq!(own["placed"], plain["placed"]);
+    assert_eq!(own["addresses_from"], file.as_str());
+    assert_eq!(plain["addresses_from"], Value::Null);
+    // Another job's: followed only while the calls agree, then the model's placement.
+    let foreign = json(&["replay", file, "--addresses-from", other, "--json"]);
+    let placed = &foreign["placed"];
+    assert!(placed["model"].as_u64() > Some(0), "{placed}");
+    assert!(placed["sequence"].as_u64() < Some(segments), "{placed}");
+    assert_eq!(foreign["fits"], Value::Bool(true));
+    let output = common::gpumem(&["replay", file, "--addresses-from", other], "");
+    let (stdout, stderr, code) = common::outcome(&output);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains(&format!("{other}'s addresses")), "{stdout}");
+    // What cannot be done is said, naming what was wrong.
+    let missing = format!("{file}.missing");
+    let output = common::gpumem(&["replay", file, "--addresses-from", &missing], "");
+    let (_, stderr, code) = common::outcome(&output);
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("the recording to take addresses from") && stderr.contains(&missing),
+        "{stderr}"
+    );
+    let output = common::gpumem(
+        &[
+            "replay",
+            file,
+            "--addresses-from",
+            other,
+            "--placement",
+            "model",
+        ],
+        "",
+    );
+    let (_, stderr, code) = common::outcome(&output);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--placement recorded"), "{stderr}");
+}

@@ -268,6 +268,13 @@ enum Command {
         /// or always the simulator's model (model).
         #[arg(long, value_enum, default_value_t = PlacementArg::Recorded)]
         placement: PlacementArg,
+        /// Place segments where another recording of the same job put them (while the
+        /// replay's cudaMalloc/cudaFree calls are that recording's; the simulator's model
+        /// after), not where FILE's did: give PyTorch's own run under --alloc-conf to tell
+        /// whether a what-if replay differs from that run by the driver's placement (which no
+        /// file carries from one process to the next) or by the allocator's decisions.
+        #[arg(long, value_name = "RUN", conflicts_with_all = ["tune", "compare", "min_capacity"])]
+        addresses_from: Option<PathBuf>,
         /// Replay device N's trace (its position in the file's `device_traces`); by default
         /// the first device with entries. The report lists every device the file holds.
         #[arg(long, value_name = "N")]
@@ -652,6 +659,7 @@ fn try_main(cli: Cli, outer: &Outer) -> Result<(), CliError> {
             compare,
             min_capacity,
             placement,
+            addresses_from,
             device_index,
             timeline,
             report,
@@ -680,6 +688,7 @@ fn try_main(cli: Cli, outer: &Outer) -> Result<(), CliError> {
                 json,
                 fail_on_oom,
                 placement: placement.into(),
+                addresses_from,
                 device_index,
             })
         }

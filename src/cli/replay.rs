@@ -63,6 +63,8 @@ pub struct ReplayArgs {
     pub fail_on_oom: bool,
     /// `--placement`.
     pub placement: Placement,
+    /// `--addresses-from RUN`.
+    pub addresses_from: Option<PathBuf>,
     /// `--device-index N`.
     pub device_index: Option<u32>,
     /// `--timeline` and `--report`.
@@ -177,11 +179,17 @@ pub fn command(args: &ReplayArgs) -> Result<(), CliError> {
         Some(text) => Some(parse_conf(text, "--alloc-conf")?),
         None => None,
     };
+    if args.addresses_from.is_some() && args.placement != Placement::Recorded {
+        return Err(CliError::Usage(
+            "--addresses-from places segments at another recording's addresses: it needs --placement recorded".into(),
+        ));
+    }
     let options = ReplayOptions {
         capacity,
         conf: conf.clone(),
         placement: args.placement,
         device_index: args.device_index,
+        addresses_from: args.addresses_from.clone(),
         ..ReplayOptions::default()
     };
     let (report, recording) = with_progress(&args.file, "replaying", |progress| {
@@ -438,6 +446,7 @@ fn bench_report(snapshot: &Path, wanted: &BenchReport) -> Result<(), CliError> {
         } else {
             Placement::Recorded
         },
+        addresses_from: None,
         device_index: None,
         outputs: super::Outputs {
             timeline: Vec::new(),

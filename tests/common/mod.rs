@@ -125,6 +125,14 @@ pub fn tests_path(relative: &str) -> PathBuf {
         .join(relative)
 }
 
+/// [`tests_path`] as text, for a command line (the repository's paths are UTF-8).
+pub fn tests_arg(relative: &str) -> String {
+    tests_path(relative)
+        .to_str()
+        .expect("the repository's paths are UTF-8")
+        .to_string()
+}
+
 /// Runs `python3 -m unittest MODULE` in `folder` (relative to the repository) with `env` added,
 /// and fails the test unless unittest reports OK; skipped, with a note, where python3 cannot
 /// be run. For the harnesses whose logic is Python (tests/gpu/whatif, tests/gpu/placement).

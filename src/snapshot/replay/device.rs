@@ -51,6 +51,9 @@ struct Placements {
     /// Whether the replay's config is another than the recorded one (a what-if replay):
     /// segments the recording does not place are then placed by the mirror.
     what_if: bool,
+    /// Whether `sequence` holds another recording's device calls ([`Hints::follow_other`]):
+    /// the replayed trace's own segments then place nothing.
+    other_recording: bool,
 }
 
 /// The state of a replay's [`DriverMirror`].
@@ -118,14 +121,35 @@ impl Hints {
         })))
     }
 
+    /// Makes the replay follow `calls`, the device calls of another recording of the same
+    /// job (PyTorch's own run under the replay's config, say), instead of the replayed
+    /// trace's: its segments go where that run's driver put them while the replay makes that
+    /// run's calls, and by the simulator's model after. The replayed trace's own addresses
+    /// and the mirror learnt from them are not used. With the addresses the driver really
+    /// gave that run, a replay that still differs from it differs in the allocator's
+    /// decisions, not in placement (`gpumem replay --addresses-from`).
+    pub fn follow_other(&self, calls: &[DeviceCall]) {
+        let mut placements = self.0.borrow_mut();
+        placements.sequence = CallSequence::known(calls);
+        placements.at_allocation.clear();
+        placements.mirror = Mirror::Off;
+        placements.other_recording = true;
+    }
+
     /// The trace recorded a segment of `size` bytes at `address` (for the next malloc).
     pub fn push(&self, address: u64, size: u64) {
-        self.0.borrow_mut().at_allocation.push_back((address, size));
+        let mut placements = self.0.borrow_mut();
+        if !placements.other_recording {
+            placements.at_allocation.push_back((address, size));
+        }
     }
 
     /// The trace recorded device call `call` (a pass that learns them as it reads).
     pub fn recorded(&self, call: DeviceCall) {
-        self.0.borrow_mut().sequence.recorded(call);
+        let mut placements = self.0.borrow_mut();
+        if !placements.other_recording {
+            placements.sequence.recorded(call);
+        }
     }
 
     /// The replay of the trace begins (the start state is seeded): from now on its device
@@ -537,6 +561,51 @@ mod tests {
             SimDevice::new(1 << 30).mem_get_info().ok(),
             "every segment went back"
         );
+    }
+
+    /// `--addresses-from`: the other recording's calls place the segments while the replay
+    /// makes them, the replayed trace's own addresses none, and the model takes over at the
+    /// first call the other recording did not make.
+    #[test]
+    fn another_recordings_calls_place_segments_instead_of_the_traces_own() {
+        const OTHER: u64 = 0x7100_0000_0000;
+        const OWN: u64 = 0x7000_0000_0000;
+        let hints = Hints::knowing(&[DeviceCall::Malloc {
+            address: OWN,
+            size: 2 << 20,
+        }]);
+        hints.follow_other(&[
+            DeviceCall::Malloc {
+                address: OTHER,
+                size: 2 << 20,
+            },
+            DeviceCall::Malloc {
+                address: OTHER + (20 << 20),
+                size: 20 << 20,
+            },
+        ]);
+        hints.follow();
+        hints.what_if(true);
+        let mut device = ReplayDevice::new(SimDevice::new(1 << 30), hints.clone());
+        // What the replayed trace itself records is not used.
+        hints.push(OWN, 2 << 20);
+        hints.recorded(DeviceCall::Malloc {
+            address: OWN,
+            size: 2 << 20,
+        });
+        hints.recorded_segment(OWN, 2 << 20);
+        let first = device.malloc(2 << 20).expect("room");
+        assert_eq!(first.addr(), OTHER);
+        let second = device.malloc(20 << 20).expect("room");
+        assert_eq!(second.addr(), OTHER + (20 << 20));
+        // A call the other recording never made: the model's address, not the trace's.
+        let third = device.malloc(2 << 20).expect("room");
+        assert!(third.addr() != OWN && third.addr() != OTHER);
+        let placed = hints.placed();
+        assert_eq!((placed.sequence, placed.model, placed.total()), (2, 1, 3));
+        for segment in [first, second, third] {
+            device.free(segment).expect("free");
+        }
     }
 
     #[test]

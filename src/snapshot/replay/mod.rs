@@ -57,7 +57,7 @@ pub mod verdict;
 
 pub use search::{min_capacity, min_capacity_of, CapacitySearch};
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
@@ -73,6 +73,7 @@ pub use report::{
     StatScope,
 };
 use scan::Scan;
+use sequence::DeviceCall;
 
 /// Why a replay could not run.
 #[derive(Debug, Error)]
@@ -165,6 +166,11 @@ pub struct ReplayOptions {
     pub device_index: Option<u32>,
     /// Whether an inferred limit is applied.
     pub limit: LimitPolicy,
+    /// Another recording of the same job whose segment addresses a [`Placement::Recorded`]
+    /// replay follows instead of the file's own (see [`Hints`](device::Hints)'s
+    /// `follow_other`): for telling, when a what-if replay differs from PyTorch's own run under
+    /// that config, whether the driver's placement or the allocator's decisions differ.
+    pub addresses_from: Option<PathBuf>,
 }
 
 impl ReplayOptions {
@@ -307,14 +313,19 @@ pub fn replay_reading(
     // second pass takes them.
     let learned = recording.wants_learned_mem_pools(&chosen)
         && learned_mem_pools(path, &recording, options).teaches();
-    let mut report =
-        if !abandoned && !learned && first.needs_nothing_more(&recording, options, &plan)? {
-            first.finish(path, &recording, plan)?
-        } else {
-            // The first replay's allocator and live blocks go before the second's are made.
-            drop(first);
-            replay_recording(path, &recording, options, &mut *progress, Vec::new())?
-        };
+    // The first pass placed segments at the file's own addresses: a replay at another
+    // recording's (`addresses_from`) is a second pass's.
+    let mut report = if !abandoned
+        && !learned
+        && options.addresses_from.is_none()
+        && first.needs_nothing_more(&recording, options, &plan)?
+    {
+        first.finish(path, &recording, plan)?
+    } else {
+        // The first replay's allocator and live blocks go before the second's are made.
+        drop(first);
+        replay_recording(path, &recording, options, &mut *progress, Vec::new())?
+    };
     check_placement(path, &recording, options, &mut report, progress)?;
     report.frames = frames::attach(path, &mut report.first_oom, &mut report.ooms);
     Ok((report, recording))
@@ -371,6 +382,9 @@ fn replay_recording_tapped(
         recording.routes(),
         observers,
     )?;
+    if let Some(other) = &options.addresses_from {
+        pass.follow_other(other, &other_device_calls(other, options.device_index)?);
+    }
     let lesson = recording
         .wants_learned_mem_pools(&pass_conf)
         .then(|| learned_mem_pools(path, recording, options));
@@ -654,6 +668,31 @@ struct PassOutcome {
     inferred: bool,
     /// Whether it found segments a default-pool malloc passed over.
     passed_over: bool,
+}
+
+/// The `cudaMalloc`/`cudaFree` calls of device `device_index`'s trace in the recording at
+/// `other` (`--addresses-from`), every one of them.
+fn other_device_calls(
+    other: &Path,
+    device_index: Option<u32>,
+) -> Result<Vec<DeviceCall>, ReplayError> {
+    let naming = |error: ReplayError| {
+        ReplayError::Unreplayable(format!(
+            "the recording to take addresses from: {}",
+            error.naming(other)
+        ))
+    };
+    let recording = read(other, device_index, &mut no_progress).map_err(naming)?;
+    recording
+        .scan
+        .device_calls()
+        .map(<[DeviceCall]>::to_vec)
+        .ok_or_else(|| {
+            naming(ReplayError::Unreplayable(format!(
+                "it made more than {} cudaMalloc/cudaFree calls, too many to follow",
+                scan::MAX_KEPT_CALLS
+            )))
+        })
 }
 
 /// One self-replay of [`learned_mem_pools`] under `own`, knowing the claims `learned` from

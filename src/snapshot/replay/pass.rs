@@ -60,6 +60,8 @@ pub(super) struct Pass {
     last_index: u64,
     /// Whether the trace's end was replayed ([`Pass::end_trace`]).
     ended: bool,
+    /// The other recording whose addresses segments are placed at ([`Pass::follow_other`]).
+    addresses_from: Option<std::path::PathBuf>,
 }
 
 impl Pass {
@@ -114,6 +116,7 @@ impl Pass {
             wanted: options.device_index,
             last_index: 0,
             ended: false,
+            addresses_from: None,
         })
     }
 
@@ -333,9 +336,6 @@ impl Pass {
         self.engine.handle(emitted)
     }
 
-    /// Events of the replayed trace so far.
-    /// The segments the `MemPool`s this replay inferred claimed
-    /// ([`Engine::mem_pool_claims`]).
     /// Makes this pass read the trace as the recorded run's although its config names a
     /// memory fraction the file does not record (the one the run set in code, as a
     /// self-replay gives it): what it infers from its state holds only if it then reproduces
@@ -344,6 +344,17 @@ impl Pass {
         self.engine.follows_recorded_config(true);
         if let Some(hints) = &self.hints {
             hints.what_if(false);
+        }
+    }
+
+    /// Makes this pass place segments where another recording of the job, the file at
+    /// `other`, placed them, following `calls`, that recording's device calls
+    /// ([`Hints::follow_other`]); a pass placing by the model has no recorded addresses to
+    /// replace.
+    pub(super) fn follow_other(&mut self, other: &Path, calls: &[DeviceCall]) {
+        if let Some(hints) = &self.hints {
+            hints.follow_other(calls);
+            self.addresses_from = Some(other.to_path_buf());
         }
     }
 
@@ -476,6 +487,7 @@ impl Pass {
             conf: self.conf.clone(),
             conf_source: self.conf_source,
             placement: self.placement,
+            addresses_from: self.addresses_from.clone(),
             placed: self.placements.placed(),
             routes: self.routes.clone(),
             counts: engine.counts.clone(),

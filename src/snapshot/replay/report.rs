@@ -220,6 +220,9 @@ pub struct ReplayReport {
     pub conf_source: ConfSource,
     /// Where segments were placed: [`Placement::Recorded`] or [`Placement::Model`].
     pub placement: Placement,
+    /// The other recording whose addresses a recorded placement followed instead of the
+    /// file's own ([`ReplayOptions::addresses_from`](super::ReplayOptions)), if any.
+    pub addresses_from: Option<std::path::PathBuf>,
     /// How each `cudaMalloc` segment was placed.
     pub placed: PlacedBy,
     /// Which allocations went to private pools (from the file's segments).
@@ -295,6 +298,7 @@ impl ReplayReport {
                 ConfSource::Recorded | ConfSource::DefaultNoSettings => None,
             },
             placement: self.placement,
+            addresses_from: self.addresses_from.clone(),
             device_index: u32::try_from(self.device_index).ok(),
             limit: match self.limit_applied {
                 Applied::No => LimitPolicy::Never,
@@ -324,6 +328,7 @@ impl ReplayReport {
             "alloc_conf": self.alloc_conf,
             "conf_source": self.conf_source,
             "placement": self.placement,
+            "addresses_from": self.addresses_from.as_ref().map(|other| other.display().to_string()),
             "placed": self.placed,
             "fits": verdict.fits,
             "verdict": verdict,
@@ -609,19 +614,23 @@ impl ReplayReport {
     /// The placement line: the rule, and how many segments each way placed.
     fn placement_text(&self) -> String {
         let placed = self.placed;
-        let rule = match self.placement {
-            Placement::Recorded => "recorded addresses, else the model",
-            Placement::Model => "the simulator's model",
+        let rule = match (self.placement, &self.addresses_from) {
+            (Placement::Recorded, Some(other)) => {
+                format!("{}'s addresses, else the model", other.display())
+            }
+            (Placement::Recorded, None) => "recorded addresses, else the model".to_string(),
+            (Placement::Model, _) => "the simulator's model".to_string(),
         };
         if placed.total() == 0 {
             return format!("{rule} (no cudaMalloc segment)");
         }
         let mut parts = Vec::new();
         if placed.recorded() > 0 {
-            parts.push(format!(
-                "{} at the recording's addresses",
-                placed.recorded()
-            ));
+            let whose = match &self.addresses_from {
+                Some(other) => format!("{}'s", other.display()),
+                None => "the recording's".to_string(),
+            };
+            parts.push(format!("{} at {whose} addresses", placed.recorded()));
         }
         if placed.mirror > 0 {
             parts.push(format!(
