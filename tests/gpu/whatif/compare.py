@@ -203,13 +203,17 @@ class Replay:
         return f"exit {self.rc}: " + (text[-1][:300] if text else "(no output)")
 
 
-def replay(gpumem, pickle_path, alloc_conf, total, timeout):
+def replay(gpumem, pickle_path, alloc_conf, total, timeout, addresses_from=None):
     """Runs gpumem's replay of one snapshot under a config on a simulated device of `total`
-    bytes, in a clean environment (no allocator variables that could leak into it)."""
+    bytes, in a clean environment (no allocator variables that could leak into it); with
+    `addresses_from`, its segments placed where that other recording's were
+    (`--addresses-from`)."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")}
     argv = [gpumem, "replay", pickle_path, "--alloc-conf", alloc_conf, "--device",
             f"sim:{total}", "--json"]
+    if addresses_from:
+        argv += ["--addresses-from", addresses_from]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -408,6 +412,7 @@ def compare(runs, gpumem, jobs, timeout):
     self_rows = []
     pair_rows = []
     tasks = {}
+    diagnoses = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for run in runs.values():
             if run.meta.get("role") == "warmup":
@@ -455,6 +460,10 @@ def compare(runs, gpumem, jobs, timeout):
                 # segments (a second replay with the simulator's placement disagreed).
                 row["borderline"] = bool(((result.report or {}).get("verdict") or {})
                                          .get("borderline"))
+                if row["verdict"] == "differs" and row["kind"] in ("full", "prefix"):
+                    diagnoses[row["run"]] = pool.submit(
+                        replay, gpumem, runs[row["base"]].pickle, run.alloc_conf(),
+                        run.meta.get("total_memory"), timeout, run.pickle)
                 if row["kind"] in ("timing", "prefix timing"):
                     # Shown, not judged: the replay follows the base run's completions.
                     row["verdict"] = ("changed timing" if row["verdict"] == "differs"
@@ -471,7 +480,32 @@ def compare(runs, gpumem, jobs, timeout):
                                   f"but gpumem replayed under it")
             else:
                 row["verdict"] = "no comparison"
+        for row in pair_rows:
+            if row["run"] in diagnoses:
+                run = runs[row["run"]]
+                row["at_run_addresses"] = placement_diagnosis(
+                    run, runs[row["base"]], COMPARED[row["kind"]],
+                    diagnoses[row["run"]].result())
     return self_rows, pair_rows, missing_keys
+
+
+def placement_diagnosis(run, base, kind, result):
+    """What a differing pair's replay gives with its segments at the run's own addresses
+    (`gpumem replay --addresses-from RUN`): {'verdict': 'exact' | 'differs', 'fields',
+    'placed'}. The driver does not place the same calls alike in two processes (memory no
+    trace shows differs between them), and PyTorch breaks best-fit ties by address, so a
+    pair can differ by placement alone. Exact there, with every segment at the run's
+    addresses, the allocator's decisions were PyTorch's, and the difference is placement a
+    base run's file cannot carry to another process; differing there too, they were not.
+    Shown beside the verdict, never instead of it."""
+    verdict, fields = pair_verdict(run, base, kind, result)
+    placed = (result.report or {}).get("placed") or {}
+    # Every segment the run made was placed at its address (a run ended by its OOM made none
+    # after it, where the replay goes on).
+    made = sum(event["action"] == "segment_alloc" for event in run.events())
+    followed = placed.get("sequence", 0) == made
+    return {"verdict": verdict if followed or verdict == "differs" else "exact, partly placed",
+            "fields": [list(f) for f in fields], "placed": placed}
 
 
 MISMATCHES = ("MISMATCH", "differs")
@@ -503,6 +537,13 @@ def render(self_rows, pair_rows, missing_keys):
             detail = row["why"]
         if row.get("borderline"):
             detail += " [gpumem: borderline, the answer depends on the placement]"
+        diagnosis = row.get("at_run_addresses")
+        if diagnosis:
+            words = diagnosis["verdict"]
+            if diagnosis["verdict"] != "exact":
+                words += ": " + "; ".join(f"{name} PyTorch {a} gpumem {b}"
+                                          for name, a, b in diagnosis["fields"] if a != b)
+            detail += f" [at the run's own segment addresses: {words}]"
         out.append(f"  {row['run']:<34} {row['verdict']:<24} {detail}")
     out.append("")
     if missing_keys:
@@ -523,6 +564,14 @@ def render(self_rows, pair_rows, missing_keys):
         out.append(f"fit verdict: {fit['agree']} of {fit['pairs']} replayed pairs agree with PyTorch; "
                    f"gpumem says \"fits\" where PyTorch ran out of memory: {fit['false_fits']}, "
                    f"\"does not fit\" where PyTorch fit: {fit['false_alarms']}")
+    diagnosed = [row for row in pair_rows
+                 if row["verdict"] == "differs" and row.get("at_run_addresses")]
+    if diagnosed:
+        exact = sum(row["at_run_addresses"]["verdict"] == "exact" for row in diagnosed)
+        out.append(f"differing pairs replayed again at the run's own segment addresses: {exact} "
+                   f"of {len(diagnosed)} exact (the allocator decided as PyTorch did; the driver "
+                   f"placed segments elsewhere in the two processes), "
+                   f"{len(diagnosed) - exact} not")
     flagged = [row for row in pair_rows if row.get("borderline")]
     if flagged:
         out.append(f"borderline (gpumem says its answer depends on the placement): {len(flagged)}, "

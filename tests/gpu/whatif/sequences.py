@@ -163,7 +163,11 @@ def completed_otherwise(base_events, run_events, run_stats):
     OOM, than `empty_cache()` calls (synchronisations less retries).
 
     A free deferred in one run may complete at once in the other (the work it waited for was
-    already done at the next malloc): deferred on either side counts. A run ended by an
+    already done at the next malloc): deferred on either side counts. A deferred free completed
+    after the same request in both runs, but in the base run with no segment event after it
+    and in a run that retried right before one, was done before the next malloc in the base
+    run and perhaps only on the run's OOM path, after that malloc failed: the trace cannot
+    tell the two apart, and a replay of the base run hands the block to the malloc. A run ended by an
     uncaught OOM is given up to its `oom` event (whose path completed every pending free before
     it), and only the frees it completed are compared."""
     syncs = run_stats.get("num_sync_all_streams")
@@ -186,9 +190,18 @@ def completed_otherwise(base_events, run_events, run_stats):
     too_many_plain = (syncs is not None and retries is not None
                       and len(plain_points) > syncs - retries)
     for block in sorted(run):
-        if block not in base or run[block][0] == base[block][0]:
+        if block not in base:
             continue
         at, then_segments, at_once, survived = run[block]
+        if at == base[block][0]:
+            # The same request, but done before it in the base run (no segment event after
+            # the completion, the GPU's timing) and in the run only where its OOM path
+            # synchronised (a retry's segment event after it): a replay of the base run
+            # hands the block to that request's malloc, where the run had it only after the
+            # malloc failed. Which it was in the run, no trace tells.
+            if then_segments and not base[block][1] and not base[block][2] and retries:
+                return block, base[block][0], at
+            continue
         if at_once and base[block][2]:
             continue
         earlier = at < base[block][0]

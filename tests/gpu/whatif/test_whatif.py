@@ -201,6 +201,32 @@ class SequenceTest(unittest.TestCase):
         self.assertEqual(sequences.completed_otherwise(at_once, base, never), (0, 2, 4))
         self.assertIsNone(sequences.completed_otherwise(at_once, at_once, never))
 
+    def test_a_completion_the_run_made_on_its_oom_path_and_the_base_run_before_it(self):
+        # Block 0's free is deferred; both runs complete it after the same request, the base
+        # run with nothing after it (the GPU was done before the next malloc), the run right
+        # before a segment event (its OOM path's synchronisation, then the retry's cudaMalloc).
+        def job(then_segment):
+            events = [event("alloc", 512, addr=1), event("free_requested", 512, addr=1),
+                      event("alloc", 1024, addr=2), event("alloc", 1024, addr=3),
+                      event("free_completed", 512, addr=1)]
+            if then_segment:
+                events.append(event("segment_alloc", 20 << 20, addr=99))
+            return events + [event("alloc", 1024, addr=4)]
+        base, on_the_oom_path = job(False), job(True)
+        self.assertEqual(sequences.deferred_completions(base), {0: (4, False)})
+        self.assertEqual(sequences.deferred_completions(on_the_oom_path), {0: (4, True)})
+        retried = {"num_sync_all_streams": 1, "num_alloc_retries": 1}
+        # A replay of the base run hands the block to the malloc the run made without it.
+        self.assertEqual(sequences.completed_otherwise(base, on_the_oom_path, retried),
+                         (0, 4, 4))
+        # No retry in the run: its segment was no OOM path's.
+        self.assertIsNone(sequences.completed_otherwise(
+            base, on_the_oom_path, {"num_sync_all_streams": 0, "num_alloc_retries": 0}))
+        # On both runs' OOM paths, or on neither: the same.
+        self.assertIsNone(sequences.completed_otherwise(on_the_oom_path, on_the_oom_path,
+                                                        retried))
+        self.assertIsNone(sequences.completed_otherwise(base, base, retried))
+
     def test_earlier_completions_no_synchronisation_can_make_are_the_gpus_timing(self):
         # Blocks 0 and 1 (addresses 1 and 2) freed on a side stream, their completions deferred
         # (C1, C2); X are other requests.
@@ -537,6 +563,14 @@ class CompareTest(unittest.TestCase):
         self.assertLessEqual(borderline, unequal, text)
         if "resnet.split64.frac" in differing:
             self.assertIn("resnet.split64.frac", borderline, text)
+        # Every pair that differs differs by placement alone: replayed again with its segments
+        # at the run's own addresses (`--addresses-from`), it gives PyTorch's answer, so the
+        # allocator decided as PyTorch did and the two processes' drivers placed the same
+        # calls differently. A pair that differed there too would be gpumem's own error.
+        for pair in result["pairs"]:
+            if pair["verdict"] == "differs" and pair["kind"] in ("full", "prefix"):
+                self.assertEqual(pair["at_run_addresses"]["verdict"], "exact",
+                                 f"{pair['run']}\n{text}")
         # Never "fits" where PyTorch ran out of memory; "does not fit" where it fit only for
         # the pair known to (borderline, above).
         fit = compare.fit_tally(result["pairs"])
@@ -601,6 +635,23 @@ class CompareTest(unittest.TestCase):
             with self.subTest(rep=rep):
                 exact = self.check_recordings(os.path.join(HERE, "repeats", rep), 1)
                 self.assertIn("lstm.combo.frac", exact)
+        # rep1's prefetch pair reads as "changed timing": two side-stream frees completed
+        # after request 587 in both runs, before the next malloc in the base run and on the
+        # run's OOM path. At rep1's run's own addresses, the base runs of rep2 to rep4 (the
+        # same requests, their own timing) give that run's counters; rep1's does not.
+        run = os.path.join(self.tmp, "repeats-rep1", "runs", "prefetch.split128.frac")
+        with open(run + ".meta.json") as f:
+            meta = json.load(f)
+        with open(run + ".stats.json") as f:
+            stats = json.load(f)
+        conf = f"{meta['conf']},per_process_memory_fraction:{meta['fraction']}"
+        for rep, reproduces in (("rep1", False), ("rep2", True), ("rep3", True), ("rep4", True)):
+            base = os.path.join(self.tmp, f"repeats-{rep}", "runs", "prefetch.base.pickle")
+            result = compare.replay(GPUMEM, base, conf, meta["total_memory"], 120,
+                                    run + ".pickle")
+            final = result.report["final_stats"]
+            same = all(final[key] == stats[key] for key in compare.PAIR_FIELDS)
+            self.assertEqual(same, reproduces, rep)
 
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
     def test_the_fourth_wave_recorded_on_an_h100(self):
@@ -849,7 +900,9 @@ class CompareTest(unittest.TestCase):
                                     ("resnet.combo.frac", 62, 45, 1, 1)})
 
     def fake_gpumem(self, answers):
-        """A stand-in binary: answers[(pickle name, alloc conf)] = (exit status, JSON or text)."""
+        """A stand-in binary: answers[(pickle name, alloc conf)] = (exit status, JSON or text);
+        a replay at another recording's addresses is answered by the key's conf followed by
+        `|at RUN.pickle`."""
         table = os.path.join(self.tmp, "answers.json")
         with open(table, "w") as f:
             json.dump({f"{k[0]}|{k[1]}": v for k, v in answers.items()}, f)
@@ -860,6 +913,8 @@ class CompareTest(unittest.TestCase):
                 import json, os, sys
                 a = sys.argv
                 key = os.path.basename(a[2]) + "|" + a[a.index("--alloc-conf") + 1]
+                if "--addresses-from" in a:
+                    key += "|at " + os.path.basename(a[a.index("--addresses-from") + 1])
                 rc, out = json.load(open({table!r}))[key]
                 print(out if isinstance(out, str) else json.dumps(out), file=sys.stdout if rc == 0 else sys.stderr)
                 sys.exit(rc)
@@ -900,6 +955,11 @@ class CompareTest(unittest.TestCase):
             ("w.a.frac.pickle", "max_split_size_mb:64,per_process_memory_fraction:0.5"):
                 (0, dict(own, final_stats=dict(own["final_stats"], num_alloc_retries=1))),
             ("w.base.pickle", "max_split_size_mb:64,per_process_memory_fraction:0.5"): (0, own),
+            # At w.a.frac's own addresses the replay gives its counters: placement alone.
+            ("w.base.pickle", "max_split_size_mb:64,per_process_memory_fraction:0.5"
+                              "|at w.a.frac.pickle"):
+                (0, dict(own, final_stats=dict(own["final_stats"], num_alloc_retries=1),
+                         placed={"sequence": 0})),
             ("w.b.frac.pickle", "per_process_memory_fraction:0.25"): (0, oom_self),
             ("w.base.pickle", "per_process_memory_fraction:0.25"): (0, predicted),
         })
@@ -907,6 +967,11 @@ class CompareTest(unittest.TestCase):
         pairs = {p["run"]: p for p in result["pairs"]}
         self.assertEqual(pairs["w.a.frac"]["verdict"], "differs")
         self.assertIn(["num_alloc_retries", 1, 0], pairs["w.a.frac"]["fields"])
+        self.assertEqual(pairs["w.a.frac"]["at_run_addresses"]["verdict"], "exact", text)
+        self.assertIn("[at the run's own segment addresses: exact]", text)
+        self.assertIn("1 of 1 exact", text)
+        # An exact pair is not replayed again.
+        self.assertNotIn("at_run_addresses", pairs["w.b.frac"])
         self.assertEqual(pairs["w.b.frac"]["kind"], "prefix")
         self.assertEqual(pairs["w.b.frac"]["verdict"], "exact", text)
         self.assertIn(["first OOM at allocation #", 1, 1], pairs["w.b.frac"]["fields"])
