@@ -4303,6 +4303,94 @@ mod wrapped_windows {
         assert_eq!(window_differences("expandable_segments:True", &ops, 26), []);
     }
 
+    /// Found by the property, seed 65: a side stream's expandable segment lasts through the
+    /// window, which maps 20 MiB 40 MiB below the pages it held mapped at the start, leaving
+    /// 20 MiB unmapped between. The segment's range reached down there (PyTorch maps the
+    /// stream's lowest unmapped pages that fit, `find_expandable_block`); begun at its
+    /// start-mapped pages, the replay mapped the request above them instead and kept 20 MiB
+    /// that PyTorch's last `empty_cache()` unmapped.
+    #[test]
+    fn a_lasting_segments_pages_mapped_below_a_gap_are_its_own() {
+        use PoolJobOp::{Alloc, EmptyCache, Free, InMemPool};
+        #[rustfmt::skip]
+        let ops = [
+            Alloc(10, 46136321, SIDE), Alloc(2, 37749249, SIDE), Alloc(3, 1048577, SIDE),
+            Alloc(2, 512, 0), Alloc(6, 2005505, SIDE), Alloc(3, 512, 0), Alloc(6, 35743233, SIDE),
+            Alloc(0, 512, 0), Free(0), InMemPool(10, 512), EmptyCache, Alloc(3, 6199809, SIDE),
+            Alloc(6, 512, 0), Alloc(0, 22107137, SIDE), Alloc(10, 19835905, SIDE),
+            Alloc(0, 22106625, SIDE), Alloc(10, 1135105, SIDE), Alloc(4, 512, 0), EmptyCache,
+        ];
+        assert_eq!(window_differences("expandable_segments:True", &ops, 20), []);
+    }
+
+    /// Found while writing the rule above: a CUDA graph's pool keeps an expandable segment on
+    /// the side stream, far above the default pools' one on the same stream, whose maps in
+    /// the window join its start-mapped pages. A map names no pool: those maps are the
+    /// segment's they join, not the graph's (whose range would also have to span more than
+    /// the 1 1/8 of the device PyTorch reserves for a segment).
+    #[test]
+    fn maps_joined_to_another_pools_segment_are_not_a_graph_pools() {
+        use PoolJobOp::{Alloc, InGraph, InMemPool};
+        #[rustfmt::skip]
+        let ops = [
+            Alloc(3, 1048577, SIDE), InGraph(0, 1048577), InMemPool(7, 512),
+            Alloc(7, 27300353, SIDE), Alloc(10, 13575681, SIDE), Alloc(0, 512, 0),
+            Alloc(0, 512, 0), Alloc(0, 287744, 0), Alloc(2, 943104, 0), Alloc(3, 512, 0),
+            Alloc(1, 98816, 0), Alloc(5, 512, 0), Alloc(7, 512, 0), Alloc(0, 512, 0),
+            InGraph(4, 24101889), Alloc(5, 512, 0), Alloc(0, 765952, 0),
+            Alloc(1, 62712321, SIDE), Alloc(2, 512, 0), Alloc(1, 59936769, SIDE),
+            Alloc(5, 66110465, SIDE), Alloc(0, 65975297, 0), InMemPool(2, 13384705),
+            InGraph(5, 512), InGraph(3, 38812161), Alloc(0, 38881793, 0),
+            InMemPool(0, 7586305), Alloc(1, 666624, SIDE), Alloc(2, 883200, SIDE),
+            Alloc(3, 512, 0), Alloc(0, 547840, SIDE),
+        ];
+        let conf = "expandable_segments:True,per_process_memory_fraction:0.03";
+        assert_eq!(window_differences(conf, &ops, 87), []);
+    }
+
+    /// The same rule's other bound: the default pools' side-stream segment is held at the
+    /// start between a map of the window and a graph pool's segment above; segments held
+    /// together never share an address range, so the map is not the graph pool's.
+    #[test]
+    fn a_map_below_another_pools_start_pages_is_not_a_graph_pools() {
+        use PoolJobOp::{Alloc, EmptyCache, Free, InGraph, InMemPool};
+        #[rustfmt::skip]
+        let ops = [
+            Alloc(1, 6191617, SIDE), InGraph(2, 1048577), Alloc(2, 512, 0),
+            Alloc(2, 512, 0), Alloc(4, 40354817, SIDE), Alloc(4, 2131457, SIDE),
+            InMemPool(0, 512), Alloc(5, 512, 0), Alloc(0, 512, 0), Alloc(0, 512, 0),
+            Alloc(1, 512, 0), Free(0), Alloc(0, 512, 0), Alloc(5, 512, 0),
+            Alloc(0, 512, 0), EmptyCache, Free(0), Free(0), Alloc(3, 512, 0),
+            Alloc(0, 512, 0), Alloc(5, 512, 0), Alloc(0, 512, 0), Alloc(0, 512, 0),
+            Alloc(0, 512, 0), Alloc(4, 14235137, SIDE), Alloc(4, 512, 0), Free(0),
+            Alloc(0, 512, 0), EmptyCache,
+        ];
+        assert_eq!(window_differences("expandable_segments:True", &ops, 20), []);
+    }
+
+    /// And its third: a `MemPool`'s small segment lasts on the default stream while the
+    /// default pools' small segment there, released before the window, is made again in it
+    /// 18 GiB lower (another reservation). A segment's pages lie within its reservation
+    /// (1 1/8 of the device's 16 GiB), so that map is not the pool's.
+    #[test]
+    fn a_map_beyond_a_segments_reservation_is_another_segments() {
+        use PoolJobOp::{Alloc, EmptyCache, Free, InMemPool};
+        #[rustfmt::skip]
+        let ops = [
+            Alloc(0, 1048577, 0), Alloc(1, 1048577, 0), Alloc(4, 512, 0),
+            InMemPool(1, 512), Alloc(1, 512, 0), Alloc(0, 512, SIDE), Alloc(0, 1048577, 0),
+            Alloc(0, 512, SIDE), Alloc(4, 512, 0), Alloc(0, 1048577, 0),
+            Alloc(1, 512, SIDE), Alloc(2, 512, 0), Alloc(2, 512, 0), Free(4),
+            Alloc(2, 512, 0), Free(2), Alloc(2, 1048577, 0), EmptyCache,
+            Alloc(0, 512, SIDE), Alloc(0, 512, SIDE), Alloc(0, 512, SIDE),
+            Alloc(0, 1048577, 0), Alloc(0, 1048577, 0), Alloc(0, 512, SIDE),
+            Alloc(6, 512, 0), Alloc(0, 1048577, 0), Alloc(0, 1048577, 0),
+            Alloc(0, 512, SIDE), Alloc(0, 512, SIDE), InMemPool(6, 1048577), EmptyCache,
+            Alloc(0, 1048577, 0), Alloc(0, 512, SIDE),
+        ];
+        assert_eq!(window_differences("expandable_segments:True", &ops, 27), []);
+    }
+
     proptest! {
         // A fixed seed: the same jobs on every run (PROPTEST_CASES=5000 for a deeper search,
         // which passes on this seed since the jobs pinned above were fixed).

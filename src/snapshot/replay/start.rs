@@ -147,7 +147,12 @@ pub fn rebuild(
     segments: &[Segment],
     allocator: &CachingAllocator,
 ) -> Result<StartState, StartError> {
-    let mut held = held_segments(scan, segments);
+    let total_memory = allocator.device().total_memory();
+    let reservation = |pool: Pool| {
+        let page = allocator.page_size(pool);
+        crate::alloc::expandable::reserved_pages(total_memory, page).saturating_mul(page)
+    };
+    let mut held = held_segments(scan, segments, &reservation);
     // End-state blocks the trace never allocated were live all along.
     for segment in segments {
         for block in &segment.blocks {
@@ -267,7 +272,12 @@ fn settle_sizes(
 }
 
 /// The segments and mapped ranges held when the trace starts, without their blocks.
-fn held_segments(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
+/// `reservation`: the bytes of address space an expandable segment of a pool reserves.
+fn held_segments(
+    scan: &Scan,
+    segments: &[Segment],
+    reservation: &dyn Fn(Pool) -> u64,
+) -> Vec<StartSegment> {
     let mut held = Vec::new();
     for segment in segments.iter().filter(|s| !s.is_expandable) {
         let addr = segment.address as u64;
@@ -300,7 +310,7 @@ fn held_segments(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
             unmapped_below: 0,
         });
     }
-    held.extend(mapped_ranges(scan, segments));
+    held.extend(mapped_ranges(scan, segments, reservation));
     held.sort_by_key(|segment| segment.addr);
     // A segment's unmapped pages never reach into the segment held below it.
     let mut below_end = 0;
@@ -324,7 +334,12 @@ struct MappedPiece {
 
 /// Expandable segments' pages mapped when the trace starts, as contiguous runs: the pages it
 /// unmaps before mapping them, and the end state's mapped pages it never touched.
-fn mapped_ranges(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
+/// `reservation`: the bytes of address space an expandable segment of a pool reserves.
+fn mapped_ranges(
+    scan: &Scan,
+    segments: &[Segment],
+    reservation: &dyn Fn(Pool) -> u64,
+) -> Vec<StartSegment> {
     let mut pieces: Vec<MappedPiece> = Vec::new();
     for segment in segments.iter().filter(|s| s.is_expandable) {
         let start = segment.address as u64;
@@ -391,21 +406,66 @@ fn mapped_ranges(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
     };
     // The (stream, pool, private pool) of the runs whose segments last to the end.
     let lasting: Vec<(u64, Pool, MemPoolId)> = runs.iter().filter_map(known_of).collect();
+    // Each run's stream, pool and private pool: the end state's where it shows them; a run of
+    // pages only the trace unmaps is taken, in whole 20 MiB pages, as the large pool's, of the
+    // default pools.
+    let identity_of = |(start, end): (u64, u64)| {
+        let known = known_of((start, end));
+        let identity = known.unwrap_or_else(|| {
+            let stream = pieces
+                .iter()
+                .find(|p| p.start >= start && p.end <= end)
+                .map_or(0, |p| p.stream);
+            let pool = if (end - start) % crate::alloc::LARGE_BUFFER == 0 {
+                Pool::Large
+            } else {
+                Pool::Small
+            };
+            (stream, pool, MemPoolId::default())
+        });
+        (known, identity)
+    };
+    // Whose pages each joined range holds, by the range's lowest address: the start's runs,
+    // and the end state's segments.
+    let held_at_start: Vec<(u64, (u64, Pool, MemPoolId))> = runs
+        .iter()
+        .map(|run| (joined_floor(run.0), identity_of(run).1))
+        .collect();
+    let held_at_end: Vec<(u64, (u64, Pool, MemPoolId))> = segments
+        .iter()
+        .filter(|s| s.is_expandable)
+        .map(|s| {
+            let identity = (s.stream as u64, pool_of(&s.segment_type), owner_of(s));
+            (joined_floor(s.address as u64), identity)
+        })
+        .collect();
+    // A map at `addr` can be the pages of `identity`'s segment, held from the start on pages
+    // `start..end` (and to the end where it `lasts`), unless:
+    // - the two lie further apart than the segment's reservation (PyTorch reserves 1 1/8 of
+    //   the device's memory for each, `address_space_size`);
+    // - its pages are joined to pages of a segment of another stream, pool or private pool
+    //   held together with this one (at the start; at the end too where it lasts): they are
+    //   that segment's, as segments held together never share an address range (one gone
+    //   before the end may leave its range to a later one);
+    // - pages such a segment held at the start lie between it and `start`.
+    let claimable =
+        |addr: u64, (start, end): (u64, u64), identity: (u64, Pool, MemPoolId), lasts: bool| {
+            if end.saturating_sub(addr) > reservation(identity.1) {
+                return false;
+            }
+            let floor = joined_floor(addr);
+            let joined_to_another = held_at_start
+                .iter()
+                .chain(held_at_end.iter().filter(|_| lasts))
+                .any(|&(at, other)| at == floor && other != identity);
+            let another_between = runs
+                .iter()
+                .any(|run| run.0 < start && run.1 > addr && identity_of(run).1 != identity);
+            !joined_to_another && !another_between
+        };
     runs.iter()
         .map(|(start, end)| {
-            let inside = pieces.iter().filter(|p| p.start >= start && p.end <= end);
-            let known = known_of((start, end));
-            // A run of pages only the trace unmaps: whole 20 MiB pages are taken as the large
-            // pool's, of the default pools.
-            let (stream, pool, owner) = known.unwrap_or_else(|| {
-                let stream = inside.clone().next().map_or(0, |p| p.stream);
-                let pool = if (end - start) % crate::alloc::LARGE_BUFFER == 0 {
-                    Pool::Large
-                } else {
-                    Pool::Small
-                };
-                (stream, pool, MemPoolId::default())
-            });
+            let (known, (stream, pool, owner)) = identity_of((start, end));
             // Pages the trace never touches and the end state shows mapped: the run's segment
             // lasts to the end. So does a run the trace unmaps whole where another run of the
             // same stream and pool lasts: PyTorch held one segment for them at the start.
@@ -415,11 +475,19 @@ fn mapped_ranges(scan: &Scan, segments: &[Segment]) -> Vec<StartSegment> {
                 let floor = same_segment_floor(stream, pool, owner).map_or(start, |f| f.min(start));
                 // The pages the trace touched next to that lowest range are the segment's
                 // too (one map or unmap covers pages of one segment).
-                floor.min(joined_floor(start)).min(joined_floor(floor))
+                let floor = floor.min(joined_floor(start)).min(joined_floor(floor));
+                // So are pages the trace mapped below it on the same stream, in pages of the
+                // pool's kind, even with unmapped pages between: the segment was held through
+                // the whole window, and PyTorch maps a request into the stream's segment,
+                // lowest unmapped pages first (`find_expandable_block`).
+                let claimable = |addr| claimable(addr, (floor, end), identity, true);
+                own_map_below(scan, segments, floor, identity, u64::MAX, &claimable)
+                    .map_or(floor, |lowest| lowest.min(floor))
             } else {
                 // Gone in the window: pages joined to its range by maps after it went may be
                 // a new segment's, at a reused address range.
-                mapped_while_held(scan, segments, (start, end), identity)
+                let claimable = |addr| claimable(addr, (start, end), identity, false);
+                mapped_while_held(scan, segments, (start, end), identity, &claimable)
                     .map_or(start, |lowest| lowest.min(start))
             };
             StartSegment {
@@ -450,6 +518,7 @@ fn mapped_while_held(
     segments: &[Segment],
     run: (u64, u64),
     (stream, pool, owner): (u64, Pool, MemPoolId),
+    claimable: &dyn Fn(u64) -> bool,
 ) -> Option<u64> {
     let (start, end) = run;
     let gone_at = scan
@@ -458,24 +527,51 @@ fn mapped_while_held(
         .filter(|unmap| unmap.addr >= start && unmap.addr + unmap.size <= end)
         .map(|unmap| unmap.index)
         .max()?;
+    own_map_below(
+        scan,
+        segments,
+        start,
+        (stream, pool, owner),
+        gone_at,
+        claimable,
+    )
+}
+
+/// The lowest page below `start` that the trace mapped on `stream`, in pages of `pool`'s kind,
+/// before the event `held_until` (the segment's pages from `start` up were held till then),
+/// where no segment of the end state of another stream, pool or private pool (or a
+/// `cudaMalloc` one) lies in between, unless the trace mapped that after `held_until`, and
+/// that `claimable` allows (a map names no pool, and a graph's or `MemPool`'s segment can
+/// share the stream: see `mapped_ranges`). Those pages were the same expandable segment's:
+/// PyTorch holds one per stream, pool and private pool at a time. `None` where no such map
+/// came.
+fn own_map_below(
+    scan: &Scan,
+    segments: &[Segment],
+    start: u64,
+    (stream, pool, owner): (u64, Pool, MemPoolId),
+    held_until: u64,
+    claimable: &dyn Fn(u64) -> bool,
+) -> Option<u64> {
     let large = |bytes: u64| bytes.is_multiple_of(crate::alloc::LARGE_BUFFER);
     let lowest = scan
         .maps
         .iter()
-        .take_while(|map| map.index < gone_at)
+        .take_while(|map| map.index < held_until)
         .filter(|map| {
             map.stream == stream
                 && map.addr + map.size <= start
                 && large(map.size) == (pool == Pool::Large)
+                && claimable(map.addr)
         })
         .map(|map| map.addr)
         .min()?;
-    // One the trace mapped after the run's segment went may be a new one at a reused address
-    // range: no sign of another segment while the run's was held.
+    // One the trace mapped after the segment went may be a new one at a reused address
+    // range: no sign of another segment while this one was held.
     let mapped_after = |at: u64| {
         scan.maps
             .iter()
-            .any(|map| map.index > gone_at && map.addr <= at && at < map.addr + map.size)
+            .any(|map| map.index > held_until && map.addr <= at && at < map.addr + map.size)
     };
     let another_between = segments.iter().any(|segment| {
         let at = segment.address as u64;
