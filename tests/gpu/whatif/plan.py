@@ -61,6 +61,23 @@ WHATIF_WORKLOADS += ["pool_side"]
 # a fine-tuning script's habits (accumulation, clipping, evaluation then empty_cache(), an
 # evaluation's OOM caught and retried at half the batch, a checkpoint cloned on the device).
 WHATIF_WORKLOADS += ["pipeline", "finetune"]
+# An eleventh (results-wave11/), written after the tenth session and not fitted: a run resumed
+# from a checkpoint (torch.load onto the device) then served in float16, and video clips of a
+# new size every step, whose buffers lie beyond any max_split_size_mb. They also run under
+# EXTRA_CONFIGS.
+WHATIF_WORKLOADS += ["resume", "frames"]
+
+# Configs no earlier wave ran, for the eleventh wave's workloads only (the earlier waves'
+# plans, and so their recordings, stay as they were): a rounding limit for oversize blocks
+# (max_non_split_rounding_mb), expandable segments with a split limit and with a collection
+# threshold (fraction only: the threshold acts only under a fraction), and 8 divisions.
+EXTRA_CONFIGS = [
+    ("nonsplit256", "max_split_size_mb:64,max_non_split_rounding_mb:256", False),
+    ("exp_split128", "expandable_segments:True,max_split_size_mb:128", False),
+    ("exp_gc08", "expandable_segments:True,garbage_collection_threshold:0.8", True),
+    ("pow2div8", "roundup_power2_divisions:8", False),
+]
+EXTRA_CONFIG_WORKLOADS = ["resume", "frames"]
 
 # The batch-size search always runs under its own limit (the fraction it searches within).
 BS_SEARCH_LIMIT = 3 * GIB
@@ -140,7 +157,8 @@ def build_plan():
         base = f"{workload}.base"
         runs.append(RunSpec(base, workload, "base", priority=1 if workload == "compiled" else 2,
                             **extra))
-        for label, conf, fraction_only in CONFIGS:
+        extra_configs = EXTRA_CONFIGS if workload in EXTRA_CONFIG_WORKLOADS else []
+        for label, conf, fraction_only in CONFIGS + extra_configs:
             if not fraction_only:
                 runs.append(RunSpec(f"{workload}.{label}", workload, "whatif", conf=conf,
                                     config_label=label, base=base, priority=4, **extra))

@@ -190,6 +190,19 @@ class LanguageModel(nn.Module):
         return self.head(self.norm(x))
 
 
+def halving_on_oom(job, batch, run):
+    """`run(batch)`'s result; after an OOM (caught and counted) `run` again at half the batch,
+    down to 2 rows, where the OOM is raised: the retry evaluation and serving scripts use."""
+    while True:
+        try:
+            return run(batch)
+        except torch.OutOfMemoryError as error:
+            job.caught_oom(error)
+            if batch <= 2:
+                raise
+            batch //= 2
+
+
 def learn(optimizer, loss):
     """One optimizer step from `loss`: backward, the update, the gradients dropped (set to
     None, so their blocks are freed before the next forward)."""
@@ -1557,18 +1570,127 @@ def finetune(job):
         if step == 6:
             checkpoint_copy = None
         if step % 3 == 2:
-            batch = 16
-            while True:
-                try:
-                    job.notes.setdefault("eval_loss", []).append(evaluate(batch))
-                    break
-                except torch.OutOfMemoryError as error:
-                    job.caught_oom(error)
-                    if batch <= 2:
-                        raise
-                    batch //= 2
+            job.notes.setdefault("eval_loss", []).append(halving_on_oom(job, 16, evaluate))
             job.empty_cache()
     del checkpoint_copy
+    job.synchronize()
+
+
+# --- the eleventh wave (results-wave11/): written after the tenth session's work, not fitted to:
+# a run resumed from a checkpoint then served in float16, and video clips of a new size every
+# step, whose buffers lie beyond any max_split_size_mb; both also run under the configs of
+# EXTRA_CONFIGS in plan.py (max_non_split_rounding_mb, expandable segments with a split limit
+# or a collection threshold, roundup_power2_divisions:8), which no earlier wave used.
+
+
+def resume(job):
+    """A run resumed from a checkpoint, as training scripts do it: a language model (4 blocks,
+    d_model 512, vocabulary 12000) trained 3 steps with Adam; its weights and the optimizer's
+    state saved with torch.save into memory; the optimizer dropped and empty_cache() called;
+    the checkpoint loaded back with map_location onto the device (a second copy of every
+    tensor beside the model's), loaded into the model and a fresh Adam, the loaded copy
+    dropped; 3 more steps at another length; then the weights converted to float16 (each one
+    made again) and inference under inference_mode over batches of 4 to 64 rows of 128 tokens,
+    whose logits (up to 188 MiB) lie beyond any max_split_size; an inference that runs out of
+    memory is caught and retried at half the batch."""
+    import io
+    seed_all(41)
+    vocab = 12000
+    model = LanguageModel(vocab, 512, 8, 4).to(job.device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    for _ in range(3):
+        lm_step(model, optimizer, torch.randint(0, vocab, (8, 257), device=job.device))
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+    del optimizer
+    job.empty_cache()
+    buffer.seek(0)
+    loaded = torch.load(buffer, map_location=job.device)
+    model.load_state_dict(loaded["model"])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    optimizer.load_state_dict(loaded["optimizer"])
+    del loaded, buffer
+    for _ in range(3):
+        lm_step(model, optimizer, torch.randint(0, vocab, (6, 385), device=job.device))
+    del optimizer
+    model.half().eval()
+
+    def infer(batch):
+        """The top token of the first row's last position, for `batch` random rows."""
+        with torch.inference_mode():
+            tokens = torch.randint(0, vocab, (batch, 128), device=job.device)
+            logits = model(tokens)
+            top = int(logits[:, -1].argmax(dim=-1)[0])
+            del tokens, logits
+            return top
+
+    for batch in (4, 24, 64, 40, 12, 64, 32, 56):
+        job.notes.setdefault("top_tokens", []).append(halving_on_oom(job, batch, infer))
+    job.synchronize()
+
+
+class ClipNet(nn.Module):
+    """A small 3D convolutional net over (batch, channels, time, rows, columns) clips: two
+    strided 3x3x3 stages, pooled to a 64-wide feature per clip."""
+
+    def __init__(self):
+        super().__init__()
+        self.stages = nn.Sequential(
+            nn.Conv3d(3, 32, 3, stride=(1, 2, 2), padding=1), nn.ReLU(),
+            nn.Conv3d(32, 64, 3, stride=2, padding=1), nn.ReLU())
+
+    def forward(self, x):
+        return self.stages(x).mean(dim=(2, 3, 4))
+
+
+def frames(job):
+    """Video clips of a new size every step, as a preprocessing-plus-model loop meets them:
+    20 clips of 8 to 32 frames at 288 to 720 rows by 16/9 as many columns (seeded), each made
+    on the device as uint8 (as a decoder hands them over, up to 85 MiB), converted to float16
+    and normalised (two copies of twice that), resized to 112 x 112 and passed through a small
+    3D conv net under no_grad; the last 3 clips' resized frames are kept in a ring (each new
+    one made before the oldest is dropped). Every 7 clips empty_cache() is called. A clip that
+    runs out of memory is caught and done again in two halves along time."""
+    seed_all(43)
+    generator = torch.Generator().manual_seed(43)
+    # float16 on the GPU; the CPU's 3D convolution wants float32 (cpu_check.py).
+    dtype = torch.float16 if job.cuda else torch.float32
+    net = ClipNet().to(job.device, dtype).eval()
+    mean = torch.tensor([0.45, 0.45, 0.45], device=job.device, dtype=dtype).view(3, 1, 1, 1)
+    ring = []
+
+    def features(clip):
+        """The resized clip and its features: uint8 (T, H, W, 3) -> float16 (3, T, 112, 112)."""
+        x = clip.permute(3, 0, 1, 2).to(dtype)
+        x = (x / 255.0 - mean) / 0.225
+        small = F.interpolate(x, size=(112, 112), mode="bilinear", align_corners=False)
+        del x
+        return small, net(small.unsqueeze(0))
+
+    with torch.no_grad():
+        for index in range(20):
+            count = 8 * int(torch.randint(1, 5, (1,), generator=generator))
+            rows = 144 * int(torch.randint(2, 6, (1,), generator=generator))
+            columns = rows * 16 // 9
+            clip = torch.randint(0, 256, (count, rows, columns, 3), dtype=torch.uint8,
+                                 device=job.device)
+            try:
+                small, feature = features(clip)
+            except torch.OutOfMemoryError as error:
+                job.caught_oom(error)
+                halves = [features(part) for part in clip.split(count // 2)]
+                small = torch.cat([h[0] for h in halves], dim=1)
+                feature = torch.stack([h[1] for h in halves]).mean(dim=0)
+                del halves
+            del clip
+            job.notes.setdefault("feature_sums", []).append(round(float(feature.sum()), 2))
+            ring.append(small)
+            if len(ring) > 3:
+                ring.pop(0)
+            del small, feature
+            if index % 7 == 6:
+                job.empty_cache()
+    del ring
     job.synchronize()
 
 
@@ -1604,4 +1726,6 @@ WORKLOADS = {
     "pool_side": pool_side,
     "pipeline": pipeline,
     "finetune": finetune,
+    "resume": resume,
+    "frames": frames,
 }
