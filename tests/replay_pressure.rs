@@ -4391,6 +4391,86 @@ mod wrapped_windows {
         assert_eq!(window_differences("expandable_segments:True", &ops, 27), []);
     }
 
+    /// Found by the property at 10,620 cases (seed 65): the window begins inside a malloc's
+    /// garbage collection, which released a 56 MiB segment just before the cut and the
+    /// window's first event, a 26 MiB one, after it. Without the 56 MiB the start state holds
+    /// less than the collector's threshold, so the replay's malloc collected nothing and kept
+    /// the 26 MiB segment. The collection is taken as begun before the cut.
+    #[test]
+    fn a_window_cut_inside_a_garbage_collection() {
+        use PoolJobOp::{Alloc, EmptyCache, Free, InGraph, InMemPool, RecordStream, Work};
+        #[rustfmt::skip]
+        let ops = [
+            Alloc(0, 512, 0), Alloc(0, 512, 0), Alloc(0, 512, 0), Alloc(9, 1048577, SIDE),
+            Alloc(0, 19922433, SIDE), Alloc(7, 3885057, 0), Alloc(0, 2385409, 0),
+            Alloc(1, 512, 0), Alloc(1, 14700033, 0), Alloc(3, 8856065, 0),
+            Alloc(1, 512, 0), Alloc(1, 512, SIDE), Alloc(1, 1048577, 0), EmptyCache,
+            InMemPool(8, 434688), InMemPool(1, 512), InMemPool(1, 1048577),
+            Alloc(1, 10972673, 0), Alloc(5, 21458433, 0), Alloc(2, 512, 0),
+            Alloc(0, 512, 0), Alloc(2, 14835201, 0), Alloc(0, 512, 0), InGraph(5, 1048577),
+            Alloc(0, 512, 0), Alloc(0, 512, 0), InMemPool(0, 637952),
+            InMemPool(9, 1025024), Alloc(0, 23068673, 0), Alloc(1, 512, 0), Free(3),
+            Alloc(5, 54525953, 0), Alloc(7, 512, SIDE), Alloc(6, 25165825, SIDE),
+            Alloc(2, 56623105, 0), RecordStream(0, SIDE), Free(7),
+            Alloc(1, 20971521, SIDE), EmptyCache, Alloc(7, 2096641, 0), Work(SIDE),
+            Alloc(4, 56623105, 0), Alloc(4, 512, SIDE), Alloc(4, 512, SIDE), Free(6),
+            Free(1), InMemPool(10, 512), Alloc(5, 1048577, SIDE), Alloc(0, 1048577, 0),
+            Alloc(4, 1048577, 0), Alloc(2, 1048577, 0), Alloc(2, 512, 0), Alloc(2, 512, 0),
+            Alloc(11, 512, 0), Alloc(2, 512, 0), Alloc(1, 512, 0), Alloc(0, 512, 0),
+            Alloc(0, 512, 0), Alloc(0, 512, 0),
+        ];
+        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
+        // 23 of the whole trace's 170 entries: the window begins at the second release.
+        assert_eq!(window_differences(conf, &ops, 23), []);
+    }
+
+    /// Found by the property at 12,990 cases (seed 61): a side stream's expandable segment
+    /// held 20 MiB of pages at the start, 20 MiB above pages an `empty_cache()` unmapped before
+    /// the window. The window maps 40 MiB above them, unmaps the start pages (another
+    /// `empty_cache()`), and maps 40 MiB at the segment's base. Its start pages all unmapped,
+    /// the segment was taken as gone, and the map at its base as a new one: the replay began
+    /// the segment at the start pages and mapped above them. It held pages mapped in the
+    /// window throughout, and PyTorch releases a segment only once all its pages are unmapped.
+    #[test]
+    fn a_segment_outlives_its_start_pages_through_pages_the_window_mapped() {
+        use PoolJobOp::{Alloc, EmptyCache, Free, InGraph, InMemPool};
+        #[rustfmt::skip]
+        let ops = [
+            Alloc(0, 20971009, SIDE), Alloc(1, 1048577, SIDE), Alloc(6, 512, 0),
+            Alloc(7, 512, 0), Alloc(2, 512, 0), Alloc(2, 512, 0), Alloc(2, 512, 0),
+            Alloc(2, 512, 0), Alloc(5, 512, 0), Alloc(0, 512, 0), Alloc(0, 512, 0),
+            Alloc(2, 512, 0), Free(0), EmptyCache, Alloc(2, 512, 0), Alloc(2, 512, 0),
+            Alloc(2, 512, 0), Alloc(2, 512, 0), Alloc(2, 512, 0), Alloc(0, 512, 0),
+            Alloc(2, 512, 0), InGraph(2, 512), Alloc(1, 40893953, SIDE), InMemPool(1, 512),
+            Alloc(6, 33163777, SIDE), Alloc(2, 512, 0), Alloc(1, 1821185, SIDE),
+            Alloc(6, 512, 0), Free(2), EmptyCache, Alloc(1, 20971521, SIDE),
+            Alloc(0, 512, 0), Alloc(0, 512, 0), Alloc(0, 512, 0),
+        ];
+        // 58 of the whole trace's 90 entries.
+        assert_eq!(window_differences("expandable_segments:True", &ops, 58), []);
+    }
+
+    /// Found by the property's census (seed 11, 4,000 cases): under `max_split_size_mb:40` a
+    /// 38 MiB request made a 40 MiB segment, a 1 MiB one took the 2 MiB remainder, and once
+    /// the first was freed another 1 MiB request split the 38 MiB block. The window starts
+    /// there. A 40 MiB cached segment serves no smaller request, and the first block's request
+    /// makes a 20 MiB one: carving the start state made three more segments. It is made by a
+    /// request ending where the 38 MiB one did, the remainder carved first.
+    #[test]
+    fn an_oversize_segment_split_again_after_the_request_that_made_it() {
+        use PoolJobOp::Alloc;
+        let ops = [
+            Alloc(3, 39845889, 0),
+            Alloc(3, 1048577, 0),
+            Alloc(4, 1048577, 0),
+            Alloc(8, 512, SIDE),
+        ];
+        // The window is the last two of the trace's eight entries (the side stream's malloc).
+        let whole = recorded("max_split_size_mb:40", &ops, None).trace().len();
+        assert_eq!(whole, 8);
+        assert_eq!(window_differences("max_split_size_mb:40", &ops, 2), []);
+    }
+
     proptest! {
         // A fixed seed: the same jobs on every run (PROPTEST_CASES=5000 for a deeper search,
         // which passes on this seed since the jobs pinned above were fixed).

@@ -252,6 +252,10 @@ pub struct CachingAllocator {
     /// seen: marked by [`CachingAllocator::mark_cached_ages_unseen`] (a replay's start
     /// state, cached all at once), each dropped once cached again. Empty otherwise.
     unseen_ages: std::collections::HashSet<BlockId>,
+    /// Bytes the next garbage collection is to reclaim although the memory held is under its
+    /// threshold ([`CachingAllocator::expect_collection_begun_before`]): a replay window's
+    /// first malloc whose collection the history ring cut. Taken by the next malloc.
+    collection_begun_before: Option<u64>,
     /// The private pools (graph pools, `MemPool`s) and which of them allocations go to.
     pools: pools::PrivatePools,
     stats: DeviceStats,
@@ -313,6 +317,7 @@ impl CachingAllocator {
             small: BlockPool::default(),
             large: BlockPool::default(),
             unseen_ages: std::collections::HashSet::new(),
+            collection_begun_before: None,
             pools: pools::PrivatePools::default(),
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
@@ -632,6 +637,8 @@ impl CachingAllocator {
         orig_size: u64,
         exact: Option<Pool>,
     ) -> Result<Allocation, AllocError> {
+        // One malloc's: whichever path this one takes.
+        let begun_before = self.collection_begun_before.take();
         if orig_size == 0 {
             return Ok(Allocation::NULL);
         }
@@ -674,7 +681,7 @@ impl CachingAllocator {
         let mut found = self.get_free_block(request);
         if found.is_none() {
             if self.garbage_collection_enabled() {
-                self.garbage_collect_cached_blocks()?;
+                self.garbage_collect_cached_blocks(begun_before)?;
             }
             found = self.alloc_block(request, false)?;
             if found.is_none() {

@@ -559,14 +559,9 @@ impl CachingAllocator {
     /// taken to have just come back to the cache (age `tick`), in their place in the pool's
     /// (stream, size, address) order.
     fn collection_plan(&self, tick: u64, young: &[FreeKey]) -> Vec<(BlockId, u64)> {
-        let Some(allowed) = self.allowed_memory_maximum else {
+        let Some(target) = self.collection_target(self.collection_begun_before) else {
             return Vec::new();
         };
-        let threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
-        if self.total_allocated_memory <= threshold {
-            return Vec::new();
-        }
-        let target = self.total_allocated_memory - threshold;
         let clock = self.large.get_free_blocks_call_count + tick;
         let age = |block: &Block| clock.saturating_sub(block.gc_count_base) as f64;
         // In the pool's order: (key, age, expandable); expandable blocks count towards the

@@ -483,6 +483,37 @@ impl CachingAllocator {
         false
     }
 
+    /// The bytes a garbage collection run now is to reclaim: how far the memory held lies
+    /// above `garbage_collection_threshold` × the fraction's limit (PyTorch's `target_size`);
+    /// `None` where it lies at or under it, and the collection does nothing. `begun_before`
+    /// (bytes) stands in where it lies under: the collection began before a replay window's
+    /// cut ([`CachingAllocator::expect_collection_begun_before`]).
+    pub(super) fn collection_target(&self, begun_before: Option<u64>) -> Option<u64> {
+        let allowed = self.allowed_memory_maximum?;
+        let threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
+        if self.total_allocated_memory > threshold {
+            return Some(self.total_allocated_memory - threshold);
+        }
+        begun_before.filter(|&bytes| bytes > 0)
+    }
+
+    /// Before a replay window's first malloc whose garbage collection the trace shows
+    /// releasing segments although the memory the start state holds lies under the
+    /// collector's threshold: the history ring cut the collection, whose first releases,
+    /// counted in the memory held when it began, are not in the file. The next malloc's
+    /// collection (if it runs: no cached block served it) reclaims at least `bytes`, the
+    /// releases the trace shows, as a collection that began above the threshold would; the
+    /// malloc after it collects by the memory held again. [`CachingAllocator::collection_outlook`]
+    /// and the other outlooks read it too.
+    pub fn expect_collection_begun_before(&mut self, bytes: u64) {
+        self.collection_begun_before = Some(bytes);
+    }
+
+    /// Withdraws [`CachingAllocator::expect_collection_begun_before`] before its malloc.
+    pub fn forget_collection_begun_before(&mut self) {
+        self.collection_begun_before = None;
+    }
+
     /// Gives the cached blocks `ids` of the default large pool the collector's age `age`,
     /// moving the clock on (and every other cached block's base with it, keeping its age)
     /// where the clock is below that age.
@@ -508,15 +539,16 @@ impl CachingAllocator {
     /// back under it (PyTorch's `garbage_collect_cached_blocks`). Expandable blocks count
     /// towards the average age when unsplit, as in PyTorch, but are never freed here. Only
     /// the default large pool is collected, whichever pool the request is for.
-    pub(super) fn garbage_collect_cached_blocks(&mut self) -> Result<(), AllocError> {
-        let Some(allowed) = self.allowed_memory_maximum else {
+    ///
+    /// `begun_before`: the bytes to reclaim where the memory held is under the threshold, for
+    /// a collection a replay window's cut began ([`CachingAllocator::collection_target`]).
+    pub(super) fn garbage_collect_cached_blocks(
+        &mut self,
+        begun_before: Option<u64>,
+    ) -> Result<(), AllocError> {
+        let Some(target) = self.collection_target(begun_before) else {
             return Ok(());
         };
-        let threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
-        if self.total_allocated_memory <= threshold {
-            return Ok(());
-        }
-        let target = self.total_allocated_memory - threshold;
         let clock = self.large.get_free_blocks_call_count;
         let age = |block: &Block| clock.saturating_sub(block.gc_count_base) as f64;
         let mut total_age = 0.0;

@@ -339,6 +339,9 @@ struct Run {
     leading: Vec<(StreamId, Allocation)>,
     /// Whether a release's frames name `empty_cache`.
     empty_cache_frame: bool,
+    /// Whether the run's first release is a window's first event: the history ring may have
+    /// cut the run, and releases of it made before the cut are not in the file.
+    began_at_window_start: bool,
     /// Whether the malloc that ends the run is the first of a CUDA-graph capture (its frames
     /// say so, the stream's allocation before did not): `torch.cuda.graph.__enter__`
     /// synchronised and called `empty_cache()` before the capture began, so the run's releases
@@ -364,6 +367,7 @@ impl Run {
             && self.completions == 0
             && self.adjacent == 0
             && !self.empty_cache_frame
+            && !self.began_at_window_start
             && !self.capture
             && self.released.is_empty()
             && self.freed_at.is_empty()
@@ -791,6 +795,7 @@ impl Engine {
                 }
                 self.segments.recorded(index, device_event(&event));
                 self.recorded_reserved = self.recorded_reserved.saturating_sub(event.size as u64);
+                self.run.began_at_window_start |= self.at_window_start;
                 self.run.releases += 1;
                 let inferred = self
                     .capture_pools
@@ -1356,6 +1361,7 @@ impl Engine {
         }
         self.allocator.walk_streams_first(&leading_streams);
         if let Some(event) = malloc {
+            self.collection_cut_by_the_window(event)?;
             self.age_what_the_collector_took(event)?;
         }
         self.released_mem_pools_went_away(malloc)?;
@@ -2392,6 +2398,56 @@ impl Engine {
         self.allocator
             .age_unseen_segments(stream, size, &self.run.freed_at);
         self.leave_pool(entered)
+    }
+
+    /// Under the recorded config, a window that begins with a run of `cudaMalloc` segment
+    /// releases ended by the malloc `event`, where the memory the start state holds lies
+    /// under the garbage collector's threshold, so the replayed malloc would collect nothing:
+    /// the ring cut that malloc's collection, whose first releases (counted in the memory held
+    /// when it began) are not in the file. The collection is taken as begun
+    /// ([`CachingAllocator::expect_collection_begun_before`], reclaiming at least the bytes
+    /// the run shows) where it then makes exactly the run's releases, once the unseen ages
+    /// are given ([`Engine::age_what_the_collector_took`]); otherwise nothing changes, and the
+    /// run is read as before (an `empty_cache()`, or the OOM path's).
+    fn collection_cut_by_the_window(&mut self, event: &RawEvent) -> Result<(), String> {
+        let run = &self.run;
+        if !run.began_at_window_start
+            || !self.recorded_config
+            || run.freed_at.is_empty()
+            || !run.unmapped_at.is_empty()
+            || run.empty_cache_frame
+            || run.capture
+        {
+            return Ok(());
+        }
+        let bytes = run.released.iter().map(|segment| segment.size).sum();
+        if !self.collection_of(event)?.is_empty() {
+            // The collector runs by the memory held: nothing was cut that it needs.
+            return Ok(());
+        }
+        self.allocator.expect_collection_begun_before(bytes);
+        let released = self.run.released.clone();
+        self.age_what_the_collector_took(event)?;
+        let mut planned = self.collection_of(event)?;
+        let mut recorded = self.run.freed_at.clone();
+        planned.sort_unstable();
+        recorded.sort_unstable();
+        if planned != recorded || !self.malloc_releases(event, &released)? {
+            self.allocator.forget_collection_begun_before();
+        }
+        Ok(())
+    }
+
+    /// The segments garbage collection would release now for the malloc of `event`, routed
+    /// as it will be ([`CachingAllocator::collection_outlook`]).
+    fn collection_of(&mut self, event: &RawEvent) -> Result<Vec<u64>, String> {
+        let size = non_negative(event.size, "size")?;
+        let stream = event.stream as u64;
+        let pool = self.route(event);
+        let entered = self.enter_pool(pool, stream)?;
+        let planned = self.allocator.collection_outlook(stream, size);
+        self.leave_pool(entered)?;
+        Ok(planned)
     }
 
     /// The window's first event, an `alloc` at the base of a segment cached whole at the

@@ -37,7 +37,7 @@ pub struct FirstFree {
 }
 
 /// A segment event the scan keeps: a segment or pages the trace gives back without having
-/// acquired them (held when the trace starts), or pages it maps.
+/// acquired them (held when the trace starts), or pages it maps or unmaps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SegmentEventAt {
     /// The event.
@@ -48,6 +48,14 @@ pub struct SegmentEventAt {
     pub size: u64,
     /// Its stream.
     pub stream: u64,
+}
+
+/// Appends `event` to `list` while it holds fewer than [`MAX_KEPT_CALLS`] (a list that
+/// reached it is known to be cut short).
+fn keep_at_most(list: &mut Vec<SegmentEventAt>, event: SegmentEventAt) {
+    if list.len() < MAX_KEPT_CALLS {
+        list.push(event);
+    }
 }
 
 /// Where a live block the trace named stands.
@@ -106,6 +114,10 @@ pub struct Scan {
     /// segment pages mapped while one held at the start still had pages mapped went into
     /// (`super::start`).
     pub maps: Vec<SegmentEventAt>,
+    /// The trace's `segment_unmap` events, in order (the first [`MAX_KEPT_CALLS`]): with
+    /// [`Scan::maps`], until when a segment held at the start still had pages mapped
+    /// (`super::start`).
+    pub unmaps: Vec<SegmentEventAt>,
     /// Frees of blocks the trace already freed and did not allocate again (the trace
     /// misses allocations: `skip_actions`).
     pub unmatched_frees: u64,
@@ -202,6 +214,12 @@ impl Scan {
         let addr = event.addr as u64;
         let size = event.size.max(0) as u64;
         let stream = event.stream as u64;
+        let event_at = SegmentEventAt {
+            index,
+            addr,
+            size,
+            stream,
+        };
         match event.action {
             Action::Alloc => {
                 if self.first_allocs.len() < MAX_KEPT_CALLS {
@@ -259,19 +277,13 @@ impl Scan {
                 self.pressure.released(size);
             }
             Action::SegmentMap => {
-                if self.maps.len() < MAX_KEPT_CALLS {
-                    self.maps.push(SegmentEventAt {
-                        index,
-                        addr,
-                        size,
-                        stream,
-                    });
-                }
+                keep_at_most(&mut self.maps, event_at);
                 self.touched_pages.insert(addr, addr.saturating_add(size));
                 self.mapped.map(addr, addr.saturating_add(size), index);
                 self.pressure.acquired(index, size);
             }
             Action::SegmentUnmap => {
+                keep_at_most(&mut self.unmaps, event_at);
                 let end = addr.saturating_add(size);
                 for (start, end) in self.touched_pages.gaps(addr, end) {
                     self.first_unmaps.push(SegmentEventAt {

@@ -472,6 +472,78 @@ fn creating_request(allocator: &CachingAllocator, segment: &StartSegment) -> u64
     }
 }
 
+/// For a `cudaMalloc` segment of the large pool of at least `max_split_size_mb` whose first
+/// piece's request does not make it: the offset, within a piece boundary or a free gap,
+/// where the request PyTorch made it for may have ended. That request was below
+/// `max_split_size_mb` (else its block is never split, and the segment holds one block), its
+/// allocation is the segment's size, and more than 1 MiB of the segment was left after it
+/// (PyTorch's `should_split` for a large block: `remaining > kSmallSize`). The lowest such
+/// offset that no live block straddles; `None` where there is none (the layout is carved
+/// from the cached segment, as any other, and comes out approximate).
+fn oversize_split(
+    allocator: &CachingAllocator,
+    segment: &StartSegment,
+    pieces: &[Piece],
+) -> Option<u64> {
+    let max_split_size = allocator.config().max_split_size;
+    if segment.pool != Pool::Large || segment.size < max_split_size {
+        return None;
+    }
+    let size = segment.size;
+    let made_it = |at: u64| {
+        at < max_split_size
+            && size.saturating_sub(at) > SMALL_SIZE
+            && allocator.allocation_size(at) == size
+    };
+    let granule = crate::alloc::MIN_BLOCK_SIZE;
+    for piece in pieces {
+        let end = piece.offset + piece.len;
+        if matches!(piece.role, Role::Gap) {
+            // The lowest offset inside the gap whose allocation is the segment's (it grows
+            // with the offset): found by halving, in whole blocks.
+            let (mut low, mut high) = (piece.offset / granule + 1, end.div_ceil(granule));
+            while low < high {
+                let middle = low + (high - low) / 2;
+                if allocator.allocation_size(middle * granule) >= size {
+                    high = middle;
+                } else {
+                    low = middle + 1;
+                }
+            }
+            let at = low * granule;
+            if at < end && made_it(at) {
+                return Some(at);
+            }
+        }
+        if end < size && made_it(end) {
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// `pieces` with the one that spans `at` (a free gap) cut in two there.
+fn split_at(pieces: Vec<Piece>, at: u64) -> Vec<Piece> {
+    let mut cut = Vec::with_capacity(pieces.len() + 1);
+    for piece in pieces {
+        let end = piece.offset + piece.len;
+        if piece.offset < at && at < end {
+            cut.push(Piece {
+                len: at - piece.offset,
+                ..piece
+            });
+            cut.push(Piece {
+                offset: at,
+                len: end - at,
+                role: piece.role,
+            });
+        } else {
+            cut.push(piece);
+        }
+    }
+    cut
+}
+
 /// The live block of a `cudaMalloc` segment that spans it whole and whose request makes a
 /// segment of its size: PyTorch's `alloc_block` hands a new segment to the request that made
 /// it, the remainder it could not split off left in the block (1 MiB or less, or any
@@ -603,13 +675,34 @@ fn carve_group(
             made_by_first_piece = Some(*segment);
         }
     }
+    // Otherwise, an oversize segment is made by a request that ends inside it, as PyTorch
+    // made it for a request whose block it split: where that request's block lay is carved
+    // after the remainder, from the block once it is freed (smaller than the segment, it
+    // serves smaller requests).
+    let made_by_prefix = match (
+        group.expandable,
+        made_by_first_piece,
+        group.segments.first(),
+    ) {
+        (false, None, Some(segment)) => {
+            oversize_split(allocator, segment, &pieces).map(|split| (segment, split))
+        }
+        _ => None,
+    };
+    let pieces = match made_by_prefix {
+        Some((_, split)) => split_at(pieces, split),
+        None => pieces,
+    };
+    let mut prefix = None;
     if let (false, None, Some(segment)) = (
         group.expandable,
         made_by_first_piece,
         group.segments.first(),
     ) {
-        let request = creating_request(allocator, segment);
-        let made = at_recorded_address(hints, segment, || allocator.malloc_on(stream, request));
+        let made = at_recorded_address(hints, segment, || match made_by_prefix {
+            Some((_, split)) => allocator.malloc_unrounded_on(stream, split, group.pool),
+            None => allocator.malloc_on(stream, creating_request(allocator, segment)),
+        });
         let Some(made) = unless_out_of_memory(made)? else {
             return Ok(None);
         };
@@ -617,32 +710,51 @@ fn carve_group(
             seeded.mismatches += 1;
         }
         base = Some(made.ptr.addr());
-        allocator.free(made).map_err(alloc_error)?;
+        match made_by_prefix {
+            Some(_) => prefix = Some(made),
+            None => allocator.free(made).map_err(alloc_error)?,
+        }
     }
-    for piece in pieces {
-        let first = made_by_first_piece.take();
-        let malloc = |allocator: &mut CachingAllocator| {
-            allocator.malloc_unrounded_on(stream, piece.len, group.pool)
-        };
-        let made = match first {
-            Some(segment) => at_recorded_address(hints, segment, || malloc(allocator)),
-            None => malloc(allocator),
-        };
-        let Some(allocation) = unless_out_of_memory(made)? else {
-            return give_back(allocator, carved);
-        };
-        if let Some(segment) = first {
-            if segment_size_at(allocator, &allocation) != Some(segment.size) {
-                seeded.mismatches += 1;
+    // The remainder's pieces first where a prefix made the segment; then, the prefix freed,
+    // its own.
+    let split = made_by_prefix.map_or(0, |(_, split)| split);
+    let (below, above): (Vec<Piece>, Vec<Piece>) =
+        pieces.into_iter().partition(|piece| piece.offset < split);
+    for (pass, pieces) in [above, below].into_iter().enumerate() {
+        if pass == 1 {
+            if let Some(made) = prefix.take() {
+                allocator.free(made).map_err(alloc_error)?;
             }
         }
-        let at = allocation.ptr.addr();
-        let base = *base.get_or_insert(at.wrapping_sub(piece.offset));
-        if at != base.wrapping_add(piece.offset) || allocation.size != piece.len {
-            seeded.mismatches += 1;
+        for piece in pieces {
+            let first = made_by_first_piece.take();
+            let malloc = |allocator: &mut CachingAllocator| {
+                allocator.malloc_unrounded_on(stream, piece.len, group.pool)
+            };
+            let made = match first {
+                Some(segment) => at_recorded_address(hints, segment, || malloc(allocator)),
+                None => malloc(allocator),
+            };
+            let Some(allocation) = unless_out_of_memory(made)? else {
+                if let Some(made) = prefix.take() {
+                    allocator.free(made).map_err(alloc_error)?;
+                }
+                return give_back(allocator, carved);
+            };
+            if let Some(segment) = first {
+                if segment_size_at(allocator, &allocation) != Some(segment.size) {
+                    seeded.mismatches += 1;
+                }
+            }
+            let at = allocation.ptr.addr();
+            let base = *base.get_or_insert(at.wrapping_sub(piece.offset));
+            if at != base.wrapping_add(piece.offset) || allocation.size != piece.len {
+                seeded.mismatches += 1;
+            }
+            carved.push((allocation, piece.role));
         }
-        carved.push((allocation, piece.role));
     }
+    carved.sort_by_key(|(allocation, _)| allocation.ptr.addr());
     // Each live block's piece, freed and asked for again with the block's request: from the
     // highest down, so the free space a request splits off a piece (a tail of 1 MiB or less
     // joined to it) never lies next to a piece freed after it.

@@ -469,8 +469,23 @@ fn mapped_ranges(
             // Pages the trace never touches and the end state shows mapped: the run's segment
             // lasts to the end. So does a run the trace unmaps whole where another run of the
             // same stream and pool lasts: PyTorch held one segment for them at the start.
-            let lasts = known.is_some() || lasting.contains(&(stream, pool, owner));
             let identity = (stream, pool, owner);
+            // Otherwise the pages it held, followed through the trace, tell: a segment goes
+            // only when the last of them is unmapped.
+            let released = if known.is_some() || lasting.contains(&identity) {
+                None
+            } else {
+                let claimable = |addr| claimable(addr, (start, end), identity, false);
+                Some(released_at(scan, (start, end), identity, &claimable))
+            };
+            let lasts = match released {
+                None => true,
+                Some(Release::At(_)) => false,
+                Some(Release::Never) => segments.iter().any(|s| {
+                    s.is_expandable
+                        && (s.stream as u64, pool_of(&s.segment_type), owner_of(s)) == identity
+                }),
+            };
             let floor = if lasts {
                 let floor = same_segment_floor(stream, pool, owner).map_or(start, |f| f.min(start));
                 // The pages the trace touched next to that lowest range are the segment's
@@ -487,7 +502,13 @@ fn mapped_ranges(
                 // Gone in the window: pages joined to its range by maps after it went may be
                 // a new segment's, at a reused address range.
                 let claimable = |addr| claimable(addr, (start, end), identity, false);
-                mapped_while_held(scan, segments, (start, end), identity, &claimable)
+                // Held to the end, yet no segment of its kind there: the pages followed were
+                // not all its own; it went at the unmap of its last start page at the latest.
+                let held_until = match released {
+                    Some(Release::At(index)) => index,
+                    _ => last_page_unmapped(scan, (start, end)).unwrap_or(u64::MAX),
+                };
+                own_map_below(scan, segments, start, identity, held_until, &claimable)
                     .map_or(start, |lowest| lowest.min(start))
             };
             StartSegment {
@@ -504,37 +525,81 @@ fn mapped_ranges(
         .collect()
 }
 
-/// For a run of pages mapped at the trace's start (`run`) that the trace unmaps whole, of
-/// `(stream, pool, owner)`: the lowest page below it the trace mapped on the same stream, in
-/// pages of that pool's kind, before it had unmapped the run's last start-mapped page. The
-/// run's segment still had pages mapped then, and PyTorch maps a request's pages into the
-/// stream's segment while it has room (`find_expandable_block`; its address range is larger
-/// than the device), lowest unmapped pages first: those pages were its own, unmapped at the
-/// start below the run. Pages of another segment's lie in between where the end state shows
-/// one of another stream, pool or private pool there, unless the trace mapped it after the
-/// run's segment went. `None` where no such map came.
-fn mapped_while_held(
+/// When the segment holding the pages `run` at the trace's start was released.
+enum Release {
+    /// At this event, the unmap of its last mapped page.
+    At(u64),
+    /// Never: it held pages to the end.
+    Never,
+}
+
+/// For a run of pages mapped at the trace's start (`run`) whose pool the end state does not
+/// show, of `(stream, pool, owner)`: when its segment went. PyTorch releases an expandable
+/// segment once all its pages are unmapped and holds it till then (`release_blocks`,
+/// `release_expandable_segment`), so its mapped pages are followed through the trace: a map on
+/// the same stream, in pages of the pool's kind, joined to them (one segment's pages are
+/// contiguous in its address range; segments held together never share one), and that
+/// `claimable` allows, adds to them; an unmap takes pages away. Where the trace's maps or
+/// unmaps were too many to keep ([`super::scan::MAX_KEPT_CALLS`]), the segment is taken as
+/// gone at the unmap of the run's last page.
+fn released_at(
     scan: &Scan,
-    segments: &[Segment],
     run: (u64, u64),
-    (stream, pool, owner): (u64, Pool, MemPoolId),
+    (stream, pool, _): (u64, Pool, MemPoolId),
     claimable: &dyn Fn(u64) -> bool,
-) -> Option<u64> {
+) -> Release {
     let (start, end) = run;
-    let gone_at = scan
-        .first_unmaps
+    let kept_all = scan.maps.len() < super::scan::MAX_KEPT_CALLS
+        && scan.unmaps.len() < super::scan::MAX_KEPT_CALLS;
+    if !kept_all {
+        return last_page_unmapped(scan, run).map_or(Release::Never, Release::At);
+    }
+    let kind = |bytes: u64| bytes.is_multiple_of(crate::alloc::LARGE_BUFFER);
+    let mut pages = Ranges::default();
+    pages.insert(start, end);
+    let (mut maps, mut unmaps) = (scan.maps.iter().peekable(), scan.unmaps.iter().peekable());
+    loop {
+        let map_first = match (maps.peek(), unmaps.peek()) {
+            (Some(map), Some(unmap)) => map.index < unmap.index,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => return Release::Never,
+        };
+        if map_first {
+            let Some(map) = maps.next() else {
+                return Release::Never;
+            };
+            let map_end = map.addr.saturating_add(map.size);
+            let joined = pages
+                .iter()
+                .any(|(from, to)| map.addr <= to && map_end >= from);
+            if joined
+                && map.stream == stream
+                && kind(map.size) == (pool == Pool::Large)
+                && claimable(map.addr)
+            {
+                pages.insert(map.addr, map_end);
+            }
+        } else {
+            let Some(unmap) = unmaps.next() else {
+                return Release::Never;
+            };
+            pages.remove(unmap.addr, unmap.addr.saturating_add(unmap.size));
+            if pages.is_empty() {
+                return Release::At(unmap.index);
+            }
+        }
+    }
+}
+
+/// The event that unmapped the last of the pages `run` held at the trace's start, if the
+/// trace unmaps them all.
+fn last_page_unmapped(scan: &Scan, (start, end): (u64, u64)) -> Option<u64> {
+    scan.first_unmaps
         .iter()
         .filter(|unmap| unmap.addr >= start && unmap.addr + unmap.size <= end)
         .map(|unmap| unmap.index)
-        .max()?;
-    own_map_below(
-        scan,
-        segments,
-        start,
-        (stream, pool, owner),
-        gone_at,
-        claimable,
-    )
+        .max()
 }
 
 /// The lowest page below `start` that the trace mapped on `stream`, in pages of `pool`'s kind,
