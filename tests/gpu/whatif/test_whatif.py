@@ -820,6 +820,30 @@ class CompareTest(unittest.TestCase):
         self.assertIn("verdict", done.stdout)
 
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
+    def test_the_eleventh_wave_resumes_from_a_checkpoint_and_cuts_video_clips(self):
+        """results-wave11/ (resume and frames on an H100 80GB, 2026-12-07), written before it
+        was recorded and not fitted to, under four configs no earlier wave ran
+        (max_non_split_rounding_mb, expandable segments with max_split_size_mb or a gc
+        threshold, roundup_power2_divisions:8): a run resumed from a checkpoint loaded onto
+        the device then served in float16, and video clips of a new size every step with
+        buffers beyond any max_split_size_mb, halving its batch on OOM under the fraction.
+        Every self-replay is exact as recorded (frames.nonsplit256.frac ended by an uncaught
+        OOM, reproduced). The halving pairs changed their request sequence; of the others one
+        differs (resume.gc06.frac, num_device_free 64 against 63) and is exact at the run's
+        own segment addresses: the driver placed a segment elsewhere in the two processes."""
+        folder = os.path.join(HERE, "results-wave11")
+        exact = self.check_recordings(folder, 35, known={"resume.gc06.frac"})
+        self.assertIn("frames.nonsplit256.frac", exact)
+        with open(os.path.join(self.tmp, "results-wave11.json")) as f:
+            pairs = json.load(f)["pairs"]
+        for pair in pairs:
+            if pair["verdict"] == "differs":
+                self.assertEqual(pair["at_run_addresses"]["verdict"], "exact", pair)
+            for field, pytorch, ours in pair.get("fields", []):
+                if field == "fits":
+                    self.assertEqual(pytorch, ours, pair)
+
+    @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
     def test_the_finetune_job_recorded_again(self):
         """results-finetune-again/ (an H100 80GB, 2026-12-06): the tenth wave's finetune job
         recorded again, to check the kept-chunk rule on a recording it was not worked out on.
