@@ -39,6 +39,9 @@ const THIRD: StreamId = SIDE + 0x100;
 /// 40 MiB and larger blocks are oversize and `release_available_cached_blocks` runs) under a
 /// fraction of 3% of [`TOTAL`] (491.52 MiB), which the jobs' requests reach.
 const SPLIT_40_UNDER_A_FRACTION: &str = "per_process_memory_fraction:0.03,max_split_size_mb:40";
+/// Garbage collection under a memory fraction: PyTorch collects only when both are set.
+const GC_UNDER_A_FRACTION: &str =
+    "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
 
 fn fixed_clock() -> i64 {
     1
@@ -1210,6 +1213,28 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
             Alloc(8, 20971521, SIDE), InMemPool(0, 59536897), EmptyCache, Alloc(0, 512, 0)
         ]),
         capture_oom_beside_a_pending_free(),
+        // an `oom` in a `MemPool` the stream had left for the default pools and came back to
+        // (its collection released a default segment): read as the default pools', whose
+        // `release_cached_blocks` then served it, the replay said the job fits (found by the
+        // whole-history property, seed 65, at 9,875 cases)
+        (GC_UNDER_A_FRACTION, vec![
+            Alloc(2, 69206017, 0), Alloc(0, 3767809, 0), Alloc(5, 9610241, 0),
+            Alloc(1, 50331649, 0), Alloc(10, 2722817, 0), InMemPool(4, 69206017),
+            Alloc(3, 4869121, 0), Alloc(2, 512, 0), InGraph(5, 1048577), Alloc(10, 16101889, 0),
+            Alloc(5, 512, 0), InMemPool(5, 2096641), InMemPool(2, 62914561), Alloc(2, 71303169, 0),
+            Alloc(0, 44040193, SIDE), InMemPool(0, 69206017)
+        ]),
+        // the same in a graph's pool, on the stream that captured into it before
+        // (seed 4, at 2,652 cases of the wrapped-window property)
+        (GC_UNDER_A_FRACTION, vec![
+            Alloc(3, 10485760, 0), InMemPool(0, 23068673), Alloc(3, 512, 0), InGraph(0, 20971521),
+            Alloc(10, 1048577, 0), Alloc(4, 41943041, 0), Alloc(0, 512, SIDE),
+            Alloc(5, 9436673, 0), Alloc(0, 60817409, 0), Alloc(8, 67331073, SIDE),
+            Alloc(2, 512, 0), InMemPool(1, 46137345), Alloc(1, 1048577, 0), Alloc(0, 512, 0),
+            Alloc(2, 60817921, 0), InGraph(3, 58720257), Alloc(10, 1874433, SIDE),
+            InGraph(0, 71303169), Alloc(0, 512, 0), Alloc(0, 512, 0), Alloc(0, 512, 0),
+            Alloc(0, 512, 0)
+        ]),
     ]
 }
 

@@ -273,6 +273,19 @@ impl PoolRoutes {
         self.segments.is_empty()
     }
 
+    /// The `MemPool`s (not graphs' pools) whose segments are routed, in id order.
+    fn mem_pools(&self) -> Vec<MemPoolId> {
+        let mut pools: Vec<MemPoolId> = self
+            .segments
+            .values()
+            .map(|&(_, pool, _)| pool)
+            .filter(|pool| pool.first == 0 && pool.second != 0)
+            .collect();
+        pools.sort_unstable_by_key(|pool| (pool.first, pool.second));
+        pools.dedup();
+        pools
+    }
+
     /// Whether some routed segment belongs to `pool`.
     fn names(&self, pool: MemPoolId) -> bool {
         self.segments.values().any(|&(_, of, _)| of == pool)
@@ -1274,6 +1287,60 @@ impl Engine {
         self.frees_before_a_pool_oom_were_made_at_once()
     }
 
+    /// Under the recorded config, a recorded `oom` on a stream whose last allocation went to
+    /// the default pools, after it had allocated in one of the file's private pools (a
+    /// `MemPool`, or a graph's pool it captured into; in a trace that starts mid-run and shows
+    /// no such allocation, any of the file's `MemPool`s): where the default pools' reading
+    /// does not make the releases the trace shows before the `oom` (their OOM path would
+    /// release others, or serve the request) and that pool's does (its collection's, with
+    /// `release_cached_blocks` skipped while a pool is in use), the job came back to the pool
+    /// (`use_mem_pool` again, or another capture into the same pool) and asked it. Routed
+    /// there from [`Engine::end_run`], once the walk order of the run's completions is set
+    /// and before the run is read, so the run is that malloc's. Read as the default pools',
+    /// such an `oom` was replayed as a request served by `release_cached_blocks`: "fits" of a
+    /// job that ran out of memory.
+    fn oom_in_mem_pool_returned_to(&mut self, event: &RawEvent) -> Result<(), String> {
+        if !self.recorded_config
+            || !self.infer_mem_pools_as_read
+            || self.route(event).is_some()
+            || self.capture_pools.learned_at(self.index).is_some()
+        {
+            return Ok(());
+        }
+        // The pool the stream allocated in last; in a trace that starts mid-run, where the
+        // window shows none, any of the file's (its requests there came before the window).
+        let candidates = match self.last_private_pool.get(&event.stream) {
+            Some(&pool) => vec![pool],
+            None if self.started_mid_run => self.routes.mem_pools(),
+            None => Vec::new(),
+        };
+        let candidates: Vec<MemPoolId> = candidates
+            .into_iter()
+            .filter(|&pool| self.routes.names(pool))
+            .collect();
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        let recorded = self.run.released.clone();
+        let leading: Vec<Allocation> = self.run.leading.iter().map(|&(_, a)| a).collect();
+        let makes = |outlook: MallocOutlook| runs_out_releasing(&outlook, &recorded);
+        // The default pools' malloc runs `process_events` first, completing finished frees.
+        if makes(self.outlook_in(event, None, &[])?)
+            || makes(self.outlook_in(event, None, &leading)?)
+        {
+            return Ok(());
+        }
+        for pool in candidates {
+            if makes(self.outlook_in(event, Some(pool), &leading)?) {
+                self.stream_pools.insert(event.stream, pool);
+                // Read from the replay's state: right only if its config is the recording's.
+                self.assumed_recorded_config = true;
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// The `oom` about to be replayed was asked in a private pool: PyTorch's
     /// `captures_underway` was not empty, so its malloc ran neither `process_events` nor
     /// `release_cached_blocks` (whose `synchronize_and_free_events` is the OOM path's only
@@ -1360,6 +1427,10 @@ impl Engine {
             }
         }
         self.allocator.walk_streams_first(&leading_streams);
+        // Where the `oom` was asked decides how its run reads: before anything reads it.
+        if let Some(event) = malloc.filter(|event| event.action == Action::Oom) {
+            self.oom_in_mem_pool_returned_to(event)?;
+        }
         if let Some(event) = malloc {
             self.collection_cut_by_the_window(event)?;
             self.age_what_the_collector_took(event)?;
@@ -2041,16 +2112,7 @@ impl Engine {
         };
         let recorded = std::mem::take(&mut self.run.released);
         let leading: Vec<Allocation> = self.run.leading.iter().map(|&(_, a)| a).collect();
-        // A reading that serves the request (from the cache, by new memory or after garbage
-        // collection) is not the recorded one: the request ran out of memory.
-        let makes = |outlook: MallocOutlook| match outlook {
-            MallocOutlook::Release {
-                released: Some(sizes),
-                ..
-            } => sizes == recorded,
-            MallocOutlook::Release { released: None, .. } => true,
-            MallocOutlook::Cached | MallocOutlook::NewMemory | MallocOutlook::Collect(_) => false,
-        };
+        let makes = |outlook: MallocOutlook| runs_out_releasing(&outlook, &recorded);
         // In the pool neither the malloc's `process_events` nor its OOM path completes a
         // deferred free, so completions recorded before the `oom` were frees made at once.
         // The pool's reading first: the default pools' runs `process_events`, which completes
@@ -2689,6 +2751,21 @@ fn recorded_walk_order(run: &Run) -> bool {
 
 fn device_event(event: &RawEvent) -> DeviceEvent {
     (event.action, event.addr as u64, event.size.max(0) as u64)
+}
+
+/// Whether a malloc with `outlook` runs out of memory after the releases `recorded` (in that
+/// order): a reading that serves the request (from the cache, by new memory or after garbage
+/// collection) is not the recorded `oom`'s. Releases gpumem does not predict (expandable
+/// segments) count as the recorded ones.
+fn runs_out_releasing(outlook: &MallocOutlook, recorded: &[ReleasedSegment]) -> bool {
+    match outlook {
+        MallocOutlook::Release {
+            released: Some(sizes),
+            ..
+        } => sizes == recorded,
+        MallocOutlook::Release { released: None, .. } => true,
+        MallocOutlook::Cached | MallocOutlook::NewMemory | MallocOutlook::Collect(_) => false,
+    }
 }
 
 fn non_negative(value: i64, what: &str) -> Result<u64, String> {
