@@ -463,6 +463,14 @@ fn mapped_ranges(
                 .any(|run| run.0 < start && run.1 > addr && identity_of(run).1 != identity);
             !joined_to_another && !another_between
         };
+    // Following each run's pages reads every map and unmap once per run (and each map's
+    // claim reads the runs): bounded, so a file of many runs and events costs no more than
+    // this; past it, a segment is taken as gone when its last start page is unmapped.
+    let follow = runs
+        .iter()
+        .count()
+        .saturating_mul(scan.maps.len() + scan.unmaps.len())
+        <= FOLLOW_PAGES_BUDGET;
     runs.iter()
         .map(|(start, end)| {
             let (known, (stream, pool, owner)) = identity_of((start, end));
@@ -476,7 +484,13 @@ fn mapped_ranges(
                 None
             } else {
                 let claimable = |addr| claimable(addr, (start, end), identity, false);
-                Some(released_at(scan, (start, end), identity, &claimable))
+                Some(released_at(
+                    scan,
+                    (start, end),
+                    identity,
+                    follow,
+                    &claimable,
+                ))
             };
             let lasts = match released {
                 None => true,
@@ -525,6 +539,10 @@ fn mapped_ranges(
         .collect()
 }
 
+/// The most (runs × maps and unmaps) for which [`released_at`] follows the runs' pages
+/// through the trace: 32 million steps, well under a second.
+const FOLLOW_PAGES_BUDGET: usize = 1 << 25;
+
 /// When the segment holding the pages `run` at the trace's start was released.
 enum Release {
     /// At this event, the unmap of its last mapped page.
@@ -540,18 +558,20 @@ enum Release {
 /// the same stream, in pages of the pool's kind, joined to them (one segment's pages are
 /// contiguous in its address range; segments held together never share one), and that
 /// `claimable` allows, adds to them; an unmap takes pages away. Where the trace's maps or
-/// unmaps were too many to keep ([`super::scan::MAX_KEPT_CALLS`]), the segment is taken as
-/// gone at the unmap of the run's last page.
+/// unmaps were too many to keep ([`super::scan::MAX_KEPT_CALLS`]) or to follow for every run
+/// (`follow` false: [`FOLLOW_PAGES_BUDGET`]), the segment is taken as gone at the unmap of the
+/// run's last page.
 fn released_at(
     scan: &Scan,
     run: (u64, u64),
     (stream, pool, _): (u64, Pool, MemPoolId),
+    follow: bool,
     claimable: &dyn Fn(u64) -> bool,
 ) -> Release {
     let (start, end) = run;
     let kept_all = scan.maps.len() < super::scan::MAX_KEPT_CALLS
         && scan.unmaps.len() < super::scan::MAX_KEPT_CALLS;
-    if !kept_all {
+    if !kept_all || !follow {
         return last_page_unmapped(scan, run).map_or(Release::Never, Release::At);
     }
     let kind = |bytes: u64| bytes.is_multiple_of(crate::alloc::LARGE_BUFFER);
