@@ -39,9 +39,10 @@ const THIRD: StreamId = SIDE + 0x100;
 /// 40 MiB and larger blocks are oversize and `release_available_cached_blocks` runs) under a
 /// fraction of 3% of [`TOTAL`] (491.52 MiB), which the jobs' requests reach.
 const SPLIT_40_UNDER_A_FRACTION: &str = "per_process_memory_fraction:0.03,max_split_size_mb:40";
-/// Garbage collection under a memory fraction: PyTorch collects only when both are set.
-const GC_UNDER_A_FRACTION: &str =
-    "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
+/// Garbage collection under a memory fraction of 3% of [`TOTAL`] (PyTorch collects only when
+/// both are set): where a pool's malloc and the job's `empty_cache()` read alike, and the
+/// config many of the jobs the properties found ran under.
+const FRACTION_WITH_GC: &str = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
 
 fn fixed_clock() -> i64 {
     1
@@ -1141,7 +1142,7 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
         // two completions of one malloc's `process_events`, the second's work done since a
         // `cudaFree` synchronised the device: the first's was done then too (the trace's
         // order, which splits the small segment once more)
-        ("per_process_memory_fraction:0.03,garbage_collection_threshold:0.6", vec![
+        (FRACTION_WITH_GC, vec![
             Work(THIRD), Alloc(0, 23068673, 0), InMemPool(1, 1048577),
             InGraph(1, 52428801), Alloc(3, 512, SIDE), Alloc(8, 512, SIDE),
             RecordStream(8, THIRD), RecordStream(3, 0), Alloc(1, 48234497, 0),
@@ -1159,7 +1160,7 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
         ]),
         // a malloc in a private pool runs no `process_events`: a deferred free whose work a
         // `cudaFree` finished stays pending
-        ("per_process_memory_fraction:0.03,garbage_collection_threshold:0.6", vec![
+        (FRACTION_WITH_GC, vec![
             InGraph(0, 1048577), Alloc(6, 512, 0), Alloc(0, 512, 0), Alloc(3, 1048577, SIDE),
             Alloc(0, 39845889, 0), Alloc(0, 29360129, 0), Alloc(0, 71303169, 0),
             Alloc(1, 54525953, 0), Alloc(2, 512, 0), Alloc(9, 512, 0), RecordStream(9, SIDE),
@@ -1180,7 +1181,7 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
         // was asked in runs the default pools' `process_events`, which must walk the pending
         // frees in the trace's order (a block freed at once next to a deferred one whose work
         // a `cudaFree` finished; the other order merges them otherwise: `inactive_split`)
-        ("per_process_memory_fraction:0.03,garbage_collection_threshold:0.6", vec![
+        (FRACTION_WITH_GC, vec![
             InMemPool(7, 62914561), InGraph(0, 33554433), Alloc(0, 81788929, 0),
             InMemPool(1, 71303169), InMemPool(1, 56623105), Alloc(4, 2096641, 0),
             Alloc(1, 46137345, 0), RecordStream(4, SIDE), Alloc(8, 512, 0),
@@ -1217,7 +1218,7 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
         // (its collection released a default segment): read as the default pools', whose
         // `release_cached_blocks` then served it, the replay said the job fits (found by the
         // whole-history property, seed 65, at 9,875 cases)
-        (GC_UNDER_A_FRACTION, vec![
+        (FRACTION_WITH_GC, vec![
             Alloc(2, 69206017, 0), Alloc(0, 3767809, 0), Alloc(5, 9610241, 0),
             Alloc(1, 50331649, 0), Alloc(10, 2722817, 0), InMemPool(4, 69206017),
             Alloc(3, 4869121, 0), Alloc(2, 512, 0), InGraph(5, 1048577), Alloc(10, 16101889, 0),
@@ -1226,7 +1227,7 @@ fn shrunk_pool_jobs() -> Vec<(&'static str, Vec<PoolJobOp>)> {
         ]),
         // the same in a graph's pool, on the stream that captured into it before
         // (seed 4, at 2,652 cases of the wrapped-window property)
-        (GC_UNDER_A_FRACTION, vec![
+        (FRACTION_WITH_GC, vec![
             Alloc(3, 10485760, 0), InMemPool(0, 23068673), Alloc(3, 512, 0), InGraph(0, 20971521),
             Alloc(10, 1048577, 0), Alloc(4, 41943041, 0), Alloc(0, 512, SIDE),
             Alloc(5, 9436673, 0), Alloc(0, 60817409, 0), Alloc(8, 67331073, SIDE),
@@ -1296,7 +1297,7 @@ fn a_deleted_graphs_pool_is_inferred_from_its_capture() {
     const CAPTURE: StreamId = SIDE + 0x200;
     for conf in [
         "",
-        "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6",
+        FRACTION_WITH_GC,
         SPLIT_40_UNDER_A_FRACTION,
         "per_process_memory_fraction:0.03",
     ] {
@@ -1736,11 +1737,6 @@ mod self_replay {
     /// A third stream, beside the default one and `SIDE`.
     const STREAMS: [u64; 3] = [0, SIDE, THIRD];
 
-    /// The config the found jobs below were recorded under: a memory fraction and garbage
-    /// collection, where a pool's malloc and the job's `empty_cache()` read alike.
-    const FRACTION_WITH_GC: &str =
-        "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
-
     /// The stream a job's request or `record_stream` names: mostly the default one.
     pub(super) fn job_stream() -> impl Strategy<Value = u64> + Clone {
         prop_oneof![4 => Just(STREAMS[0]), 2 => Just(STREAMS[1]), 1 => Just(STREAMS[2])]
@@ -1766,7 +1762,7 @@ mod self_replay {
         prop_oneof![
             Just(String::new()),
             Just("per_process_memory_fraction:0.02".to_string()),
-            Just("per_process_memory_fraction:0.03,garbage_collection_threshold:0.6".to_string()),
+            Just(FRACTION_WITH_GC.to_string()),
             Just(SPLIT_40_UNDER_A_FRACTION.to_string()),
             Just("expandable_segments:True,per_process_memory_fraction:0.03".to_string()),
         ]
@@ -2609,7 +2605,7 @@ mod what_if_on_sim {
             Just("roundup_power2_divisions:4".to_string()),
             Just("expandable_segments:True".to_string()),
             Just("per_process_memory_fraction:0.02,roundup_power2_divisions:4".to_string()),
-            Just("per_process_memory_fraction:0.03,garbage_collection_threshold:0.6".to_string()),
+            Just(FRACTION_WITH_GC.to_string()),
             Just(SPLIT_40_UNDER_A_FRACTION.to_string()),
             Just("expandable_segments:True,per_process_memory_fraction:0.03".to_string()),
         ]
@@ -2907,7 +2903,7 @@ mod what_if_on_sim {
                 stream: 0,
             },
         ];
-        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
+        let conf = FRACTION_WITH_GC;
         assert_replay_gives_the_direct_runs_counters("", conf, &ops, (768 * MIB, false));
     }
 
@@ -3106,7 +3102,7 @@ mod what_if_on_sim {
                 size: 18874369,
             },
         ];
-        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
+        let conf = FRACTION_WITH_GC;
         assert_replay_gives_the_direct_runs_counters("", conf, &ops, (TOTAL, false));
     }
 
@@ -4054,7 +4050,7 @@ mod wrapped_windows {
             Just("roundup_power2_divisions:4".to_string()),
             Just("max_split_size_mb:40".to_string()),
             Just("per_process_memory_fraction:0.03".to_string()),
-            Just("per_process_memory_fraction:0.03,garbage_collection_threshold:0.6".to_string()),
+            Just(FRACTION_WITH_GC.to_string()),
             Just("roundup_power2_divisions:4,per_process_memory_fraction:0.03".to_string()),
             Just("expandable_segments:True".to_string()),
             Just("expandable_segments:True,per_process_memory_fraction:0.03".to_string()),
@@ -4189,8 +4185,7 @@ mod wrapped_windows {
             Alloc(8, 20971521, 0), Work(SIDE), RecordStream(8, SIDE), Alloc(8, 512, 0),
             Alloc(3, 52428801, 0), Alloc(0, 512, 0), InMemPool(0, 512),
         ];
-        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
-        assert_eq!(window_differences(conf, &ops, 24), []);
+        assert_eq!(window_differences(FRACTION_WITH_GC, &ops, 24), []);
     }
 
     /// The same rule where the collector takes a segment the window freed (its age seen, the
@@ -4212,8 +4207,7 @@ mod wrapped_windows {
             Alloc(0, 65011713, 0), Alloc(0, 512, 0), Alloc(0, 27262977, SIDE), Alloc(0, 512, 0),
             InGraph(7, 1048577), InMemPool(0, 19922433),
         ];
-        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
-        assert_eq!(window_differences(conf, &ops, 33), []);
+        assert_eq!(window_differences(FRACTION_WITH_GC, &ops, 33), []);
     }
 
     /// And where the window's malloc also completes a deferred free first (its block, whole
@@ -4232,8 +4226,7 @@ mod wrapped_windows {
             Alloc(0, 512, 0), Alloc(0, 48234497, SIDE), Alloc(6, 512, 0),
             Alloc(0, 27262977, SIDE), Alloc(0, 512, 0),
         ];
-        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
-        assert_eq!(window_differences(conf, &ops, 27), []);
+        assert_eq!(window_differences(FRACTION_WITH_GC, &ops, 27), []);
     }
 
     /// [`super::capture_oom_beside_a_pending_free`]'s window (its whole history, where the
@@ -4444,9 +4437,8 @@ mod wrapped_windows {
             Alloc(11, 512, 0), Alloc(2, 512, 0), Alloc(1, 512, 0), Alloc(0, 512, 0),
             Alloc(0, 512, 0), Alloc(0, 512, 0),
         ];
-        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
         // 23 of the whole trace's 170 entries: the window begins at the second release.
-        assert_eq!(window_differences(conf, &ops, 23), []);
+        assert_eq!(window_differences(FRACTION_WITH_GC, &ops, 23), []);
     }
 
     /// Found by the property at 12,990 cases (seed 61): a side stream's expandable segment
