@@ -79,6 +79,21 @@ EXTRA_CONFIGS = [
 ]
 EXTRA_CONFIG_WORKLOADS = ["resume", "frames"]
 
+# A twelfth (results-wave12/), written after the eleventh session and not fitted: beam search
+# re-ordering its KV cache every step (the token history copied out on a side stream) and a
+# diffusion sampler with classifier-free guidance whose decoder's buffers outgrow the
+# sampler's. They run under CONFIGS and TWELFTH_CONFIGS, four more configs no earlier wave ran:
+# expandable segments with rounding divisions, a small split limit with a high collection
+# threshold (fraction only), a larger segment size with a large split limit, and 2 divisions.
+WHATIF_WORKLOADS += ["beam", "diffusion"]
+TWELFTH_CONFIGS = [
+    ("exp_pow2div4", "expandable_segments:True,roundup_power2_divisions:4", False),
+    ("split32_gc09", "max_split_size_mb:32,garbage_collection_threshold:0.9", True),
+    ("lseg32_split256", "large_segment_size_mb:32,max_split_size_mb:256", False),
+    ("pow2div2", "roundup_power2_divisions:2", False),
+]
+TWELFTH_CONFIG_WORKLOADS = ["beam", "diffusion"]
+
 # The batch-size search always runs under its own limit (the fraction it searches within).
 BS_SEARCH_LIMIT = 3 * GIB
 
@@ -157,7 +172,8 @@ def build_plan():
         base = f"{workload}.base"
         runs.append(RunSpec(base, workload, "base", priority=1 if workload == "compiled" else 2,
                             **extra))
-        extra_configs = EXTRA_CONFIGS if workload in EXTRA_CONFIG_WORKLOADS else []
+        extra_configs = (EXTRA_CONFIGS if workload in EXTRA_CONFIG_WORKLOADS
+                         else TWELFTH_CONFIGS if workload in TWELFTH_CONFIG_WORKLOADS else [])
         for label, conf, fraction_only in CONFIGS + extra_configs:
             if not fraction_only:
                 runs.append(RunSpec(f"{workload}.{label}", workload, "whatif", conf=conf,

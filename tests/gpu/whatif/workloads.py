@@ -1694,6 +1694,156 @@ def frames(job):
     job.synchronize()
 
 
+# --- the twelfth wave (results-wave12/), written after the eleventh session and not fitted
+# to: beam search reordering its KV cache every step with the token history copied out on a
+# side stream, and a diffusion sampler whose decoder's buffers outgrow its sampler's. Both also
+# run under TWELFTH_CONFIGS in plan.py.
+
+
+def beam(job):
+    """Beam search (4 beams) over a 3-block bfloat16 language model (d_model 512): three
+    requests of (prompts, prompt length, new tokens) = (8, 64, 96), (6, 200, 64), (8, 32, 160).
+    Every step re-orders every KV-cache tensor by the chosen beams (index_select: a new tensor
+    of the same size, the old one freed) and then grows it by one token (torch.cat: 32 KiB per
+    token per tensor at 32 rows, up to 6 MiB); the log-probabilities are float32 (1 MiB at 32
+    rows) and the prompt's logits cover every position (up to 75 MiB). Every 16 steps the token
+    history is copied to pinned host memory on a side stream (record_stream: its free is
+    deferred until the copy is done). empty_cache() runs after the second request. A request
+    that runs out of memory is caught and done again with half the prompts."""
+    seed_all(47)
+    vocab, beams = 8192, 4
+    model = LanguageModel(vocab, 512, 8, 3).to(job.device, torch.bfloat16).eval()
+    generator = torch.Generator().manual_seed(47)
+    side = job.stream()
+    copies = []
+
+    def copy_out(history):
+        """history's rows, copied to host memory on the side stream (its block is kept from
+        reuse until the copy is done)."""
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(job.device))
+        with job.on_stream(side):
+            job.record_stream(history)
+            host = job.pin(torch.empty(history.shape, dtype=history.dtype))
+            host.copy_(history, non_blocking=job.cuda)
+        copies.append(host)
+
+    def generate(prompts, prompt_length, new_tokens):
+        """The best beam's token sum for each prompt."""
+        rows = prompts * beams
+        prompt = torch.randint(0, vocab, (prompts, prompt_length), generator=generator)
+        tokens = prompt.to(job.device).repeat_interleave(beams, dim=0)
+        caches = [[None, None] for _ in model.blocks]
+        logits = model.decode(tokens, caches)
+        last = logits[:, -1].float().log_softmax(-1)
+        del logits, tokens
+        scores = torch.zeros(prompts, beams, device=job.device)
+        scores[:, 1:] = -1e9  # one live beam per prompt at the start
+        scores = scores.view(-1)
+        offsets = (torch.arange(prompts, device=job.device) * beams).unsqueeze(1)
+        history = torch.empty(rows, 0, dtype=torch.long, device=job.device)
+        for step in range(new_tokens):
+            total = (scores.unsqueeze(1) + last).view(prompts, beams * vocab)
+            top_scores, top_index = total.topk(beams, dim=1)
+            del total, last
+            chosen = (top_index // vocab + offsets).view(-1)
+            next_token = (top_index % vocab).view(-1, 1)
+            for cache in caches:
+                cache[0] = cache[0].index_select(0, chosen)
+                cache[1] = cache[1].index_select(0, chosen)
+            history = torch.cat([history.index_select(0, chosen), next_token], dim=1)
+            scores = top_scores.view(-1)
+            del top_scores, top_index, chosen
+            logits = model.decode(next_token, caches)
+            last = logits[:, -1].float().log_softmax(-1)
+            del logits, next_token
+            if step % 16 == 15:
+                copy_out(history)
+        best = scores.view(prompts, beams).argmax(dim=1) + offsets.view(-1)
+        sums = history.index_select(0, best).sum(dim=1).tolist()
+        del caches, history, last, scores
+        return sums
+
+    with torch.no_grad():
+        for index, (prompts, length, new_tokens) in enumerate(((8, 64, 96), (6, 200, 64),
+                                                               (8, 32, 160))):
+            sums = halving_on_oom(job, prompts,
+                                  lambda p, n=length, t=new_tokens: generate(p, n, t))
+            job.notes.setdefault("best_token_sums", []).append(sums)
+            if index == 1:
+                job.synchronize()
+                job.empty_cache()
+    job.synchronize()
+    job.notes["host_copies"] = len(copies)
+
+
+class LatentDecoder(nn.Module):
+    """A VAE-style decoder from 4 latent channels to an RGB image 8 times larger: three
+    nearest-neighbour upsamplings, each followed by a 3x3 convolution (128, 128, 64 channels)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stages = nn.Sequential(
+            nn.Conv2d(4, 128, 3, padding=1), nn.SiLU(),
+            nn.Upsample(scale_factor=2), nn.Conv2d(128, 128, 3, padding=1), nn.SiLU(),
+            nn.Upsample(scale_factor=2), nn.Conv2d(128, 64, 3, padding=1), nn.SiLU(),
+            nn.Upsample(scale_factor=2), nn.Conv2d(64, 64, 3, padding=1), nn.SiLU(),
+            nn.Conv2d(64, 3, 3, padding=1))
+
+    def forward(self, latents):
+        return self.stages(latents)
+
+
+def diffusion(job):
+    """A diffusion sampler as image-generation scripts run it, float16 under no_grad: for four
+    prompts of (images, latent rows, latent columns) = (2, 64, 64), (4, 48, 48), (1, 96, 64),
+    (3, 64, 80), 12 denoising steps of a U-Net (32..256 channels, 4 latent channels) with
+    classifier-free guidance (the latents concatenated with themselves: a doubled batch every
+    step), then a decoder to 8x the latent size (for 3 images at 512 x 640, two 120 MiB activations
+    live at once, beyond any max_split_size_mb of the configs). The decoded images are converted to uint8 and copied to the host. A decode that
+    runs out of memory is caught and done again in chunks of half the images (as tiled VAE
+    decoding does). empty_cache() runs after the third prompt."""
+    seed_all(53)
+    dtype = torch.float16 if job.cuda else torch.float32
+    denoiser = UNet(cin=4, cout=4).to(job.device, dtype).eval()
+    decoder = LatentDecoder().to(job.device, dtype).eval()
+    generator = torch.Generator().manual_seed(53)
+    guidance = 7.5
+
+    def sample(images, rows, columns):
+        latents = torch.randn(images, 4, rows, columns, generator=generator).to(job.device, dtype)
+        for step in range(12):
+            doubled = torch.cat([latents, latents])
+            unconditional, conditional = denoiser(doubled).chunk(2)
+            noise = unconditional + guidance * (conditional - unconditional)
+            del doubled, unconditional, conditional
+            latents = latents - (0.08 / (1 + step)) * noise
+            del noise
+        return latents
+
+    def decode(latents, chunk):
+        """uint8 images on the host, decoded `chunk` latents at a time."""
+        pictures = []
+        for part in latents.split(chunk):
+            image = decoder(part)
+            pixels = ((image.clamp(-1, 1) + 1) * 127.5).to(torch.uint8)
+            del image
+            pictures.append(pixels.cpu())
+            del pixels
+        return torch.cat(pictures)
+
+    with torch.no_grad():
+        for index, (images, rows, columns) in enumerate(((2, 64, 64), (4, 48, 48), (1, 96, 64),
+                                                         (3, 64, 80))):
+            latents = sample(images, rows, columns)
+            pictures = halving_on_oom(job, images, lambda chunk: decode(latents, chunk))
+            job.notes.setdefault("picture_means", []).append(round(float(pictures.float().mean()), 3))
+            del latents, pictures
+            if index == 2:
+                job.empty_cache()
+    job.synchronize()
+
+
 WORKLOADS = {
     "transformer_ckpt": transformer_ckpt,
     "unet": unet,
@@ -1728,4 +1878,6 @@ WORKLOADS = {
     "finetune": finetune,
     "resume": resume,
     "frames": frames,
+    "beam": beam,
+    "diffusion": diffusion,
 }
