@@ -733,28 +733,27 @@ impl CachingAllocator {
 
     /// The block [`CachingAllocator::get_free_block`] would take, without taking it.
     fn find_free_block(&self, request: Request) -> Option<block::FreeKey> {
-        let max_split_size = self.config.max_split_size;
         let pool = self.pool_ref(request.owner, request.pool);
         let mut key = pool.best_fit(request.stream, request.size)?;
         if self.blocks.at(key.3).is_expandable() {
             key = self.expandable_best_fit(request, key, request.expandable)?;
         }
-        let block_size = key.1;
+        self.may_serve(request.size, key.1).then_some(key)
+    }
+
+    /// Whether `get_free_block` may hand the best-fitting cached free block, of `block_size`
+    /// bytes, to a request rounded to `size` bytes (at most `block_size`): PyTorch refuses an
+    /// oversize block to a smaller request, and one much larger to an oversize request.
+    pub fn may_serve(&self, size: u64, block_size: u64) -> bool {
+        let max_split_size = self.config.max_split_size;
         // Do not return an oversized block for a small request.
-        if request.size < max_split_size && block_size >= max_split_size {
-            return None;
+        if size < max_split_size && block_size >= max_split_size {
+            return false;
         }
         // Do not return an oversized block for a large request much smaller than it.
-        if request.size >= max_split_size
-            // PyTorch adds in size_t: a huge max_non_split_rounding_mb wraps around.
-            && block_size
-                >= request
-                    .size
-                    .wrapping_add(self.config.max_non_split_rounding_size)
-        {
-            return None;
-        }
-        Some(key)
+        // PyTorch adds in size_t: a huge max_non_split_rounding_mb wraps around.
+        !(size >= max_split_size
+            && block_size >= size.wrapping_add(self.config.max_non_split_rounding_size))
     }
 
     /// The expandable part of `get_free_block`, starting from the best fit `first`, which lies

@@ -50,6 +50,25 @@ pub struct SegmentEventAt {
     pub stream: u64,
 }
 
+/// An allocation of the trace, as [`super::start`] reads it: PyTorch serves a request from
+/// the best-fitting cached free block of its stream and pool, and makes a segment only where
+/// none would serve it, so each allocation says which free blocks were too small at that
+/// moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocAt {
+    /// The `alloc` event.
+    pub index: u64,
+    /// The block's address.
+    pub addr: u64,
+    /// The bytes asked for.
+    pub requested: u64,
+    /// Its stream.
+    pub stream: u64,
+    /// The `segment_alloc` event right before it that made a `cudaMalloc` segment at its
+    /// address, if one did: the request found no cached block to serve it.
+    pub made_segment_at: Option<u64>,
+}
+
 /// Appends `event` to `list` while it holds fewer than [`MAX_KEPT_CALLS`] (a list that
 /// reached it is known to be cut short).
 fn keep_at_most(list: &mut Vec<SegmentEventAt>, event: SegmentEventAt) {
@@ -92,6 +111,11 @@ pub struct Scan {
     first_freed: AddressSet,
     /// Blocks freed before the trace allocated them.
     pub first_frees: Vec<FirstFree>,
+    /// The trace's allocations, in order (the first [`MAX_KEPT_CALLS`]).
+    pub allocs: Vec<AllocAt>,
+    /// The address and number of the `segment_alloc` that was the previous event, if it was
+    /// one.
+    segment_just_made: Option<(u64, u64)>,
     /// The number of the first `alloc` at each address the trace allocated (at most
     /// [`MAX_KEPT_CALLS`] addresses; later new ones are not kept): where a block boundary
     /// lay while blocks live at the trace's start were still held ([`Scan::first_alloc_from`]).
@@ -175,6 +199,15 @@ impl Scan {
             .map(|(&addr, _)| addr)
     }
 
+    /// The first event that allocated an address in `from..to`, if any (as far as
+    /// [`Scan::first_allocs`] kept them).
+    pub fn first_alloc_index_in(&self, from: u64, to: u64) -> Option<u64> {
+        self.first_allocs
+            .range(from..to)
+            .map(|(_, &index)| index)
+            .min()
+    }
+
     /// Whether `emitted` belongs to the trace replayed (pinned host memory's never does);
     /// counts another device's events.
     pub fn replays(&mut self, emitted: &Emitted) -> bool {
@@ -220,8 +253,20 @@ impl Scan {
             size,
             stream,
         };
+        let segment_just_made = self.segment_just_made.take();
         match event.action {
             Action::Alloc => {
+                if self.allocs.len() < MAX_KEPT_CALLS {
+                    self.allocs.push(AllocAt {
+                        index,
+                        addr,
+                        requested: size,
+                        stream,
+                        made_segment_at: segment_just_made
+                            .filter(|&(made, _)| made == addr)
+                            .map(|(_, at)| at),
+                    });
+                }
                 if self.first_allocs.len() < MAX_KEPT_CALLS {
                     self.first_allocs.entry(addr).or_insert(index);
                 }
@@ -262,6 +307,7 @@ impl Scan {
                 });
                 self.segments.insert(addr, size);
                 self.made_at.insert(addr, index);
+                self.segment_just_made = Some((addr, index));
                 self.pressure.acquired(index, size);
             }
             Action::SegmentFree => {

@@ -14,9 +14,10 @@ use std::fmt;
 use serde::Serialize;
 
 use super::ranges::{Ranges, Spans};
-use super::scan::Scan;
-use crate::alloc::{CachingAllocator, MemPoolId, Pool, SMALL_BUFFER, SMALL_SIZE};
+use super::scan::{AllocAt, Scan};
+use crate::alloc::{CachingAllocator, MemPoolId, Pool, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
 use crate::snapshot::model::Segment;
+use std::collections::BTreeMap;
 
 /// A block live at the trace's first event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,13 +207,138 @@ pub fn rebuild(
             freed_at: Some(free.index),
         });
     }
-    let oversize = allocator.config().max_split_size;
     let last_event = scan.last;
     for segment in &mut held {
         segment.blocks.sort_by_key(|block| block.addr);
-        settle_sizes(segment, oversize, last_event, scan)?;
+    }
+    let served = ServedFrom::new(&held, segments, scan);
+    for segment in &mut held {
+        settle_sizes(segment, allocator, last_event, scan, &served)?;
     }
     Ok(StartState { segments: held })
+}
+
+/// Where the trace's allocations were served from, as far as the tail of a block live at the
+/// start is concerned ([`tail_below_allocations`]).
+struct ServedFrom<'a> {
+    scan: &'a Scan,
+    /// Steps left to [`READ_TAILS_BUDGET`].
+    steps_left: std::cell::Cell<u64>,
+    /// The `cudaMalloc` segments of the large pool held at the start.
+    held: Vec<HeldLayout>,
+    /// The private pool of each end-state segment.
+    owners: BTreeMap<u64, MemPoolId>,
+    /// Whether the end state shows a private pool.
+    private_pools_at_end: bool,
+}
+
+/// A `cudaMalloc` segment of the large pool held at the start, as [`ServedFrom`] reads it.
+struct HeldLayout {
+    start: u64,
+    end: u64,
+    stream: u64,
+    owner: MemPoolId,
+    /// The addresses of its blocks live at the start, lowest first.
+    blocks: Vec<u64>,
+    /// The event that releases it (`u64::MAX`: none): a block at its addresses after that is
+    /// another segment's.
+    released_at: u64,
+}
+
+/// What an allocation says of the free blocks of its stream and pool at its moment: none of
+/// them that `get_free_block` may hand out was at least the request and smaller than
+/// `best_fit_at_least` (the block it took, or none: new memory).
+struct Served {
+    stream: u64,
+    owner: MemPoolId,
+    best_fit_at_least: u64,
+}
+
+impl<'a> ServedFrom<'a> {
+    fn new(held: &[StartSegment], segments: &[Segment], scan: &'a Scan) -> ServedFrom<'a> {
+        let owners: BTreeMap<u64, MemPoolId> = segments
+            .iter()
+            .map(|s| (s.address as u64, owner_of(s)))
+            .collect();
+        ServedFrom {
+            scan,
+            steps_left: std::cell::Cell::new(READ_TAILS_BUDGET),
+            held: held
+                .iter()
+                .filter(|s| !s.expandable && s.pool == Pool::Large)
+                .map(|s| HeldLayout {
+                    start: s.addr,
+                    end: s.addr + s.size,
+                    stream: s.stream,
+                    owner: s.owner,
+                    blocks: s.blocks.iter().map(|b| b.addr).collect(),
+                    released_at: scan
+                        .first_segment_frees
+                        .iter()
+                        .find(|free| free.addr == s.addr)
+                        .map_or(u64::MAX, |free| free.index),
+                })
+                .collect(),
+            private_pools_at_end: owners.values().any(|o| *o != MemPoolId::default()),
+            owners,
+        }
+    }
+
+    /// Takes `steps` from the budget; false once it is spent.
+    fn spend(&self, steps: u64) -> bool {
+        let left = self.steps_left.get();
+        self.steps_left.set(left.saturating_sub(steps));
+        left >= steps
+    }
+
+    /// What `alloc` says, where it can be read: from a segment made for it (its pool is the
+    /// end state's where that segment lasted to the end, else the default pools' where the end
+    /// state shows no private pool), or from a free block starting at its address in a
+    /// segment held at the start, which reached at least to the next block live at the start
+    /// if the trace had allocated nothing in between before.
+    fn served(&self, alloc: &AllocAt) -> Option<Served> {
+        if let Some(made_at) = alloc.made_segment_at {
+            let lasted = self.scan.made_segment(alloc.addr)
+                && self.scan.made_at(alloc.addr) == Some(made_at);
+            let owner = match self.owners.get(&alloc.addr) {
+                Some(owner) if lasted => *owner,
+                // Released before the end (another segment may have been made at its address
+                // since): its pool is not recorded.
+                _ if !self.private_pools_at_end => MemPoolId::default(),
+                _ => return None,
+            };
+            return Some(Served {
+                stream: alloc.stream,
+                owner,
+                best_fit_at_least: u64::MAX,
+            });
+        }
+        if !self.spend(self.held.len() as u64) {
+            return None;
+        }
+        let segment = self
+            .held
+            .iter()
+            .find(|s| s.start <= alloc.addr && alloc.addr < s.end && alloc.index < s.released_at)?;
+        let next = segment
+            .blocks
+            .iter()
+            .copied()
+            .find(|&addr| addr > alloc.addr)
+            .unwrap_or(segment.end);
+        if self
+            .scan
+            .first_alloc_from(alloc.addr + 1, next, alloc.index)
+            .is_some()
+        {
+            return None;
+        }
+        Some(Served {
+            stream: segment.stream,
+            owner: segment.owner,
+            best_fit_at_least: next - alloc.addr,
+        })
+    }
 }
 
 /// Checks that a segment's blocks do not overlap and gives each block the trace freed the
@@ -224,15 +350,25 @@ pub fn rebuild(
 /// starts a free block, so the bytes between the two belonged to no free block of their own
 /// (in a `cudaMalloc` segment of the large pool every block is larger than 1 MiB, since
 /// PyTorch splits off only remainders larger than that): they were the block's tail.
+///
+/// Where no allocation bounds that tail from above, the requests served elsewhere while the
+/// free space after the block lay untouched bound it from below ([`tail_below_allocations`]).
 fn settle_sizes(
     segment: &mut StartSegment,
-    max_split_size: u64,
+    allocator: &CachingAllocator,
     last_event: u64,
     scan: &Scan,
+    served: &ServedFrom,
 ) -> Result<(), StartError> {
+    let max_split_size = allocator.config().max_split_size;
     let end = segment.addr + segment.size;
     for i in 0..segment.blocks.len() {
         let next_start = segment.blocks.get(i + 1).map_or(end, |next| next.addr);
+        let next_freed_at = segment
+            .blocks
+            .get(i + 1)
+            .and_then(|next| next.freed_at)
+            .unwrap_or(u64::MAX);
         let block = &mut segment.blocks[i];
         let block_end = block.addr.saturating_add(block.size);
         if block_end > next_start {
@@ -266,9 +402,90 @@ fn settle_sizes(
         let gap = boundary - block_end;
         if gap > 0 && (gap <= SMALL_SIZE || oversize) {
             block.size += gap;
+        } else if gap > SMALL_SIZE && boundary == next_start {
+            let free_space = FreeSpaceAfter {
+                start: block_end,
+                end: next_start,
+                held_until: block.freed_at.unwrap_or(u64::MAX),
+                next_held_until: next_freed_at,
+            };
+            block.size += tail_below_allocations(
+                &free_space,
+                (segment.stream, segment.owner),
+                allocator,
+                scan,
+                served,
+            );
         }
     }
     Ok(())
+}
+
+/// The free space after a block live at the trace's start, as far as the next live block.
+struct FreeSpaceAfter {
+    /// The block's end as rounded from its request (its unsplit tail, if any, lies here).
+    start: u64,
+    /// The next live block's address, or the segment's end.
+    end: u64,
+    /// The event that frees the block.
+    held_until: u64,
+    /// The event that frees the next live block (`u64::MAX`: none, or live to the end).
+    next_held_until: u64,
+}
+
+/// The least unsplit tail (at most [`SMALL_SIZE`], a multiple of [`MIN_BLOCK_SIZE`]) a block
+/// must have had for the free space after it to have been no better fit than what PyTorch
+/// chose for each request of its segment's stream and pool, while the block and the next one
+/// were held and no allocation had landed in that space; 0 where no request bounds it, or
+/// where no tail PyTorch leaves unsplit would explain them.
+///
+/// PyTorch serves a request from the smallest cached free block that is at least as large
+/// (`get_free_block`) and makes a segment only where none would serve it. A request served
+/// from a larger block, or from new memory, while the space after the block would have served
+/// it means that space was smaller than the request's rounded size. A tail rebuilt as 0 makes
+/// the space as large as the trace allows, and a replay then serves from it what PyTorch
+/// could not.
+fn tail_below_allocations(
+    free_space: &FreeSpaceAfter,
+    (stream, owner): (u64, MemPoolId),
+    allocator: &CachingAllocator,
+    scan: &Scan,
+    served: &ServedFrom,
+) -> u64 {
+    let room = free_space.end - free_space.start;
+    // Until the block or the next one is freed, or the trace allocates in the space.
+    let until = free_space.held_until.min(free_space.next_held_until).min(
+        scan.first_alloc_index_in(free_space.start, free_space.end)
+            .unwrap_or(u64::MAX),
+    );
+    let mut tail = 0;
+    for alloc in scan.allocs.iter().take_while(|alloc| alloc.index < until) {
+        if !served.spend(1) {
+            return 0;
+        }
+        let size = allocator.round_size(alloc.requested.max(1));
+        let space = room - tail;
+        if alloc.stream != stream || size <= SMALL_SIZE || size > space {
+            continue;
+        }
+        let Some(served) = served.served(alloc) else {
+            continue;
+        };
+        if served.stream != stream
+            || served.owner != owner
+            || space >= served.best_fit_at_least
+            || !allocator.may_serve(size, space)
+        {
+            continue;
+        }
+        // The space must have been smaller than `size`.
+        let needed = (room - size + 1).div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE;
+        if needed > SMALL_SIZE {
+            return 0;
+        }
+        tail = needed;
+    }
+    tail
 }
 
 /// The segments and mapped ranges held when the trace starts, without their blocks.
@@ -538,6 +755,12 @@ fn mapped_ranges(
         })
         .collect()
 }
+
+/// The most steps (allocations read for the blocks whose tails are read, and segments looked
+/// through for where each was served) [`tail_below_allocations`] takes for one start state:
+/// 16 million, well under a second. Past it, tails not yet read are taken as 0, as before the
+/// rule.
+const READ_TAILS_BUDGET: u64 = 1 << 24;
 
 /// The most (runs × maps and unmaps) for which [`released_at`] follows the runs' pages
 /// through the trace: 32 million steps, well under a second.
@@ -818,6 +1041,56 @@ mod tests {
             size_of_first(&events(BASE + 5 * MIB, false)),
             (3 * MIB) as u64,
             "2 MiB past its end"
+        );
+    }
+
+    /// A block freed by the trace (9.5 MiB asked) with 10.5 MiB free after it and no
+    /// allocation there while it is held: its tail is not read from above. A 10 MiB request
+    /// served while it is held from a larger block, or from a segment made for it, says the
+    /// space was smaller than 10 MiB, so the block kept at least 0.5 MiB + 512 bytes unsplit.
+    /// A request served from a smaller block, or one that would need a tail over 1 MiB
+    /// (PyTorch would have split it off), says nothing.
+    #[test]
+    fn a_request_served_elsewhere_bounds_a_held_blocks_tail_from_below() {
+        const OTHER: i64 = BASE + 64 * MIB;
+        let held_request = 9 * MIB + MIB / 2;
+        let size_of_first = |other_size: i64, request: i64, made_for_it: bool| {
+            let end = [
+                segment(BASE, &[(BASE, 20 * MIB, "inactive")]),
+                segment(OTHER, &[(OTHER, other_size, "inactive")]),
+            ];
+            let mut events = Vec::new();
+            if made_for_it {
+                events.push((Action::SegmentAlloc, OTHER, other_size));
+            }
+            events.extend([
+                (Action::Alloc, OTHER, request),
+                (Action::FreeRequested, OTHER, request),
+                (Action::FreeCompleted, OTHER, request),
+                (Action::FreeRequested, BASE, held_request),
+                (Action::FreeCompleted, BASE, held_request),
+            ]);
+            let start = rebuild(&scan(&events), &end, &allocator()).expect("one start state");
+            let block = start
+                .segments
+                .iter()
+                .find(|s| s.addr == BASE as u64)
+                .and_then(|s| s.blocks.first())
+                .expect("the held block");
+            block.size
+        };
+        let bounded = (10 * MIB + 512) as u64;
+        assert_eq!(size_of_first(12 * MIB, 10 * MIB, false), bounded);
+        assert_eq!(size_of_first(10 * MIB, 10 * MIB, true), bounded);
+        assert_eq!(
+            size_of_first(10 * MIB, 10 * MIB, false),
+            held_request as u64,
+            "a better fit than the space"
+        );
+        assert_eq!(
+            size_of_first(9 * MIB, 9 * MIB, true),
+            held_request as u64,
+            "a tail over 1 MiB"
         );
     }
 
