@@ -24,8 +24,9 @@ completed later in the run than in the base run, or earlier where no synchronisa
 allocator explains it (sequences.completed_otherwise). The allocator never delays a completion
 and completes one early only when it synchronises, so the GPU's work took another time there,
 and the replay, which completes deferred frees where the base
-run did (and on its own OOM path), cannot know it; the replay's figures are shown beside. A run that an uncaught OOM ended is compared on fits and on which allocation failed
-first, when its requests up to the OOM are the base run's. A config PyTorch 2.11 refused must
+run did (and on its own OOM path), cannot know it; the replay's figures are shown beside. A run that met an OOM (ended by it, or caught it and went on: a batch halved, cuDNN falling
+back to a smaller workspace) is compared on fits and on which allocation failed first, when
+its requests up to the OOM are the base run's. A config PyTorch 2.11 refused must
 be refused by gpumem too.
 
 With --bases OTHER, every what-if run is paired with OTHER's base run of its workload instead
@@ -341,8 +342,9 @@ def pair_plan(run, base):
     """How a what-if pair can be compared: ('full' | 'prefix' | 'timing' | 'prefix timing' |
     'changed' | 'none', words).
 
-    full: the same request sequence; prefix: the run ended at an uncaught OOM after making
-    the base run's first requests (and asked then for the base run's next allocation); timing
+    full: the same request sequence; prefix: the run met an OOM after making the base run's
+    first requests (and asked then for the base run's next allocation), whether it ended
+    there or caught it and went on otherwise (a batch halved); timing
     and prefix timing: either, but a deferred free completed elsewhere for a reason only the
     GPU's timing gives (compared, shown apart, not judged)."""
     if base is None or not base.recorded or base.status != "completed":
@@ -358,7 +360,7 @@ def pair_plan(run, base):
             return "timing", "same requests, but " + timing_words(*moved)
         return "full", "same request sequence"
     oom_at = first_oom_index(run.events())
-    if run.status == "oom" and oom_at is not None:
+    if oom_at is not None:
         before = request_sequence(run.events(), stop_at=oom_at)
         if theirs[:len(before)] == before:
             # An `oom` event records the rounded request (PyTorch's params.size()): 512-byte

@@ -513,7 +513,8 @@ class CompareTest(unittest.TestCase):
         self.assertIn("What-if pairs", text)
 
     def check_recordings(self, folder, min_exact, bases=None, known=None, not_run_ok=False,
-                         unseen_sync=frozenset(), known_self=frozenset()):
+                         unseen_sync=frozenset(), known_self=frozenset(),
+                         timing_false_fits=frozenset()):
         """The runs recorded on the H200 and kept in `folder`: each self-replay exact, and
         every what-if pair with the base run's request sequence exact but the few `known`
         (those above by default; a fix may shorten the list; a pair that starts to differ
@@ -522,7 +523,10 @@ class CompareTest(unittest.TestCase):
         not start before its deadline are no failure. `unseen_sync`: runs whose self-replay may
         differ in `num_sync_all_streams` alone, by one (PyTorch's higher): a synchronisation
         that released and completed nothing, which no trace shows. `known_self`: runs whose
-        self-replay is known to differ (each named with its cause where it is passed)."""
+        self-replay is known to differ (each named with its cause where it is passed).
+        `timing_false_fits`: "changed timing" pairs (the GPU finished side-stream work at
+        another moment, which no replay of the base run can know) whose replay is known to say
+        "fits" where PyTorch ran out of memory; any other false "fits" fails."""
         known = KNOWN_WHATIF_DIFFERENCES if known is None else known
         allowed = ("exact", "exact in the window", "refused as expected") + (
             ("not run",) if not_run_ok else ())
@@ -566,15 +570,23 @@ class CompareTest(unittest.TestCase):
         # Every pair that differs differs by placement alone: replayed again with its segments
         # at the run's own addresses (`--addresses-from`), it gives PyTorch's answer, so the
         # allocator decided as PyTorch did and the two processes' drivers placed the same
-        # calls differently. A pair that differed there too would be gpumem's own error.
+        # calls differently ("partly placed": a pair compared up to the run's OOM holds the
+        # run's addresses only while the replay's device calls are the run's). A pair that
+        # differed there too would be gpumem's own error.
         for pair in result["pairs"]:
             if pair["verdict"] == "differs" and pair["kind"] in ("full", "prefix"):
-                self.assertEqual(pair["at_run_addresses"]["verdict"], "exact",
-                                 f"{pair['run']}\n{text}")
+                self.assertIn(pair["at_run_addresses"]["verdict"], ("exact", "exact, partly placed"),
+                              f"{pair['run']}\n{text}")
         # Never "fits" where PyTorch ran out of memory; "does not fit" where it fit only for
         # the pair known to (borderline, above).
         fit = compare.fit_tally(result["pairs"])
-        self.assertEqual(fit["false_fits"], 0, text)
+        false_fits = {p["run"] for p in result["pairs"]
+                      if (p.get("fields") or [[None]])[0] == ["fits", False, True]}
+        self.assertEqual(fit["false_fits"], len(false_fits), text)
+        self.assertEqual(false_fits, set(timing_false_fits), text)
+        for pair in result["pairs"]:
+            if pair["run"] in false_fits:
+                self.assertEqual(pair["verdict"], "changed timing", text)
         self.assertLessEqual(fit["false_alarms"], 1, text)
         self.assertIn("fit verdict: ", text)
         return exact
@@ -609,10 +621,16 @@ class CompareTest(unittest.TestCase):
         # allocated_bytes.all.peak alone differs: the model's window, fitted to lazy loading,
         # is guessed wrong for an eager process (README.md). So is its judgement of two
         # segments that changed places (moe.pow2div4: docs/snapshots.md, step 1).
+        # Since runs that met an OOM and went on are compared up to it (compare.py, "prefix"),
+        # three unet pairs under the fraction differ in where the first OOM came (cuDNN's
+        # workspace requests, which it catches), each exact at the run's own addresses; and
+        # prefetch.gc06.frac, whose side-stream free completed at another moment on the GPU,
+        # is replayed as fitting where cuDNN's workspace request failed in PyTorch's run.
         known = {"transformer_ckpt.split64", "transformer_ckpt.split64.frac",
-                 "resnet.lseg64", "unet.lseg64", "moe.pow2div4", "moe.pow2div4.frac"}
-        exact = self.check_recordings(os.path.join(HERE, "results-eager"), 103, known=known,
-                                      not_run_ok=True)
+                 "resnet.lseg64", "unet.lseg64", "moe.pow2div4", "moe.pow2div4.frac",
+                 "unet.combo.frac", "unet.gc06.frac", "unet.pow2div4.frac"}
+        exact = self.check_recordings(os.path.join(HERE, "results-eager"), 107, known=known,
+                                      not_run_ok=True, timing_false_fits={"prefetch.gc06.frac"})
         for pair in ("resnet.split64.frac", "resnet.gc06.frac", "resnet.combo.frac"):
             self.assertIn(pair, exact)
 
@@ -842,6 +860,24 @@ class CompareTest(unittest.TestCase):
             for field, pytorch, ours in pair.get("fields", []):
                 if field == "fits":
                     self.assertEqual(pytorch, ours, pair)
+
+    @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
+    def test_the_twelfth_wave_searches_beams_and_samples_a_diffusion_model(self):
+        """results-wave12/ (beam and diffusion on an H100 80GB, 2026-12-07), written before it
+        was recorded and not fitted to, under four more configs no earlier wave ran
+        (expandable segments with rounding divisions, max_split_size_mb:32 with a 0.9
+        collection threshold, large_segment_size_mb:32 with max_split_size_mb:256, 2
+        divisions): beam search re-ordering its KV cache every step with its token history
+        copied out on a side stream, and a guided diffusion sampler whose decoder's buffers lie
+        beyond the split limits, decoding in halves on OOM. Every self-replay is exact, and
+        every what-if pair: the ten that met an OOM under the fraction (and went on at half the
+        prompts or images) give PyTorch's first OOM at the same allocation, the rest every
+        compared counter; the fit verdict agrees on all 44."""
+        folder = os.path.join(HERE, "results-wave12")
+        exact = self.check_recordings(folder, 43, known=set())
+        self.assertIn("beam.split32_gc09.frac", exact)
+        self.assertIn("beam.pow2div4.frac", exact)  # its first OOM, at PyTorch's allocation
+        self.assertIn("diffusion.lseg32_split256.frac", exact)
 
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
     def test_the_finetune_job_recorded_again(self):
