@@ -28,6 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import compare  # noqa: E402
 import plan  # noqa: E402
+import retime  # noqa: E402
 import ringcut  # noqa: E402
 import run_all  # noqa: E402
 import run_one  # noqa: E402
@@ -1041,6 +1042,40 @@ class CompareTest(unittest.TestCase):
         self.assertEqual(result["missing_keys"], ["requested_bytes.all.peak"])
         self.assertEqual(rc, 1)
         self.assertIn("num_alloc_retries PyTorch 1 gpumem 0", text)
+
+
+class RetimeTest(unittest.TestCase):
+    """retime.py: a base trace's deferred frees completed where a run completed them, or at
+    once, the requests themselves untouched."""
+
+    @staticmethod
+    def event(action, addr, size=1024):
+        return {"action": action, "addr": addr, "size": size, "stream": 0}
+
+    def test_completions_move_to_the_runs_points_before_its_oom(self):
+        e = self.event
+        # Block 0 (at 1) is freed on a side stream's behalf: completed after request 3 in the
+        # base run, after request 2 (its own free) in the run; block 1 completes at once in both.
+        base = [e("alloc", 1), e("alloc", 2), e("free_requested", 1), e("free_requested", 2),
+                e("free_completed", 2), e("alloc", 3), e("free_completed", 1)]
+        run = [e("alloc", 1), e("alloc", 2), e("free_requested", 1), e("free_completed", 1),
+               e("free_requested", 2), e("free_completed", 2), e("oom", 0), e("alloc", 3)]
+        out, moved = retime.as_run(base, run)
+        self.assertEqual(moved, 1)
+        self.assertEqual([(x["action"], x["addr"]) for x in out],
+                         [("alloc", 1), ("alloc", 2), ("free_requested", 1),
+                          ("free_completed", 1), ("free_requested", 2), ("free_completed", 2),
+                          ("alloc", 3)])
+
+    def test_at_once_completes_every_free_that_completes_and_leaves_pending_ones(self):
+        e = self.event
+        trace = [e("alloc", 1), e("alloc", 2), e("free_requested", 1), e("free_requested", 2),
+                 e("alloc", 3), e("free_completed", 1)]
+        out, moved = retime.at_once(trace)
+        self.assertEqual(moved, 1)
+        self.assertEqual([(x["action"], x["addr"]) for x in out],
+                         [("alloc", 1), ("alloc", 2), ("free_requested", 1),
+                          ("free_completed", 1), ("free_requested", 2), ("alloc", 3)])
 
 
 class WindowScopeTest(unittest.TestCase):
