@@ -15,7 +15,7 @@ use gpumem::alloc::AllocConf;
 use gpumem::device::DeviceSpec;
 use gpumem::snapshot::replay::verdict::with_comparison;
 use gpumem::snapshot::replay::{
-    check_placement, min_capacity_of, replay, replay_reading, replay_recording, CapacitySearch,
+    check_verdict, min_capacity_of, replay, replay_reading, replay_recording, CapacitySearch,
     Placement, Recording, ReplayError, ReplayOptions, ReplayReport,
 };
 use gpumem::viz::report::{Headline, Tone};
@@ -128,7 +128,7 @@ fn run_one(
     with_progress(&args.file, "replaying", |progress| {
         let mut report =
             replay_recording(&args.file, recording, options, &mut *progress, Vec::new())?;
-        check_placement(&args.file, recording, options, &mut report, progress)?;
+        check_verdict(&args.file, recording, options, &mut report, progress)?;
         Ok(report)
     })
 }
@@ -289,6 +289,7 @@ fn json_answer(
                     "verdict": verdict.text,
                     "borderline": verdict.borderline,
                     "placement_check": report.placement_check,
+                    "timing_check": report.timing_check,
                     "ooms": report.counts.ooms,
                     "recorded_ooms_reproduced": report.counts.recorded_ooms_reproduced,
                     "first_oom_event": verdict.first_oom_event,

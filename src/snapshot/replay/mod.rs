@@ -52,6 +52,7 @@ pub mod search;
 pub mod seed;
 pub(crate) mod sequence;
 pub(crate) mod start;
+pub(crate) mod timing_check;
 pub mod tune;
 pub mod verdict;
 
@@ -171,6 +172,21 @@ pub struct ReplayOptions {
     /// `follow_other`): for telling, when a what-if replay differs from PyTorch's own run under
     /// that config, whether the driver's placement or the allocator's decisions differ.
     pub addresses_from: Option<PathBuf>,
+    /// When frees deferred by `record_stream` complete.
+    pub deferred_frees: DeferredFrees,
+}
+
+/// When a replay completes the frees `record_stream` deferred (`free_requested` now,
+/// `free_completed` once the side stream's work is done).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DeferredFrees {
+    /// Where the recording completed each one (and on the replay's own OOM path): the
+    /// recording's GPU timing.
+    #[default]
+    AsRecorded,
+    /// Each at its request, as on a GPU that finished every side stream's work at once; one
+    /// still pending at the trace's end stays pending (`timing_check.rs`).
+    AtOnce,
 }
 
 impl ReplayOptions {
@@ -326,7 +342,7 @@ pub fn replay_reading(
         drop(first);
         replay_recording(path, &recording, options, &mut *progress, Vec::new())?
     };
-    check_placement(path, &recording, options, &mut report, progress)?;
+    check_verdict(path, &recording, options, &mut report, progress)?;
     report.frames = frames::attach(path, &mut report.first_oom, &mut report.ooms);
     Ok((report, recording))
 }
@@ -334,9 +350,11 @@ pub fn replay_reading(
 /// When `report` (a replay of `path` with `options`) was under pressure and placed segments
 /// the recording does not place, replays the file once more with every segment placed by the
 /// simulator's model and puts what that found into `report`, whose verdict then says whether
-/// the answer depends on the placement (`placement_check.rs`). [`replay_reading`] does it for
+/// the answer depends on the placement (`placement_check.rs`); and when it is a what-if
+/// replay of a trace with deferred frees, once more with each completed at its request, for
+/// whether it depends on the GPU's timing (`timing_check.rs`). [`replay_reading`] does it for
 /// its own report; a caller of [`replay_recording`] (`gpumem replay --compare`) asks for it.
-pub fn check_placement(
+pub fn check_verdict(
     path: &Path,
     recording: &Recording,
     options: &ReplayOptions,
@@ -344,7 +362,17 @@ pub fn check_placement(
     progress: Progress<'_>,
 ) -> Result<(), ReplayError> {
     if placement_check::wanted(report) {
-        placement_check::check(path, recording, options, report, progress)?;
+        placement_check::check(path, recording, options, report, &mut *progress)?;
+    }
+    if timing_check::wanted(report, options) {
+        let options = timing_check::at_once(options);
+        let again = replay_recording(path, recording, &options, progress, Vec::new())?;
+        let verdict = again.verdict();
+        report.timing_check = Some(report::TimingCheck {
+            fits: verdict.fits,
+            ooms: verdict.ooms,
+            first_oom_event: verdict.first_oom_event,
+        });
     }
     Ok(())
 }
@@ -384,6 +412,9 @@ fn replay_recording_tapped(
     )?;
     if let Some(other) = &options.addresses_from {
         pass.follow_other(other, &other_device_calls(other, options.device_index)?);
+    }
+    if options.deferred_frees == DeferredFrees::AtOnce {
+        pass.complete_at_once(&recording.scan);
     }
     let lesson = recording
         .wants_learned_mem_pools(&pass_conf)

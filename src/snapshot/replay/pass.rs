@@ -14,6 +14,7 @@ use super::limit::{Applied, Limit};
 use super::recording::{same_behaviour, Recording};
 use super::sequence::DeviceCall;
 use super::start::{self, StartState};
+use super::timing_check::{AtOnce, Rewrite};
 use super::{
     seed, CapacitySource, ConfSource, Engine, Fragmentation, HostMemory, LimitPolicy, Placement,
     ReplayError, ReplayOptions, ReplayReport, StartReport,
@@ -24,7 +25,7 @@ use crate::alloc::{
 use crate::device::sim::{SimDevice, H200_TOTAL_MEMORY};
 use crate::device::DeviceMemory;
 use crate::snapshot::model::Action;
-use crate::snapshot::pickle::{Emitted, SnapshotError, Trace};
+use crate::snapshot::pickle::{Emitted, Entry, SnapshotError, Trace};
 
 /// What a replay of a recording puts on its allocator before the first event.
 pub(super) struct Plan {
@@ -62,6 +63,8 @@ pub(super) struct Pass {
     ended: bool,
     /// The other recording whose addresses segments are placed at ([`Pass::follow_other`]).
     addresses_from: Option<std::path::PathBuf>,
+    /// The trace's deferred frees completed at their requests ([`Pass::complete_at_once`]).
+    at_once: Option<AtOnce>,
 }
 
 impl Pass {
@@ -117,6 +120,7 @@ impl Pass {
             last_index: 0,
             ended: false,
             addresses_from: None,
+            at_once: None,
         })
     }
 
@@ -333,7 +337,28 @@ impl Pass {
             Trace::Host(_) | Trace::Other => return Ok(()),
         }
         self.last_index = super::event_number(&emitted);
-        self.engine.handle(emitted)
+        let rewrite = match &mut self.at_once {
+            Some(at_once) => at_once.rewrite(self.last_index, &emitted.entry),
+            None => Rewrite::Keep,
+        };
+        match rewrite {
+            Rewrite::Keep => self.engine.handle(emitted),
+            Rewrite::Drop => Ok(()),
+            Rewrite::ThenComplete(completed) => {
+                let completion = Emitted {
+                    entry: Entry::Memory(completed),
+                    ..emitted
+                };
+                self.engine.handle(emitted)?;
+                self.engine.handle(completion)
+            }
+        }
+    }
+
+    /// Makes this pass complete every free the trace deferred at its request, as on a GPU that
+    /// finished every side stream's work at once (`timing_check.rs`).
+    pub(super) fn complete_at_once(&mut self, scan: &super::scan::Scan) {
+        self.at_once = Some(AtOnce::new(scan));
     }
 
     /// Makes this pass read the trace as the recorded run's although its config names a
@@ -509,6 +534,7 @@ impl Pass {
             recorded_conf,
             frames: Lookup::NotNeeded,
             placement_check: None,
+            timing_check: None,
             devices: recording.devices(),
             host: HostMemory::of(&recording.remainder),
         })

@@ -182,19 +182,46 @@ pub struct PlacementCheck {
 impl PlacementCheck {
     /// The report's line: what the job did with segments placed by the model.
     pub fn describe(&self) -> String {
-        let outcome = match (self.fits, self.first_oom_event) {
-            (true, _) => "it fits".to_string(),
-            (false, Some(event)) => format!(
-                "it does not fit ({} OOM{}, first at event {event})",
-                self.ooms,
-                if self.ooms == 1 { "" } else { "s" }
-            ),
-            (false, None) => format!("it does not fit ({} OOMs)", self.ooms),
-        };
         format!(
-            "checked under pressure with every segment placed by the model: {outcome}, {} retries, {} cudaMalloc calls",
-            self.num_alloc_retries, self.num_device_alloc
+            "checked under pressure with every segment placed by the model: {}, {} retries, {} cudaMalloc calls",
+            outcome_words(self.fits, self.ooms, self.first_oom_event),
+            self.num_alloc_retries,
+            self.num_device_alloc
         )
+    }
+}
+
+/// What the second replay of a what-if replay with deferred frees, each completed at its
+/// request, found (`timing_check.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TimingCheck {
+    /// Whether the job fits there.
+    pub fits: bool,
+    /// Its OOMs.
+    pub ooms: u64,
+    /// The trace event of the first (numbered as the report numbers events).
+    pub first_oom_event: Option<u64>,
+}
+
+impl TimingCheck {
+    /// The report's line: what the job did with every deferred free completed at once.
+    pub fn describe(&self) -> String {
+        format!(
+            "checked with every deferred free completed at its request (the GPU idle): {}",
+            outcome_words(self.fits, self.ooms, self.first_oom_event)
+        )
+    }
+}
+
+/// "it fits", or "it does not fit (N OOMs, first at event E)": a second reading's answer.
+fn outcome_words(fits: bool, ooms: u64, first_oom_event: Option<u64>) -> String {
+    let plural = if ooms == 1 { "" } else { "s" };
+    match (fits, first_oom_event) {
+        (true, _) => "it fits".to_string(),
+        (false, Some(event)) => {
+            format!("it does not fit ({ooms} OOM{plural}, first at event {event})")
+        }
+        (false, None) => format!("it does not fit ({ooms} OOM{plural})"),
     }
 }
 
@@ -267,6 +294,9 @@ pub struct ReplayReport {
     /// What the job does with every segment placed by the simulator's model, for a replay
     /// under pressure that placed segments the recording does not (`placement_check.rs`).
     pub placement_check: Option<PlacementCheck>,
+    /// What the job does with every deferred free completed at its request, for a what-if
+    /// replay of a trace with frees deferred by `record_stream` (`timing_check.rs`).
+    pub timing_check: Option<TimingCheck>,
 }
 
 impl ReplayReport {
@@ -304,6 +334,9 @@ impl ReplayReport {
                 Applied::No => LimitPolicy::Never,
                 Applied::Cap(_) | Applied::HeldElsewhere(_) => LimitPolicy::UnlessCapacityGiven,
             },
+            // A report's own replay keeps the recorded completions; only its timing check
+            // completes them at once, and that replay reports into this one.
+            deferred_frees: super::DeferredFrees::AsRecorded,
         }
     }
 
@@ -346,6 +379,7 @@ impl ReplayReport {
             "recorded_actions": self.recorded_actions.iter().map(|(name, count)| (name.to_string(), json!(count))).collect::<Map<String, Value>>(),
             "free_on_request": self.free_on_request,
             "placement_check": self.placement_check,
+            "timing_check": self.timing_check,
             "start": self.start,
             "devices": self.devices,
             "host": self.host,
@@ -426,6 +460,9 @@ impl fmt::Display for ReplayReport {
         writeln!(f, "  placement       {}", self.placement_text())?;
         if let Some(check) = &self.placement_check {
             writeln!(f, "                  {}", check.describe())?;
+        }
+        if let Some(check) = &self.timing_check {
+            writeln!(f, "  timing          {}", check.describe())?;
         }
         self.write_limit(f)?;
         self.write_start(f)?;

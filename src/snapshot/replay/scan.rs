@@ -82,8 +82,8 @@ fn keep_at_most(list: &mut Vec<SegmentEventAt>, event: SegmentEventAt) {
 enum Held {
     /// Allocated, its free not requested.
     Allocated,
-    /// Its free requested, not completed.
-    Requested,
+    /// Its free requested (at this event), not completed.
+    Requested(u64),
 }
 
 /// What the first pass learned.
@@ -272,14 +272,14 @@ impl Scan {
                 }
                 match self.blocks.insert(addr, Held::Allocated) {
                     Some(Held::Allocated) => self.double_allocs += 1,
-                    Some(Held::Requested) => self.allocs_after_request += 1,
+                    Some(Held::Requested(_)) => self.allocs_after_request += 1,
                     None => {}
                 }
             }
             Action::FreeRequested | Action::FreeCompleted => {
                 let requested_only = event.action == Action::FreeRequested;
                 let before = if requested_only {
-                    self.blocks.insert(addr, Held::Requested)
+                    self.blocks.insert(addr, Held::Requested(index))
                 } else {
                     self.blocks.remove(&addr)
                 };
@@ -394,8 +394,25 @@ impl Scan {
     pub fn live_at_end(&self, addr: u64) -> bool {
         matches!(
             self.blocks.get(&addr),
-            Some(Held::Allocated | Held::Requested)
+            Some(Held::Allocated | Held::Requested(_))
         )
+    }
+
+    /// Every block whose free is still pending at the end, with the event that requested it.
+    pub fn pending_at_end(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.blocks.iter().filter_map(|(&addr, held)| match held {
+            Held::Requested(index) => Some((addr, *index)),
+            Held::Allocated => None,
+        })
+    }
+
+    /// The event that requested the free of the block at `addr` when that free is still
+    /// pending at the end (never completed in the trace), if it is.
+    pub fn pending_at_end_since(&self, addr: u64) -> Option<u64> {
+        match self.blocks.get(&addr) {
+            Some(Held::Requested(index)) => Some(*index),
+            _ => None,
+        }
     }
 
     /// Whether the trace made the `cudaMalloc` segment at `addr` and did not free it.

@@ -20,7 +20,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::{
-    check_placement, read, replay_recording, LimitPolicy, Recording, ReplayError, ReplayOptions,
+    check_verdict, read, replay_recording, LimitPolicy, Recording, ReplayError, ReplayOptions,
 };
 use crate::alloc::AllocConf;
 use crate::device::sim::{SimDevice, H200_CONTEXT_BYTES};
@@ -186,10 +186,12 @@ pub fn min_capacity_of(
     Ok(search.found(high * STEP))
 }
 
-/// One probe of the search: the replay, and, under pressure, the placement check
-/// ([`check_placement`]), so that a capacity fits only if it fits however the driver places
-/// the segments the recording does not place. Near the smallest capacity most replays retry,
-/// and there one best-fit tie, decided by a segment's address, can decide an OOM.
+/// One probe of the search: the replay, and, under pressure, the placement check, and for a
+/// what-if replay of a trace with deferred frees the timing check ([`check_verdict`]), so that
+/// a capacity fits only if it fits however the driver places the segments the recording does
+/// not place and whenever the GPU finishes the side streams' work. Near the smallest capacity
+/// most replays retry, and there one best-fit tie, decided by a segment's address, can decide
+/// an OOM.
 fn replay_checked(
     path: &Path,
     recording: &Recording,
@@ -202,7 +204,7 @@ fn replay_checked(
         &mut super::no_progress,
         Vec::new(),
     )?;
-    check_placement(
+    check_verdict(
         path,
         recording,
         options,

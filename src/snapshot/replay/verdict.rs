@@ -8,13 +8,27 @@
 //! (the replay did not reproduce the run, so it cannot vouch for it). A replay without OOMs
 //! on a device the caller named, or under another config, fits whatever the recording did,
 //! and says why the recorded OOMs did not recur; unless the answer is borderline, when
-//! another placement of the segments runs out of memory (`placement_check.rs`).
+//! another placement of the segments (`placement_check.rs`), or deferred frees completed at
+//! other moments (`timing_check.rs`), run out of memory.
 
 use serde::Serialize;
 
 use super::limit::{Applied, Limit};
 use super::report::{CapacitySource, ReplayReport};
 use crate::alloc::format::format_size;
+
+/// Another reading of the same replay ([`ReplayReport::verdict`]): its answer, and the words
+/// that set it beside the replay's own.
+struct SecondReading {
+    /// Whether the job fits there, and the event of its first OOM.
+    answer: (bool, Option<u64>),
+    /// How the replay's own reading was made.
+    first: &'static str,
+    /// How this one was.
+    other: &'static str,
+    /// Why the two may disagree.
+    why: &'static str,
+}
 
 /// The verdict of one replay.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -32,9 +46,11 @@ pub struct Verdict {
     pub unreproduced: u64,
     /// Why they were not reproduced, when there are any.
     pub unreproduced_why: Option<String>,
-    /// Whether the answer depends on where the driver places segments: with every segment
-    /// placed by the simulator's model the job fits where this replay's did not, or the
-    /// reverse (`placement_check.rs`). A borderline job never `fits`.
+    /// Whether the answer depends on where the driver places segments, or on when the GPU
+    /// finishes side streams' work: with every segment placed by the simulator's model
+    /// (`placement_check.rs`), or every deferred free completed at its request
+    /// (`timing_check.rs`), the job fits where this replay's did not, or the reverse. A
+    /// borderline job never `fits`.
     pub borderline: bool,
     /// Whether the answer covers the trace's window only: the trace starts mid-run
     /// (PyTorch's history ring wrapped, or recording began late), so what the job needed before its first event is
@@ -96,40 +112,72 @@ impl ReplayReport {
         }
     }
 
-    /// The verdict, and whether it depends on the placement (see [`Verdict::borderline`]).
+    /// The verdict, and whether it depends on the placement or on the GPU's timing (see
+    /// [`Verdict::borderline`]).
     ///
-    /// A job fits only if it fits under both placements: when the recording's addresses
-    /// give no OOM but the simulator's model does, the answer hangs on where the driver puts
-    /// segments, which moves with memory no snapshot shows, so the verdict does not say
-    /// "fits" (the brief's rule: never say "fits" wrongly). When the replay ran out of memory
-    /// and the model's placement fits, the verdict stays "does not fit" and says the other.
+    /// A job fits only if it fits under every reading: when the recording's addresses give
+    /// no OOM but the simulator's model does, the answer hangs on where the driver puts
+    /// segments, which moves with memory no snapshot shows; when the recording's completions
+    /// of deferred frees give no OOM but completing each at its request does, it hangs on when
+    /// the GPU finishes the side streams' work, which moves from run to run. Either way the
+    /// verdict does not say "fits" (the brief's rule: never say "fits" wrongly). When the
+    /// replay ran out of memory and another reading fits, the verdict stays "does not fit"
+    /// and says the other.
     pub fn verdict(&self) -> Verdict {
         let mut verdict = self.verdict_as_placed();
-        let Some(check) = self.placement_check else {
-            return verdict;
-        };
-        if check.fits == verdict.fits {
-            return verdict;
+        let first_fits = verdict.fits;
+        let placement = self.placement_check.map(|check| SecondReading {
+            answer: (check.fits, check.first_oom_event),
+            first: "with segments placed as the recording's driver placed them",
+            other: "with every segment placed by the simulator's model",
+            why: "where the driver puts segments decides, and that moves with memory no snapshot shows",
+        });
+        let timing = self.timing_check.map(|check| SecondReading {
+            answer: (check.fits, check.first_oom_event),
+            first: "with each deferred free completed where the recording's was",
+            other: "with every deferred free completed at its request (the GPU idle)",
+            why: "when the GPU finishes the side streams' work decides, and that moves from run to run",
+        });
+        for reading in [placement, timing].into_iter().flatten() {
+            self.read_again(&mut verdict, first_fits, reading);
         }
-        verdict.borderline = true;
-        const WHY: &str =
-            "where the driver puts segments decides, and that moves with memory no snapshot shows";
-        if verdict.fits {
-            let at = match check.first_oom_event {
+        verdict
+    }
+
+    /// Makes `verdict` borderline where `reading` disagrees with the replay's own answer
+    /// (`first_fits`), and says so.
+    fn read_again(&self, verdict: &mut Verdict, first_fits: bool, reading: SecondReading) {
+        let SecondReading {
+            answer: (fits, first_oom_event),
+            first,
+            other,
+            why,
+        } = reading;
+        if fits == first_fits {
+            return;
+        }
+        if first_fits {
+            let at = match first_oom_event {
                 Some(event) => format!(" at event {event}"),
                 None => String::new(),
             };
+            if verdict.borderline {
+                verdict
+                    .text
+                    .push_str(&format!("; {other} it runs out of memory too{at} ({why})"));
+            } else {
+                verdict.text = format!(
+                    "may not fit on {}: borderline, no allocation failed {first}, but {other} it runs out of memory{at} ({why})",
+                    self.device_words()
+                );
+            }
             verdict.fits = false;
-            verdict.text = format!(
-                "may not fit on {}: borderline, no allocation failed with segments placed as the recording's driver placed them, but with every segment placed by the simulator's model it runs out of memory{at} ({WHY})",
-                self.device_words()
-            );
         } else {
-            verdict.text.push_str(&format!(
-                "; borderline: with every segment placed by the simulator's model it fits ({WHY})"
-            ));
+            verdict
+                .text
+                .push_str(&format!("; borderline: {other} it fits ({why})"));
         }
-        verdict
+        verdict.borderline = true;
     }
 
     /// Whether the job fits with this replay's own placement, whatever the placement check

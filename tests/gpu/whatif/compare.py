@@ -538,7 +538,8 @@ def render(self_rows, pair_rows, missing_keys):
         else:
             detail = row["why"]
         if row.get("borderline"):
-            detail += " [gpumem: borderline, the answer depends on the placement]"
+            detail += (" [gpumem: borderline, the answer depends on the placement or the"
+                       " GPU's timing]")
         diagnosis = row.get("at_run_addresses")
         if diagnosis:
             words = diagnosis["verdict"]
@@ -576,7 +577,8 @@ def render(self_rows, pair_rows, missing_keys):
                    f"{len(diagnosed) - exact} not")
     flagged = [row for row in pair_rows if row.get("borderline")]
     if flagged:
-        out.append(f"borderline (gpumem says its answer depends on the placement): {len(flagged)}, "
+        out.append(f"borderline (gpumem says its answer depends on the placement or the GPU's "
+                   f"timing): {len(flagged)}, "
                    f"{sum(row['verdict'] == 'differs' for row in flagged)} of them differing")
     return "\n".join(out) + "\n"
 

@@ -514,8 +514,7 @@ class CompareTest(unittest.TestCase):
         self.assertIn("What-if pairs", text)
 
     def check_recordings(self, folder, min_exact, bases=None, known=None, not_run_ok=False,
-                         unseen_sync=frozenset(), known_self=frozenset(),
-                         timing_false_fits=frozenset()):
+                         unseen_sync=frozenset(), known_self=frozenset()):
         """The runs recorded on the H200 and kept in `folder`: each self-replay exact, and
         every what-if pair with the base run's request sequence exact but the few `known`
         (those above by default; a fix may shorten the list; a pair that starts to differ
@@ -524,10 +523,7 @@ class CompareTest(unittest.TestCase):
         not start before its deadline are no failure. `unseen_sync`: runs whose self-replay may
         differ in `num_sync_all_streams` alone, by one (PyTorch's higher): a synchronisation
         that released and completed nothing, which no trace shows. `known_self`: runs whose
-        self-replay is known to differ (each named with its cause where it is passed).
-        `timing_false_fits`: "changed timing" pairs (the GPU finished side-stream work at
-        another moment, which no replay of the base run can know) whose replay is known to say
-        "fits" where PyTorch ran out of memory; any other false "fits" fails."""
+        self-replay is known to differ (each named with its cause where it is passed)."""
         known = KNOWN_WHATIF_DIFFERENCES if known is None else known
         allowed = ("exact", "exact in the window", "refused as expected") + (
             ("not run",) if not_run_ok else ())
@@ -581,14 +577,13 @@ class CompareTest(unittest.TestCase):
         # Never "fits" where PyTorch ran out of memory; "does not fit" where it fit only for
         # the pair known to (borderline, above).
         fit = compare.fit_tally(result["pairs"])
-        false_fits = {p["run"] for p in result["pairs"]
-                      if (p.get("fields") or [[None]])[0] == ["fits", False, True]}
-        self.assertEqual(fit["false_fits"], len(false_fits), text)
-        self.assertEqual(false_fits, set(timing_false_fits), text)
-        for pair in result["pairs"]:
-            if pair["run"] in false_fits:
-                self.assertEqual(pair["verdict"], "changed timing", text)
-        self.assertLessEqual(fit["false_alarms"], 1, text)
+        self.assertEqual(fit["false_fits"], 0, text)
+        # "Does not fit" where PyTorch fit only as a borderline answer, which names what it
+        # depends on (a placement, or the GPU's timing of side-stream work).
+        false_alarms = {p["run"] for p in result["pairs"]
+                        if (p.get("fields") or [[None]])[0] == ["fits", True, False]}
+        self.assertEqual(fit["false_alarms"], len(false_alarms), text)
+        self.assertLessEqual(false_alarms, borderline, text)
         self.assertIn("fit verdict: ", text)
         return exact
 
@@ -624,14 +619,15 @@ class CompareTest(unittest.TestCase):
         # segments that changed places (moe.pow2div4: docs/snapshots.md, step 1).
         # Since runs that met an OOM and went on are compared up to it (compare.py, "prefix"),
         # three unet pairs under the fraction differ in where the first OOM came (cuDNN's
-        # workspace requests, which it catches), each exact at the run's own addresses; and
-        # prefetch.gc06.frac, whose side-stream free completed at another moment on the GPU,
-        # is replayed as fitting where cuDNN's workspace request failed in PyTorch's run.
+        # workspace requests, which it catches), each exact at the run's own addresses. And
+        # prefetch.gc06.frac, whose side-stream frees completed at other moments on the GPU,
+        # ran out of memory where the base run's completions fit: gpumem's timing check reads
+        # it as borderline, "may not fit" (timing_check.rs), so no pair says "fits" wrongly.
         known = {"transformer_ckpt.split64", "transformer_ckpt.split64.frac",
                  "resnet.lseg64", "unet.lseg64", "moe.pow2div4", "moe.pow2div4.frac",
                  "unet.combo.frac", "unet.gc06.frac", "unet.pow2div4.frac"}
         exact = self.check_recordings(os.path.join(HERE, "results-eager"), 107, known=known,
-                                      not_run_ok=True, timing_false_fits={"prefetch.gc06.frac"})
+                                      not_run_ok=True)
         for pair in ("resnet.split64.frac", "resnet.gc06.frac", "resnet.combo.frac"):
             self.assertIn(pair, exact)
 
