@@ -514,7 +514,7 @@ class CompareTest(unittest.TestCase):
         self.assertIn("What-if pairs", text)
 
     def check_recordings(self, folder, min_exact, bases=None, known=None, not_run_ok=False,
-                         unseen_sync=frozenset(), known_self=frozenset()):
+                         unseen_sync=frozenset(), known_self=frozenset(), only=""):
         """The runs recorded on the H200 and kept in `folder`: each self-replay exact, and
         every what-if pair with the base run's request sequence exact but the few `known`
         (those above by default; a fix may shorten the list; a pair that starts to differ
@@ -523,7 +523,8 @@ class CompareTest(unittest.TestCase):
         not start before its deadline are no failure. `unseen_sync`: runs whose self-replay may
         differ in `num_sync_all_streams` alone, by one (PyTorch's higher): a synchronisation
         that released and completed nothing, which no trace shows. `known_self`: runs whose
-        self-replay is known to differ (each named with its cause where it is passed)."""
+        self-replay is known to differ (each named with its cause where it is passed).
+        `only`: compare only the runs whose name matches this regex (compare.py --only)."""
         known = KNOWN_WHATIF_DIFFERENCES if known is None else known
         allowed = ("exact", "exact in the window", "refused as expected") + (
             ("not run",) if not_run_ok else ())
@@ -536,7 +537,8 @@ class CompareTest(unittest.TestCase):
         with contextlib.redirect_stdout(printed):
             compare.main([folder, "--gpumem", GPUMEM, "--jobs", "2", "--json", out_json,
                           "--unpack-to", os.path.join(self.tmp, name)]
-                         + (["--bases", bases] if bases else []))
+                         + (["--bases", bases] if bases else [])
+                         + (["--only", only] if only else []))
         with open(out_json) as f:
             result = json.load(f)
         text = printed.getvalue()
@@ -869,11 +871,12 @@ class CompareTest(unittest.TestCase):
         beyond the split limits, decoding in halves on OOM. Every self-replay is exact, and
         every what-if pair: the ten that met an OOM under the fraction (and went on at half the
         prompts or images) give PyTorch's first OOM at the same allocation, the rest every
-        compared counter; the fit verdict agrees on all 44."""
+        compared counter; the fit verdict agrees on all 44. CI compares the diffusion job's 23
+        runs; the beam job's (81,000 events each, replayed by CI's debug build) is compared by
+        hand (README.md), to keep CI short."""
         folder = os.path.join(HERE, "results-wave12")
-        exact = self.check_recordings(folder, 43, known=set())
-        self.assertIn("beam.split32_gc09.frac", exact)
-        self.assertIn("beam.pow2div4.frac", exact)  # its first OOM, at PyTorch's allocation
+        exact = self.check_recordings(folder, 22, known=set(), only=r"^diffusion\.")
+        self.assertIn("diffusion.pow2div4.frac", exact)  # its first OOM, at PyTorch's allocation
         self.assertIn("diffusion.lseg32_split256.frac", exact)
 
     @unittest.skipUnless(os.path.exists(GPUMEM), f"no gpumem binary at {GPUMEM}")
