@@ -4582,6 +4582,41 @@ mod wrapped_windows {
         assert_eq!(window_differences(conf, &graph_pool_later, 33), []);
     }
 
+    /// An expandable segment held at the window's start whose pages are all unmapped during
+    /// it, while it maps a request at its lowest unmapped pages, below the pages it still
+    /// held and not joined to them (census seed 61): the segment was never released, so the
+    /// window's own 40 MiB request goes at its base, as PyTorch mapped it, and not at new
+    /// pages above (20 MiB more reserved).
+    #[test]
+    fn an_expandable_segment_mapping_below_a_gap_is_still_held() {
+        use PoolJobOp::{Alloc, EmptyCache, Free, InMemPool};
+        let ops = [
+            Alloc(2, 44045825, 0),
+            Alloc(7, 4037633, 0),
+            Alloc(3, 35801089, 0),
+            Alloc(8, 10485761, 0),
+            Alloc(0, 1048577, 0),
+            Free(8),
+            Free(2),
+            Alloc(6, 1048577, 0),
+            Free(7),
+            EmptyCache,
+            Alloc(0, 1, 0),
+            Free(3),
+            EmptyCache,
+            Alloc(9, 41943041, 0),
+            Free(6),
+            EmptyCache,
+            Alloc(2, 31457281, 0),
+            Alloc(0, 1048577, 0),
+            InMemPool(2, 1048577),
+            Alloc(0, 1048577, 0),
+        ];
+        let conf = "expandable_segments:True";
+        assert_eq!(recorded(conf, &ops, None).trace().len(), 40);
+        assert_eq!(window_differences(conf, &ops, 24), []);
+    }
+
     proptest! {
         // A fixed seed: the same jobs on every run (PROPTEST_CASES=5000 for a deeper search,
         // which passes on this seed since the jobs pinned above were fixed).

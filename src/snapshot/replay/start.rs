@@ -778,8 +778,9 @@ enum Release {
 /// show, of `(stream, pool, owner)`: when its segment went. PyTorch releases an expandable
 /// segment once all its pages are unmapped and holds it till then (`release_blocks`,
 /// `release_expandable_segment`), so its mapped pages are followed through the trace: a map on
-/// the same stream, in pages of the pool's kind, joined to them (one segment's pages are
-/// contiguous in its address range; segments held together never share one), and that
+/// the same stream, in pages of the pool's kind, joined to pages it has held since the start
+/// (mapped still or unmapped since: one segment's pages are contiguous in its address range,
+/// and segments held together never share one), and that
 /// `claimable` allows, adds to them; an unmap takes pages away. Where the trace's maps or
 /// unmaps were too many to keep ([`super::scan::MAX_KEPT_CALLS`]) or to follow for every run
 /// (`follow` false: [`FOLLOW_PAGES_BUDGET`]), the segment is taken as gone at the unmap of the
@@ -800,6 +801,11 @@ fn released_at(
     let kind = |bytes: u64| bytes.is_multiple_of(crate::alloc::LARGE_BUFFER);
     let mut pages = Ranges::default();
     pages.insert(start, end);
+    // Every page the segment has held since the start, unmapped ones included: they lie in its
+    // reservation, which no other segment's pages share while it is held, so a map joined to
+    // them is its own even where the pages between were unmapped (PyTorch maps a request at the
+    // segment's lowest unmapped pages, below what it still holds).
+    let mut reserved = pages.clone();
     let (mut maps, mut unmaps) = (scan.maps.iter().peekable(), scan.unmaps.iter().peekable());
     loop {
         let map_first = match (maps.peek(), unmaps.peek()) {
@@ -813,7 +819,7 @@ fn released_at(
                 return Release::Never;
             };
             let map_end = map.addr.saturating_add(map.size);
-            let joined = pages
+            let joined = reserved
                 .iter()
                 .any(|(from, to)| map.addr <= to && map_end >= from);
             if joined
@@ -822,6 +828,7 @@ fn released_at(
                 && claimable(map.addr)
             {
                 pages.insert(map.addr, map_end);
+                reserved.insert(map.addr, map_end);
             }
         } else {
             let Some(unmap) = unmaps.next() else {
