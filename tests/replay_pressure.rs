@@ -4582,6 +4582,56 @@ mod wrapped_windows {
         assert_eq!(window_differences(conf, &graph_pool_later, 33), []);
     }
 
+    /// A request served from new memory bounds the tail of a block held at the window's start
+    /// also after the block next to it was given back to the cache (census seed 13): the
+    /// free space after the block then reaches the next block still held, and a window that
+    /// rebuilt the block without its 1 MiB tail served from that space the 10 MiB request for
+    /// which PyTorch made a segment.
+    #[test]
+    fn a_tail_is_bounded_by_a_request_after_the_next_block_went_back() {
+        use PoolJobOp::{Alloc, Free};
+        let ops = [
+            Alloc(10, 20971521, 0),
+            Free(10),
+            Alloc(4, 5242881, 0),
+            Alloc(1, 2621441, 0),
+            Alloc(4, 5242881, 0),
+            Alloc(3, 4194305, 0),
+            Alloc(0, 1, 0),
+            Alloc(0, 1048577, 0),
+            Alloc(1, 1048577, 0),
+            Alloc(4, 1, 0),
+            Alloc(0, 8388609, 0),
+            Free(3),
+        ];
+        let conf = "roundup_power2_divisions:4,per_process_memory_fraction:0.03";
+        assert_eq!(recorded(conf, &ops, None).trace().len(), 27);
+        assert_eq!(window_differences(conf, &ops, 7), []);
+    }
+
+    /// A block whose free the window requests and never completes (`record_stream`) is in
+    /// the end state, awaiting that completion, with the size PyTorch gave it: 5 MiB for a
+    /// request of 4 MiB, the 1 MiB left of the cached block it took being too small to split
+    /// off (census seed 16). The start state rebuilt it from its request, 1 MiB short.
+    #[test]
+    fn a_free_pending_at_the_end_keeps_the_blocks_recorded_size() {
+        use PoolJobOp::{Alloc, RecordStream};
+        let ops = [
+            Alloc(6, 5242881, SIDE),
+            Alloc(0, 1048577, SIDE),
+            Alloc(6, 1048577, 0),
+            Alloc(7, 4194305, SIDE),
+            Alloc(0, 1048577, 0),
+            Alloc(0, 1048577, 0),
+            Alloc(0, 1048577, 0),
+            Alloc(0, 1048577, 0),
+            RecordStream(7, 0),
+            Alloc(7, 1048577, 0),
+        ];
+        assert_eq!(recorded("", &ops, None).trace().len(), 22);
+        assert_eq!(window_differences("", &ops, 1), []);
+    }
+
     /// An expandable segment held at the window's start whose pages are all unmapped during
     /// it, while it maps a request at its lowest unmapped pages, below the pages it still
     /// held and not joined to them (census seed 61): the segment was never released, so the

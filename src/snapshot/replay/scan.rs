@@ -34,6 +34,10 @@ pub struct FirstFree {
     /// Whether its free was already requested when the trace starts (the trace's first event
     /// about it is `free_completed`).
     pub free_requested: bool,
+    /// The event that completed its free, giving the block back to the cache: this one when
+    /// it is a `free_completed`, else the `free_completed` that followed (a free deferred by
+    /// `record_stream` completes later); `None` while the trace shows no completion.
+    pub completed_at: Option<u64>,
 }
 
 /// A segment event the scan keeps: a segment or pages the trace gives back without having
@@ -111,6 +115,9 @@ pub struct Scan {
     first_freed: AddressSet,
     /// Blocks freed before the trace allocated them.
     pub first_frees: Vec<FirstFree>,
+    /// Of those, the ones whose free the trace requested and has not completed yet, by
+    /// address: their position in [`Scan::first_frees`].
+    first_frees_pending: AddressMap<usize>,
     /// The trace's allocations, in order (the first [`MAX_KEPT_CALLS`]).
     pub allocs: Vec<AllocAt>,
     /// The address and number of the `segment_alloc` that was the previous event, if it was
@@ -270,6 +277,9 @@ impl Scan {
                 if self.first_allocs.len() < MAX_KEPT_CALLS {
                     self.first_allocs.entry(addr).or_insert(index);
                 }
+                // A block allocated again before its first free completed (a trace that
+                // contradicts itself): that free's completion is not shown.
+                self.first_frees_pending.remove(&addr);
                 match self.blocks.insert(addr, Held::Allocated) {
                     Some(Held::Allocated) => self.double_allocs += 1,
                     Some(Held::Requested(_)) => self.allocs_after_request += 1,
@@ -283,14 +293,26 @@ impl Scan {
                 } else {
                     self.blocks.remove(&addr)
                 };
+                if !requested_only && matches!(before, Some(Held::Requested(_))) {
+                    if let Some(position) = self.first_frees_pending.remove(&addr) {
+                        if let Some(first) = self.first_frees.get_mut(position) {
+                            first.completed_at = Some(index);
+                        }
+                    }
+                }
                 if before.is_none() {
                     if self.first_freed.insert(addr) {
+                        if requested_only {
+                            self.first_frees_pending
+                                .insert(addr, self.first_frees.len());
+                        }
                         self.first_frees.push(FirstFree {
                             index,
                             addr,
                             requested: size,
                             stream,
                             free_requested: !requested_only,
+                            completed_at: (!requested_only).then_some(index),
                         });
                     } else {
                         self.unmatched_frees += 1;

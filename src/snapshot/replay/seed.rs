@@ -806,6 +806,8 @@ mod tests {
             requested,
             free_requested: false,
             freed_at: None,
+            returned_at: None,
+            size_known: true,
         }
     }
 

@@ -32,6 +32,14 @@ pub struct StartBlock {
     pub free_requested: bool,
     /// The event that frees it first, or `None` for a block still live at the end.
     pub freed_at: Option<u64>,
+    /// The event that gave it back to the cache (its free's completion, later than
+    /// `freed_at` for a free deferred by `record_stream`), or `None` where the trace shows
+    /// none (still live, or its free still pending, at the end).
+    pub returned_at: Option<u64>,
+    /// Whether its size is the file's own (an end-state block, or one whose free the trace
+    /// requested and the end state shows still pending), not rebuilt from its request: no
+    /// unsplit tail is added to it.
+    pub size_known: bool,
 }
 
 /// A segment (or a mapped range of an expandable segment) held at the trace's first event.
@@ -127,6 +135,27 @@ fn is_active(state: &str) -> bool {
     state.starts_with("active")
 }
 
+/// The size and requested size of the end-state block at `addr` whose free is pending (its
+/// state `active_pending_free`), if the file's segments hold one.
+fn pending_end_block(segments: &[Segment], addr: u64) -> Option<(u64, u64)> {
+    segments
+        .iter()
+        .flat_map(|segment| &segment.blocks)
+        .find(|block| {
+            block.address as u64 == addr
+                && crate::alloc::BlockState::from_name(&block.state)
+                    == Some(crate::alloc::BlockState::ActivePendingFree)
+        })
+        .map(|block| {
+            let size = block.size.max(0) as u64;
+            let requested = match block.requested_size {
+                requested if requested > 0 => requested as u64,
+                _ => size,
+            };
+            (size, requested)
+        })
+}
+
 /// The private pool a file's segment belongs to (the default id for the default pools).
 fn owner_of(segment: &Segment) -> MemPoolId {
     let (first, second) = segment.segment_pool_id;
@@ -171,6 +200,8 @@ pub fn rebuild(
                 },
                 free_requested: block.state != "active_allocated",
                 freed_at: None,
+                returned_at: None,
+                size_known: true,
             };
             match held.iter_mut().find(|s| s.addr <= addr && addr < s.addr + s.size) {
                 Some(start) => start.blocks.push(start_block),
@@ -199,12 +230,22 @@ pub fn rebuild(
                 ),
             });
         };
+        // A block whose free the trace requested and never completed is in the end state,
+        // awaiting that completion, with the size PyTorch gave it (its unsplit tail included).
+        let still_pending = (!free.free_requested && free.completed_at.is_none())
+            .then(|| pending_end_block(segments, free.addr))
+            .flatten();
         segment.blocks.push(StartBlock {
             addr: free.addr,
-            size: allocator.round_size(free.requested.max(1)),
-            requested: free.requested,
+            size: still_pending.map_or_else(
+                || allocator.round_size(free.requested.max(1)),
+                |(size, _)| size,
+            ),
+            requested: still_pending.map_or(free.requested, |(_, requested)| requested),
             free_requested: free.free_requested,
             freed_at: Some(free.index),
+            returned_at: free.completed_at,
+            size_known: still_pending.is_some(),
         });
     }
     let last_event = scan.last;
@@ -364,11 +405,18 @@ fn settle_sizes(
     let end = segment.addr + segment.size;
     for i in 0..segment.blocks.len() {
         let next_start = segment.blocks.get(i + 1).map_or(end, |next| next.addr);
-        let next_freed_at = segment
-            .blocks
-            .get(i + 1)
-            .and_then(|next| next.freed_at)
-            .unwrap_or(u64::MAX);
+        // The blocks after it, each bounding the free space after it until given back.
+        let bounds: Vec<Bound> = segment.blocks[i + 1..]
+            .iter()
+            .map(|next| Bound {
+                addr: next.addr,
+                returned_at: next.returned_at.unwrap_or(u64::MAX),
+            })
+            .chain(std::iter::once(Bound {
+                addr: end,
+                returned_at: u64::MAX,
+            }))
+            .collect();
         let block = &mut segment.blocks[i];
         let block_end = block.addr.saturating_add(block.size);
         if block_end > next_start {
@@ -386,7 +434,7 @@ fn settle_sizes(
                 ),
             });
         }
-        if block.freed_at.is_none() || segment.expandable || segment.pool == Pool::Small {
+        if block.size_known || segment.expandable || segment.pool == Pool::Small {
             continue;
         }
         let oversize = block.size >= max_split_size;
@@ -405,9 +453,8 @@ fn settle_sizes(
         } else if gap > SMALL_SIZE && boundary == next_start {
             let free_space = FreeSpaceAfter {
                 start: block_end,
-                end: next_start,
+                bounds,
                 held_until: block.freed_at.unwrap_or(u64::MAX),
-                next_held_until: next_freed_at,
             };
             block.size += tail_below_allocations(
                 &free_space,
@@ -421,23 +468,33 @@ fn settle_sizes(
     Ok(())
 }
 
-/// The free space after a block live at the trace's start, as far as the next live block.
+/// The free space after a block live at the trace's start, as far as the next live block,
+/// and further as the blocks after it are given back to the cache (a free block merges with
+/// its free neighbours).
 struct FreeSpaceAfter {
     /// The block's end as rounded from its request (its unsplit tail, if any, lies here).
     start: u64,
-    /// The next live block's address, or the segment's end.
-    end: u64,
+    /// The live blocks after it, lowest address first, then the segment's end.
+    bounds: Vec<Bound>,
     /// The event that frees the block.
     held_until: u64,
-    /// The event that frees the next live block (`u64::MAX`: none, or live to the end).
-    next_held_until: u64,
+}
+
+/// What ends a free space: a block live at the trace's start, or the segment's end.
+struct Bound {
+    /// Its address.
+    addr: u64,
+    /// The event that gave it back to the cache (`u64::MAX`: never, or the segment's end).
+    returned_at: u64,
 }
 
 /// The least unsplit tail (at most [`SMALL_SIZE`], a multiple of [`MIN_BLOCK_SIZE`]) a block
 /// must have had for the free space after it to have been no better fit than what PyTorch
-/// chose for each request of its segment's stream and pool, while the block and the next one
-/// were held and no allocation had landed in that space; 0 where no request bounds it, or
-/// where no tail PyTorch leaves unsplit would explain them.
+/// chose for each request of its segment's stream and pool, while the block was held and no
+/// allocation had landed in that space; 0 where no request bounds it, or where no tail PyTorch
+/// leaves unsplit would explain them. The space reaches the next block live at the start,
+/// and further once that block is given back to the cache (its free space merges with the
+/// space after it, up to the next block still held).
 ///
 /// PyTorch serves a request from the smallest cached free block that is at least as large
 /// (`get_free_block`) and makes a segment only where none would serve it. A request served
@@ -452,19 +509,33 @@ fn tail_below_allocations(
     scan: &Scan,
     served: &ServedFrom,
 ) -> u64 {
-    let room = free_space.end - free_space.start;
-    // Until the block or the next one is freed, or the trace allocates in the space.
-    let until = free_space.held_until.min(free_space.next_held_until).min(
-        scan.first_alloc_index_in(free_space.start, free_space.end)
-            .unwrap_or(u64::MAX),
-    );
     let mut tail = 0;
-    for alloc in scan.allocs.iter().take_while(|alloc| alloc.index < until) {
+    // The block bounding the space now (the first of `bounds` not yet given back).
+    let mut bound = 0;
+    // Until the block is freed, or the trace allocates in the space.
+    for alloc in scan
+        .allocs
+        .iter()
+        .take_while(|alloc| alloc.index < free_space.held_until)
+    {
         if !served.spend(1) {
             return 0;
         }
+        while bound + 1 < free_space.bounds.len()
+            && free_space.bounds[bound].returned_at < alloc.index
+        {
+            bound += 1;
+        }
+        let end = free_space.bounds[bound].addr;
+        if scan
+            .first_alloc_index_in(free_space.start, end)
+            .is_some_and(|first| first <= alloc.index)
+        {
+            break;
+        }
+        let room = end - free_space.start;
         let size = allocator.round_size(alloc.requested.max(1));
-        let space = room - tail;
+        let space = room.saturating_sub(tail);
         if alloc.stream != stream || size <= SMALL_SIZE || size > space {
             continue;
         }
@@ -483,7 +554,7 @@ fn tail_below_allocations(
         if needed > SMALL_SIZE {
             return 0;
         }
-        tail = needed;
+        tail = tail.max(needed);
     }
     tail
 }
