@@ -4632,6 +4632,43 @@ mod wrapped_windows {
         assert_eq!(window_differences("", &ops, 1), []);
     }
 
+    /// An `oom` asked in a private pool that the replay had not seen the stream use (a CUDA
+    /// graph's first request) while a free deferred by `record_stream` was pending (census
+    /// seed 19): PyTorch's OOM path in the pool skips `release_cached_blocks`, so the free
+    /// stays pending past the `oom`; the replay asked the default pools, whose OOM path
+    /// completed it (one block less active than PyTorch's at the end). A free the trace leaves
+    /// pending past an `oom` now shows that the request was a private pool's.
+    #[test]
+    fn an_oom_that_leaves_a_free_pending_was_asked_in_a_private_pool() {
+        use PoolJobOp::{Alloc, InGraph, InMemPool, RecordStream};
+        let ops = [
+            InMemPool(0, 1048577),
+            InMemPool(0, 37748737),
+            InGraph(0, 31457281),
+            InGraph(0, 23068673),
+            Alloc(7, 35651585, 0),
+            Alloc(8, 41943041, 0),
+            Alloc(5, 1048577, 0),
+            Alloc(1, 1048577, SIDE),
+            RecordStream(5, SIDE),
+            Alloc(9, 69206017, 0),
+            Alloc(2, 58720257, 0),
+            Alloc(6, 1, SIDE),
+            Alloc(0, 25165825, 0),
+            Alloc(3, 1, 0),
+            Alloc(5, 69206017, 0),
+            InGraph(0, 56623105),
+        ];
+        let conf = "per_process_memory_fraction:0.03";
+        let recording = recorded(conf, &ops, None);
+        assert_eq!(recording.stats().num_ooms, 1);
+        let path = dump(&recording, "pool-oom-pending", &[]);
+        let report = replayed(&path, Some(conf));
+        assert!(!report.fits());
+        super::reproduces_but_retries_and_syncs(&recording, &report)
+            .unwrap_or_else(|error| panic!("{error}"));
+    }
+
     /// An expandable segment held at the window's start whose pages are all unmapped during
     /// it, while it maps a request at its lowest unmapped pages, below the pages it still
     /// held and not joined to them (census seed 61): the segment was never released, so the

@@ -277,7 +277,14 @@ impl Engine {
                         } => !released && self.allocator.flush_unmaps_pages(),
                         _ => false,
                     };
-                if !default_would_not_fail_so {
+                // PyTorch's OOM path in the default pools, with no pool being allocated to
+                // (`captures_underway` empty), reaches `release_cached_blocks`, whose
+                // synchronisation completes every pending free before the `oom` is recorded:
+                // a free the trace leaves pending past it (beyond those the run's completions
+                // leave to this OOM path) shows that the request was asked in a private pool,
+                // a capture's or a `MemPool`'s, whose OOM path skips that step.
+                let left_pending = self.leaves_a_free_pending(self.run.after_release.len());
+                if !default_would_not_fail_so && !left_pending {
                     return Ok(());
                 }
                 let pool = match self.unshown_mem_pool_for(event)? {
