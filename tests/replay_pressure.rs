@@ -4669,6 +4669,74 @@ mod wrapped_windows {
             .unwrap_or_else(|error| panic!("{error}"));
     }
 
+    /// An expandable segment holding two runs of pages at the window's start, apart (census
+    /// seed 21): PyTorch holds one segment per stream and pool, so the two are one segment's,
+    /// held until both are unmapped. Followed one by one, the first run's segment was taken as
+    /// released when its pages were, and the window's 60 MiB request went to new pages
+    /// instead of the segment's lowest unmapped ones (20 MiB more reserved than PyTorch).
+    #[test]
+    fn two_runs_of_one_expandable_segment_are_released_together() {
+        use PoolJobOp::{Alloc, EmptyCache, Free};
+        let ops = [
+            Alloc(9, 20971009, 0),
+            Alloc(11, 62914049, 0),
+            Alloc(2, 1048577, 0),
+            Free(11),
+            Alloc(3, 1048577, 0),
+            Alloc(9, 1, 0),
+            EmptyCache,
+            Alloc(2, 1, 0),
+            Alloc(10, 19922433, 0),
+            Alloc(3, 1, 0),
+            EmptyCache,
+            Alloc(10, 62914561, 0),
+            Alloc(0, 1048577, 0),
+            Alloc(0, 1, 0),
+            EmptyCache,
+            Alloc(0, 19922945, 0),
+        ];
+        let conf = "expandable_segments:True";
+        assert_eq!(recorded(conf, &ops, None).trace().len(), 35);
+        assert_eq!(window_differences(conf, &ops, 20), []);
+    }
+
+    /// The free space after a block held at the window's start, once the blocks after it went
+    /// back to the cache, reaches as far as the lowest address the trace allocated in it since
+    /// (census seed 13, case 10,736): the rule stopped at that allocation, and a 5 MiB block
+    /// rebuilt without its 1 MiB tail left a 10 MiB space that took the window's 10 MiB
+    /// request, which PyTorch served from a 13 MiB block further up.
+    #[test]
+    fn a_tail_is_bounded_by_a_request_after_an_allocation_landed_beyond_it() {
+        use PoolJobOp::{Alloc, Free, InGraph};
+        let ops = [
+            Alloc(2, 33554433, 0),
+            Alloc(2, 1, 0),
+            Alloc(4, 5242881, 0),
+            Alloc(0, 2621441, 0),
+            Alloc(1, 1, 0),
+            Alloc(4, 5242881, 0),
+            Alloc(1, 1048577, 0),
+            Alloc(1, 1, 0),
+            Alloc(3, 4194305, 0),
+            Alloc(0, 1048577, 0),
+            Alloc(5, 1048577, 0),
+            Alloc(0, 1048577, 0),
+            Alloc(1, 1, 0),
+            Alloc(5, 1048577, 0),
+            Alloc(0, 1, 0),
+            Alloc(5, 1048577, 0),
+            InGraph(5, 1048577),
+            Alloc(0, 10485761, 0),
+            Alloc(4, 1, 0),
+            Alloc(4, 8388609, 0),
+            Free(3),
+            Alloc(0, 1835009, 0),
+        ];
+        let conf = "roundup_power2_divisions:4,per_process_memory_fraction:0.03";
+        assert_eq!(recorded(conf, &ops, None).trace().len(), 56);
+        assert_eq!(window_differences(conf, &ops, 14), []);
+    }
+
     /// An expandable segment held at the window's start whose pages are all unmapped during
     /// it, while it maps a request at its lowest unmapped pages, below the pages it still
     /// held and not joined to them (census seed 61): the segment was never released, so the

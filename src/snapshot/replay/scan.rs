@@ -200,19 +200,19 @@ impl Scan {
     /// The lowest address in `from..to` the trace allocated before event `before`, if any
     /// (as far as [`Scan::first_allocs`] kept them).
     pub fn first_alloc_from(&self, from: u64, to: u64, before: u64) -> Option<u64> {
-        self.first_allocs
-            .range(from..to)
-            .find(|&(_, &index)| index < before)
-            .map(|(&addr, _)| addr)
+        self.first_alloc_from_counted(from, to, before).0
     }
 
-    /// The first event that allocated an address in `from..to`, if any (as far as
-    /// [`Scan::first_allocs`] kept them).
-    pub fn first_alloc_index_in(&self, from: u64, to: u64) -> Option<u64> {
-        self.first_allocs
+    /// [`Scan::first_alloc_from`], and how many addresses it looked at (its cost).
+    pub fn first_alloc_from_counted(&self, from: u64, to: u64, before: u64) -> (Option<u64>, u64) {
+        let mut looked = 0;
+        let found = self
+            .first_allocs
             .range(from..to)
-            .map(|(_, &index)| index)
-            .min()
+            .inspect(|_| looked += 1)
+            .find(|&(_, &index)| index < before)
+            .map(|(&addr, _)| addr);
+        (found, looked)
     }
 
     /// Whether `emitted` belongs to the trace replayed (pinned host memory's never does);

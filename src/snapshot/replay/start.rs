@@ -490,11 +490,12 @@ struct Bound {
 
 /// The least unsplit tail (at most [`SMALL_SIZE`], a multiple of [`MIN_BLOCK_SIZE`]) a block
 /// must have had for the free space after it to have been no better fit than what PyTorch
-/// chose for each request of its segment's stream and pool, while the block was held and no
-/// allocation had landed in that space; 0 where no request bounds it, or where no tail PyTorch
+/// chose for each request of its segment's stream and pool, while the block was held; 0
+/// where no request bounds it, or where no tail PyTorch
 /// leaves unsplit would explain them. The space reaches the next block live at the start,
 /// and further once that block is given back to the cache (its free space merges with the
-/// space after it, up to the next block still held).
+/// space after it, up to the next block still held), and no further than the lowest address
+/// the trace has allocated in it since.
 ///
 /// PyTorch serves a request from the smallest cached free block that is at least as large
 /// (`get_free_block`) and makes a segment only where none would serve it. A request served
@@ -512,7 +513,7 @@ fn tail_below_allocations(
     let mut tail = 0;
     // The block bounding the space now (the first of `bounds` not yet given back).
     let mut bound = 0;
-    // Until the block is freed, or the trace allocates in the space.
+    // Until the block is freed.
     for alloc in scan
         .allocs
         .iter()
@@ -526,14 +527,18 @@ fn tail_below_allocations(
         {
             bound += 1;
         }
-        let end = free_space.bounds[bound].addr;
-        if scan
-            .first_alloc_index_in(free_space.start, end)
-            .is_some_and(|first| first <= alloc.index)
-        {
-            break;
+        // An allocation that landed in the space since bounds it at its address (PyTorch
+        // carves a block at the start of the free block it takes, so the space reaches no
+        // further while that block is held; taken as held still, which only lowers the
+        // bound).
+        let bound_addr = free_space.bounds[bound].addr;
+        let (landed, steps) =
+            scan.first_alloc_from_counted(free_space.start, bound_addr, alloc.index);
+        if !served.spend(steps) {
+            return 0;
         }
-        let room = end - free_space.start;
+        let end = landed.unwrap_or(bound_addr);
+        let room = end.saturating_sub(free_space.start);
         let size = allocator.round_size(alloc.requested.max(1));
         let space = room.saturating_sub(tail);
         if alloc.stream != stream || size <= SMALL_SIZE || size > space {
@@ -772,9 +777,16 @@ fn mapped_ranges(
                 None
             } else {
                 let claimable = |addr| claimable(addr, (start, end), identity, false);
+                // The other runs of the same stream, pool and private pool held at the start
+                // are the same segment's (PyTorch holds one such segment at a time): it goes
+                // only once all of them are unmapped.
+                let same_segment: Vec<(u64, u64)> = runs
+                    .iter()
+                    .filter(|&run| identity_of(run).1 == identity)
+                    .collect();
                 Some(released_at(
                     scan,
-                    (start, end),
+                    &same_segment,
                     identity,
                     follow,
                     &claimable,
@@ -845,8 +857,8 @@ enum Release {
     Never,
 }
 
-/// For a run of pages mapped at the trace's start (`run`) whose pool the end state does not
-/// show, of `(stream, pool, owner)`: when its segment went. PyTorch releases an expandable
+/// For runs of pages mapped at the trace's start (`runs`, one segment's) whose pool the end
+/// state does not show, of `(stream, pool, owner)`: when their segment went. PyTorch releases an expandable
 /// segment once all its pages are unmapped and holds it till then (`release_blocks`,
 /// `release_expandable_segment`), so its mapped pages are followed through the trace: a map on
 /// the same stream, in pages of the pool's kind, joined to pages it has held since the start
@@ -855,23 +867,28 @@ enum Release {
 /// `claimable` allows, adds to them; an unmap takes pages away. Where the trace's maps or
 /// unmaps were too many to keep ([`super::scan::MAX_KEPT_CALLS`]) or to follow for every run
 /// (`follow` false: [`FOLLOW_PAGES_BUDGET`]), the segment is taken as gone at the unmap of the
-/// run's last page.
+/// runs' last page.
 fn released_at(
     scan: &Scan,
-    run: (u64, u64),
+    runs: &[(u64, u64)],
     (stream, pool, _): (u64, Pool, MemPoolId),
     follow: bool,
     claimable: &dyn Fn(u64) -> bool,
 ) -> Release {
-    let (start, end) = run;
     let kept_all = scan.maps.len() < super::scan::MAX_KEPT_CALLS
         && scan.unmaps.len() < super::scan::MAX_KEPT_CALLS;
     if !kept_all || !follow {
-        return last_page_unmapped(scan, run).map_or(Release::Never, Release::At);
+        return runs
+            .iter()
+            .map(|&run| last_page_unmapped(scan, run))
+            .try_fold(0, |latest, unmapped| unmapped.map(|at| latest.max(at)))
+            .map_or(Release::Never, Release::At);
     }
     let kind = |bytes: u64| bytes.is_multiple_of(crate::alloc::LARGE_BUFFER);
     let mut pages = Ranges::default();
-    pages.insert(start, end);
+    for &(start, end) in runs {
+        pages.insert(start, end);
+    }
     // Every page the segment has held since the start, unmapped ones included: they lie in its
     // reservation, which no other segment's pages share while it is held, so a map joined to
     // them is its own even where the pages between were unmapped (PyTorch maps a request at the
