@@ -4737,6 +4737,40 @@ mod wrapped_windows {
         assert_eq!(window_differences(conf, &ops, 14), []);
     }
 
+    /// The same with a `cudaFree` before the `oom` (garbage collection released a segment),
+    /// which synchronised the device, so the deferred free's work was done by then (census
+    /// seed 19, case 16,579): the default pools' reading, asked first, completed it as that
+    /// pool's `process_events` would have. The pending free is now read before it.
+    #[test]
+    fn an_oom_that_leaves_a_finished_free_pending_was_asked_in_a_private_pool() {
+        use PoolJobOp::{Alloc, Free, InGraph, InMemPool, RecordStream, Work};
+        let ops = [
+            InMemPool(0, 56623105),
+            InMemPool(0, 60817409),
+            InGraph(0, 1048577),
+            InGraph(0, 46137345),
+            Alloc(0, 71390721, 0),
+            Alloc(5, 65011713, SIDE),
+            RecordStream(5, 0),
+            Alloc(3, 2009089, 0),
+            Alloc(1, 62914561, 0),
+            Alloc(6, 29360129, 0),
+            Free(3),
+            Work(0),
+            Free(5),
+            Alloc(2, 2096641, SIDE),
+            InGraph(0, 65011713),
+        ];
+        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
+        let recording = recorded(conf, &ops, None);
+        assert_eq!(recording.stats().num_ooms, 1);
+        let path = dump(&recording, "pool-oom-finished", &[]);
+        let report = replayed(&path, Some(conf));
+        assert!(!report.fits());
+        super::reproduces_but_retries_and_syncs(&recording, &report)
+            .unwrap_or_else(|error| panic!("{error}"));
+    }
+
     /// An expandable segment held at the window's start whose pages are all unmapped during
     /// it, while it maps a request at its lowest unmapped pages, below the pages it still
     /// held and not joined to them (census seed 61): the segment was never released, so the

@@ -277,14 +277,7 @@ impl Engine {
                         } => !released && self.allocator.flush_unmaps_pages(),
                         _ => false,
                     };
-                // PyTorch's OOM path in the default pools, with no pool being allocated to
-                // (`captures_underway` empty), reaches `release_cached_blocks`, whose
-                // synchronisation completes every pending free before the `oom` is recorded:
-                // a free the trace leaves pending past it (beyond those the run's completions
-                // leave to this OOM path) shows that the request was asked in a private pool,
-                // a capture's or a `MemPool`'s, whose OOM path skips that step.
-                let left_pending = self.leaves_a_free_pending(self.run.after_release.len());
-                if !default_would_not_fail_so && !left_pending {
+                if !default_would_not_fail_so {
                     return Ok(());
                 }
                 let pool = match self.unshown_mem_pool_for(event)? {
@@ -311,6 +304,35 @@ impl Engine {
         };
         self.stream_pools.insert(event.stream, pool);
         self.frees_before_a_pool_oom_were_made_at_once()
+    }
+
+    /// Under the recorded config, an `oom` the trace leaves a deferred free pending past was
+    /// asked in a private pool, a capture's or a `MemPool`'s: PyTorch's malloc in the default
+    /// pools, with no pool being allocated to (`captures_underway` empty), runs
+    /// `process_events` and, on its OOM path, `release_cached_blocks`, whose synchronisation
+    /// completes every pending free before the `oom` is recorded; a private pool's runs
+    /// neither. Read before the default pools' reading is asked (which completes the frees
+    /// whose work is done): the request goes to the pool [`Engine::unshown_mem_pool_for`]
+    /// names, else to a new inferred one (a CUDA graph's first request, a `use_mem_pool`
+    /// block's first).
+    pub(super) fn oom_leaving_a_free_pending(&mut self, event: &RawEvent) -> Result<(), String> {
+        if !self.recorded_config
+            || !self.infer_mem_pools_as_read
+            || self.route(event).is_some()
+            || self.capture_pools.learned_at(self.index).is_some()
+            || !self.leaves_a_free_pending(self.run.leading.len())
+        {
+            return Ok(());
+        }
+        let pool = match self.unshown_mem_pool_for(event)? {
+            Some(pool) => pool,
+            None => self.capture_pools.new_mem_pool(event.stream),
+        };
+        self.capture_pools.claim_request(self.index, pool);
+        self.stream_pools.insert(event.stream, pool);
+        // Read from the replay's state: right only if its config is the recording's.
+        self.assumed_recorded_config = true;
+        Ok(())
     }
 
     /// Under the recorded config, a recorded `oom` on a stream whose last allocation went to

@@ -111,6 +111,7 @@ impl Engine {
         self.allocator.walk_streams_first(&leading_streams);
         // Where the `oom` was asked decides how its run reads: before anything reads it.
         if let Some(event) = malloc.filter(|event| event.action == Action::Oom) {
+            self.oom_leaving_a_free_pending(event)?;
             self.oom_in_mem_pool_returned_to(event)?;
         }
         if let Some(event) = malloc {
