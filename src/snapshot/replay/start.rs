@@ -940,7 +940,8 @@ fn last_page_unmapped(scan: &Scan, (start, end): (u64, u64)) -> Option<u64> {
         .max()
 }
 
-/// The lowest page below `start` that the trace mapped on `stream`, in pages of `pool`'s kind,
+/// The lowest page below `start` that the trace mapped on `stream` (the map may reach past
+/// `start`, into pages the segment unmapped since), in pages of `pool`'s kind,
 /// before the event `held_until` (the segment's pages from `start` up were held till then),
 /// where no segment of the end state of another stream, pool or private pool (or a
 /// `cudaMalloc` one) lies in between, unless the trace mapped that after `held_until`, and
@@ -963,7 +964,9 @@ fn own_map_below(
         .take_while(|map| map.index < held_until)
         .filter(|map| {
             map.stream == stream
-                && map.addr + map.size <= start
+                // Below `start`, or reaching into pages the segment held there and unmapped
+                // since: a map covers the lowest unmapped pages first.
+                && map.addr < start
                 && large(map.size) == (pool == Pool::Large)
                 && claimable(map.addr)
         })
