@@ -4805,6 +4805,69 @@ mod wrapped_windows {
         assert_eq!(window_differences(conf, &ops, 23), []);
     }
 
+    /// A graph pool's expandable segment lasts on a side stream while the default pools'
+    /// segment on that stream, released before the window, is made again in it 18 GiB lower
+    /// and grows to 80 MiB, unmapped at once at the end (census seed 31). Its top 20 MiB map
+    /// lies within the graph pool segment's reservation (1 1/8 of the device's 16 GiB), but
+    /// the one unmap of all 80 MiB shows that map's segment reaching below it, past that
+    /// reservation: another segment's. Taken for the pool's, its pages stretched the pool's
+    /// segment beyond the device and the start state fell back to a compact layout that lost
+    /// 20 MiB.
+    #[test]
+    fn a_map_unmapped_with_pages_beyond_a_segments_reservation_is_another_segments() {
+        use PoolJobOp::{Alloc, EmptyCache, InGraph, InMemPool};
+        let ops = [
+            Alloc(7, 1048577, SIDE),
+            InGraph(7, 1048577),
+            Alloc(1, 1, 0),
+            InMemPool(0, 1048577),
+            Alloc(0, 512, 0),
+            Alloc(5, 512, 0),
+            EmptyCache,
+            Alloc(0, 512, 0),
+            Alloc(2, 23464961, SIDE),
+            Alloc(2, 18477569, SIDE),
+            Alloc(11, 23465473, SIDE),
+            InGraph(11, 1048577),
+            Alloc(2, 1048577, 0),
+            EmptyCache,
+        ];
+        let conf = "expandable_segments:True";
+        assert_eq!(recorded(conf, &ops, None).trace().len(), 34);
+        assert_eq!(window_differences(conf, &ops, 16), []);
+    }
+
+    /// The same, where the default pools' segment is unmapped in pieces: the top 20 MiB map
+    /// alone (its own unmap), the rest in two unmaps. A 22 MiB block allocated across the top
+    /// map's first page and the pages below it lies in one segment, so that map's segment
+    /// reaches as low as the unmaps below it do: past the graph pool segment's reservation.
+    #[test]
+    fn a_block_across_two_maps_joins_them_into_one_segment() {
+        use PoolJobOp::{Alloc, EmptyCache, InGraph, InMemPool};
+        let ops = [
+            Alloc(7, 1048577, SIDE),
+            InGraph(7, 1048577),
+            Alloc(1, 1, 0),
+            InMemPool(0, 1048577),
+            EmptyCache,
+            Alloc(0, 512, 0),
+            Alloc(1, 512, 0),
+            Alloc(2, 1, 0),
+            Alloc(2, 1, 0),
+            Alloc(2, 1, 0),
+            Alloc(2, 23464961, SIDE),
+            Alloc(2, 18477569, SIDE),
+            Alloc(11, 23465473, SIDE),
+            InGraph(11, 1048577),
+            EmptyCache,
+            Alloc(2, 1048577, 0),
+            EmptyCache,
+        ];
+        let conf = "expandable_segments:True";
+        assert_eq!(recorded(conf, &ops, None).trace().len(), 44);
+        assert_eq!(window_differences(conf, &ops, 20), []);
+    }
+
     /// An expandable segment held at the window's start whose pages are all unmapped during
     /// it, while it maps a request at its lowest unmapped pages, below the pages it still
     /// held and not joined to them (census seed 61): the segment was never released, so the

@@ -14,10 +14,10 @@ use std::fmt;
 use serde::Serialize;
 
 use super::ranges::{Ranges, Spans};
-use super::scan::{AllocAt, Scan};
+use super::scan::{AllocAt, Scan, SegmentEventAt};
 use crate::alloc::{CachingAllocator, MemPoolId, Pool, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
 use crate::snapshot::model::Segment;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// A block live at the trace's first event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -741,21 +741,30 @@ fn mapped_ranges(
     //   that segment's, as segments held together never share an address range (one gone
     //   before the end may leave its range to a later one);
     // - pages such a segment held at the start lie between it and `start`.
-    let claimable =
-        |addr: u64, (start, end): (u64, u64), identity: (u64, Pool, MemPoolId), lasts: bool| {
-            if end.saturating_sub(addr) > reservation(identity.1) {
-                return false;
-            }
-            let floor = joined_floor(addr);
-            let joined_to_another = held_at_start
-                .iter()
-                .chain(held_at_end.iter().filter(|_| lasts))
-                .any(|&(at, other)| at == floor && other != identity);
-            let another_between = runs
-                .iter()
-                .any(|run| run.0 < start && run.1 > addr && identity_of(run).1 != identity);
-            !joined_to_another && !another_between
-        };
+    // The lowest page of each map's segment that the trace shows: one unmap covers pages of
+    // one segment, so the first unmap of a map's pages reaches as low as its segment does.
+    let segment_floors = map_segment_floors(scan);
+    let claimable = |map: &SegmentEventAt,
+                     (start, end): (u64, u64),
+                     identity: (u64, Pool, MemPoolId),
+                     lasts: bool| {
+        let addr = map.addr;
+        let lowest = segment_floors
+            .get(&map.index)
+            .map_or(addr, |&floor| floor.min(addr));
+        if end.saturating_sub(lowest) > reservation(identity.1) {
+            return false;
+        }
+        let floor = joined_floor(addr);
+        let joined_to_another = held_at_start
+            .iter()
+            .chain(held_at_end.iter().filter(|_| lasts))
+            .any(|&(at, other)| at == floor && other != identity);
+        let another_between = runs
+            .iter()
+            .any(|run| run.0 < start && run.1 > addr && identity_of(run).1 != identity);
+        !joined_to_another && !another_between
+    };
     // Following each run's pages reads every map and unmap once per run (and each map's
     // claim reads the runs): bounded, so a file of many runs and events costs no more than
     // this; past it, a segment is taken as gone when its last start page is unmapped.
@@ -776,7 +785,8 @@ fn mapped_ranges(
             let released = if known.is_some() || lasting.contains(&identity) {
                 None
             } else {
-                let claimable = |addr| claimable(addr, (start, end), identity, false);
+                let claimable =
+                    |map: &SegmentEventAt| claimable(map, (start, end), identity, false);
                 // The other runs of the same stream, pool and private pool held at the start
                 // are the same segment's (PyTorch holds one such segment at a time): it goes
                 // only once all of them are unmapped.
@@ -809,13 +819,14 @@ fn mapped_ranges(
                 // pool's kind, even with unmapped pages between: the segment was held through
                 // the whole window, and PyTorch maps a request into the stream's segment,
                 // lowest unmapped pages first (`find_expandable_block`).
-                let claimable = |addr| claimable(addr, (floor, end), identity, true);
+                let claimable = |map: &SegmentEventAt| claimable(map, (floor, end), identity, true);
                 own_map_below(scan, segments, floor, identity, u64::MAX, &claimable)
                     .map_or(floor, |lowest| lowest.min(floor))
             } else {
                 // Gone in the window: pages joined to its range by maps after it went may be
                 // a new segment's, at a reused address range.
-                let claimable = |addr| claimable(addr, (start, end), identity, false);
+                let claimable =
+                    |map: &SegmentEventAt| claimable(map, (start, end), identity, false);
                 // Held to the end, yet no segment of its kind there: the pages followed were
                 // not all its own; it went at the unmap of its last start page at the latest.
                 let held_until = match released {
@@ -873,7 +884,7 @@ fn released_at(
     runs: &[(u64, u64)],
     (stream, pool, _): (u64, Pool, MemPoolId),
     follow: bool,
-    claimable: &dyn Fn(u64) -> bool,
+    claimable: &dyn Fn(&SegmentEventAt) -> bool,
 ) -> Release {
     let kept_all = scan.maps.len() < super::scan::MAX_KEPT_CALLS
         && scan.unmaps.len() < super::scan::MAX_KEPT_CALLS;
@@ -913,7 +924,7 @@ fn released_at(
             if joined
                 && map.stream == stream
                 && kind(map.size) == (pool == Pool::Large)
-                && claimable(map.addr)
+                && claimable(map)
             {
                 pages.insert(map.addr, map_end);
                 reserved.insert(map.addr, map_end);
@@ -927,6 +938,142 @@ fn released_at(
                 return Release::At(unmap.index);
             }
         }
+    }
+}
+
+/// For each map of the trace (by its event), the lowest address the trace shows its segment
+/// reaching, where that lies below the map. One event's pages are one expandable segment's:
+/// a map's, an unmap's (PyTorch unmaps a free block's pages, in one segment), and a block's
+/// (an allocation lies in one segment). So maps whose pages one unmap or one allocation
+/// covers while they are mapped are one segment's, and that segment reaches down to the
+/// lowest of them: a segment held elsewhere whose reservation does not reach that far cannot
+/// have made the map.
+fn map_segment_floors(scan: &Scan) -> HashMap<u64, u64> {
+    let mut segments = JoinedMaps::default();
+    // Mapped page ranges by their first address: (end, the map that mapped them).
+    let mut mapped: BTreeMap<u64, (u64, usize)> = BTreeMap::new();
+    let (mut maps, mut unmaps, mut allocs) = (
+        scan.maps.iter().peekable(),
+        scan.unmaps.iter().peekable(),
+        scan.allocs.iter().peekable(),
+    );
+    loop {
+        let next = [
+            maps.peek().map(|map| map.index),
+            unmaps.peek().map(|unmap| unmap.index),
+            allocs.peek().map(|alloc| alloc.index),
+        ];
+        let Some(first) = next.iter().flatten().min().copied() else {
+            break;
+        };
+        if next[0] == Some(first) {
+            let Some(map) = maps.next() else { break };
+            let node = segments.add(map.addr);
+            mapped.insert(map.addr, (map.addr.saturating_add(map.size), node));
+        } else if next[1] == Some(first) {
+            let Some(unmap) = unmaps.next() else { break };
+            let end = unmap.addr.saturating_add(unmap.size);
+            let covered = overlapping(&mapped, unmap.addr, end);
+            let mut joined: Option<usize> = None;
+            for (start, (range_end, node)) in covered {
+                mapped.remove(&start);
+                // What the unmap leaves of the range stays mapped.
+                if start < unmap.addr {
+                    mapped.insert(start, (unmap.addr, node));
+                }
+                if range_end > end {
+                    mapped.insert(end, (range_end, node));
+                }
+                segments.lower_to(node, unmap.addr);
+                if let Some(other) = joined {
+                    segments.join(other, node);
+                }
+                joined = Some(node);
+            }
+        } else {
+            let Some(alloc) = allocs.next() else { break };
+            let end = alloc.addr.saturating_add(alloc.requested.max(1));
+            let nodes: Vec<usize> = overlapping(&mapped, alloc.addr, end)
+                .into_iter()
+                .map(|(_, (_, node))| node)
+                .collect();
+            for pair in nodes.windows(2) {
+                segments.join(pair[0], pair[1]);
+            }
+        }
+    }
+    scan.maps
+        .iter()
+        .enumerate()
+        .filter_map(|(node, map)| {
+            let floor = segments.floor(node);
+            (floor < map.addr).then_some((map.index, floor))
+        })
+        .collect()
+}
+
+/// The mapped ranges of `mapped` that share pages with `start..end`, lowest first.
+fn overlapping(
+    mapped: &BTreeMap<u64, (u64, usize)>,
+    start: u64,
+    end: u64,
+) -> Vec<(u64, (u64, usize))> {
+    // The range beginning at or below `start` may reach into it; later ones begin inside.
+    let below = mapped
+        .range(..=start)
+        .next_back()
+        .filter(|(_, &(range_end, _))| range_end > start);
+    let inside = mapped.range(start.saturating_add(1)..end);
+    below
+        .into_iter()
+        .chain(inside)
+        .map(|(&at, &value)| (at, value))
+        .collect()
+}
+
+/// Maps joined into segments (union-find), each segment with the lowest address known to be
+/// its own.
+#[derive(Default)]
+struct JoinedMaps {
+    parent: Vec<usize>,
+    floor: Vec<u64>,
+}
+
+impl JoinedMaps {
+    /// A new map's segment, reaching down to `addr`; its node.
+    fn add(&mut self, addr: u64) -> usize {
+        self.parent.push(self.parent.len());
+        self.floor.push(addr);
+        self.parent.len() - 1
+    }
+
+    fn root(&mut self, mut node: usize) -> usize {
+        while self.parent[node] != node {
+            self.parent[node] = self.parent[self.parent[node]];
+            node = self.parent[node];
+        }
+        node
+    }
+
+    /// Makes `a`'s and `b`'s segments one.
+    fn join(&mut self, a: usize, b: usize) {
+        let (a, b) = (self.root(a), self.root(b));
+        if a != b {
+            self.parent[b] = a;
+            self.floor[a] = self.floor[a].min(self.floor[b]);
+        }
+    }
+
+    /// `node`'s segment reaches down to `addr` at least.
+    fn lower_to(&mut self, node: usize, addr: u64) {
+        let root = self.root(node);
+        self.floor[root] = self.floor[root].min(addr);
+    }
+
+    /// The lowest address known of `node`'s segment.
+    fn floor(&mut self, node: usize) -> u64 {
+        let root = self.root(node);
+        self.floor[root]
     }
 }
 
@@ -955,7 +1102,7 @@ fn own_map_below(
     start: u64,
     (stream, pool, owner): (u64, Pool, MemPoolId),
     held_until: u64,
-    claimable: &dyn Fn(u64) -> bool,
+    claimable: &dyn Fn(&SegmentEventAt) -> bool,
 ) -> Option<u64> {
     let large = |bytes: u64| bytes.is_multiple_of(crate::alloc::LARGE_BUFFER);
     let lowest = scan
@@ -968,7 +1115,7 @@ fn own_map_below(
                 // since: a map covers the lowest unmapped pages first.
                 && map.addr < start
                 && large(map.size) == (pool == Pool::Large)
-                && claimable(map.addr)
+                && claimable(map)
         })
         .map(|map| map.addr)
         .min()?;
@@ -1052,6 +1199,36 @@ mod tests {
     fn allocator() -> CachingAllocator {
         CachingAllocator::new(Box::new(SimDevice::new(1 << 34)), AllocConf::default())
             .expect("allocator")
+    }
+
+    /// Three maps, 40, 20 and 20 MiB, one above the other. The top one is unmapped alone; one
+    /// unmap takes the two below, so the middle map's segment reaches the bottom one's base.
+    /// The top map joins them only through a block allocated across its first page.
+    #[test]
+    fn one_unmap_or_one_block_joins_maps_into_a_segment() {
+        let events = |across: bool| {
+            let mut events = vec![
+                (Action::SegmentMap, BASE, 40 * MIB),
+                (Action::SegmentMap, BASE + 40 * MIB, 20 * MIB),
+                (Action::SegmentMap, BASE + 60 * MIB, 20 * MIB),
+            ];
+            if across {
+                events.push((Action::Alloc, BASE + 40 * MIB + 512, 22 * MIB));
+            }
+            events.push((Action::SegmentUnmap, BASE + 60 * MIB, 20 * MIB));
+            events.push((Action::SegmentUnmap, BASE, 60 * MIB));
+            events
+        };
+        let floors = |across: bool| {
+            let mut floors: Vec<(u64, u64)> = map_segment_floors(&scan(&events(across)))
+                .into_iter()
+                .collect();
+            floors.sort_unstable();
+            floors
+        };
+        // Events are counted from 1: the maps are events 1, 2 and 3.
+        assert_eq!(floors(false), [(2, BASE as u64)]);
+        assert_eq!(floors(true), [(2, BASE as u64), (3, BASE as u64)]);
     }
 
     #[test]
