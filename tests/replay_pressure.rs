@@ -4868,6 +4868,46 @@ mod wrapped_windows {
         assert_eq!(window_differences(conf, &ops, 20), []);
     }
 
+    /// A window cut inside a malloc's OOM path under a memory fraction (census seed 37): its
+    /// first events are the last releases of `release_cached_blocks`, then the malloc's new
+    /// segment. A block freed with `record_stream` was still pending when that malloc searched
+    /// the cache; the path's `synchronize_and_free_events` completed it before the window, so
+    /// the start state holds it cached, and it would serve the request. PyTorch's retry asks
+    /// the device, not the cache: the replay skips that malloc's search of the cache, else it
+    /// made no segment and held 20 MiB less.
+    #[test]
+    fn a_window_cut_inside_an_oom_path_after_a_pending_free_completed() {
+        use PoolJobOp::{Alloc, Free, InGraph, InMemPool, RecordStream, Work};
+        let ops = [
+            Alloc(2, 33554433, SIDE),
+            InMemPool(1, 60817409),
+            Alloc(0, 37748737, SIDE),
+            Alloc(5, 6210561, 0),
+            Alloc(4, 3610625, 0),
+            RecordStream(5, SIDE),
+            Alloc(6, 46137345, 0),
+            InGraph(3, 1048577),
+            Alloc(7, 2096641, SIDE),
+            InMemPool(0, 512),
+            Work(SIDE),
+            Alloc(11, 62914561, 0),
+            Alloc(5, 4938241, 0),
+            Alloc(1, 71303169, SIDE),
+            Alloc(7, 1, SIDE),
+            Alloc(9, 39845889, 0),
+            Free(2),
+            Alloc(0, 1, 0),
+            Alloc(0, 56623105, 0),
+            Alloc(0, 6210561, 0),
+            Alloc(0, 1048577, 0),
+            Alloc(0, 1048577, 0),
+            Alloc(0, 1, 0),
+        ];
+        let conf = "per_process_memory_fraction:0.03";
+        assert_eq!(recorded(conf, &ops, None).trace().len(), 62);
+        assert_eq!(window_differences(conf, &ops, 18), []);
+    }
+
     /// An expandable segment held at the window's start whose pages are all unmapped during
     /// it, while it maps a request at its lowest unmapped pages, below the pages it still
     /// held and not joined to them (census seed 61): the segment was never released, so the

@@ -256,6 +256,10 @@ pub struct CachingAllocator {
     /// threshold ([`CachingAllocator::expect_collection_begun_before`]): a replay window's
     /// first malloc whose collection the history ring cut. Taken by the next malloc.
     collection_begun_before: Option<u64>,
+    /// Whether the next malloc's search of the cache already failed, at a time the file does
+    /// not show ([`CachingAllocator::expect_cache_searched_before`]): a replay window's first
+    /// malloc whose OOM path the history ring cut. Taken by the next malloc.
+    cache_searched_before: bool,
     /// The private pools (graph pools, `MemPool`s) and which of them allocations go to.
     pools: pools::PrivatePools,
     stats: DeviceStats,
@@ -318,6 +322,7 @@ impl CachingAllocator {
             large: BlockPool::default(),
             unseen_ages: std::collections::HashSet::new(),
             collection_begun_before: None,
+            cache_searched_before: false,
             pools: pools::PrivatePools::default(),
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
@@ -639,6 +644,7 @@ impl CachingAllocator {
     ) -> Result<Allocation, AllocError> {
         // One malloc's: whichever path this one takes.
         let begun_before = self.collection_begun_before.take();
+        let searched_before = std::mem::take(&mut self.cache_searched_before);
         if orig_size == 0 {
             return Ok(Allocation::NULL);
         }
@@ -678,7 +684,11 @@ impl CachingAllocator {
 
         // PyTorch also runs the free-memory callbacks and searches again here; the only one
         // registered (CUDA IPC) frees nothing in a single process.
-        let mut found = self.get_free_block(request);
+        let mut found = if searched_before {
+            None
+        } else {
+            self.get_free_block(request)
+        };
         if found.is_none() {
             if self.garbage_collection_enabled() {
                 self.garbage_collect_cached_blocks(begun_before)?;

@@ -509,6 +509,17 @@ impl CachingAllocator {
         self.collection_begun_before = Some(bytes);
     }
 
+    /// Before a replay window's first malloc that the trace shows making new memory, after
+    /// releases its OOM path made, where a block cached at the window's start would serve it:
+    /// that block was still pending (a free deferred by `record_stream`) when PyTorch's
+    /// malloc searched the cache, and the OOM path's `synchronize_and_free_events` completed
+    /// it before the window, before the retry, which asks the device, not the cache. The next
+    /// malloc skips its search of the cache (`get_free_block`) and goes on from there, as
+    /// PyTorch's did; the malloc after it searches again.
+    pub fn expect_cache_searched_before(&mut self) {
+        self.cache_searched_before = true;
+    }
+
     /// Withdraws [`CachingAllocator::expect_collection_begun_before`] before its malloc.
     pub fn forget_collection_begun_before(&mut self) {
         self.collection_begun_before = None;

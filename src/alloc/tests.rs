@@ -209,6 +209,22 @@ fn zero_bytes_allocate_nothing() {
     a.free(null).expect("free of null is a no-op");
 }
 
+/// A malloc told its search of the cache failed before (a replay window cut inside its OOM
+/// path) makes a new segment although a cached block would serve it; the next malloc searches
+/// again and takes a cached block.
+#[test]
+fn a_malloc_whose_cache_search_was_cut_asks_the_device() {
+    let mut a = allocator("");
+    let cached = a.malloc(4 << 20).expect("4 MiB");
+    a.free(cached).expect("free");
+    a.expect_cache_searched_before();
+    let fresh = a.malloc(4 << 20).expect("a new segment");
+    assert_ne!(fresh.ptr, cached.ptr);
+    assert_eq!(get(&a, "num_device_alloc"), 2);
+    a.malloc(4 << 20).expect("a cached block");
+    assert_eq!(get(&a, "num_device_alloc"), 2);
+}
+
 #[test]
 fn fraction_oom_message_and_counters() {
     let mut a = allocator("");

@@ -300,6 +300,9 @@ pub struct Engine {
     /// `alloc`, may be the malloc whose `segment_alloc` the history ring just dropped
     /// ([`Engine::made_before_window`]).
     at_window_start: bool,
+    /// Whether the next malloc's search of the cache failed before the window
+    /// ([`Engine::cache_search_cut_by_the_window`]).
+    cache_search_cut: bool,
     /// What was replayed.
     pub counts: Counts,
     /// The first OOM of the replay.
@@ -358,6 +361,7 @@ impl Engine {
             capturing: HashMap::new(),
             started_mid_run: false,
             at_window_start: false,
+            cache_search_cut: false,
             recorded_config: true,
             infer_mem_pools_as_read: true,
             claim_passed_over: false,

@@ -96,9 +96,15 @@ impl Engine {
         let entered = self.enter_pool(pool, stream)?;
         // The completions PyTorch's OOM path made here, in the order the trace shows.
         self.allocator.walk_streams_first(&self.run.after_release);
+        let search_cut = std::mem::take(&mut self.cache_search_cut);
         let result = match self.made_before_window(event, size) {
             Some(made) => made,
-            None => self.allocator.malloc_on(stream, size),
+            None => {
+                if search_cut {
+                    self.allocator.expect_cache_searched_before();
+                }
+                self.allocator.malloc_on(stream, size)
+            }
         };
         self.allocator.walk_streams_first(&[]);
         self.leave_pool(entered)?;

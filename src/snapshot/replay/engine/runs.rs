@@ -116,6 +116,7 @@ impl Engine {
         }
         if let Some(event) = malloc {
             self.collection_cut_by_the_window(event)?;
+            self.cache_search_cut_by_the_window(event)?;
             self.age_what_the_collector_took(event)?;
         }
         self.released_mem_pools_went_away(malloc)?;

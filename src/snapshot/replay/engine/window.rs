@@ -4,6 +4,7 @@
 
 use super::super::seed::Seeded;
 use super::{non_negative, Engine, Live};
+use crate::alloc::outlook::MallocOutlook;
 use crate::alloc::{AllocError, Allocation};
 use crate::snapshot::model::Action;
 use crate::snapshot::pickle::RawEvent;
@@ -107,6 +108,32 @@ impl Engine {
         if planned != recorded || !self.malloc_releases(event, &released)? {
             self.allocator.forget_collection_begun_before();
         }
+        Ok(())
+    }
+
+    /// Under the recorded config, a window that begins with a run of `cudaMalloc` segment
+    /// releases ended by the malloc `event`, whose block lies at the base of a segment the run
+    /// made, where a block cached at the start would serve it: the ring cut that malloc's OOM
+    /// path, whose `synchronize_and_free_events` completed the block's deferred free (pending
+    /// when the malloc searched the cache) before the window. The malloc is replayed past its
+    /// search of the cache ([`CachingAllocator::expect_cache_searched_before`]); otherwise
+    /// nothing changes.
+    pub(super) fn cache_search_cut_by_the_window(
+        &mut self,
+        event: &RawEvent,
+    ) -> Result<(), String> {
+        let run = &self.run;
+        if event.action != Action::Alloc
+            || !run.began_at_window_start
+            || !self.recorded_config
+            || run.releases == 0
+            || !run.unmapped_at.is_empty()
+            || run.capture
+            || !self.made_at.contains_key(&(event.addr as u64))
+        {
+            return Ok(());
+        }
+        self.cache_search_cut = self.outlook(event)? == MallocOutlook::Cached;
         Ok(())
     }
 
