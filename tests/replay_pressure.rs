@@ -4758,6 +4758,41 @@ mod wrapped_windows {
         assert_whole_replay_exact_after_one_oom(conf, &ops);
     }
 
+    /// A deferred free completed after a garbage collection's release and before the `oom`
+    /// (census seed 43, a whole self-replay): the default pools' OOM path completed it, after
+    /// the collection, in `release_cached_blocks`' synchronisation. The replay holds the
+    /// run's completions pending until its malloc, and counted only those before the run's
+    /// first release as the run's own: it read this one as a free the `oom` left pending,
+    /// routed the request to a private pool, whose path completes nothing, and the block
+    /// stayed allocated to the end.
+    #[test]
+    fn a_free_completed_after_a_collection_is_no_free_an_oom_left_pending() {
+        use PoolJobOp::{Alloc, InGraph, InMemPool, RecordStream, Work};
+        let ops = [
+            InMemPool(0, 46137345),
+            InGraph(0, 31457281),
+            Alloc(2, 1048577, 0),
+            Alloc(0, 56623105, 0),
+            Alloc(3, 62914561, 0),
+            InMemPool(7, 1),
+            Alloc(0, 1, 0),
+            Alloc(4, 12266497, 0),
+            Alloc(1, 7655425, 0),
+            Alloc(4, 62914561, 0),
+            RecordStream(7, SIDE),
+            Alloc(8, 1048577, SIDE),
+            Work(SIDE),
+            Alloc(5, 62914561, 0),
+            Alloc(2, 18868225, SIDE),
+            Alloc(7, 2096641, 0),
+            Alloc(2, 1053697, SIDE),
+            Alloc(2, 62914561, 0),
+            Alloc(0, 67108865, SIDE),
+        ];
+        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
+        assert_whole_replay_exact_after_one_oom(conf, &ops);
+    }
+
     /// Records `ops` under `conf`, which must run out of memory once, and replays the whole
     /// trace: the verdict and every counter but the retries and synchronisations must be the
     /// recording's.

@@ -320,7 +320,10 @@ impl Engine {
             || !self.infer_mem_pools_as_read
             || self.route(event).is_some()
             || self.capture_pools.learned_at(self.index).is_some()
-            || !self.leaves_a_free_pending(self.run.leading.len())
+            // The run's completions, before its releases and after them (a garbage
+            // collection's releases come before the OOM path's synchronisation), are recorded
+            // before the `oom`: pending in the replay until its malloc, they are no free left.
+            || !self.leaves_a_free_pending(self.run.leading.len() + self.run.after_release.len())
         {
             return Ok(());
         }
