@@ -4488,6 +4488,27 @@ mod wrapped_windows {
         assert_eq!(window_differences("max_split_size_mb:40", &ops, 2), []);
     }
 
+    /// The same segment where the block at its base was freed and 37 MiB allocated there
+    /// again, 1.4 MiB free before the 1 MiB block (census seed 43). The lowest offset where
+    /// the request that made the segment could have ended lies in that gap, 1 MiB past the
+    /// 37 MiB block: carved from the prefix once freed, that block kept the 1 MiB (a large
+    /// block's remainder is split off only above 1 MiB), and came out 38 MiB. The cut now
+    /// leaves more than 1 MiB of the gap below it.
+    #[test]
+    fn an_oversize_segments_cut_leaves_a_gap_the_block_before_splits_off() {
+        use PoolJobOp::{Alloc, InGraph};
+        let ops = [
+            Alloc(2, 40293377, 0),
+            Alloc(0, 1048577, 0),
+            InGraph(2, 512),
+            Alloc(9, 38797313, 0),
+            Alloc(0, 512, 0),
+        ];
+        let conf = "max_split_size_mb:40";
+        assert_eq!(recorded(conf, &ops, None).trace().len(), 12);
+        assert_eq!(window_differences(conf, &ops, 2), []);
+    }
+
     /// Under `roundup_power2_divisions:4`, a side-stream block of 10.5 MiB (its request
     /// 8 MiB + 1 byte rounded to 10 MiB, and a 0.5 MiB remainder left unsplit) at the start of
     /// a 20 MiB segment, 9.5 MiB free behind it; then `then`.

@@ -478,7 +478,9 @@ fn creating_request(allocator: &CachingAllocator, segment: &StartSegment) -> u64
 /// `max_split_size_mb` (else its block is never split, and the segment holds one block), its
 /// allocation is the segment's size, and more than 1 MiB of the segment was left after it
 /// (PyTorch's `should_split` for a large block: `remaining > kSmallSize`). The lowest such
-/// offset that no live block straddles; `None` where there is none (the layout is carved
+/// offset that no live block straddles, and that leaves none or more than 1 MiB of a free gap
+/// below it (which carving gives back to the block before it otherwise); `None` where there
+/// is none (the layout is carved
 /// from the cached segment, as any other, and comes out approximate).
 fn oversize_split(
     allocator: &CachingAllocator,
@@ -510,7 +512,10 @@ fn oversize_split(
                     low = middle + 1;
                 }
             }
-            let at = low * granule;
+            // The part of the gap below the cut is carved after the block before it, from
+            // the prefix's block once freed: 1 MiB or less would stay in that block (a large
+            // block's remainder is split off only above 1 MiB), so the cut leaves more.
+            let at = (low * granule).max(piece.offset + SMALL_SIZE + granule);
             if at < end && made_it(at) {
                 return Some(at);
             }
