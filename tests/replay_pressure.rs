@@ -4509,6 +4509,32 @@ mod wrapped_windows {
         assert_eq!(window_differences(conf, &ops, 2), []);
     }
 
+    /// A 40 MiB segment whose blocks, made and freed since, merged the boundary of the request
+    /// that made it away (census seed 50): every offset where that request could have ended
+    /// (above 38 MiB, more than 1 MiB short of the end) lies inside the last live block. No cut
+    /// was found and the layout was carved from the cached segment, which, oversize, serves
+    /// no smaller request: two more segments. The cut now goes inside that block, whose two
+    /// parts are carved apart and joined again when it is asked for.
+    #[test]
+    fn an_oversize_segments_cut_may_go_inside_a_live_block() {
+        use PoolJobOp::Alloc;
+        let ops = [
+            Alloc(1, 40017409, 0),
+            Alloc(2, 512, 0),
+            Alloc(2, 1048577, 0),
+            Alloc(1, 512, 0),
+            Alloc(0, 28811777, 0),
+            Alloc(0, 4724225, 0),
+            Alloc(2, 1640961, 0),
+            Alloc(3, 512, 0),
+            Alloc(0, 4198401, 0),
+            Alloc(0, 1516545, 0),
+        ];
+        let conf = "max_split_size_mb:40";
+        assert_eq!(recorded(conf, &ops, None).trace().len(), 24);
+        assert_eq!(window_differences(conf, &ops, 1), []);
+    }
+
     /// Under `roundup_power2_divisions:4`, a side-stream block of 10.5 MiB (its request
     /// 8 MiB + 1 byte rounded to 10 MiB, and a 0.5 MiB remainder left unsplit) at the start of
     /// a 20 MiB segment, 9.5 MiB free behind it; then `then`.

@@ -479,8 +479,8 @@ fn creating_request(allocator: &CachingAllocator, segment: &StartSegment) -> u64
 /// allocation is the segment's size, and more than 1 MiB of the segment was left after it
 /// (PyTorch's `should_split` for a large block: `remaining > kSmallSize`). The lowest such
 /// offset that no live block straddles, and that leaves none or more than 1 MiB of a free gap
-/// below it (which carving gives back to the block before it otherwise); `None` where there
-/// is none (the layout is carved
+/// below it (which carving gives back to the block before it otherwise); else the lowest
+/// inside a live block; `None` where there is none (the layout is carved
 /// from the cached segment, as any other, and comes out approximate).
 fn oversize_split(
     allocator: &CachingAllocator,
@@ -498,24 +498,28 @@ fn oversize_split(
             && allocator.allocation_size(at) == size
     };
     let granule = crate::alloc::MIN_BLOCK_SIZE;
+    // The lowest offset inside `piece` whose allocation is the segment's (it grows with the
+    // offset): found by halving, in whole blocks.
+    let lowest_inside = |piece: &Piece| {
+        let end = piece.offset + piece.len;
+        let (mut low, mut high) = (piece.offset / granule + 1, end.div_ceil(granule));
+        while low < high {
+            let middle = low + (high - low) / 2;
+            if allocator.allocation_size(middle * granule) >= size {
+                high = middle;
+            } else {
+                low = middle + 1;
+            }
+        }
+        low * granule
+    };
     for piece in pieces {
         let end = piece.offset + piece.len;
         if matches!(piece.role, Role::Gap) {
-            // The lowest offset inside the gap whose allocation is the segment's (it grows
-            // with the offset): found by halving, in whole blocks.
-            let (mut low, mut high) = (piece.offset / granule + 1, end.div_ceil(granule));
-            while low < high {
-                let middle = low + (high - low) / 2;
-                if allocator.allocation_size(middle * granule) >= size {
-                    high = middle;
-                } else {
-                    low = middle + 1;
-                }
-            }
             // The part of the gap below the cut is carved after the block before it, from
             // the prefix's block once freed: 1 MiB or less would stay in that block (a large
             // block's remainder is split off only above 1 MiB), so the cut leaves more.
-            let at = (low * granule).max(piece.offset + SMALL_SIZE + granule);
+            let at = lowest_inside(piece).max(piece.offset + SMALL_SIZE + granule);
             if at < end && made_it(at) {
                 return Some(at);
             }
@@ -524,10 +528,22 @@ fn oversize_split(
             return Some(end);
         }
     }
-    None
+    // Every such offset lies inside a live block: the blocks made since merged the request's
+    // boundary away. The block is carved in two parts, one on each side, joined again when
+    // it is asked for with its own request (`carve_group`); its lower part, carved last from
+    // the prefix, is more than 1 MiB, as a gap's, else the piece before would keep it.
+    pieces
+        .iter()
+        .filter(|piece| matches!(piece.role, Role::Block(..)))
+        .map(|piece| {
+            let at = lowest_inside(piece).max(piece.offset + SMALL_SIZE + granule);
+            (at, piece.offset + piece.len)
+        })
+        .find(|&(at, end)| at < end && made_it(at))
+        .map(|(at, _)| at)
 }
 
-/// `pieces` with the one that spans `at` (a free gap) cut in two there.
+/// `pieces` with the one that spans `at` (a free gap, or a live block) cut in two there.
 fn split_at(pieces: Vec<Piece>, at: u64) -> Vec<Piece> {
     let mut cut = Vec::with_capacity(pieces.len() + 1);
     for piece in pieces {
@@ -764,7 +780,8 @@ fn carve_group(
     // highest down, so the free space a request splits off a piece (a tail of 1 MiB or less
     // joined to it) never lies next to a piece freed after it.
     let mut kept = Vec::with_capacity(carved.len());
-    for (allocation, role) in carved.into_iter().rev() {
+    let mut carved = carved.into_iter().rev().peekable();
+    while let Some((allocation, role)) = carved.next() {
         let block = match role {
             Role::Block(which, index) => group
                 .segments
@@ -777,10 +794,16 @@ fn carve_group(
             continue;
         };
         allocator.free(allocation).map_err(alloc_error)?;
+        // A block carved in two parts (an oversize segment's cut inside it) is freed whole.
+        let mut lowest = allocation.ptr;
+        while let Some((part, _)) = carved.next_if(|&(_, next)| next == role) {
+            allocator.free(part).map_err(alloc_error)?;
+            lowest = part.ptr;
+        }
         let again = allocator
             .malloc_on(stream, block.requested)
             .map_err(alloc_error)?;
-        if again.ptr != allocation.ptr {
+        if again.ptr != lowest {
             seeded.mismatches += 1;
         }
         seeded.live.push(SeededBlock {
@@ -1091,6 +1114,47 @@ mod tests {
                 (60 * MIB) as i64
             );
         }
+    }
+
+    /// Under `max_split_size_mb:40`, a 40 MiB segment made by a request of 38 to 39 MiB (the
+    /// allocation is 40 MiB, and more than 1 MiB was left to split off) whose last live block,
+    /// 37.5 to 40 MiB (1.5 MiB asked for, its 1 MiB tail left unsplit), covers every offset
+    /// where that request could have ended: the cut goes inside it, 1 MiB and more from its
+    /// start, and the layout comes out exact.
+    #[test]
+    fn an_oversize_segment_is_cut_inside_a_live_block_where_it_must() {
+        let base = 0x7f00_0000_0000;
+        let half = MIB / 2;
+        let start = StartState {
+            segments: vec![StartSegment {
+                size: 40 * MIB,
+                ..large_segment(
+                    base,
+                    false,
+                    vec![
+                        block(base + 32 * MIB, 2 * MIB, 2 * MIB),
+                        block(base + 34 * MIB, 3 * MIB + half, 3 * MIB + half),
+                        block(base + 37 * MIB + half, 2 * MIB + half, MIB + half),
+                    ],
+                )
+            }],
+        };
+        let (mut allocator, hints) = allocator_with("max_split_size_mb:40", 1 << 34);
+        let seeded =
+            seed(&mut allocator, &start, Some(&hints), HeldBy::TheRecordedRun).expect("seeds");
+        assert_eq!(seeded.layout(), Layout::Exact);
+        assert_eq!(
+            layout_of(&allocator),
+            [(
+                base,
+                vec![
+                    (0, 32 * MIB, false),
+                    (32 * MIB, 2 * MIB, true),
+                    (34 * MIB, 3 * MIB + half, true),
+                    (37 * MIB + half, 2 * MIB + half, true),
+                ]
+            )]
+        );
     }
 
     #[test]
