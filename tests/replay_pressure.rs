@@ -4535,6 +4535,33 @@ mod wrapped_windows {
         assert_eq!(window_differences(conf, &ops, 1), []);
     }
 
+    /// A block live at the start kept a 1 MiB tail, and 1.36 MiB lay free after it (census
+    /// seed 57). Its stream's next request, 1.36 MiB, made a segment; the one after, 512 bytes
+    /// smaller, was carved from that new segment's 18.6 MiB remainder, a larger free block than
+    /// the space after the held block would have been without the tail. Only requests served
+    /// from new memory or from segments held at the start bounded the tail: it came out 512
+    /// bytes short, and the replay served the second request from the space after the block.
+    /// A free block of a segment the trace made (all free when made) bounds it too.
+    #[test]
+    fn a_tail_is_bounded_by_a_request_served_in_a_segment_the_window_made() {
+        use PoolJobOp::{Alloc, Free};
+        let ops = [
+            Alloc(6, 63589889, 0),
+            Alloc(2, 1048577, 0),
+            Free(6),
+            Alloc(6, 62541313, 0),
+            Alloc(0, 1, 0),
+            Free(2),
+            Free(0),
+            Alloc(0, 1421825, 0),
+            Alloc(0, 1421313, 0),
+            Alloc(6, 1, 0),
+        ];
+        let conf = "per_process_memory_fraction:0.03";
+        assert_eq!(recorded(conf, &ops, None).trace().len(), 20);
+        assert_eq!(window_differences(conf, &ops, 8), []);
+    }
+
     /// Under `roundup_power2_divisions:4`, a side-stream block of 10.5 MiB (its request
     /// 8 MiB + 1 byte rounded to 10 MiB, and a 0.5 MiB remainder left unsplit) at the start of
     /// a 20 MiB segment, 9.5 MiB free behind it; then `then`.

@@ -271,6 +271,9 @@ struct ServedFrom<'a> {
     owners: BTreeMap<u64, MemPoolId>,
     /// Whether the end state shows a private pool.
     private_pools_at_end: bool,
+    /// The `cudaMalloc` segments of the large pool the trace made that last to the end, by
+    /// address: (end, stream, private pool, the `segment_alloc` that made it).
+    made: BTreeMap<u64, (u64, u64, MemPoolId, u64)>,
 }
 
 /// A `cudaMalloc` segment of the large pool held at the start, as [`ServedFrom`] reads it.
@@ -322,6 +325,16 @@ impl<'a> ServedFrom<'a> {
                 .collect(),
             private_pools_at_end: owners.values().any(|o| *o != MemPoolId::default()),
             owners,
+            made: segments
+                .iter()
+                .filter(|s| !s.is_expandable && pool_of(&s.segment_type) == Pool::Large)
+                .filter_map(|s| {
+                    let addr = s.address as u64;
+                    let made_at = scan.made_at(addr).filter(|_| scan.made_segment(addr))?;
+                    let end = addr.saturating_add(s.total_size.max(0) as u64);
+                    Some((addr, (end, s.stream as u64, owner_of(s), made_at)))
+                })
+                .collect(),
         }
     }
 
@@ -334,9 +347,11 @@ impl<'a> ServedFrom<'a> {
 
     /// What `alloc` says, where it can be read: from a segment made for it (its pool is the
     /// end state's where that segment lasted to the end, else the default pools' where the end
-    /// state shows no private pool), or from a free block starting at its address in a
+    /// state shows no private pool), from a free block starting at its address in a
     /// segment held at the start, which reached at least to the next block live at the start
-    /// if the trace had allocated nothing in between before.
+    /// if the trace had allocated nothing in between before, or from one in a segment the
+    /// trace made before it that lasts to the end, which reached the segment's end if the
+    /// trace had allocated nothing in between since (the segment was all free when made).
     fn served(&self, alloc: &AllocAt) -> Option<Served> {
         if let Some(made_at) = alloc.made_segment_at {
             let lasted = self.scan.made_segment(alloc.addr)
@@ -357,10 +372,13 @@ impl<'a> ServedFrom<'a> {
         if !self.spend(self.held.len() as u64) {
             return None;
         }
-        let segment = self
+        let Some(segment) = self
             .held
             .iter()
-            .find(|s| s.start <= alloc.addr && alloc.addr < s.end && alloc.index < s.released_at)?;
+            .find(|s| s.start <= alloc.addr && alloc.addr < s.end && alloc.index < s.released_at)
+        else {
+            return self.served_in_a_made_segment(alloc);
+        };
         let next = segment
             .blocks
             .iter()
@@ -378,6 +396,28 @@ impl<'a> ServedFrom<'a> {
             stream: segment.stream,
             owner: segment.owner,
             best_fit_at_least: next - alloc.addr,
+        })
+    }
+
+    /// [`ServedFrom::served`] for an allocation in a `cudaMalloc` segment the trace made
+    /// before it and which lasts to the end (the last made at its address, so the one there
+    /// at the allocation's moment).
+    fn served_in_a_made_segment(&self, alloc: &AllocAt) -> Option<Served> {
+        let (&start, &(end, stream, owner, made_at)) =
+            self.made.range(..=alloc.addr).next_back()?;
+        if alloc.addr >= end || alloc.index <= made_at || alloc.addr == start {
+            return None;
+        }
+        let (landed, steps) = self
+            .scan
+            .first_alloc_from_counted(alloc.addr + 1, end, alloc.index);
+        if !self.spend(steps) || landed.is_some() {
+            return None;
+        }
+        Some(Served {
+            stream,
+            owner,
+            best_fit_at_least: end - alloc.addr,
         })
     }
 }
