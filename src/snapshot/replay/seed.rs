@@ -926,6 +926,15 @@ mod tests {
         (allocator, hints)
     }
 
+    /// `start` seeded into a fresh allocator under `conf` on a 16 GiB device, placed as
+    /// recorded: the allocator and what was seeded, once the layout is checked to be exact.
+    fn carved_exactly(conf: &str, start: &StartState, held: HeldBy) -> (CachingAllocator, Seeded) {
+        let (mut allocator, hints) = allocator_with(conf, 1 << 34);
+        let seeded = seed(&mut allocator, start, Some(&hints), held).expect("seeds");
+        assert_eq!(seeded.layout(), Layout::Exact);
+        (allocator, seeded)
+    }
+
     /// Under `roundup_power2_divisions:4` no request rounds to 5.5 MiB (requests between 4
     /// and 8 MiB round to whole MiB), yet a recorded segment's free space between two blocks
     /// may be that wide: the pieces are carved at their exact sizes, and the blocks still
@@ -943,10 +952,8 @@ mod tests {
                 ],
             )],
         };
-        let (mut allocator, hints) = allocator_with("roundup_power2_divisions:4", 1 << 34);
-        let seeded =
-            seed(&mut allocator, &start, Some(&hints), HeldBy::AnotherConfig).expect("seeds");
-        assert_eq!(seeded.layout(), Layout::Exact);
+        let (allocator, _) =
+            carved_exactly("roundup_power2_divisions:4", &start, HeldBy::AnotherConfig);
         assert_eq!(
             layout_of(&allocator),
             [(
@@ -1036,10 +1043,8 @@ mod tests {
                 ),
             ],
         };
-        let (mut allocator, hints) = allocator_with("expandable_segments:True", 1 << 34);
-        let seeded =
-            seed(&mut allocator, &start, Some(&hints), HeldBy::AnotherConfig).expect("seeds");
-        assert_eq!(seeded.layout(), Layout::Exact);
+        let (allocator, _) =
+            carved_exactly("expandable_segments:True", &start, HeldBy::AnotherConfig);
         let offsets: Vec<Vec<(u64, u64, bool)>> = layout_of(&allocator)
             .into_iter()
             .map(|(_, blocks)| blocks)
@@ -1139,10 +1144,7 @@ mod tests {
                 )
             }],
         };
-        let (mut allocator, hints) = allocator_with("max_split_size_mb:40", 1 << 34);
-        let seeded =
-            seed(&mut allocator, &start, Some(&hints), HeldBy::TheRecordedRun).expect("seeds");
-        assert_eq!(seeded.layout(), Layout::Exact);
+        let (allocator, _) = carved_exactly("max_split_size_mb:40", &start, HeldBy::TheRecordedRun);
         assert_eq!(
             layout_of(&allocator),
             [(
@@ -1178,10 +1180,7 @@ mod tests {
                 ),
             ],
         };
-        let (mut allocator, hints) = allocator_with("", 1 << 34);
-        let seeded =
-            seed(&mut allocator, &start, Some(&hints), HeldBy::AnotherConfig).expect("seeds");
-        assert_eq!(seeded.layout(), Layout::Exact);
+        let (allocator, seeded) = carved_exactly("", &start, HeldBy::AnotherConfig);
         assert_eq!(seeded.live.len(), 3);
         let layout = layout_of(&allocator);
         assert_eq!(
