@@ -4562,6 +4562,32 @@ mod wrapped_windows {
         assert_eq!(window_differences(conf, &ops, 8), []);
     }
 
+    /// A 1.5 MiB block carved from a 2.5 MiB free block keeps the 1 MiB remainder as an
+    /// unsplit tail, and 5 MiB lie free after it (census seed 57, shrunk). The window's 6 MiB
+    /// request was served at the start of a 32 MiB segment the window had made and freed: the
+    /// space after the held block was smaller than 6 MiB, so the tail was there. A request at a
+    /// made segment's start was not read, the tail came out 0, and the replay served the 6 MiB
+    /// from the space after the held block.
+    #[test]
+    fn a_tail_is_bounded_by_a_request_served_at_the_start_of_a_segment_the_window_made() {
+        use PoolJobOp::{Alloc, Free};
+        let ops = [
+            Alloc(0, 2621440, 0),
+            Alloc(1, 5242880, 0),
+            Alloc(2, 13107200, 0),
+            Free(0),
+            Alloc(0, 1572864, 0),
+            Free(1),
+            Alloc(3, 33554432, 0),
+            Free(3),
+            Alloc(4, 6291456, 0),
+            Free(0),
+        ];
+        let conf = "expandable_segments:False";
+        assert_eq!(recorded(conf, &ops, None).trace().len(), 16);
+        assert_eq!(window_differences(conf, &ops, 7), []);
+    }
+
     /// Under `roundup_power2_divisions:4`, a side-stream block of 10.5 MiB (its request
     /// 8 MiB + 1 byte rounded to 10 MiB, and a 0.5 MiB remainder left unsplit) at the start of
     /// a 20 MiB segment, 9.5 MiB free behind it; then `then`.

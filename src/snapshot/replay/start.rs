@@ -403,9 +403,10 @@ impl<'a> ServedFrom<'a> {
     /// before it and which lasts to the end (the last made at its address, so the one there
     /// at the allocation's moment).
     fn served_in_a_made_segment(&self, alloc: &AllocAt) -> Option<Served> {
-        let (&start, &(end, stream, owner, made_at)) =
-            self.made.range(..=alloc.addr).next_back()?;
-        if alloc.addr >= end || alloc.index <= made_at || alloc.addr == start {
+        let (_, &(end, stream, owner, made_at)) = self.made.range(..=alloc.addr).next_back()?;
+        // At the segment's start too: the free block taken there began at the start, and
+        // reached the end where nothing was allocated after the start since.
+        if alloc.addr >= end || alloc.index <= made_at {
             return None;
         }
         let (landed, steps) = self
