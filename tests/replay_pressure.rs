@@ -4588,6 +4588,39 @@ mod wrapped_windows {
         assert_eq!(window_differences(conf, &ops, 7), []);
     }
 
+    /// A 5 MiB block taken from a 6 MiB free block on the side stream keeps the 1 MiB
+    /// remainder as an unsplit tail; its free is deferred by `record_stream` (census, seed 3
+    /// of a run on the H200's size, shrunk). Between the free's request and its completion,
+    /// the side stream's 1 MiB request was carved at the tail's end, from the free block that
+    /// began there. The tail was bounded only by allocations before the free's request, so it
+    /// came out 0, and the replay carved that request at the block's rounded end instead: a
+    /// 2 MiB block, 1 MiB more allocated at the end. The block stays held, unmerged with the
+    /// space after it, until its free completes.
+    #[test]
+    fn a_tail_is_bounded_by_an_allocation_while_the_blocks_deferred_free_is_pending() {
+        use PoolJobOp::{Alloc, Free, RecordStream, Sync, Work};
+        let ops = [
+            Alloc(0, 6291457, SIDE),
+            Alloc(1, 1048577, SIDE),
+            Alloc(5, 4194305, SIDE),
+            Alloc(3, 512, SIDE),
+            Alloc(5, 512, SIDE),
+            Alloc(3, 1048577, SIDE),
+            Free(0),
+            Alloc(7, 5242881, SIDE),
+            Free(1),
+            RecordStream(7, 0),
+            Work(0),
+            Alloc(7, 1048577, 0),
+            Alloc(3, 1048577, SIDE),
+            Sync,
+            Alloc(0, 1048577, 0),
+        ];
+        let conf = "expandable_segments:False";
+        assert_eq!(recorded(conf, &ops, None).trace().len(), 25);
+        assert_eq!(window_differences(conf, &ops, 8), []);
+    }
+
     /// Under `roundup_power2_divisions:4`, a side-stream block of 10.5 MiB (its request
     /// 8 MiB + 1 byte rounded to 10 MiB, and a 0.5 MiB remainder left unsplit) at the start of
     /// a 20 MiB segment, 9.5 MiB free behind it; then `then`.

@@ -484,9 +484,15 @@ fn settle_sizes(
         } else {
             next_start.min(block_end.saturating_add(SMALL_SIZE + 1))
         };
-        let boundary = block
+        // Held until its free completes, not just until it is requested: a free deferred by
+        // `record_stream` leaves the block out of the cache (unmerged with the space after
+        // it) until its events complete, and a block whose completion the trace never shows
+        // is held to the end.
+        let held_until = block
             .freed_at
-            .and_then(|freed_at| scan.first_alloc_from(block_end, reach, freed_at))
+            .map(|_| block.returned_at.unwrap_or(u64::MAX));
+        let boundary = held_until
+            .and_then(|until| scan.first_alloc_from(block_end, reach, until))
             .unwrap_or(next_start);
         let gap = boundary - block_end;
         if gap > 0 && (gap <= SMALL_SIZE || oversize) {
@@ -495,7 +501,7 @@ fn settle_sizes(
             let free_space = FreeSpaceAfter {
                 start: block_end,
                 bounds,
-                held_until: block.freed_at.unwrap_or(u64::MAX),
+                held_until: held_until.unwrap_or(u64::MAX),
             };
             block.size += tail_below_allocations(
                 &free_space,
@@ -517,7 +523,8 @@ struct FreeSpaceAfter {
     start: u64,
     /// The live blocks after it, lowest address first, then the segment's end.
     bounds: Vec<Bound>,
-    /// The event that frees the block.
+    /// The event that gives the block back to the cache (its free's completion, later than
+    /// its request for a free deferred by `record_stream`).
     held_until: u64,
 }
 
