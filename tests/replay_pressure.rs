@@ -4621,6 +4621,51 @@ mod wrapped_windows {
         assert_eq!(window_differences(conf, &ops, 8), []);
     }
 
+    /// Census seed 90 (a fraction with garbage collection, shrunk): the window's malloc
+    /// collects a 12 MiB segment cached before the window and a 28 MiB one. The run before it
+    /// begins with an ordinary free's completion (a 56 MiB block), which the replay applies
+    /// only after choosing the unseen 12 MiB block's age. Chosen without the 56 MiB block,
+    /// "older than every pass's average" made exactly those releases; the collection itself
+    /// counted the 56 MiB block in its average, and its second pass took a 20 MiB segment too.
+    /// The ages are chosen again on the cache the collector sees.
+    #[test]
+    fn a_collectors_ages_count_the_completions_before_its_releases() {
+        use PoolJobOp::{Alloc, Free, InMemPool, RecordStream, Work};
+        let ops = [
+            Alloc(1, 10485761, 0),
+            Alloc(7, 46137345, SIDE),
+            Alloc(0, 1048577, 0),
+            Alloc(2, 1048577, 0),
+            Alloc(2, 512, SIDE),
+            InMemPool(0, 1),
+            Alloc(11, 29360129, 0),
+            Alloc(0, 1048577, 0),
+            Work(SIDE),
+            Alloc(6, 50331649, 0),
+            Alloc(5, 1048577, 0),
+            Alloc(5, 12582913, 0),
+            Alloc(7, 1048577, SIDE),
+            RecordStream(11, SIDE),
+            Alloc(2, 512, SIDE),
+            Alloc(3, 1048577, 0),
+            Alloc(3, 1048577, 0),
+            Free(11),
+            Alloc(3, 10485761, 0),
+            Alloc(3, 28311553, 0),
+            Alloc(8, 1048577, 0),
+            Alloc(0, 1048577, 0),
+            Alloc(0, 1048577, SIDE),
+            Free(2),
+            Alloc(3, 1, 0),
+            Alloc(5, 56623105, 0),
+            Alloc(5, 67108865, 0),
+            Alloc(0, 58720257, 0),
+            Alloc(0, 1048577, 0),
+        ];
+        assert_eq!(recorded(FRACTION_WITH_GC, &ops, None).trace().len(), 76);
+        assert_eq!(window_differences(FRACTION_WITH_GC, &ops, 19), []);
+    }
+
     /// Under `roundup_power2_divisions:4`, a side-stream block of 10.5 MiB (its request
     /// 8 MiB + 1 byte rounded to 10 MiB, and a 0.5 MiB remainder left unsplit) at the start of
     /// a 20 MiB segment, 9.5 MiB free behind it; then `then`.

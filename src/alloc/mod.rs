@@ -252,6 +252,9 @@ pub struct CachingAllocator {
     /// seen: marked by [`CachingAllocator::mark_cached_ages_unseen`] (a replay's start
     /// state, cached all at once), each dropped once cached again. Empty otherwise.
     unseen_ages: std::collections::HashSet<BlockId>,
+    /// The blocks [`CachingAllocator::age_unseen_segments`] last gave an age, until
+    /// [`CachingAllocator::age_unseen_segments_again`] reads them.
+    aged_unseen: Vec<BlockId>,
     /// Bytes the next garbage collection is to reclaim although the memory held is under its
     /// threshold ([`CachingAllocator::expect_collection_begun_before`]): a replay window's
     /// first malloc whose collection the history ring cut. Taken by the next malloc.
@@ -321,6 +324,7 @@ impl CachingAllocator {
             small: BlockPool::default(),
             large: BlockPool::default(),
             unseen_ages: std::collections::HashSet::new(),
+            aged_unseen: Vec::new(),
             collection_begun_before: None,
             cache_searched_before: false,
             pools: pools::PrivatePools::default(),

@@ -403,6 +403,36 @@ impl CachingAllocator {
         self.unseen_ages = self.large.iter().map(|(_, _, _, id)| id).collect();
     }
 
+    /// After the cache changed since [`CachingAllocator::age_unseen_segments`] gave ages for
+    /// the malloc on `stream` of `size` bytes that releases `bases` (a replay applied the
+    /// completions the trace shows before that malloc's releases: the collector counts those
+    /// blocks in its average too): where the collection planned now no longer makes exactly
+    /// `bases`, the blocks given ages are unseen again and aged anew on the cache as it is.
+    /// Returns whether ages were given.
+    pub fn age_unseen_segments_again(
+        &mut self,
+        stream: StreamId,
+        size: u64,
+        bases: &[u64],
+    ) -> bool {
+        let aged = std::mem::take(&mut self.aged_unseen);
+        if aged.is_empty() {
+            return false;
+        }
+        let mut planned = self.collection_outlook(stream, size);
+        planned.sort_unstable();
+        let mut wanted = bases.to_vec();
+        wanted.sort_unstable();
+        if planned == wanted {
+            return false;
+        }
+        let cached: std::collections::HashSet<BlockId> =
+            self.large.iter().map(|(_, _, _, id)| id).collect();
+        self.unseen_ages
+            .extend(aged.into_iter().filter(|id| cached.contains(id)));
+        self.age_unseen_segments(stream, size, bases)
+    }
+
     /// Before a malloc on `stream` of `size` bytes whose garbage collection, as the trace
     /// shows, released the `cudaMalloc` segments at `bases`: gives the cached whole segments
     /// among them whose ages were not seen ([`CachingAllocator::mark_cached_ages_unseen`]) an
@@ -473,6 +503,7 @@ impl CachingAllocator {
                 for id in &unseen {
                     self.unseen_ages.remove(id);
                 }
+                self.aged_unseen = unseen;
                 return true;
             }
             self.large.get_free_blocks_call_count = saved_clock;

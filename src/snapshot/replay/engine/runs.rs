@@ -208,6 +208,9 @@ impl Engine {
         // releases first.
         run.after_release.splice(0..0, completed_first);
         self.allocator.walk_streams_first(&[]);
+        if let Some(event) = malloc {
+            self.age_again_what_the_collector_took(event, &run.freed_at)?;
+        }
         let mut empty_cache = match malloc {
             _ if run.empty_cache_frame || run.capture => true,
             None => run.shows_empty_cache() && !self.pools_own_empty_cache(&run)?,

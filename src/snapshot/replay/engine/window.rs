@@ -73,6 +73,28 @@ impl Engine {
         self.leave_pool(entered)
     }
 
+    /// [`Engine::age_what_the_collector_took`] again once the run's leading completions are
+    /// applied (`freed_at`: the run's releases): those completions came before the malloc's
+    /// releases, so before its collection, which counts their blocks in its average age; ages
+    /// chosen on the cache without them may make other releases
+    /// ([`CachingAllocator::age_unseen_segments_again`]).
+    pub(super) fn age_again_what_the_collector_took(
+        &mut self,
+        event: &RawEvent,
+        freed_at: &[u64],
+    ) -> Result<(), String> {
+        if freed_at.is_empty() || !self.recorded_config || !self.started_mid_run {
+            return Ok(());
+        }
+        let size = non_negative(event.size, "size")?;
+        let stream = event.stream as u64;
+        let pool = self.route(event);
+        let entered = self.enter_pool(pool, stream)?;
+        self.allocator
+            .age_unseen_segments_again(stream, size, freed_at);
+        self.leave_pool(entered)
+    }
+
     /// Under the recorded config, a window that begins with a run of `cudaMalloc` segment
     /// releases ended by the malloc `event`, where the memory the start state holds lies
     /// under the garbage collector's threshold, so the replayed malloc would collect nothing:
