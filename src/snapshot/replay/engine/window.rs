@@ -5,13 +5,9 @@
 use super::super::seed::Seeded;
 use super::{non_negative, Engine, Live};
 use crate::alloc::outlook::MallocOutlook;
-use crate::alloc::{AllocError, Allocation};
+use crate::alloc::{AllocError, Allocation, CachingAllocator};
 use crate::snapshot::model::Action;
 use crate::snapshot::pickle::RawEvent;
-
-// Named in doc links only.
-#[cfg(doc)]
-use crate::alloc::CachingAllocator;
 
 impl Engine {
     /// Starts from the blocks `seeded` put into the allocator (a trace that starts mid-run):
@@ -61,16 +57,8 @@ impl Engine {
     /// exactly the run's releases, where one does
     /// ([`CachingAllocator::age_unseen_segments`]); otherwise nothing changes.
     pub(super) fn age_what_the_collector_took(&mut self, event: &RawEvent) -> Result<(), String> {
-        if self.run.freed_at.is_empty() || !self.recorded_config || !self.started_mid_run {
-            return Ok(());
-        }
-        let size = non_negative(event.size, "size")?;
-        let stream = event.stream as u64;
-        let pool = self.route(event);
-        let entered = self.enter_pool(pool, stream)?;
-        self.allocator
-            .age_unseen_segments(stream, size, &self.run.freed_at);
-        self.leave_pool(entered)
+        let freed_at = self.run.freed_at.clone();
+        self.age_for_the_collector(event, &freed_at, CachingAllocator::age_unseen_segments)
     }
 
     /// [`Engine::age_what_the_collector_took`] again once the run's leading completions are
@@ -83,6 +71,18 @@ impl Engine {
         event: &RawEvent,
         freed_at: &[u64],
     ) -> Result<(), String> {
+        self.age_for_the_collector(event, freed_at, CachingAllocator::age_unseen_segments_again)
+    }
+
+    /// Asks `age` of the allocator (`age_unseen_segments` or its `_again`) for the malloc
+    /// `event` whose run released the segments at `freed_at`, in the pool the malloc is
+    /// asked in, where the replay follows the recorded config in a trace that starts mid-run.
+    fn age_for_the_collector(
+        &mut self,
+        event: &RawEvent,
+        freed_at: &[u64],
+        age: fn(&mut CachingAllocator, u64, u64, &[u64]) -> bool,
+    ) -> Result<(), String> {
         if freed_at.is_empty() || !self.recorded_config || !self.started_mid_run {
             return Ok(());
         }
@@ -90,8 +90,7 @@ impl Engine {
         let stream = event.stream as u64;
         let pool = self.route(event);
         let entered = self.enter_pool(pool, stream)?;
-        self.allocator
-            .age_unseen_segments_again(stream, size, freed_at);
+        age(&mut self.allocator, stream, size, freed_at);
         self.leave_pool(entered)
     }
 
