@@ -4092,6 +4092,22 @@ mod wrapped_windows {
             .collect()
     }
 
+    /// Checks that `ops` recorded under `conf` write `trace_len` trace entries (so a pinned
+    /// case's window still starts where it was found) and that the window of the last `kept`
+    /// replays with every counter within its scope's rule.
+    fn assert_window_exact(conf: &str, ops: &[PoolJobOp], trace_len: usize, kept: usize) {
+        assert_eq!(
+            recorded(conf, ops, None).trace().len(),
+            trace_len,
+            "the whole trace's length under {conf:?}"
+        );
+        assert_eq!(
+            window_differences(conf, ops, kept),
+            [],
+            "the window of the last {kept} of {trace_len} entries under {conf:?}"
+        );
+    }
+
     /// Found by the property: under `max_split_size_mb:40` a 38 MiB request made a 40 MiB
     /// segment and split 2 MiB off it; the window starts while the block is live. A cached
     /// segment of 40 MiB serves no smaller request, so carving it whole and then its pieces
@@ -4505,8 +4521,7 @@ mod wrapped_windows {
             Alloc(0, 512, 0),
         ];
         let conf = "max_split_size_mb:40";
-        assert_eq!(recorded(conf, &ops, None).trace().len(), 12);
-        assert_eq!(window_differences(conf, &ops, 2), []);
+        assert_window_exact(conf, &ops, 12, 2);
     }
 
     /// A 40 MiB segment whose blocks, made and freed since, merged the boundary of the request
@@ -4531,8 +4546,7 @@ mod wrapped_windows {
             Alloc(0, 1516545, 0),
         ];
         let conf = "max_split_size_mb:40";
-        assert_eq!(recorded(conf, &ops, None).trace().len(), 24);
-        assert_eq!(window_differences(conf, &ops, 1), []);
+        assert_window_exact(conf, &ops, 24, 1);
     }
 
     /// A block live at the start kept a 1 MiB tail, and 1.36 MiB lay free after it (census
@@ -4558,8 +4572,7 @@ mod wrapped_windows {
             Alloc(6, 1, 0),
         ];
         let conf = "per_process_memory_fraction:0.03";
-        assert_eq!(recorded(conf, &ops, None).trace().len(), 20);
-        assert_eq!(window_differences(conf, &ops, 8), []);
+        assert_window_exact(conf, &ops, 20, 8);
     }
 
     /// A 1.5 MiB block carved from a 2.5 MiB free block keeps the 1 MiB remainder as an
@@ -4584,8 +4597,7 @@ mod wrapped_windows {
             Free(0),
         ];
         let conf = "expandable_segments:False";
-        assert_eq!(recorded(conf, &ops, None).trace().len(), 16);
-        assert_eq!(window_differences(conf, &ops, 7), []);
+        assert_window_exact(conf, &ops, 16, 7);
     }
 
     /// A 5 MiB block taken from a 6 MiB free block on the side stream keeps the 1 MiB
@@ -4617,8 +4629,7 @@ mod wrapped_windows {
             Alloc(0, 1048577, 0),
         ];
         let conf = "expandable_segments:False";
-        assert_eq!(recorded(conf, &ops, None).trace().len(), 25);
-        assert_eq!(window_differences(conf, &ops, 8), []);
+        assert_window_exact(conf, &ops, 25, 8);
     }
 
     /// Census seed 90 (a fraction with garbage collection, shrunk): the window's malloc
@@ -4662,8 +4673,7 @@ mod wrapped_windows {
             Alloc(0, 58720257, 0),
             Alloc(0, 1048577, 0),
         ];
-        assert_eq!(recorded(FRACTION_WITH_GC, &ops, None).trace().len(), 76);
-        assert_eq!(window_differences(FRACTION_WITH_GC, &ops, 19), []);
+        assert_window_exact(FRACTION_WITH_GC, &ops, 76, 19);
     }
 
     /// Under `roundup_power2_divisions:4`, a side-stream block of 10.5 MiB (its request
@@ -4698,8 +4708,7 @@ mod wrapped_windows {
             a_held_block_with_an_unsplit_tail(&[Alloc(0, 8388609, SIDE), InMemPool(1, 1048577)]);
         // The window is the last 6 of the trace's 20 entries.
         let conf = "roundup_power2_divisions:4";
-        assert_eq!(recorded(conf, &ops, None).trace().len(), 20);
-        assert_eq!(window_differences(conf, &ops, 6), []);
+        assert_window_exact(conf, &ops, 20, 6);
     }
 
     /// Found by the census once the test above passed (seed 1), shrunk: the same held block
@@ -4718,8 +4727,7 @@ mod wrapped_windows {
         ]);
         // The window is the last 7 of the trace's 23 entries.
         let conf = "roundup_power2_divisions:4,per_process_memory_fraction:0.03";
-        assert_eq!(recorded(conf, &ops, None).trace().len(), 23);
-        assert_eq!(window_differences(conf, &ops, 7), []);
+        assert_window_exact(conf, &ops, 23, 7);
     }
 
     /// Two ways the rule above could misread a trace, found by the census while it was being
@@ -4783,8 +4791,7 @@ mod wrapped_windows {
             Free(3),
         ];
         let conf = "roundup_power2_divisions:4,per_process_memory_fraction:0.03";
-        assert_eq!(recorded(conf, &ops, None).trace().len(), 27);
-        assert_eq!(window_differences(conf, &ops, 7), []);
+        assert_window_exact(conf, &ops, 27, 7);
     }
 
     /// A block whose free the window requests and never completes (`record_stream`) is in
@@ -4806,8 +4813,7 @@ mod wrapped_windows {
             RecordStream(7, 0),
             Alloc(7, 1048577, 0),
         ];
-        assert_eq!(recorded("", &ops, None).trace().len(), 22);
-        assert_eq!(window_differences("", &ops, 1), []);
+        assert_window_exact("", &ops, 22, 1);
     }
 
     /// An `oom` asked in a private pool that the replay had not seen the stream use (a CUDA
@@ -4867,8 +4873,7 @@ mod wrapped_windows {
             Alloc(0, 19922945, 0),
         ];
         let conf = "expandable_segments:True";
-        assert_eq!(recorded(conf, &ops, None).trace().len(), 35);
-        assert_eq!(window_differences(conf, &ops, 20), []);
+        assert_window_exact(conf, &ops, 35, 20);
     }
 
     /// The free space after a block held at the window's start, once the blocks after it went
@@ -4904,8 +4909,7 @@ mod wrapped_windows {
             Alloc(0, 1835009, 0),
         ];
         let conf = "roundup_power2_divisions:4,per_process_memory_fraction:0.03";
-        assert_eq!(recorded(conf, &ops, None).trace().len(), 56);
-        assert_eq!(window_differences(conf, &ops, 14), []);
+        assert_window_exact(conf, &ops, 56, 14);
     }
 
     /// The same with a `cudaFree` before the `oom` (garbage collection released a segment),
@@ -5014,8 +5018,7 @@ mod wrapped_windows {
             EmptyCache,
         ];
         let conf = "expandable_segments:True";
-        assert_eq!(recorded(conf, &ops, None).trace().len(), 34);
-        assert_eq!(window_differences(conf, &ops, 23), []);
+        assert_window_exact(conf, &ops, 34, 23);
     }
 
     /// A graph pool's expandable segment lasts on a side stream while the default pools'
@@ -5046,8 +5049,7 @@ mod wrapped_windows {
             EmptyCache,
         ];
         let conf = "expandable_segments:True";
-        assert_eq!(recorded(conf, &ops, None).trace().len(), 34);
-        assert_eq!(window_differences(conf, &ops, 16), []);
+        assert_window_exact(conf, &ops, 34, 16);
     }
 
     /// The same, where the default pools' segment is unmapped in pieces: the top 20 MiB map
@@ -5077,8 +5079,7 @@ mod wrapped_windows {
             EmptyCache,
         ];
         let conf = "expandable_segments:True";
-        assert_eq!(recorded(conf, &ops, None).trace().len(), 44);
-        assert_eq!(window_differences(conf, &ops, 20), []);
+        assert_window_exact(conf, &ops, 44, 20);
     }
 
     /// A window cut inside a malloc's OOM path under a memory fraction (census seed 37): its
@@ -5117,8 +5118,7 @@ mod wrapped_windows {
             Alloc(0, 1, 0),
         ];
         let conf = "per_process_memory_fraction:0.03";
-        assert_eq!(recorded(conf, &ops, None).trace().len(), 62);
-        assert_eq!(window_differences(conf, &ops, 18), []);
+        assert_window_exact(conf, &ops, 62, 18);
     }
 
     /// An expandable segment held at the window's start whose pages are all unmapped during
@@ -5152,8 +5152,7 @@ mod wrapped_windows {
             Alloc(0, 1048577, 0),
         ];
         let conf = "expandable_segments:True";
-        assert_eq!(recorded(conf, &ops, None).trace().len(), 40);
-        assert_eq!(window_differences(conf, &ops, 24), []);
+        assert_window_exact(conf, &ops, 40, 24);
     }
 
     proptest! {
