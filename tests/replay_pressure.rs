@@ -4975,6 +4975,34 @@ mod wrapped_windows {
         assert_whole_replay_exact_after_one_oom(conf, &ops);
     }
 
+    /// A malloc asked in a `MemPool` the file never shows, its one request out of memory
+    /// (census seed 100, a whole self-replay, shrunk): its garbage collection released a
+    /// cached 20 MiB default-pool segment, and its OOM path skipped `release_cached_blocks`
+    /// (a pool was in use), leaving a cached 2 MiB small-pool segment. Read as a default-pool
+    /// malloc, the release was an `empty_cache()`, which released the 2 MiB segment too, and
+    /// the request then fitted: "fits" of a job that ran out of memory.
+    #[test]
+    fn an_oom_whose_collection_alone_ran_was_asked_in_an_unseen_mem_pool() {
+        use PoolJobOp::{Alloc, InGraph, InMemPool};
+        let ops = [
+            Alloc(9, 69206017, 0),
+            InGraph(0, 46137345),
+            InGraph(0, 62914561),
+            Alloc(2, 67108865, 0),
+            Alloc(0, 2096641, 0),
+            Alloc(4, 1, 0),
+            Alloc(6, 18874369, 0),
+            Alloc(1, 18874369, 0),
+            Alloc(7, 20971521, 0),
+            Alloc(5, 52428801, 0),
+            Alloc(4, 58720257, 0),
+            Alloc(6, 1048577, SIDE),
+            InMemPool(0, 56623105),
+        ];
+        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
+        assert_whole_replay_exact_after_one_oom(conf, &ops);
+    }
+
     /// Records `ops` under `conf`, which must run out of memory once, and replays the whole
     /// trace: the verdict and every counter but the retries and synchronisations must be the
     /// recording's.

@@ -280,30 +280,85 @@ impl Engine {
                 if !default_would_not_fail_so {
                     return Ok(());
                 }
-                let pool = match self.unshown_mem_pool_for(event)? {
-                    Some(pool) => pool,
-                    None => self.capture_pools.new_mem_pool(event.stream),
-                };
-                self.capture_pools.claim_request(self.index, pool);
-                // Read from what the default pools hold: if a release later shows one of
-                // those segments to be a pool's, that reading was wrong.
-                let default_held: Vec<u64> = self
-                    .allocator
-                    .segment_pool_ids()
-                    .filter(|&(_, owner)| owner.is_default())
-                    .filter_map(|(base, _)| self.made_at.get(&base).copied())
-                    .collect();
-                for made in default_held {
-                    self.capture_pools.read_beside(self.index, made);
-                }
-                // Read from the replay's state: right only if its config is the recording's.
-                self.assumed_recorded_config = true;
-                pool
+                let pool = self.unshown_mem_pool_for(event)?;
+                self.oom_read_in_mem_pool(event, pool)
             }
             None => return Ok(()),
         };
         self.stream_pools.insert(event.stream, pool);
         self.frees_before_a_pool_oom_were_made_at_once()
+    }
+
+    /// Under the recorded config, a recorded `oom` after a run of releases that the default
+    /// pools' reading would not make (their OOM path would release other segments or more,
+    /// or the request would be served), and that exactly the releases of a malloc asked in a
+    /// `MemPool` the file does not show are: its garbage collection (PyTorch collects the
+    /// default large pool whatever pool is asked) and `release_available_cached_blocks` in
+    /// that pool, with `release_cached_blocks` skipped while a pool is in use (PyTorch's
+    /// `captures_underway` is not empty). A whole `empty_cache()` that would make just those
+    /// releases is the likelier reading and is left to [`Engine::end_run`]. Read as the
+    /// default pools', the run was an `empty_cache()` that released fewer segments than the
+    /// call does, and the request was then served: "fits" of a job that ran out of memory.
+    /// Asked before the run is read; a run with no release is left to
+    /// [`Engine::infer_oom_mem_pool`].
+    pub(super) fn infer_oom_collecting_mem_pool(&mut self, event: &RawEvent) -> Result<(), String> {
+        if self.run.releases == 0
+            || self.run.capture
+            || self.run.empty_cache_frame
+            || !self.recorded_config
+            || !self.infer_mem_pools_as_read
+            || self.route(event).is_some()
+            || self.capture_pools.learned_at(self.index).is_some()
+        {
+            return Ok(());
+        }
+        let size = non_negative(event.size, "size")?;
+        let stream = event.stream as u64;
+        let leading: Vec<Allocation> = self.run.leading.iter().map(|&(_, a)| a).collect();
+        let recorded = self.run.released.clone();
+        let makes = |outlook: &MallocOutlook| matches!(outlook, MallocOutlook::Release { released: Some(sizes), .. } if *sizes == recorded);
+        // The default pools' malloc runs `process_events` first, completing finished frees.
+        if makes(&self.outlook_in(event, None, &[])?)
+            || makes(&self.outlook_in(event, None, &leading)?)
+        {
+            return Ok(());
+        }
+        let pool = self.unshown_mem_pool_for(event)?;
+        let outlook = match pool {
+            Some(pool) => Some(self.outlook_in(event, Some(pool), &leading)?),
+            None => self
+                .allocator
+                .malloc_outlook_in_empty_pool(stream, size, &leading),
+        };
+        let call_reads_so = self.empty_cache_addresses() == self.run.freed_at
+            && !self.leaves_a_free_pending(self.run.leading.len());
+        if outlook.as_ref().is_some_and(makes) && !call_reads_so {
+            let pool = self.oom_read_in_mem_pool(event, pool);
+            self.stream_pools.insert(event.stream, pool);
+        }
+        Ok(())
+    }
+
+    /// Reads the recorded `oom` of `event` as asked in `pool`, or in a new inferred `MemPool`
+    /// (gone by the end) where `None`: returns the pool, which the stream's requests go to
+    /// until its next allocation says otherwise.
+    fn oom_read_in_mem_pool(&mut self, event: &RawEvent, pool: Option<MemPoolId>) -> MemPoolId {
+        let pool = pool.unwrap_or_else(|| self.capture_pools.new_mem_pool(event.stream));
+        self.capture_pools.claim_request(self.index, pool);
+        // Read from what the default pools hold: if a release later shows one of those
+        // segments to be a pool's, that reading was wrong.
+        let default_held: Vec<u64> = self
+            .allocator
+            .segment_pool_ids()
+            .filter(|&(_, owner)| owner.is_default())
+            .filter_map(|(base, _)| self.made_at.get(&base).copied())
+            .collect();
+        for made in default_held {
+            self.capture_pools.read_beside(self.index, made);
+        }
+        // Read from the replay's state: right only if its config is the recording's.
+        self.assumed_recorded_config = true;
+        pool
     }
 
     /// Under the recorded config, an `oom` the trace leaves a deferred free pending past was
