@@ -4975,6 +4975,48 @@ mod wrapped_windows {
         assert_whole_replay_exact_after_one_oom(conf, &ops);
     }
 
+    /// A side-stream block whose free `record_stream` deferred was still pending when the
+    /// stream's next small request looked for a cached block (census seed 99, shrunk, under
+    /// `roundup_power2_divisions:4` and a fraction): none served it, `cudaMalloc` was refused,
+    /// and the OOM path completed the pending free, released cached segments and made a 2 MiB
+    /// segment for the retry. The ring kept only that request's `alloc` at the new segment's
+    /// base: the window starts with the completed block cached, a better fit than the whole
+    /// segment, and the replay served the request there (two inactive splits short). The
+    /// trace's address says the malloc did not take it: the segment is that malloc's.
+    #[test]
+    fn a_window_cut_after_an_oom_paths_retry_made_the_segment_beside_a_completed_free() {
+        use PoolJobOp::{Alloc, InGraph, InMemPool, RecordStream, Work};
+        let ops = [
+            InGraph(0, 1),
+            Alloc(4, 33554433, 0),
+            InGraph(0, 10485761),
+            InGraph(0, 1048577),
+            InMemPool(0, 41943041),
+            Alloc(0, 41943041, 0),
+            Alloc(0, 41943041, 0),
+            Alloc(0, 1048577, SIDE),
+            Alloc(7, 524800, SIDE),
+            Alloc(0, 50331649, 0),
+            RecordStream(7, 0),
+            Alloc(0, 50331649, 0),
+            InMemPool(0, 50331649),
+            Work(0),
+            Alloc(7, 1, 0),
+            Alloc(0, 67108865, 0),
+            Alloc(3, 82432, SIDE),
+            Alloc(8, 131584, SIDE),
+            Alloc(3, 262656, SIDE),
+            Alloc(8, 512, 0),
+            Alloc(0, 786944, SIDE),
+        ];
+        assert_window_exact(
+            "roundup_power2_divisions:4,per_process_memory_fraction:0.03",
+            &ops,
+            67,
+            3,
+        );
+    }
+
     /// A malloc asked in a `MemPool` the file never shows, its one request out of memory
     /// (census seed 100, a whole self-replay, shrunk): its garbage collection released a
     /// cached 20 MiB default-pool segment, and its OOM path skipped `release_cached_blocks`

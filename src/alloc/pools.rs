@@ -467,11 +467,16 @@ impl CachingAllocator {
     /// malloc's `segment_alloc` just before its `alloc`, and a history ring that keeps its last
     /// entries may cut between the two. The replay of such a window starts with the segment
     /// made and cached, where this request may not find it: a cached block of at least
-    /// `max_split_size_mb` serves no smaller request. `None`, with nothing changed, unless the
+    /// `max_split_size_mb` serves no smaller request; and a better-fitting block the replay
+    /// holds cached may have been pending when PyTorch's `get_free_block` looked (a free
+    /// deferred by `record_stream`, which the OOM path's `synchronize_and_free_events`
+    /// completed before its retry made the segment). `None`, with nothing changed, unless the
     /// segment is cached whole, in the pool and on the stream the request is routed to, with
     /// the size `alloc_block` would make for it, and the pool's best fit (PyTorch's
-    /// `get_free_block`) finds no block for the request; else the block is handed out as the
-    /// malloc would (the usual split; the best-fit search counted for garbage collection).
+    /// `get_free_block`) finds no block for the request or another block than the segment
+    /// (the trace's address says the malloc did not take that one); else the block is handed
+    /// out as the malloc would (the usual split; the best-fit search counted for garbage
+    /// collection).
     pub fn malloc_from_made_segment(
         &mut self,
         stream: StreamId,
@@ -507,7 +512,10 @@ impl CachingAllocator {
         let Some((_, _, _, id)) = made else {
             return Ok(None);
         };
-        if self.find_free_block(request).is_some() {
+        if self
+            .find_free_block(request)
+            .is_some_and(|(_, _, _, found)| found == id)
+        {
             return Ok(None);
         }
         if self.garbage_collection_enabled() {

@@ -172,8 +172,9 @@ impl Engine {
 
     /// The window's first event, an `alloc` at the base of a segment cached whole at the
     /// start, which the request would not get from the cache (a block of `max_split_size_mb`
-    /// or more serves no smaller request): the ring dropped the `segment_alloc` its malloc
-    /// made just before, and the segment is that malloc's
+    /// or more serves no smaller request; or a better fit is cached, which was pending when
+    /// PyTorch looked and which the OOM path before the retry completed): the ring dropped
+    /// the `segment_alloc` its malloc made just before, and the segment is that malloc's
     /// ([`CachingAllocator::malloc_from_made_segment`]). Read from the recorded config only.
     /// `None`: the request goes through the allocator as any other.
     pub(super) fn made_before_window(
