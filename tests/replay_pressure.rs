@@ -5017,6 +5017,44 @@ mod wrapped_windows {
         );
     }
 
+    /// A capture's request on the side stream ran out of memory after its garbage collection
+    /// released an 18 MiB segment, with a free deferred by `record_stream` still pending
+    /// (census seed 140, a whole self-replay, shrunk). The later self-replays, which learn
+    /// the pools earlier ones found, routed the `oom` to its learnt pool only after reading its
+    /// run, where the release of a segment claimed for that pool made the pool go away first:
+    /// the `oom` went to the default pools, whose OOM path completed the pending free (one
+    /// block fewer active at the end than recorded). Routed before the run is read, as an
+    /// allocation's learnt route is.
+    #[test]
+    fn a_learnt_oom_pool_is_routed_before_its_run_releases_the_pools_segment() {
+        use PoolJobOp::{Alloc, Free, InGraph, InMemPool, RecordStream};
+        let ops = [
+            InMemPool(0, 62914561),
+            InMemPool(0, 33554433),
+            InGraph(0, 39845889),
+            InGraph(0, 2096641),
+            Alloc(3, 25165825, SIDE),
+            Alloc(7, 29360129, SIDE),
+            Alloc(6, 60817409, 0),
+            Alloc(8, 27262977, 0),
+            Alloc(3, 58720257, 0),
+            Alloc(9, 10485761, SIDE),
+            Alloc(0, 60817409, 0),
+            Alloc(4, 2096641, 0),
+            Alloc(5, 16777217, SIDE),
+            RecordStream(4, SIDE),
+            Alloc(7, 1, SIDE),
+            Alloc(0, 7609345, SIDE),
+            Alloc(5, 9167361, SIDE),
+            Alloc(0, 2096641, 0),
+            Alloc(1, 16777217, 0),
+            Free(4),
+            InGraph(0, 52428801),
+        ];
+        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
+        assert_whole_replay_exact_after_one_oom(conf, &ops);
+    }
+
     /// A malloc asked in a `MemPool` the file never shows, its one request out of memory
     /// (census seed 100, a whole self-replay, shrunk): its garbage collection released a
     /// cached 20 MiB default-pool segment, and its OOM path skipped `release_cached_blocks`

@@ -647,6 +647,7 @@ impl Engine {
                 allocated.map_err(fail)?;
             }
             Action::Oom => {
+                self.route_learned_oom(&event);
                 self.infer_oom_collecting_mem_pool(&event).map_err(fail)?;
                 let released = self.run.releases > 0;
                 self.end_run(Some(&event)).map_err(fail)?;

@@ -78,6 +78,18 @@ impl Engine {
         }
     }
 
+    /// Routes a recorded `oom` that a replay this one learnt from found asked in a private
+    /// pool to that pool before its run is read, as an allocation's learnt route is
+    /// ([`Engine::route_to_inferred_pool`]). Routed only after the run was read, a release of
+    /// that pool's segment in the run made the pool go away first (no malloc asked in it
+    /// there), and the `oom` went to the default pools, whose OOM path completed a deferred
+    /// free the recording left pending.
+    pub(super) fn route_learned_oom(&mut self, event: &RawEvent) {
+        if let Some(pool) = self.capture_pools.learned_at(self.index) {
+            self.stream_pools.insert(event.stream, pool);
+        }
+    }
+
     /// What the malloc of `event` would do now, routed as it will be, once the frees whose
     /// events completed are back ([`CachingAllocator::malloc_outlook`]).
     pub(super) fn outlook(&mut self, event: &RawEvent) -> Result<MallocOutlook, String> {
