@@ -5055,6 +5055,34 @@ mod wrapped_windows {
         assert_whole_replay_exact_after_one_oom(conf, &ops);
     }
 
+    /// A 6.3 MiB side-stream block took a 7.3 MiB free block and kept the 1 MiB remainder as
+    /// an unsplit tail, 12.7 MiB free after it (census seed 118, shrunk, default config). The
+    /// window starts while a 4.8 MiB block of another 20 MiB segment is held, its free's
+    /// completion the window's first event; the window's 12.7 MiB request was then served at
+    /// that segment's base, from a free block that reached past the completed block to the
+    /// segment's end. Read as reaching only to that block, the request bounded nothing, the
+    /// tail came out 0, and the replay served the request from the space after the held block
+    /// (13.7 MiB, a better fit). A block given back before the request no longer bounds the
+    /// free block it took.
+    #[test]
+    fn a_tail_is_bounded_by_a_request_served_past_a_block_given_back_before_it() {
+        use PoolJobOp::{Alloc, Free, InGraph, InMemPool};
+        let ops = [
+            Alloc(2, 7655937, SIDE),
+            Alloc(2, 2096641, SIDE),
+            Alloc(11, 6607361, SIDE),
+            Alloc(0, 6215681, SIDE),
+            Alloc(6, 5001729, SIDE),
+            Alloc(2, 5001729, SIDE),
+            InMemPool(0, 1048577),
+            Free(6),
+            InGraph(2, 1048577),
+            Alloc(0, 13315073, SIDE),
+            Alloc(11, 1048577, 0),
+        ];
+        assert_window_exact("", &ops, 29, 8);
+    }
+
     /// A malloc asked in a `MemPool` the file never shows, its one request out of memory
     /// (census seed 100, a whole self-replay, shrunk): its garbage collection released a
     /// cached 20 MiB default-pool segment, and its OOM path skipped `release_cached_blocks`

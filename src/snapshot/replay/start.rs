@@ -282,8 +282,9 @@ struct HeldLayout {
     end: u64,
     stream: u64,
     owner: MemPoolId,
-    /// The addresses of its blocks live at the start, lowest first.
-    blocks: Vec<u64>,
+    /// Its blocks live at the start, lowest first: (address, the event that gave the block
+    /// back to the cache, `u64::MAX` for none).
+    blocks: Vec<(u64, u64)>,
     /// The event that releases it (`u64::MAX`: none): a block at its addresses after that is
     /// another segment's.
     released_at: u64,
@@ -315,7 +316,11 @@ impl<'a> ServedFrom<'a> {
                     end: s.addr + s.size,
                     stream: s.stream,
                     owner: s.owner,
-                    blocks: s.blocks.iter().map(|b| b.addr).collect(),
+                    blocks: s
+                        .blocks
+                        .iter()
+                        .map(|b| (b.addr, b.returned_at.unwrap_or(u64::MAX)))
+                        .collect(),
                     released_at: scan
                         .first_segment_frees
                         .iter()
@@ -379,12 +384,14 @@ impl<'a> ServedFrom<'a> {
         else {
             return self.served_in_a_made_segment(alloc);
         };
+        // The free block taken reached the next block still held then: one given back to
+        // the cache before (its free completed) had merged into it.
         let next = segment
             .blocks
             .iter()
             .copied()
-            .find(|&addr| addr > alloc.addr)
-            .unwrap_or(segment.end);
+            .find(|&(addr, returned_at)| addr > alloc.addr && returned_at > alloc.index)
+            .map_or(segment.end, |(addr, _)| addr);
         if self
             .scan
             .first_alloc_from(alloc.addr + 1, next, alloc.index)
