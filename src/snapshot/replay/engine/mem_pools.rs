@@ -181,13 +181,7 @@ impl Engine {
         {
             return Ok(());
         }
-        let pool = self.unshown_mem_pool_for(event)?;
-        let outlook = match pool {
-            Some(pool) => Some(self.outlook_in(event, Some(pool), &leading)?),
-            None => self
-                .allocator
-                .malloc_outlook_in_empty_pool(stream, size, &leading),
-        };
+        let (pool, outlook) = self.outlook_in_unshown_mem_pool(event, &leading)?;
         let collects_the_run = match &outlook {
             Some(MallocOutlook::Collect(sizes)) => *sizes == self.run.released,
             _ => false,
@@ -195,9 +189,7 @@ impl Engine {
         // A whole `empty_cache()` would make just these releases, in this order: the trace
         // reads as well as the job's call before a default-pool malloc, the likelier reading
         // (a pool's first malloc collecting garbage is told by what a call would not release).
-        let call_reads_so = self.empty_cache_addresses() == self.run.freed_at
-            && !self.leaves_a_free_pending(self.run.leading.len());
-        if collects_the_run && !call_reads_so {
+        if collects_the_run && !self.a_whole_empty_cache_reads_the_run() {
             self.route_unshown_mem_pool(event, pool);
         }
         Ok(())
@@ -312,31 +304,55 @@ impl Engine {
         {
             return Ok(());
         }
-        let size = non_negative(event.size, "size")?;
-        let stream = event.stream as u64;
         let leading: Vec<Allocation> = self.run.leading.iter().map(|&(_, a)| a).collect();
         let recorded = self.run.released.clone();
-        let makes = |outlook: &MallocOutlook| matches!(outlook, MallocOutlook::Release { released: Some(sizes), .. } if *sizes == recorded);
+        let makes = |outlook: &MallocOutlook| match outlook {
+            MallocOutlook::Release {
+                released: Some(sizes),
+                ..
+            } => *sizes == recorded,
+            _ => false,
+        };
         // The default pools' malloc runs `process_events` first, completing finished frees.
         if makes(&self.outlook_in(event, None, &[])?)
             || makes(&self.outlook_in(event, None, &leading)?)
         {
             return Ok(());
         }
-        let pool = self.unshown_mem_pool_for(event)?;
-        let outlook = match pool {
-            Some(pool) => Some(self.outlook_in(event, Some(pool), &leading)?),
-            None => self
-                .allocator
-                .malloc_outlook_in_empty_pool(stream, size, &leading),
-        };
-        let call_reads_so = self.empty_cache_addresses() == self.run.freed_at
-            && !self.leaves_a_free_pending(self.run.leading.len());
-        if outlook.as_ref().is_some_and(makes) && !call_reads_so {
+        let (pool, outlook) = self.outlook_in_unshown_mem_pool(event, &leading)?;
+        if outlook.as_ref().is_some_and(makes) && !self.a_whole_empty_cache_reads_the_run() {
             let pool = self.oom_read_in_mem_pool(event, pool);
             self.stream_pools.insert(event.stream, pool);
         }
         Ok(())
+    }
+
+    /// The `MemPool` the file does not show that the malloc of `event` may have asked
+    /// ([`Engine::unshown_mem_pool_for`]; `None`: a new one), and what that malloc would do
+    /// there, the pending frees of `leading` taken as done (`None` where gpumem does not
+    /// predict it: a new pool under expandable segments).
+    fn outlook_in_unshown_mem_pool(
+        &mut self,
+        event: &RawEvent,
+        leading: &[Allocation],
+    ) -> Result<(Option<MemPoolId>, Option<MallocOutlook>), String> {
+        let pool = self.unshown_mem_pool_for(event)?;
+        let outlook = match pool {
+            Some(pool) => Some(self.outlook_in(event, Some(pool), leading)?),
+            None => self.allocator.malloc_outlook_in_empty_pool(
+                event.stream as u64,
+                non_negative(event.size, "size")?,
+                leading,
+            ),
+        };
+        Ok((pool, outlook))
+    }
+
+    /// Whether a whole `empty_cache()` would make just the run's releases, in their order, and
+    /// leave no free pending: the trace then reads as the job's call, the likelier reading.
+    fn a_whole_empty_cache_reads_the_run(&self) -> bool {
+        self.empty_cache_addresses() == self.run.freed_at
+            && !self.leaves_a_free_pending(self.run.leading.len())
     }
 
     /// Reads the recorded `oom` of `event` as asked in `pool`, or in a new inferred `MemPool`
