@@ -4985,8 +4985,35 @@ mod wrapped_windows {
     /// trace's address says the malloc did not take it: the segment is that malloc's.
     #[test]
     fn a_window_cut_after_an_oom_paths_retry_made_the_segment_beside_a_completed_free() {
+        let ops = a_small_request_refused_beside_a_pending_free();
+        assert_window_exact(OOM_BESIDE_A_PENDING_FREE, &ops, 67, 3);
+    }
+
+    /// The same job, its window the last 14 entries: it starts inside the OOM path's run, whose
+    /// last two completions (the pending block's, and that of a free requested just before it)
+    /// read alike as the OOM path's or as frees made at once before the malloc. Made at once,
+    /// the two blocks merge into a 896 KiB block that serves the request, and the malloc would
+    /// not have taken its OOM path: so the path made them. Asked one by one, each block was too
+    /// small beside its still pending neighbour, the run read as frees made at once, the
+    /// replay served the request from the merged block and made no segment. The completions
+    /// are now taken together.
+    #[test]
+    fn completions_that_merge_into_a_block_that_serves_the_request_are_read_together() {
+        let ops = a_small_request_refused_beside_a_pending_free();
+        assert_window_exact(OOM_BESIDE_A_PENDING_FREE, &ops, 67, 14);
+    }
+
+    /// The config of [`a_small_request_refused_beside_a_pending_free`].
+    const OOM_BESIDE_A_PENDING_FREE: &str =
+        "roundup_power2_divisions:4,per_process_memory_fraction:0.03";
+
+    /// Census seed 99, shrunk: a side-stream block whose free `record_stream` deferred is still
+    /// pending when the stream's next small request (786944 bytes) is refused new memory; the
+    /// OOM path completes it, releases five cached segments and makes a 2 MiB segment for the
+    /// retry.
+    fn a_small_request_refused_beside_a_pending_free() -> Vec<PoolJobOp> {
         use PoolJobOp::{Alloc, InGraph, InMemPool, RecordStream, Work};
-        let ops = [
+        vec![
             InGraph(0, 1),
             Alloc(4, 33554433, 0),
             InGraph(0, 10485761),
@@ -5008,13 +5035,7 @@ mod wrapped_windows {
             Alloc(3, 262656, SIDE),
             Alloc(8, 512, 0),
             Alloc(0, 786944, SIDE),
-        ];
-        assert_window_exact(
-            "roundup_power2_divisions:4,per_process_memory_fraction:0.03",
-            &ops,
-            67,
-            3,
-        );
+        ]
     }
 
     /// A capture's request on the side stream ran out of memory after its garbage collection

@@ -197,10 +197,9 @@ impl CachingAllocator {
         size: u64,
         completed: &[Allocation],
     ) -> MallocOutlook {
-        if completed
-            .iter()
-            .any(|&allocation| self.pending_block_would_serve(allocation, stream, size))
-        {
+        if completed.iter().any(|&allocation| {
+            self.completed_block_would_serve(allocation, stream, size, completed)
+        }) {
             return MallocOutlook::Cached;
         }
         self.outlook_with(stream, size, completed)
@@ -489,6 +488,21 @@ impl CachingAllocator {
         stream: StreamId,
         size: u64,
     ) -> bool {
+        self.completed_block_would_serve(allocation, stream, size, &[])
+    }
+
+    /// [`CachingAllocator::pending_block_would_serve`] with the pending frees of `completed`
+    /// completed too: a neighbour among them merges as a free one does, and the free space
+    /// reaches on through it. Completed one by one, each block's own neighbours would still be
+    /// pending, and two frees that merge into a block that serves the request would each read
+    /// as too small.
+    fn completed_block_would_serve(
+        &self,
+        allocation: Allocation,
+        stream: StreamId,
+        size: u64,
+        completed: &[Allocation],
+    ) -> bool {
         let Some(block) = self
             .blocks
             .get(allocation.id)
@@ -503,13 +517,25 @@ impl CachingAllocator {
         {
             return false;
         }
-        let neighbour = |id| {
-            self.blocks
-                .get(id)
-                .filter(|other| other.is_free() && other.mapped == block.mapped)
-                .map_or(0, |other| other.size)
+        // A neighbour merges once free: cached already, or one of `completed`.
+        let merges = |id: BlockId| {
+            self.blocks.get(id).filter(|other| {
+                other.mapped == block.mapped
+                    && (other.is_free()
+                        || (other.pending_free
+                            && completed
+                                .iter()
+                                .any(|done| done.id == id && done.ptr.addr() == other.ptr)))
+            })
         };
-        let merged = block.size + neighbour(block.prev) + neighbour(block.next);
+        let mut merged = block.size;
+        for step in [|b: &Block| b.prev, |b: &Block| b.next] {
+            let mut at = step(block);
+            while let Some(other) = merges(at) {
+                merged += other.size;
+                at = step(other);
+            }
+        }
         let max_split_size = self.config.max_split_size;
         merged >= rounded
             && !(rounded < max_split_size && merged >= max_split_size)
