@@ -4936,8 +4936,7 @@ mod wrapped_windows {
             Alloc(2, 2096641, SIDE),
             InGraph(0, 65011713),
         ];
-        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
-        assert_whole_replay_exact_after_one_oom(conf, &ops);
+        assert_whole_replay_exact_after_one_oom(FRACTION_WITH_GC, &ops);
     }
 
     /// A deferred free completed after a garbage collection's release and before the `oom`
@@ -4971,8 +4970,7 @@ mod wrapped_windows {
             Alloc(2, 62914561, 0),
             Alloc(0, 67108865, SIDE),
         ];
-        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
-        assert_whole_replay_exact_after_one_oom(conf, &ops);
+        assert_whole_replay_exact_after_one_oom(FRACTION_WITH_GC, &ops);
     }
 
     /// A side-stream block whose free `record_stream` deferred was still pending when the
@@ -5072,8 +5070,7 @@ mod wrapped_windows {
             Free(4),
             InGraph(0, 52428801),
         ];
-        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
-        assert_whole_replay_exact_after_one_oom(conf, &ops);
+        assert_whole_replay_exact_after_one_oom(FRACTION_WITH_GC, &ops);
     }
 
     /// A 6.3 MiB side-stream block took a 7.3 MiB free block and kept the 1 MiB remainder as
@@ -5128,8 +5125,7 @@ mod wrapped_windows {
             Alloc(6, 1048577, SIDE),
             InMemPool(0, 56623105),
         ];
-        let conf = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
-        assert_whole_replay_exact_after_one_oom(conf, &ops);
+        assert_whole_replay_exact_after_one_oom(FRACTION_WITH_GC, &ops);
     }
 
     /// Records `ops` under `conf`, which must run out of memory once, and replays the whole
