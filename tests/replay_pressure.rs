@@ -44,6 +44,18 @@ const SPLIT_40_UNDER_A_FRACTION: &str = "per_process_memory_fraction:0.03,max_sp
 /// config many of the jobs the properties found ran under.
 const FRACTION_WITH_GC: &str = "per_process_memory_fraction:0.03,garbage_collection_threshold:0.6";
 
+/// A property's seed: `fixed`, the same jobs on every run, unless `PROPTEST_RNG_SEED` names
+/// another. The census runs these properties under many seeds without a rebuild
+/// (`PROPTEST_RNG_SEED=158 PROPTEST_CASES=10000 cargo test --release --test replay_pressure`).
+fn census_seed_or(fixed: u64) -> proptest::test_runner::RngSeed {
+    if std::env::var_os("PROPTEST_RNG_SEED").is_some() {
+        // The default config reads the variable (and warns of one it cannot parse).
+        proptest::test_runner::Config::default().rng_seed
+    } else {
+        proptest::test_runner::RngSeed::Fixed(fixed)
+    }
+}
+
 fn fixed_clock() -> i64 {
     1
 }
@@ -1772,7 +1784,7 @@ mod self_replay {
         // A fixed seed: the same jobs on every run (PROPTEST_CASES=20000 for a deeper search).
         #![proptest_config(ProptestConfig {
             max_shrink_iters: 2000,
-            rng_seed: proptest::test_runner::RngSeed::Fixed(16),
+            rng_seed: census_seed_or(16),
             // Jobs whose pools the trace cannot show are rejected (a quarter of them).
             max_global_rejects: 1_000_000,
             ..ProptestConfig::default()
@@ -2159,7 +2171,7 @@ mod evicted_graphs {
     proptest! {
         #![proptest_config(ProptestConfig {
             max_shrink_iters: 2000,
-            rng_seed: proptest::test_runner::RngSeed::Fixed(17),
+            rng_seed: census_seed_or(17),
             max_global_rejects: 100_000,
             ..ProptestConfig::default()
         })]
@@ -2774,7 +2786,7 @@ mod what_if_on_sim {
     proptest! {
         #![proptest_config(ProptestConfig {
             max_shrink_iters: 2000,
-            rng_seed: proptest::test_runner::RngSeed::Fixed(161),
+            rng_seed: census_seed_or(161),
             ..ProptestConfig::default()
         })]
 
@@ -3481,7 +3493,7 @@ mod mem_pool_swaps {
         // A fixed seed: the same jobs on every run (PROPTEST_CASES=20000 for a deeper search).
         #![proptest_config(ProptestConfig {
             max_shrink_iters: 4000,
-            rng_seed: proptest::test_runner::RngSeed::Fixed(23),
+            rng_seed: census_seed_or(23),
             max_global_rejects: 1_000_000,
             ..ProptestConfig::default()
         })]
@@ -5313,7 +5325,7 @@ mod wrapped_windows {
         // which passes on this seed since the jobs pinned above were fixed).
         #![proptest_config(ProptestConfig {
             max_shrink_iters: 2000,
-            rng_seed: proptest::test_runner::RngSeed::Fixed(61),
+            rng_seed: census_seed_or(61),
             ..ProptestConfig::default()
         })]
 
