@@ -304,6 +304,8 @@ impl Engine {
         {
             return Ok(());
         }
+        // Its outlooks run `process_events`, which may complete leading frees.
+        self.complete_leading_in_recorded_order()?;
         let leading: Vec<Allocation> = self.run.leading.iter().map(|&(_, a)| a).collect();
         let recorded = self.run.released.clone();
         let makes = |outlook: &MallocOutlook| match outlook {

@@ -92,23 +92,7 @@ impl Engine {
     /// `empty_cache()` (see the module documentation) and replays it if so. `malloc` is the
     /// `alloc` or `oom` event that ends the run, if one does.
     pub(super) fn end_run(&mut self, malloc: Option<&RawEvent>) -> Result<(), String> {
-        // Frees whose work is done complete in the order the trace shows, whether the malloc's
-        // `process_events` (asked below for its outlook, which completes what is done) or the
-        // loop further down completes them: set before anything is asked.
-        let leading_streams: Vec<StreamId> =
-            self.run.leading.iter().map(|&(stream, _)| stream).collect();
-        // A completion whose work is done already (a `cudaFree` since synchronised the
-        // device) is the malloc's `process_events`', whatever else: the completions recorded
-        // before it were made by the same walk, so their work was done then too.
-        let done = |stream: StreamId| deferred_stream_done(self.allocator.device(), stream);
-        if let Some(last_done) = leading_streams.iter().rposition(|&stream| done(stream)) {
-            for &stream in &leading_streams[..last_done] {
-                self.allocator
-                    .synchronize_stream(stream)
-                    .map_err(|error| format!("the allocator failed: {error}"))?;
-            }
-        }
-        self.allocator.walk_streams_first(&leading_streams);
+        self.complete_leading_in_recorded_order()?;
         // Where the `oom` was asked decides how its run reads: before anything reads it.
         if let Some(event) = malloc.filter(|event| event.action == Action::Oom) {
             self.oom_leaving_a_free_pending(event)?;
@@ -252,6 +236,29 @@ impl Engine {
             self.run.after_release = run.after_release;
             self.run.oom_path_frees = run.oom_path_frees;
         }
+        Ok(())
+    }
+
+    /// Makes the run's leading completions whose work is done complete in the order the trace
+    /// shows, whichever walk completes them: the malloc's `process_events` (run by every
+    /// outlook asked of it in the default pools, before or while the run is read) or the
+    /// reading of the run. Set before anything asks: a completion recorded after another,
+    /// on a made-up stream that sorts first, would otherwise complete first.
+    pub(super) fn complete_leading_in_recorded_order(&mut self) -> Result<(), String> {
+        let leading_streams: Vec<StreamId> =
+            self.run.leading.iter().map(|&(stream, _)| stream).collect();
+        // A completion whose work is done already (a `cudaFree` since synchronised the
+        // device) is the malloc's `process_events`', whatever else: the completions recorded
+        // before it were made by the same walk, so their work was done then too.
+        let done = |stream: StreamId| deferred_stream_done(self.allocator.device(), stream);
+        if let Some(last_done) = leading_streams.iter().rposition(|&stream| done(stream)) {
+            for &stream in &leading_streams[..last_done] {
+                self.allocator
+                    .synchronize_stream(stream)
+                    .map_err(|error| format!("the allocator failed: {error}"))?;
+            }
+        }
+        self.allocator.walk_streams_first(&leading_streams);
         Ok(())
     }
 
