@@ -5173,6 +5173,41 @@ mod wrapped_windows {
         whole_replay_holds(conf, &recording).unwrap_or_else(|error| panic!("{error}"));
     }
 
+    /// A 6.9 MiB request found nothing cached: the 64.5 MiB block whose free `record_stream`
+    /// deferred was still pending (census seed 122, a whole self-replay, shrunk). The fraction
+    /// refused its 20 MiB map; its OOM path completed the free and unmapped the block's two
+    /// whole pages, and the retry (`try_allocate_expandable_block`) took the mapped space left
+    /// below the hole, with no new memory. Read as an `empty_cache()` and a cached malloc, the
+    /// request took the best-fitting block elsewhere, and a later 47.8 MiB request mapped
+    /// 60 MiB at the segment's end instead of the hole: 20 MiB more reserved at the end.
+    #[test]
+    fn an_expandable_retry_served_below_the_hole_its_oom_path_unmapped() {
+        use PoolJobOp::{Alloc, InGraph, InMemPool, RecordStream, Work};
+        let ops = [
+            InMemPool(0, 41451521),
+            Alloc(2, 51881985, 0),
+            InMemPool(3, 42434049),
+            Work(0),
+            Alloc(3, 54759425, SIDE),
+            Alloc(11, 67607041, SIDE),
+            Alloc(8, 61378049, 0),
+            Alloc(6, 7069185, 0),
+            RecordStream(11, 0),
+            Alloc(0, 5498369, 0),
+            Alloc(5, 69455361, SIDE),
+            Alloc(11, 1048577, 0),
+            Alloc(0, 27488769, SIDE),
+            InGraph(1, 1048577),
+            Alloc(4, 4119041, SIDE),
+            Alloc(0, 7254529, SIDE),
+            Alloc(0, 50097665, SIDE),
+        ];
+        assert_whole_replay_exact(
+            "expandable_segments:True,per_process_memory_fraction:0.03",
+            &ops,
+        );
+    }
+
     /// A free made at once, then the completion of a deferred free whose work a `cudaFree`
     /// had finished, then a malloc that released a small segment and ran out of memory
     /// (census seed 158, a whole self-replay, shrunk). Before the run is read the replay asks

@@ -24,6 +24,7 @@ pub(crate) mod outlook;
 pub(crate) mod pending;
 pub(crate) mod pools;
 mod release;
+mod retry_outlook;
 mod size_classes;
 pub(crate) mod snapshot;
 pub(crate) mod stats;

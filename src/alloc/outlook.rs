@@ -174,7 +174,7 @@ impl CachingAllocator {
     }
 
     /// The request `malloc_on(stream, size)` makes, in the pool `stream` is routed to.
-    fn request_as_routed(&self, stream: StreamId, size: u64) -> Request {
+    pub(super) fn request_as_routed(&self, stream: StreamId, size: u64) -> Request {
         let rounded = self.round_size(size);
         Request {
             stream,

@@ -124,7 +124,13 @@ impl Engine {
         // with those blocks still pending, reaches `release_cached_blocks` and makes the
         // recorded releases (with expandable segments, whose releases are not predicted: if a
         // completed block would have served the malloc).
-        let missed = run.new_memory > 0 || malloc.is_some_and(|event| event.action == Action::Oom);
+        let retry_below_a_hole = match malloc {
+            Some(event) => self.retry_served_below_a_hole(event, &run)?,
+            None => false,
+        };
+        let missed = run.new_memory > 0
+            || malloc.is_some_and(|event| event.action == Action::Oom)
+            || retry_below_a_hole;
         // Whether PyTorch's malloc took its OOM path is a fact of the recording. Under another
         // config the replay's state cannot tell it, so completions that read as frees made at
         // once (right after their `free_requested`) are taken as such unless the recording
@@ -142,6 +148,8 @@ impl Engine {
             Some(event) if self.had_room(event, &run, self.recording_room) => false,
             // That path's synchronisation would have completed every pending free.
             _ if self.leaves_a_free_pending(run.leading.len()) => false,
+            // The recorded block lies where only that path's retry would have put it.
+            _ if retry_below_a_hole => true,
             Some(event) if missed && !run.leading.is_empty() => {
                 let size = non_negative(event.size, "size")?;
                 match self.outlook(event)? {
@@ -332,6 +340,35 @@ impl Engine {
             | MallocOutlook::Collect(sizes) => sizes == released,
             MallocOutlook::Cached | MallocOutlook::NewMemory => false,
         })
+    }
+
+    /// Whether the allocation of `event`, which got no new memory after the run's completions
+    /// and unmaps, was the retry of its OOM path: with the run's frees still pending, the
+    /// malloc would have found nothing cached and been refused new memory, and
+    /// `release_cached_blocks` would have left mapped free space below a hole exactly where the
+    /// trace shows the block ([`CachingAllocator::expandable_retry_from_mapped`]). An
+    /// `empty_cache()` followed by a cache hit reads alike in the trace, but the best fit by
+    /// expandable size passes over the block below a hole, whose size counts the hole too.
+    fn retry_served_below_a_hole(&mut self, event: &RawEvent, run: &Run) -> Result<bool, String> {
+        if event.action != Action::Alloc
+            || run.unmapped_at.is_empty()
+            || run.new_memory > 0
+            || run.leading.is_empty()
+            || self.route(event).is_some()
+        {
+            return Ok(false);
+        }
+        if !matches!(
+            self.outlook(event)?,
+            MallocOutlook::Release { flush: true, .. }
+        ) {
+            return Ok(false);
+        }
+        let size = non_negative(event.size, "size")?;
+        let served_at = self
+            .allocator
+            .expandable_retry_from_mapped(event.stream as u64, size);
+        Ok(served_at.is_some() && served_at == u64::try_from(event.addr).ok())
     }
 
     /// Whether the recorded `oom` of `event`, whose stream's last allocation went to a private
