@@ -5241,6 +5241,53 @@ mod wrapped_windows {
         assert_whole_replay_exact(FRACTION_WITH_GC, &ops);
     }
 
+    /// A graph pool's first small request whose garbage collection released a 20 MiB
+    /// default-stream segment and a 10 MiB side-stream one, both cached before the window
+    /// (their ages unseen), and a 20 MiB side-stream segment cached in it, while it kept a
+    /// 24 MiB segment cached later (census seed 158, a wrapped window, shrunk). Every age the
+    /// replay tried for the unseen pair made the collector take the 24 MiB segment too: ages
+    /// above every average left it to a second pass over the blocks kept, and the seen ages
+    /// put the first pass's average under it. The pair was older than that: ages that lift
+    /// the first pass's average just above the oldest block kept make one pass take exactly
+    /// the recorded three.
+    #[test]
+    fn unseen_ages_lift_the_collectors_average_over_the_blocks_it_kept() {
+        use PoolJobOp::{Alloc, Free, InGraph, InMemPool, RecordStream};
+        let ops = [
+            InMemPool(1, 58720257),
+            Alloc(5, 19180033, 0),
+            InGraph(0, 2096641),
+            InMemPool(3, 25598977),
+            InMemPool(6, 35217921),
+            Alloc(3, 10791425, 0),
+            Alloc(7, 10791425, 0),
+            Alloc(4, 2096641, 0),
+            Alloc(1, 10485760, SIDE),
+            Alloc(8, 2096641, SIDE),
+            Alloc(1, 512, 0),
+            RecordStream(6, SIDE),
+            Alloc(5, 512, SIDE),
+            Alloc(8, 23068673, 0),
+            Alloc(0, 1048577, 0),
+            Free(8),
+            Alloc(3, 35651585, 0),
+            Alloc(0, 512, 0),
+            Alloc(3, 2096641, 0),
+            Alloc(0, 512, 0),
+            Free(4),
+            Free(6),
+            InGraph(0, 512),
+            Alloc(0, 1048577, 0),
+            InMemPool(0, 1048577),
+            Alloc(0, 1048577, 0),
+            Alloc(0, 1048577, 0),
+            Alloc(0, 1048577, 0),
+            Free(3),
+            InMemPool(0, 1048577),
+        ];
+        assert_window_exact(FRACTION_WITH_GC, &ops, 85, 51);
+    }
+
     /// A segment released in the window whose lowest pages at the start were unmapped, then
     /// mapped again by a request that began below them (census seed 36): that map covers the
     /// segment's lowest unmapped pages, so the segment reaches down to it, although the map

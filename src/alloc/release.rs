@@ -437,8 +437,9 @@ impl CachingAllocator {
     /// shows, released the `cudaMalloc` segments at `bases`: gives the cached whole segments
     /// among them whose ages were not seen ([`CachingAllocator::mark_cached_ages_unseen`]) an
     /// age with which the collector takes exactly `bases`, trying in turn an age above every
-    /// pass's average, the age of the youngest seen segment it releases, and one more than
-    /// the oldest block it keeps; other blocks keep their ages. Where none gives exactly
+    /// pass's average, the age of the youngest seen segment it releases, one more than the
+    /// oldest block it keeps, and the least age that lifts the first pass's average above
+    /// that oldest kept block; other blocks keep their ages. Where none gives exactly
     /// those releases (the run was not the collector's, or seen ages rule it out), nothing
     /// changes. Returns whether ages were given.
     pub fn age_unseen_segments(&mut self, stream: StreamId, size: u64, bases: &[u64]) -> bool {
@@ -490,10 +491,25 @@ impl CachingAllocator {
         // Above all first: the collector's first pass then takes the unseen ones whatever
         // else is cached by the time the malloc runs (a deferred free it completes first
         // lowers the average); where it also takes seen blocks, an age among theirs.
+        // The unseen ones were cached before the window, each at its own time: old ones lift
+        // the first pass's average over the blocks it keeps, so that one pass takes every
+        // block it releases (a second pass, over the blocks left, would take more). Found as
+        // one age for all of them, the least that makes the sum of ages exceed the number of
+        // blocks times the oldest kept age.
+        let seen_sum: u64 = whole
+            .iter()
+            .filter(|(id, _)| !unseen.contains(id))
+            .map(|&(_, age)| age)
+            .fold(0, u64::saturating_add);
+        let (blocks, unseen_count) = (whole.len() as u64, unseen.len() as u64);
+        let lifting_the_average = oldest_kept.map(|kept| {
+            (blocks.saturating_mul(kept).saturating_sub(seen_sum) / unseen_count).saturating_add(1)
+        });
         let candidates = [
             Some(above_all),
             youngest_seen_released,
             oldest_kept.map(|age| age.saturating_add(1)),
+            lifting_the_average,
         ];
         for age in candidates.into_iter().flatten() {
             self.set_collection_ages(&unseen, age);
