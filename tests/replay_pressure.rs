@@ -5244,12 +5244,12 @@ mod wrapped_windows {
     /// A graph pool's first small request whose garbage collection released a 20 MiB
     /// default-stream segment and a 10 MiB side-stream one, both cached before the window
     /// (their ages unseen), and a 20 MiB side-stream segment cached in it, while it kept a
-    /// 24 MiB segment cached later (census seed 158, a wrapped window, shrunk). Every age the
-    /// replay tried for the unseen pair made the collector take the 24 MiB segment too: ages
-    /// above every average left it to a second pass over the blocks kept, and the seen ages
-    /// put the first pass's average under it. The pair was older than that: ages that lift
-    /// the first pass's average just above the oldest block kept make one pass take exactly
-    /// the recorded three.
+    /// 24 MiB segment cached later (a wrapped window, met while shrinking census seed 158's
+    /// failure). Every age the replay tried for the unseen pair made the collector take the
+    /// 24 MiB segment too: ages above every average left it to a second pass over the blocks
+    /// kept, and the seen ages put the first pass's average under it. The pair was older than
+    /// that: ages that lift the first pass's average just above the oldest block kept make one
+    /// pass take exactly the recorded three.
     #[test]
     fn unseen_ages_lift_the_collectors_average_over_the_blocks_it_kept() {
         use PoolJobOp::{Alloc, Free, InGraph, InMemPool, RecordStream};
