@@ -3517,6 +3517,38 @@ mod mem_pool_swaps {
         Op::InPool { slot, size, stream }
     }
 
+    /// A default-pool request out of memory, whose OOM path released two cached 2 MiB
+    /// small-pool segments (census seed 101 of this property, shrunk). The job's `MemPool` held
+    /// a cached 68 MiB segment on the side stream, released only later by a request in that
+    /// pool, so the file's end does not show it: the replay held it in the default pools,
+    /// where `release_available_cached_blocks` (oversize under `max_split_size_mb:40`) would
+    /// release it instead, after which the request fits. So the run read as an
+    /// `empty_cache()` that released all three, and the request was served: "fits" of a job
+    /// that ran out of memory. A default-pool `oom` whose OOM path would not make the recorded
+    /// releases on the replay's state, where the segments the file's end does not show in
+    /// the default pools are all a whole `release_cached_blocks` would release beyond them,
+    /// claims those for a private pool, for the next pass to hold there from the start.
+    #[test]
+    fn an_oom_beside_a_pools_unseen_segment_keeps_its_verdict() {
+        let job = [
+            in_pool(3, 69206017, SIDE),
+            alloc(0, 512, SIDE),
+            in_pool(0, 1048577, 0),
+            alloc(3, 92274689, 0),
+            alloc(6, 1048577, SIDE),
+            alloc(2, 1048577, THIRD),
+            in_pool(4, 58720257, 0),
+            in_pool(4, 88080385, 0),
+            alloc(4, 92274689, 0),
+            alloc(0, 512, 0),
+            alloc(0, 3208193, 0),
+            alloc(0, 12176385, 0),
+            alloc(0, 5585921, 0),
+            in_pool(0, 1048577, SIDE),
+        ];
+        replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
+    }
+
     /// A job the property found, pinned: `job` recorded under `conf` replays exactly.
     fn replays_exactly(conf: &str, job: &[Op]) {
         if let Err(failure) = swapped_pools_replay_exactly(conf, job) {

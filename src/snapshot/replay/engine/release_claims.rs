@@ -2,7 +2,7 @@
 //! elsewhere (the file's end no longer shows them): claimed for that pool by the event that
 //! made each, so that a replay that learns from this one routes them there from the start.
 
-use super::runs::Run;
+use super::runs::{runs_out_releasing, Run};
 use super::Engine;
 use crate::alloc::outlook::{MallocOutlook, ReleasedSegment};
 use crate::alloc::{Allocation, MemPoolId};
@@ -237,7 +237,7 @@ impl Engine {
     /// ([`CapturePools::claim_made`]), for the next pass to hold there from the start.
     pub(super) fn claim_unreleased_by_default_oom(
         &mut self,
-        stream_pool: MemPoolId,
+        stream_pool: Option<MemPoolId>,
         recorded: &[ReleasedSegment],
     ) -> bool {
         if !self.recorded_config
@@ -265,12 +265,12 @@ impl Engine {
         if made.is_empty() {
             return false;
         }
-        let mem_pool = self.capture_pools.is_mem_pool(stream_pool)
-            || (stream_pool.first == 0 && self.routes.names(stream_pool));
-        let pool = if mem_pool {
-            stream_pool
-        } else {
-            self.capture_pools.new_unfed_mem_pool()
+        let mem_pool = stream_pool.filter(|&pool| {
+            self.capture_pools.is_mem_pool(pool) || (pool.first == 0 && self.routes.names(pool))
+        });
+        let pool = match mem_pool {
+            Some(pool) => pool,
+            None => self.capture_pools.new_unfed_mem_pool(),
         };
         for index in made {
             self.capture_pools.claim_made(index, pool, self.index);
@@ -278,5 +278,29 @@ impl Engine {
         // Read from the replay's state: right only if its config is the recording's.
         self.assumed_recorded_config = true;
         true
+    }
+
+    /// An `oom` asked in the default pools (its stream's last allocation went there too)
+    /// whose OOM path, on the replay's state, would not make the recorded releases, with or
+    /// without the run's leading completions done first: where the default pools hold cached
+    /// segments the file's end does not show there, and those are all that a whole
+    /// `release_cached_blocks` would release beyond the recorded ones, they were a private
+    /// pool's the replay could not tell ([`Engine::claim_unreleased_by_default_oom`]). Held in
+    /// the default pools they also mislead the reading: an oversize one is
+    /// `release_available_cached_blocks`' to release, after which the request fits, so the
+    /// run read as an `empty_cache()` that released it too, and the replay said the job fit.
+    pub(super) fn claim_kept_by_a_default_oom(&mut self, event: &RawEvent) -> Result<(), String> {
+        if self.run.releases == 0 || self.route(event).is_some() {
+            return Ok(());
+        }
+        let recorded = self.run.released.clone();
+        let leading: Vec<Allocation> = self.run.leading.iter().map(|&(_, a)| a).collect();
+        if runs_out_releasing(&self.outlook_in(event, None, &[])?, &recorded)
+            || runs_out_releasing(&self.outlook_in(event, None, &leading)?, &recorded)
+        {
+            return Ok(());
+        }
+        self.claim_unreleased_by_default_oom(None, &recorded);
+        Ok(())
     }
 }

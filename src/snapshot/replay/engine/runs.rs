@@ -97,6 +97,7 @@ impl Engine {
         if let Some(event) = malloc.filter(|event| event.action == Action::Oom) {
             self.oom_leaving_a_free_pending(event)?;
             self.oom_in_mem_pool_returned_to(event)?;
+            self.claim_kept_by_a_default_oom(event)?;
         }
         if let Some(event) = malloc {
             self.collection_cut_by_the_window(event)?;
@@ -399,7 +400,7 @@ impl Engine {
             Ok(outlook) if makes(outlook.clone()) => Ok(false),
             Ok(_) => Ok(self.outlook_in(event, None, &[]).map(makes)?
                 || self.outlook_in(event, None, &leading).map(makes)?
-                || self.claim_unreleased_by_default_oom(pool, &recorded)),
+                || self.claim_unreleased_by_default_oom(Some(pool), &recorded)),
             Err(error) => Err(error),
         };
         self.run.released = recorded;
