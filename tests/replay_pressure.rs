@@ -3549,6 +3549,37 @@ mod mem_pool_swaps {
         replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
     }
 
+    /// Seed 101's shape where the `oom`'s stream allocated to the pool last (census seed 124
+    /// of this property, shrunk): the `oom` is first asked in that pool, where a cached 48 MiB
+    /// block of the pool would serve it, so it is the default pools'; there the replay held
+    /// the pool's unseen 68 MiB third-stream segment, whose release would let the request
+    /// fit, and said "fits" of a job that ran out of memory. The claim of
+    /// [`an_oom_beside_a_pools_unseen_segment_keeps_its_verdict`] is tried for every `oom`
+    /// read in the default pools, for the pool its stream allocated to last.
+    #[test]
+    fn an_oom_read_in_the_default_pools_claims_the_pools_unseen_segment() {
+        let job = [
+            in_pool(0, 1048577, 0),
+            in_pool(0, 39845889, 0),
+            alloc(0, 512, 0),
+            in_pool(0, 83886081, 0),
+            alloc(0, 512, 0),
+            in_pool(9, 71303169, THIRD),
+            alloc(2, 512, 0),
+            in_pool(0, 27262977, 0),
+            in_pool(9, 512, 0),
+            alloc(3, 1048577, 0),
+            in_pool(4, 48234497, 0),
+            alloc(11, 512, SIDE),
+            alloc(4, 77594625, 0),
+            in_pool(0, 58720257, 0),
+            Op::Free { slot: 11 },
+            alloc(0, 46137345, 0),
+            in_pool(0, 46137345, THIRD),
+        ];
+        replays_exactly(SPLIT_40_UNDER_A_FRACTION, &job);
+    }
+
     /// A job the property found, pinned: `job` recorded under `conf` replays exactly.
     fn replays_exactly(conf: &str, job: &[Op]) {
         if let Err(failure) = swapped_pools_replay_exactly(conf, job) {

@@ -280,8 +280,9 @@ impl Engine {
         true
     }
 
-    /// An `oom` asked in the default pools (its stream's last allocation went there too)
-    /// whose OOM path, on the replay's state, would not make the recorded releases, with or
+    /// An `oom` asked in the default pools (its stream's last allocation went there too, or
+    /// [`Engine::oom_in_default_pools`] read it so) whose OOM path, on the replay's state,
+    /// would not make the recorded releases, with or
     /// without the run's leading completions done first: where the default pools hold cached
     /// segments the file's end does not show there, and those are all that a whole
     /// `release_cached_blocks` would release beyond the recorded ones, they were a private
@@ -300,7 +301,8 @@ impl Engine {
         {
             return Ok(());
         }
-        self.claim_unreleased_by_default_oom(None, &recorded);
+        let stream_pool = self.stream_pools.get(&event.stream).copied();
+        self.claim_unreleased_by_default_oom(stream_pool, &recorded);
         Ok(())
     }
 }

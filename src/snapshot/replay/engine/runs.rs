@@ -97,7 +97,6 @@ impl Engine {
         if let Some(event) = malloc.filter(|event| event.action == Action::Oom) {
             self.oom_leaving_a_free_pending(event)?;
             self.oom_in_mem_pool_returned_to(event)?;
-            self.claim_kept_by_a_default_oom(event)?;
         }
         if let Some(event) = malloc {
             self.collection_cut_by_the_window(event)?;
@@ -111,6 +110,10 @@ impl Engine {
             Some(event) if event.action == Action::Oom => self.oom_in_default_pools(event)?,
             _ => false,
         };
+        // Asked in the default pools (whichever pool its stream allocated to last).
+        if let Some(event) = malloc.filter(|event| event.action == Action::Oom) {
+            self.claim_kept_by_a_default_oom(event)?;
+        }
         if self.run.is_empty() {
             // No release, completion or new memory: no `empty_cache()`, nothing to complete.
             return Ok(());
